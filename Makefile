@@ -1,0 +1,73 @@
+# Triage — make help lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN       := $(CURDIR)/.bin
+export PATH := $(BIN):$(PATH)
+export GOFLAGS ?= -buildvcs=false
+
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+GRPC_GATEWAY_VERSION       := v2.32.0
+GOOGLEAPIS_MODULE          := github.com/grpc-ecosystem/grpc-gateway@v1.16.0
+
+.PHONY: help
+help: ## List the targets.
+	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## Install what the bed and tests need (MariaDB; apt-get when root).
+	@./.ci/ensure-mariadb
+
+.PHONY: build
+build: ## Build the triage binary into .bin/.
+	$(GO) build -o $(BIN)/triage ./cmd/triage
+
+.PHONY: up
+up: deps build ## Run the local Triage bed in the foreground (Ctrl-C or make down stops it).
+	$(BIN)/triage up $(UP_FLAGS)
+
+.PHONY: down
+down: ## Stop a bed started by make up (by the PIDs in .triage/bed.json).
+	@if [ -x $(BIN)/triage ]; then $(BIN)/triage down; else $(GO) run ./cmd/triage down; fi
+
+.PHONY: test
+test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e) with -race.
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+.PHONY: test/e2e
+test/e2e: deps ## Run only the end-to-end tests against the built binary.
+	$(GO) test -race -count=1 -timeout 15m ./e2e/...
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+
+.PHONY: tools
+tools: ## Install code generators into .bin/ (protoc from Debian when missing).
+	@command -v protoc >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev >/dev/null; } || { echo "protoc missing: install protobuf-compiler"; exit 1; }
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	GOBIN=$(BIN) $(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION)
+	GOBIN=$(BIN) $(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
+
+.PHONY: generate
+generate: tools ## Regenerate Go, gateway and OpenAPI code from proto/.
+	@gapis=$$($(GO) mod download -json $(GOOGLEAPIS_MODULE) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/third_party/googleapis; \
+	wkt=$$(dirname $$(dirname $$(command -v protoc)))/include; \
+	protoc -I proto -I $$gapis -I $$wkt \
+	  --go_out=proto --go_opt=paths=source_relative \
+	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+	  --grpc-gateway_out=proto --grpc-gateway_opt=paths=source_relative \
+	  $$(find proto -name '*.proto' | sort); \
+	protoc -I proto -I $$gapis -I $$wkt --openapiv2_out=proto proto/triage/v1/triage.proto
+
+.PHONY: bench
+bench: deps build ## Benchmarks side by side with baselines (BENCH_QUICK=1 for a short run).
+	$(BIN)/triage bench $(if $(BENCH_QUICK),--quick,)
+
+.PHONY: clean
+clean: ## Remove build output and bed state.
+	rm -rf $(BIN) .triage

@@ -1,0 +1,183 @@
+// Package mariadbtest gives integration tests real MariaDB servers.
+//
+// A test package shares one mariadbd, started lazily on first use and stopped
+// after all its tests, because starting a server costs about a second while a
+// fresh database on a running one costs milliseconds. Tests that crash or
+// restart a server get a dedicated one from [NewServer].
+//
+// A missing MariaDB is a test failure, never a skip: a skipped integration
+// test looks green in CI and hides exactly the bugs these tests exist for.
+//
+// Usage:
+//
+//	func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+//
+//	func TestX(t *testing.T) {
+//		t.Parallel()
+//		db := sqlx.MustConnect("mysql", mariadbtest.Database(t))
+//		...
+//	}
+package mariadbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/triage-queue/triage/deploy/mariadb"
+)
+
+var (
+	ensureInstalled = sync.OnceValue(func() error {
+		// Install progress goes to stderr: apt-get can take minutes.
+		return mariadb.EnsureInstalled(context.Background(), slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	})
+
+	mu        sync.Mutex
+	inMain    bool   // Main is running, so the shared server will be stopped
+	sharedDir string // created on first use, removed by Main
+	shared    *mariadb.Server
+	sharedErr error // sticky, so a broken server fails fast instead of timing out per test
+)
+
+// Main runs the package's tests (call it from TestMain) and then stops the
+// shared server. It installs MariaDB first if needed, so that the install
+// time is not charged to whichever test happens to run first.
+func Main(m *testing.M) int {
+	_ = ensureInstalled() // a failure is reported by each test that needs a server
+	mu.Lock()
+	inMain = true
+	mu.Unlock()
+	code := m.Run()
+	mu.Lock()
+	defer mu.Unlock()
+	if shared != nil {
+		if err := shared.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "mariadbtest: stopping shared server:", err)
+			code = max(code, 1)
+		}
+	}
+	if sharedDir != "" {
+		_ = os.RemoveAll(sharedDir)
+	}
+	return code
+}
+
+// Server returns the package's shared server, starting it on first call.
+// If a test killed or stopped it, it is restarted on the same data and port,
+// so DSNs handed out earlier stay valid.
+func Server(t testing.TB) *mariadb.Server {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if !inMain {
+		t.Fatal("mariadbtest: the shared server needs func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }")
+	}
+	if sharedErr == nil && (shared == nil || exited(shared)) {
+		sharedErr = startShared()
+	}
+	if sharedErr != nil {
+		t.Fatalf("mariadbtest: shared server: %v", sharedErr)
+	}
+	return shared
+}
+
+func startShared() error {
+	if err := ensureInstalled(); err != nil {
+		return err
+	}
+	cfg := mariadb.Config{Dir: sharedDir}
+	if shared != nil {
+		cfg.Port = shared.Port()
+	} else {
+		dir, err := os.MkdirTemp("", "mariadbtest-")
+		if err != nil {
+			return err
+		}
+		sharedDir, cfg.Dir = dir, dir
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := mariadb.Start(ctx, cfg)
+	if err == nil {
+		shared = s
+	}
+	return err
+}
+
+func exited(s *mariadb.Server) bool {
+	select {
+	case <-s.Wait():
+		return true
+	default:
+		return false
+	}
+}
+
+// Database creates a fresh, empty database on the shared server and returns
+// its DSN. The database is dropped when the test ends.
+func Database(t testing.TB) string {
+	t.Helper()
+	s := Server(t)
+	name := dbName(t.Name())
+	if err := s.CreateDatabase(t.Context(), name); err != nil {
+		t.Fatalf("mariadbtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if exited(s) {
+			return // killed by the test; the data dir goes with Main
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.DropDatabase(ctx, name); err != nil {
+			t.Errorf("mariadbtest: %v", err)
+		}
+	})
+	return s.DSN(name)
+}
+
+// dbName returns "t_" + the sanitised test name + "_" + a random suffix,
+// within MariaDB's 64-character limit; the name prefix helps when debugging
+// a left-over database.
+func dbName(testName string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := "_" + hex.EncodeToString(b[:])
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, testName)
+	return "t_" + clean[:min(len(clean), 64-2-len(suffix))] + suffix
+}
+
+// NewServer starts a server only this test uses, in t.TempDir(), stopped at
+// t.Cleanup. Use it for tests that kill -9 or restart a server, so other
+// tests are not disturbed.
+func NewServer(t testing.TB) *mariadb.Server {
+	t.Helper()
+	if err := ensureInstalled(); err != nil {
+		t.Fatalf("mariadbtest: %v", err)
+	}
+	s, err := mariadb.Start(t.Context(), mariadb.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("mariadbtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("mariadbtest: %v", err)
+		}
+	})
+	return s
+}

@@ -1,0 +1,89 @@
+// Package natsserver runs an embedded NATS server with JetStream, for the
+// local bed and for tests. Triage uses NATS as a buffer and control plane,
+// never as the system of record; see the README for the fsync caveat.
+package natsserver
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Config for one embedded server.
+type Config struct {
+	// Name of the server. Default "triage".
+	Name string
+	// Host to listen on. Default 127.0.0.1.
+	Host string
+	// Port for clients; 0 picks a free one.
+	Port int
+	// StoreDir holds JetStream data. Required.
+	StoreDir string
+	// ClusterName and ClusterPort join a cluster with Routes (nats://h:p).
+	// Empty ClusterName: standalone.
+	ClusterName string
+	ClusterPort int
+	Routes      []string
+	// SyncInterval is JetStream's fsync interval. Default: the server's
+	// (2 minutes). Triage acknowledges committed enqueues only after the
+	// MySQL commit, so this bounds only what BUFFERED enqueues can lose.
+	SyncInterval time.Duration
+}
+
+// Start runs a server and waits until it accepts clients.
+func Start(cfg Config) (*server.Server, error) {
+	if cfg.StoreDir == "" {
+		return nil, fmt.Errorf("natsserver: StoreDir is required")
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.Name == "" {
+		cfg.Name = "triage"
+	}
+	port := cfg.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName:         cfg.Name,
+		Host:               cfg.Host,
+		Port:               port,
+		JetStream:          true,
+		StoreDir:           cfg.StoreDir,
+		SyncInterval:       cfg.SyncInterval,
+		NoSigs:             true,
+		NoLog:              true,
+		MaxPayload:         8 << 20,
+		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  8 << 30,
+	}
+	if cfg.ClusterName != "" {
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort}
+		for _, r := range cfg.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("natsserver: route %q: %w", r, err)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("natsserver: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("natsserver: not ready within 10s")
+	}
+	return s, nil
+}
+
+// Port returns the client port a started server listens on.
+func Port(s *server.Server) int {
+	return s.Addr().(*net.TCPAddr).Port
+}

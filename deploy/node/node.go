@@ -1,0 +1,310 @@
+// Package node assembles Triage's roles (router, enqueuer, dequeuer) into
+// one process from a config file. `triage serve` runs one node; the local
+// bed runs one per region; e2e tests start nodes as separate processes to
+// kill them.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+
+	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/routing"
+	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// Roles a node can run.
+const (
+	RoleRouter   = "router"
+	RoleEnqueuer = "enqueuer"
+	RoleDequeuer = "dequeuer"
+)
+
+// Config is a node's config file (JSON).
+type Config struct {
+	// Region the node serves. Required.
+	Region string `json:"region"`
+	// Roles to run. Default: router, enqueuer and dequeuer.
+	Roles []string `json:"roles,omitempty"`
+	// NATS is the URL of the region's NATS server. Required.
+	NATS string `json:"nats"`
+	// GRPC and HTTP are the router's listen addresses. Default
+	// 127.0.0.1:9090 and 127.0.0.1:8080.
+	GRPC string `json:"grpc,omitempty"`
+	HTTP string `json:"http,omitempty"`
+	// Pprof, when set, serves net/http/pprof on this address.
+	Pprof string `json:"pprof,omitempty"`
+	// MySQL credentials for shard primaries. Default user root, no password.
+	MySQL shardmap.Credentials `json:"mysql"`
+	// ShardMapFile bootstraps the shard map in NATS KV when none is stored.
+	ShardMapFile string `json:"shard_map_file,omitempty"`
+	// DequeuerID names the dequeuer. Default: region + random.
+	DequeuerID string `json:"dequeuer_id,omitempty"`
+	// OwnerTTL is the dequeuer's shard ownership TTL. Default 10s.
+	OwnerTTL shardmap.Duration `json:"owner_ttl,omitempty"`
+	// KVReplicas for the control-plane buckets. Default 1.
+	KVReplicas int `json:"kv_replicas,omitempty"`
+}
+
+func (c *Config) fill() error {
+	if c.Region == "" || c.NATS == "" {
+		return errors.New("node config: region and nats are required")
+	}
+	if len(c.Roles) == 0 {
+		c.Roles = []string{RoleRouter, RoleEnqueuer, RoleDequeuer}
+	}
+	for _, r := range c.Roles {
+		if r != RoleRouter && r != RoleEnqueuer && r != RoleDequeuer {
+			return fmt.Errorf("node config: role %q: allowed router, enqueuer, dequeuer", r)
+		}
+	}
+	if c.GRPC == "" {
+		c.GRPC = "127.0.0.1:9090"
+	}
+	if c.HTTP == "" {
+		c.HTTP = "127.0.0.1:8080"
+	}
+	return nil
+}
+
+// Node is a running set of roles.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	nc     *nats.Conn
+	pool   *shardmap.Pool
+	cancel context.CancelFunc
+
+	enq    *enqueuer.Service
+	deq    *dequeuer.Service
+	router *routing.Router
+	claim  *routing.NodeClaim
+	grpc   *grpc.Server
+	http   *http.Server
+	pprof  *http.Server
+	done   chan struct{}
+
+	// GRPCAddr and HTTPAddr are the bound addresses (router role only).
+	GRPCAddr, HTTPAddr string
+}
+
+// Start connects to NATS, loads the shard map, migrates the region's
+// shards and starts the roles.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			n.Stop()
+		}
+	}()
+	var err error
+	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
+	}
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := shardmap.OpenBucket(ctx, js, cfg.KVReplicas)
+	if err != nil {
+		return nil, err
+	}
+	var m *shardmap.Map
+	if cfg.ShardMapFile != "" {
+		data, err := os.ReadFile(cfg.ShardMapFile)
+		if err != nil {
+			return nil, err
+		}
+		boot, err := shardmap.Parse(data)
+		if err != nil {
+			return nil, err
+		}
+		if m, err = shardmap.Bootstrap(ctx, kv, boot); err != nil {
+			return nil, err
+		}
+	} else if m, err = shardmap.Load(ctx, kv); err != nil {
+		return nil, fmt.Errorf("%w (give shard_map_file to bootstrap one)", err)
+	}
+	if !m.HasRegion(cfg.Region) {
+		return nil, fmt.Errorf("region %q is not in the shard map (regions: %v)", cfg.Region, m.Regions)
+	}
+	maps := shardmap.NewHolder(m)
+	var runCtx context.Context
+	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	go shardmap.Watch(runCtx, kv, maps, logger)
+
+	if err := n.migrate(ctx, m); err != nil {
+		return nil, err
+	}
+	if slices.Contains(cfg.Roles, RoleEnqueuer) {
+		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		if err := n.enq.Start(runCtx); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(cfg.Roles, RoleDequeuer) {
+		n.deq, err = dequeuer.New(dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
+			OwnerTTL: time.Duration(cfg.OwnerTTL), Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		if err := n.deq.Start(runCtx); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(cfg.Roles, RoleRouter) {
+		if err := n.startRouter(ctx, runCtx, js, maps); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Pprof != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		n.pprof = &http.Server{Addr: cfg.Pprof, Handler: mux}
+		go func() { _ = n.pprof.ListenAndServe() }()
+	}
+	ok = true
+	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr)
+	return n, nil
+}
+
+func (n *Node) migrate(ctx context.Context, m *shardmap.Map) error {
+	for _, id := range m.RegionShards(n.cfg.Region) {
+		db, s, err := n.pool.Primary(m, id)
+		if err != nil {
+			return err
+		}
+		if _, err := schema.Migrate(ctx, db.DB); err != nil {
+			return fmt.Errorf("shard %d at %s: %w", id, s.Primary, err)
+		}
+	}
+	return nil
+}
+
+func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, maps *shardmap.Holder) error {
+	okv, err := dequeuer.OpenOwners(ctx, js, time.Duration(n.cfg.OwnerTTL))
+	if err != nil {
+		return err
+	}
+	owners, err := dequeuer.WatchOwners(runCtx, okv)
+	if err != nil {
+		return err
+	}
+	n.claim, err = routing.ClaimNode(ctx, js, "router-"+n.cfg.Region, func(err error) {
+		n.log.Error("item id node lost; stopping the router so no id is reused", "err", err)
+		go n.Stop()
+	})
+	if err != nil {
+		return err
+	}
+	gen, err := itemid.NewGenerator(n.claim.Node)
+	if err != nil {
+		return err
+	}
+	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Logger: n.log}
+	if n.deq != nil {
+		rc.Local = n.deq
+	}
+	n.router, err = routing.New(rc)
+	if err != nil {
+		return err
+	}
+	if err := n.router.Start(ctx); err != nil {
+		return err
+	}
+	gl, err := net.Listen("tcp", n.cfg.GRPC)
+	if err != nil {
+		return fmt.Errorf("grpc listen: %w", err)
+	}
+	hl, err := net.Listen("tcp", n.cfg.HTTP)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("http listen: %w", err)
+	}
+	n.GRPCAddr, n.HTTPAddr = gl.Addr().String(), hl.Addr().String()
+	n.grpc = routing.NewGRPCServer(n.router)
+	gw, err := routing.NewGateway(runCtx, n.router)
+	if err != nil {
+		return err
+	}
+	n.http = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = n.grpc.Serve(gl) }()
+	go func() { _ = n.http.Serve(hl) }()
+	return nil
+}
+
+// Stop shuts the roles down gracefully: servers first (in-flight requests
+// finish, bounded by 10 s), then the dequeuer hands back prefetched leases
+// and ownership, the enqueuer naks what it pulled, then NATS closes.
+func (n *Node) Stop() {
+	select {
+	case <-n.done:
+		return
+	default:
+		close(n.done)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if n.http != nil {
+		_ = n.http.Shutdown(ctx)
+	}
+	if n.grpc != nil {
+		stopped := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			n.grpc.Stop()
+		}
+	}
+	if n.pprof != nil {
+		_ = n.pprof.Close()
+	}
+	if n.router != nil {
+		n.router.Stop()
+	}
+	if n.deq != nil {
+		n.deq.Stop()
+	}
+	if n.enq != nil {
+		n.enq.Stop()
+	}
+	if n.claim != nil {
+		n.claim.Release(ctx)
+	}
+	if n.cancel != nil {
+		n.cancel()
+	}
+	if n.nc != nil {
+		n.nc.Close()
+	}
+	n.pool.Close()
+}
+
+// Done is closed once Stop has begun.
+func (n *Node) Done() <-chan struct{} { return n.done }

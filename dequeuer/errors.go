@@ -1,0 +1,15 @@
+package dequeuer
+
+import "errors"
+
+var (
+	// ErrStaleLease means the lease token is not the item's current one: the
+	// lease expired and the item was delivered again, or it was nacked.
+	ErrStaleLease = errors.New("stale lease token: the item was leased again or returned since; the current holder keeps it")
+	// ErrNotFound means no such item: never enqueued, or acked or deleted.
+	ErrNotFound = errors.New("item not found: it was acked, deleted, expired or never existed")
+	// ErrBadToken means a lease token that does not parse.
+	ErrBadToken = errors.New("invalid lease token: want the 16 hex digits a dequeue returned")
+	// ErrNotOwner means this dequeuer does not own a shard asked of it.
+	ErrNotOwner = errors.New("this dequeuer does not own the shard")
+)

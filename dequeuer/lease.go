@@ -1,0 +1,230 @@
+package dequeuer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/triage-queue/triage/schema"
+)
+
+// FormatToken returns a lease token's external form.
+func FormatToken(t uint64) string { return fmt.Sprintf("%016x", t) }
+
+// ParseToken reads a lease token's external form.
+func ParseToken(s string) (uint64, error) {
+	if len(s) != 16 {
+		return 0, ErrBadToken
+	}
+	t, err := strconv.ParseUint(s, 16, 64)
+	if err != nil || t == 0 {
+		return 0, ErrBadToken
+	}
+	return t, nil
+}
+
+// LeaseRef names a leased item on one shard.
+type LeaseRef struct {
+	Key   uint64
+	Token uint64
+}
+
+// Nack is one item handed back.
+type Nack struct {
+	LeaseRef
+	// Delay before redelivery.
+	Delay time.Duration
+	// Error is kept on the item as last_error.
+	Error string
+	// Metadata is merged into the item's; an empty value deletes a key.
+	Metadata map[string]string
+}
+
+type leaseState struct {
+	ID       uint64 `db:"id"`
+	Token    uint64 `db:"lease_token"`
+	LeaseMS  uint32 `db:"lease_ms"`
+	Metadata []byte `db:"metadata"`
+}
+
+// lockLeases reads the lease state of keys under row locks in tx.
+// Items of other namespaces are invisible, so an ID cannot reach across
+// tenants.
+func lockLeases(ctx context.Context, tx *sqlx.Tx, namespace string, keys []uint64) (map[uint64]leaseState, error) {
+	q, args, err := sqlx.In("SELECT id, lease_token, lease_ms, metadata FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
+	if err != nil {
+		return nil, err
+	}
+	var rows []leaseState
+	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, err
+	}
+	out := make(map[uint64]leaseState, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r
+	}
+	return out, nil
+}
+
+func check(st map[uint64]leaseState, ref LeaseRef) error {
+	s, ok := st[ref.Key]
+	switch {
+	case !ok:
+		return ErrNotFound
+	case s.Token != ref.Token:
+		return ErrStaleLease
+	}
+	return nil
+}
+
+// Ack deletes the items whose refs carry their current lease token, in one
+// transaction, and returns a per-ref error (nil for acked). An ack after the
+// lease expired still succeeds while nobody has leased the item again.
+func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef) ([]error, error) {
+	results := make([]error, len(refs))
+	err := schema.Retry(ctx, func() error {
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		keys := make([]uint64, len(refs))
+		for i, r := range refs {
+			keys[i] = r.Key
+		}
+		st, err := lockLeases(ctx, tx, namespace, keys)
+		if err != nil {
+			return err
+		}
+		var del []uint64
+		for i, r := range refs {
+			results[i] = check(st, r)
+			if results[i] == nil {
+				del = append(del, r.Key)
+				delete(st, r.Key) // a second ref to the same item finds it gone
+			}
+		}
+		if len(del) > 0 {
+			q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", del)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	return results, nil
+}
+
+// NackItems returns items to the ready set after their delay, in one
+// transaction, recording the error and merging metadata.
+func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack, now time.Time) ([]error, error) {
+	results := make([]error, len(nacks))
+	nowUS := now.UnixMicro()
+	err := schema.Retry(ctx, func() error {
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		keys := make([]uint64, len(nacks))
+		for i, n := range nacks {
+			keys[i] = n.Key
+		}
+		st, err := lockLeases(ctx, tx, namespace, keys)
+		if err != nil {
+			return err
+		}
+		for i, n := range nacks {
+			if results[i] = check(st, n.LeaseRef); results[i] != nil {
+				continue
+			}
+			meta, err := MergeMetadata(st[n.Key].Metadata, n.Metadata)
+			if err != nil {
+				return err
+			}
+			var lastErr any
+			if n.Error != "" {
+				lastErr = n.Error
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
+				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`,
+				nowUS+n.Delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
+				return err
+			}
+			delete(st, n.Key)
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nack: %w", err)
+	}
+	return results, nil
+}
+
+// Extend moves a lease's expiry to now + lease (the item's own lease
+// duration when lease is 0) and returns the new expiry.
+func Extend(ctx context.Context, db *sqlx.DB, namespace string, ref LeaseRef, lease time.Duration, now time.Time) (time.Time, error) {
+	var until int64
+	err := schema.Retry(ctx, func() error {
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		st, err := lockLeases(ctx, tx, namespace, []uint64{ref.Key})
+		if err != nil {
+			return err
+		}
+		if err := check(st, ref); err != nil {
+			return err
+		}
+		if lease == 0 {
+			lease = time.Duration(st[ref.Key].LeaseMS) * time.Millisecond
+		}
+		until = now.Add(lease).UnixMicro()
+		if _, err := tx.ExecContext(ctx, "UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ? WHERE id = ?",
+			until, until, now.UnixMicro(), ref.Key); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMicro(until), nil
+}
+
+// MergeMetadata applies patch to a stored JSON object of strings: an empty
+// value deletes its key. It returns nil for an empty result.
+func MergeMetadata(stored []byte, patch map[string]string) ([]byte, error) {
+	m := map[string]string{}
+	if len(stored) > 0 {
+		if err := json.Unmarshal(stored, &m); err != nil {
+			return nil, fmt.Errorf("stored metadata is not a JSON object of strings: %w", err)
+		}
+	}
+	if len(patch) == 0 {
+		return stored, nil
+	}
+	for k, v := range patch {
+		if v == "" {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(m)
+}

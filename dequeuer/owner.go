@@ -1,0 +1,172 @@
+package dequeuer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// OwnersBucket is the NATS KV bucket of shard ownership: key "shard.<id>",
+// value the owning dequeuer's ID. The bucket's TTL expires the key of an
+// owner that stopped refreshing it.
+const OwnersBucket = "triage_owners"
+
+// OpenOwners creates or opens the ownership bucket.
+func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:  OwnersBucket,
+		TTL:     ttl,
+		Storage: jetstream.MemoryStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open kv bucket %s: %w", OwnersBucket, err)
+	}
+	return kv, nil
+}
+
+func ownerKey(shard uint32) string { return "shard." + strconv.FormatUint(uint64(shard), 10) }
+
+// ownership claims and keeps this dequeuer's shards. One owner per shard
+// keeps dequeuers from fighting over the same rows (correctness does not
+// depend on it: every lease is a conditional UPDATE), which is worth 2x on
+// the lease path.
+type ownership struct {
+	s  *Service
+	kv jetstream.KeyValue
+
+	mu     sync.Mutex
+	revs   map[uint32]uint64    // owned shard -> KV revision of our claim
+	sureAt map[uint32]time.Time // last successful claim or refresh
+}
+
+func newOwnership(s *Service, kv jetstream.KeyValue) *ownership {
+	return &ownership{s: s, kv: kv, revs: map[uint32]uint64{}, sureAt: map[uint32]time.Time{}}
+}
+
+// owns reports whether this dequeuer holds shard and has refreshed the
+// claim recently enough that no other owner can have taken it.
+func (o *ownership) owns(shard uint32) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.revs[shard]
+	return ok && time.Since(o.sureAt[shard]) < o.s.cfg.OwnerTTL*3/4
+}
+
+func (o *ownership) owned() []uint32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]uint32, 0, len(o.revs))
+	for id := range o.revs {
+		out = append(out, id)
+	}
+	return out
+}
+
+// claim refreshes owned shards and tries to take unowned shards of the
+// region. It runs every OwnerTTL/4.
+func (o *ownership) claim(ctx context.Context) {
+	want := o.s.cfg.Maps.Current().RegionShards(o.s.cfg.Region)
+	for _, id := range want {
+		o.mu.Lock()
+		rev, mine := o.revs[id]
+		o.mu.Unlock()
+		var err error
+		if mine {
+			rev, err = o.kv.Update(ctx, ownerKey(id), []byte(o.s.cfg.ID), rev)
+		} else {
+			rev, err = o.kv.Create(ctx, ownerKey(id), []byte(o.s.cfg.ID))
+		}
+		o.mu.Lock()
+		switch {
+		case err == nil:
+			if !mine {
+				o.s.log.Info("took shard ownership", "shard", id)
+			}
+			o.revs[id] = rev
+			o.sureAt[id] = time.Now()
+		case mine && !errors.Is(err, context.Canceled) && isLost(err):
+			o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
+			delete(o.revs, id)
+			o.mu.Unlock()
+			o.s.dropShard(ctx, id)
+			continue
+		}
+		o.mu.Unlock()
+	}
+}
+
+// isLost tells a claim another owner holds from a NATS outage, during which
+// we keep the claim until it is too old to trust (see owns).
+func isLost(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence") ||
+		errors.Is(err, jetstream.ErrKeyNotFound)
+}
+
+// resign deletes our claims so the next owner need not wait for the TTL.
+func (o *ownership) resign(ctx context.Context) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for id, rev := range o.revs {
+		_ = o.kv.Delete(ctx, ownerKey(id), jetstream.LastRevision(rev))
+		delete(o.revs, id)
+	}
+}
+
+// Owners is a router's view of the ownership bucket: which dequeuer serves
+// which shard.
+type Owners struct {
+	mu sync.RWMutex
+	by map[uint32]string
+}
+
+// WatchOwners follows the ownership bucket until ctx ends.
+func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
+	o := &Owners{by: map[uint32]string{}}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", OwnersBucket, err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		defer w.Stop()
+		once := sync.OnceFunc(func() { close(ready) })
+		for e := range w.Updates() {
+			if e == nil {
+				once()
+				continue
+			}
+			id, err := strconv.ParseUint(strings.TrimPrefix(e.Key(), "shard."), 10, 32)
+			if err != nil {
+				continue
+			}
+			o.mu.Lock()
+			if e.Operation() == jetstream.KeyValuePut {
+				o.by[uint32(id)] = string(e.Value())
+			} else {
+				delete(o.by, uint32(id))
+			}
+			o.mu.Unlock()
+		}
+		once()
+	}()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return o, nil
+}
+
+// Owner returns the dequeuer that owns shard.
+func (o *Owners) Owner(shard uint32) (string, bool) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	id, ok := o.by[shard]
+	return id, ok
+}

@@ -1,0 +1,206 @@
+package dequeuer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/triage-queue/triage/schema"
+)
+
+// Row is an item as the lease path reads it.
+type Row struct {
+	ID           uint64 `db:"id"`
+	Priority     int32  `db:"priority"`
+	DeliverAfter int64  `db:"deliver_after"`
+	EnqueuedAt   int64  `db:"enqueued_at"`
+	LeaseMS      uint32 `db:"lease_ms"`
+	Attempts     int32  `db:"attempts"`
+	Payload      []byte `db:"payload"`
+	Metadata     []byte `db:"metadata"`
+}
+
+// less orders rows as the ready index does: (priority, deliver_after, id).
+func (r *Row) less(o *Row) bool {
+	if r.Priority != o.Priority {
+		return r.Priority < o.Priority
+	}
+	if r.DeliverAfter != o.DeliverAfter {
+		return r.DeliverAfter < o.DeliverAfter
+	}
+	return r.ID < o.ID
+}
+
+// The head of a topic's ready set, read without row locks: only this
+// shard's owner leases from it, and the conditional UPDATE below settles
+// any race with UpdateItem, DeleteItem or an overlapping owner. Measured on
+// the development box, this is twice the rate of SELECT ... FOR UPDATE SKIP
+// LOCKED (ARCHITECTURE.md, environment facts).
+const selectHead = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata
+FROM items FORCE INDEX (ready)
+WHERE namespace = ? AND topic = ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
+ORDER BY priority, deliver_after, id
+LIMIT ?`
+
+// Leasing stamps a batch token, counts the delivery and moves
+// deliver_after to the lease's expiry, all only if the row is still ready.
+const leaseRows = `UPDATE items
+SET lease_token = ?, attempts = attempts + 1, leased_until = ? + lease_ms * 1000,
+    deliver_after = ? + lease_ms * 1000, updated_at = ?
+WHERE id IN (?) AND deliver_after <= ?`
+
+// newToken returns a random non-zero lease token.
+func newToken() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if t := binary.LittleEndian.Uint64(b[:]); t != 0 {
+			return t
+		}
+	}
+}
+
+// leaseHead leases up to limit ready items of a topic at nowUS and returns
+// them in delivery order with their lease token. Each row's lease runs for
+// its own lease_ms from nowUS.
+func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, limit int, nowUS int64) ([]Row, uint64, error) {
+	var rows []Row
+	if err := db.SelectContext(ctx, &rows, selectHead, namespace, topic, nowUS, nowUS, limit); err != nil {
+		return nil, 0, fmt.Errorf("read ready head: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, 0, nil
+	}
+	ids := make([]uint64, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	token := newToken()
+	q, args, err := sqlx.In(leaseRows, token, nowUS, nowUS, nowUS, ids, nowUS)
+	if err != nil {
+		return nil, 0, err
+	}
+	var affected int64
+	err = schema.Retry(ctx, func() error {
+		res, err := db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		affected, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("lease rows: %w", err)
+	}
+	if int(affected) < len(rows) {
+		// Some rows changed between the read and the update; keep the ones
+		// that carry our token.
+		q, args, err := sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ?", ids, token)
+		if err != nil {
+			return nil, 0, err
+		}
+		var got []uint64
+		if err := db.SelectContext(ctx, &got, q, args...); err != nil {
+			return nil, 0, fmt.Errorf("lease rows: %w", err)
+		}
+		mine := make(map[uint64]bool, len(got))
+		for _, id := range got {
+			mine[id] = true
+		}
+		kept := rows[:0]
+		for _, r := range rows {
+			if mine[r.ID] {
+				kept = append(kept, r)
+			}
+		}
+		rows = kept
+	}
+	for i := range rows {
+		rows[i].Attempts++
+	}
+	return rows, token, nil
+}
+
+// restamp sets a new lease expiry on rows still leased under token.
+func restamp(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, untilUS, nowUS int64) (map[uint64]bool, error) {
+	q, args, err := sqlx.In("UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ? WHERE id IN (?) AND lease_token = ?",
+		untilUS, untilUS, nowUS, ids, token)
+	if err != nil {
+		return nil, err
+	}
+	var affected int64
+	err = schema.Retry(ctx, func() error {
+		res, err := db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		affected, _ = res.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restamp leases: %w", err)
+	}
+	ok := make(map[uint64]bool, len(ids))
+	if int(affected) == len(ids) {
+		for _, id := range ids {
+			ok[id] = true
+		}
+		return ok, nil
+	}
+	q, args, err = sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ?", ids, token)
+	if err != nil {
+		return nil, err
+	}
+	var got []uint64
+	if err := db.SelectContext(ctx, &got, q, args...); err != nil {
+		return nil, err
+	}
+	for _, id := range got {
+		ok[id] = true
+	}
+	return ok, nil
+}
+
+// release hands prefetched, never-served rows back: ready at their old
+// deliver_after, the delivery uncounted.
+func release(ctx context.Context, db *sqlx.DB, rows []Row, token uint64, nowUS int64) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	args := make([]any, 0, 2*len(rows)+3+len(rows))
+	b.WriteString("UPDATE items SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = ?, deliver_after = CASE id")
+	args = append(args, nowUS)
+	for _, r := range rows {
+		b.WriteString(" WHEN ? THEN ?")
+		args = append(args, r.ID, r.DeliverAfter)
+	}
+	b.WriteString(" ELSE deliver_after END WHERE lease_token = ? AND id IN (")
+	args = append(args, token)
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('?')
+		args = append(args, r.ID)
+	}
+	b.WriteByte(')')
+	return schema.Retry(ctx, func() error {
+		_, err := db.ExecContext(ctx, b.String(), args...)
+		return err
+	})
+}
+
+// sweepExpired deletes up to limit items whose TTL has passed. The ttl index
+// bounds it to expired rows, whatever the backlog.
+func sweepExpired(ctx context.Context, db *sqlx.DB, nowUS int64, limit int) (int64, error) {
+	res, err := db.ExecContext(ctx, "DELETE FROM items WHERE expires_at <= ? ORDER BY expires_at LIMIT ?", nowUS, limit)
+	if err != nil {
+		return 0, fmt.Errorf("ttl sweep: %w", err)
+	}
+	return res.RowsAffected()
+}

@@ -1,0 +1,188 @@
+package enqueuer
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema"
+)
+
+const (
+	// maxRowsPerInsert keeps one INSERT well under MySQL's 65,535
+	// placeholders and its packet limit.
+	maxRowsPerInsert = 1000
+	// maxBytesPerInsert caps the payload bytes of one INSERT (the bed sets
+	// max_allowed_packet to 64 MiB).
+	maxBytesPerInsert = 8 << 20
+	itemColumns       = 13
+)
+
+const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
+	expires_at, dedup_key, payload, metadata, updated_at, attempts) VALUES `
+
+// "id = id" makes a duplicate a no-op that still reports 0 rows affected,
+// where INSERT IGNORE would also swallow real errors as warnings.
+const insertItemsSuffix = ` ON DUPLICATE KEY UPDATE id = id`
+
+// Insert writes batches to one shard in one transaction and returns, per
+// batch, what EnqueueCommitted reports. Batches recorded as applied are
+// skipped. It is idempotent.
+func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, nowUS int64) ([]*peerv1.EnqueueCommitted, error) {
+	out := make([]*peerv1.EnqueueCommitted, len(batches))
+	for i, b := range batches {
+		out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items))}
+	}
+	err := schema.Retry(ctx, func() error {
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		applied, err := appliedBatches(ctx, tx, batches)
+		if err != nil {
+			return err
+		}
+		var fresh []int
+		for i, b := range batches {
+			if !applied[b.BatchId] {
+				fresh = append(fresh, i)
+			}
+		}
+		if len(fresh) == 0 {
+			return nil
+		}
+		inserted := 0
+		total := 0
+		var args []any
+		rows, bytes := 0, 0
+		flush := func() error {
+			if rows == 0 {
+				return nil
+			}
+			q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", rows), ",") + insertItemsSuffix
+			res, err := tx.ExecContext(ctx, q, args...)
+			if err != nil {
+				return fmt.Errorf("insert items: %w", err)
+			}
+			n, _ := res.RowsAffected()
+			inserted += int(n)
+			args, rows, bytes = args[:0], 0, 0
+			return nil
+		}
+		for _, i := range fresh {
+			b := batches[i]
+			for _, it := range b.Items {
+				var expires, dedup, meta any
+				if it.ExpiresAtUs != 0 {
+					expires = it.ExpiresAtUs
+				}
+				if it.DedupKey != "" {
+					dedup = it.DedupKey
+				}
+				if len(it.Metadata) > 0 {
+					meta = it.Metadata
+				}
+				args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
+					it.LeaseMs, expires, dedup, it.Payload, meta, nowUS)
+				rows++
+				total++
+				bytes += len(it.Payload) + len(it.Metadata)
+				if rows == maxRowsPerInsert || bytes >= maxBytesPerInsert {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if err := flush(); err != nil {
+			return err
+		}
+		if inserted < total {
+			if err := findDuplicates(ctx, tx, batches, fresh, out); err != nil {
+				return err
+			}
+		}
+		q := "INSERT INTO enqueue_batches (batch_id, applied_at) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?,?),", len(fresh)), ",")
+		bargs := make([]any, 0, 2*len(fresh))
+		for _, i := range fresh {
+			bargs = append(bargs, batches[i].BatchId, nowUS)
+		}
+		if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
+			return fmt.Errorf("record batches: %w", err)
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch) (map[uint64]bool, error) {
+	ids := make([]uint64, len(batches))
+	for i, b := range batches {
+		ids[i] = b.BatchId
+	}
+	q, args, err := sqlx.In("SELECT batch_id FROM enqueue_batches WHERE batch_id IN (?)", ids)
+	if err != nil {
+		return nil, err
+	}
+	var got []uint64
+	if err := tx.SelectContext(ctx, &got, q, args...); err != nil {
+		return nil, fmt.Errorf("applied batches: %w", err)
+	}
+	applied := make(map[uint64]bool, len(got))
+	for _, id := range got {
+		applied[id] = true
+	}
+	return applied, nil
+}
+
+// findDuplicates fills DuplicateOf for items that were not inserted under
+// their own key because a live item holds their dedup key.
+func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted) error {
+	var keys []uint64
+	for _, i := range fresh {
+		for _, it := range batches[i].Items {
+			keys = append(keys, it.Key)
+		}
+	}
+	present := map[uint64]bool{}
+	for start := 0; start < len(keys); start += maxRowsPerInsert {
+		chunk := keys[start:min(start+maxRowsPerInsert, len(keys))]
+		q, args, err := sqlx.In("SELECT id FROM items WHERE id IN (?)", chunk)
+		if err != nil {
+			return err
+		}
+		var got []uint64
+		if err := tx.SelectContext(ctx, &got, q, args...); err != nil {
+			return err
+		}
+		for _, id := range got {
+			present[id] = true
+		}
+	}
+	for _, i := range fresh {
+		b := batches[i]
+		for j, it := range b.Items {
+			if present[it.Key] || it.DedupKey == "" {
+				continue
+			}
+			var orig uint64
+			err := tx.GetContext(ctx, &orig, "SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ?",
+				b.Namespace, b.Topic, it.DedupKey)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("dedup lookup: %w", err)
+			}
+			out[i].DuplicateOf[j] = orig
+		}
+	}
+	return nil
+}

@@ -1,0 +1,283 @@
+package enqueuer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// Config configures the enqueuer role of one region.
+type Config struct {
+	// Region whose enqueue stream is drained. Required.
+	Region string
+	// Maps gives the current shard map. Required.
+	Maps shardmap.Source
+	// Pool connects to shard primaries. Required.
+	Pool *shardmap.Pool
+	// NC and JS reach NATS. Required.
+	NC *nats.Conn
+	JS jetstream.JetStream
+	// Stream sizes the enqueue buffer (created if missing).
+	Stream StreamConfig
+	// MaxBatchMessages is how many buffered batches one transaction takes.
+	// Default 512.
+	MaxBatchMessages int
+	// AckWait is how long JetStream waits for an ack before redelivering a
+	// batch to another enqueuer. Default 30s.
+	AckWait time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Service runs one worker per shard homed in the region.
+type Service struct {
+	cfg    Config
+	stream string
+
+	mu      sync.Mutex
+	workers map[uint32]context.CancelFunc
+	wg      sync.WaitGroup
+	cancel  context.CancelFunc
+}
+
+// New validates cfg and returns a stopped service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Region == "" || cfg.Maps == nil || cfg.Pool == nil || cfg.NC == nil || cfg.JS == nil {
+		return nil, errors.New("enqueuer: Region, Maps, Pool, NC and JS are required")
+	}
+	if cfg.MaxBatchMessages == 0 {
+		cfg.MaxBatchMessages = 512
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Logger = cfg.Logger.With("role", "enqueuer", "region", cfg.Region)
+	return &Service{cfg: cfg, stream: StreamName(cfg.Region), workers: map[uint32]context.CancelFunc{}}, nil
+}
+
+// Start creates the stream and starts the workers. They follow the shard
+// map: a shard added to the region gets a worker within a second.
+func (s *Service) Start(ctx context.Context) error {
+	if _, err := EnsureStream(ctx, s.cfg.JS, s.cfg.Region, s.cfg.Stream); err != nil {
+		return err
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.reconcile(ctx)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.reconcile(ctx)
+			}
+		}
+	}()
+	return nil
+}
+
+// Stop stops pulling, lets in-flight transactions finish, naks what was
+// pulled but not inserted (so another enqueuer takes it at once) and waits.
+func (s *Service) Stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+}
+
+func (s *Service) reconcile(ctx context.Context) {
+	want := map[uint32]bool{}
+	for _, id := range s.cfg.Maps.Current().RegionShards(s.cfg.Region) {
+		want[id] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, cancel := range s.workers {
+		if !want[id] {
+			cancel()
+			delete(s.workers, id)
+		}
+	}
+	for id := range want {
+		if _, ok := s.workers[id]; ok {
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		s.workers[id] = cancel
+		w := &worker{svc: s, shard: id, log: s.cfg.Logger.With("shard", id)}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			w.run(wctx)
+		}()
+	}
+}
+
+type worker struct {
+	svc   *Service
+	shard uint32
+	log   *slog.Logger
+}
+
+func (w *worker) run(ctx context.Context) {
+	cfg := w.svc.cfg
+	for ctx.Err() == nil {
+		err := w.consume(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		w.log.Warn("enqueue worker restarting", "err", err)
+		sleep(ctx, time.Second)
+	}
+	_ = cfg
+}
+
+func (w *worker) consume(ctx context.Context) error {
+	cfg := w.svc.cfg
+	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, w.svc.stream, jetstream.ConsumerConfig{
+		Durable:       fmt.Sprintf("enq-%d", w.shard),
+		FilterSubject: Subject(cfg.Region, w.shard),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxAckPending: 20000,
+		MaxDeliver:    -1,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	msgs := make(chan jetstream.Msg, cfg.MaxBatchMessages)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, jetstream.PullMaxMessages(cfg.MaxBatchMessages))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	defer func() {
+		cc.Stop()
+		// Hand back what was pulled but not inserted.
+		for {
+			select {
+			case m := <-msgs:
+				_ = m.Nak()
+			default:
+				return
+			}
+		}
+	}()
+	backoff := time.Duration(0)
+	batch := make([]jetstream.Msg, 0, cfg.MaxBatchMessages)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-msgs:
+			batch = append(batch[:0], m)
+		}
+	drain:
+		for len(batch) < cfg.MaxBatchMessages {
+			select {
+			case m := <-msgs:
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		if err := w.process(ctx, batch); err != nil {
+			// Circuit breaker: the shard is failing; let the batches wait in
+			// the buffer and try again later.
+			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			w.log.Warn("insert failed; batches stay buffered", "err", err, "batches", len(batch), "retry_in", backoff)
+			for _, m := range batch {
+				_ = m.NakWithDelay(backoff)
+			}
+			sleep(ctx, backoff)
+			continue
+		}
+		backoff = 0
+	}
+}
+
+func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
+	cfg := w.svc.cfg
+	batches := make([]*peerv1.EnqueueBatch, 0, len(msgs))
+	kept := msgs[:0:0]
+	for _, m := range msgs {
+		b := &peerv1.EnqueueBatch{}
+		if err := proto.Unmarshal(m.Data(), b); err != nil || b.Shard != w.shard || len(b.Items) == 0 {
+			// Nothing can ever insert it; keep it out of the way.
+			w.log.Error("terminating malformed enqueue batch", "err", err)
+			_ = m.Term()
+			continue
+		}
+		batches = append(batches, b)
+		kept = append(kept, m)
+	}
+	if len(batches) == 0 {
+		return nil
+	}
+	db, _, err := cfg.Pool.Primary(cfg.Maps.Current(), w.shard)
+	if err != nil {
+		return err
+	}
+	results, err := Insert(ctx, db, batches, time.Now().UnixMicro())
+	if err != nil {
+		return err
+	}
+	type topicKey struct{ ns, topic string }
+	ready := map[topicKey]*peerv1.ItemsReady{}
+	for i, m := range kept {
+		_ = m.Ack()
+		b := batches[i]
+		if b.ReplySubject != "" {
+			if data, err := proto.Marshal(results[i]); err == nil {
+				_ = cfg.NC.Publish(b.ReplySubject, data)
+			}
+		}
+		k := topicKey{b.Namespace, b.Topic}
+		r := ready[k]
+		if r == nil {
+			r = &peerv1.ItemsReady{Namespace: b.Namespace, Topic: b.Topic, Shard: w.shard, MinPriority: b.Items[0].Priority}
+			ready[k] = r
+		}
+		for _, it := range b.Items {
+			r.MinPriority = min(r.MinPriority, it.Priority)
+		}
+		r.Count += int32(len(b.Items))
+	}
+	for _, r := range ready {
+		if data, err := proto.Marshal(r); err == nil {
+			_ = cfg.NC.Publish(ReadySubject(r.Namespace), data)
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,80 @@
+package routing
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+var (
+	// ErrInvalid marks bad input; the message says what is allowed.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrBufferFull means the region's enqueue buffer refused the batch.
+	ErrBufferFull = errors.New("enqueue buffer is full; retry with backoff")
+	// ErrUnavailable means no primary or dequeuer can be reached now.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrNotCommitted means the batch is buffered but its commit was not
+	// confirmed in time.
+	ErrNotCommitted = errors.New("enqueue buffered but not confirmed committed in time; it will still be inserted, retry with the same dedup keys to be sure")
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// toStatus is the one place domain errors become gRPC codes.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, dequeuer.ErrBadToken):
+		code = codes.InvalidArgument
+	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, dequeuer.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, dequeuer.ErrStaleLease):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrBufferFull):
+		code = codes.ResourceExhausted
+	case errors.Is(err, ErrNotCommitted), errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, ErrUnavailable), errors.Is(err, shardmap.ErrNoShards), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, dequeuer.ErrNotOwner), isMySQLDown(err):
+		code = codes.Unavailable
+	}
+	return status.Error(code, err.Error())
+}
+
+// isMySQLDown reports errors that mean the shard primary cannot take the
+// request now (connection refused or lost, server read-only while fenced).
+func isMySQLDown(err error) bool {
+	var ne net.Error
+	var me *mysql.MySQLError
+	switch {
+	case errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn), errors.As(err, &ne):
+		return true
+	case errors.As(err, &me):
+		return me.Number == 1290 || me.Number == 1836 // read-only
+	}
+	return false
+}

@@ -1,0 +1,371 @@
+package routing
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/triage-queue/triage/dequeuer"
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// MarshalMetadata stores metadata as a JSON object of strings.
+func MarshalMetadata(m map[string]string) ([]byte, error) { return json.Marshal(m) }
+
+func (r *Router) itemShard(m *shardmap.Map, s string) (itemid.ID, *sqlx.DB, error) {
+	id, err := itemid.Parse(s)
+	if err != nil {
+		return id, nil, err
+	}
+	if _, ok := m.Shard(id.Shard); !ok {
+		return id, nil, fmt.Errorf("%w %q: shard %d does not exist", itemid.ErrInvalid, s, id.Shard)
+	}
+	db, _, err := r.cfg.Pool.Primary(m, id.Shard)
+	return id, db, err
+}
+
+type itemRow struct {
+	ID           uint64         `db:"id"`
+	Namespace    string         `db:"namespace"`
+	Topic        string         `db:"topic"`
+	Priority     int32          `db:"priority"`
+	DeliverAfter int64          `db:"deliver_after"`
+	EnqueuedAt   int64          `db:"enqueued_at"`
+	LeaseMS      uint32         `db:"lease_ms"`
+	ExpiresAt    sql.NullInt64  `db:"expires_at"`
+	Attempts     int32          `db:"attempts"`
+	LeaseToken   uint64         `db:"lease_token"`
+	LeasedUntil  sql.NullInt64  `db:"leased_until"`
+	DedupKey     sql.NullString `db:"dedup_key"`
+	Payload      []byte         `db:"payload"`
+	Metadata     []byte         `db:"metadata"`
+	LastError    sql.NullString `db:"last_error"`
+	UpdatedAt    int64          `db:"updated_at"`
+}
+
+const selectItem = `SELECT id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, expires_at, attempts,
+	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at
+FROM items WHERE id = ? AND namespace = ?`
+
+func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.Item {
+	it := &triagev1.Item{
+		Id:            itemid.ID{Shard: shard, Key: row.ID}.String(),
+		Namespace:     row.Namespace,
+		Topic:         row.Topic,
+		Priority:      row.Priority,
+		Payload:       row.Payload,
+		DeliverAfter:  timestamppb.New(time.UnixMicro(row.DeliverAfter)),
+		LeaseDuration: durationpb.New(time.Duration(row.LeaseMS) * time.Millisecond),
+		DedupKey:      row.DedupKey.String,
+		Attempts:      row.Attempts,
+		EnqueuedAt:    timestamppb.New(time.UnixMicro(row.EnqueuedAt)),
+		LastError:     row.LastError.String,
+		Region:        region,
+		UpdatedAt:     timestamppb.New(time.UnixMicro(row.UpdatedAt)),
+	}
+	if row.ExpiresAt.Valid {
+		it.ExpiresAt = timestamppb.New(time.UnixMicro(row.ExpiresAt.Int64))
+	}
+	if len(row.Metadata) > 0 {
+		_ = json.Unmarshal(row.Metadata, &it.Metadata)
+	}
+	nowUS := now.UnixMicro()
+	switch {
+	case row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > nowUS:
+		it.State = triagev1.ItemState_LEASED
+		it.LeaseExpiresAt = timestamppb.New(time.UnixMicro(row.LeasedUntil.Int64))
+	case row.DeliverAfter > nowUS:
+		it.State = triagev1.ItemState_DELAYED
+	default:
+		it.State = triagev1.ItemState_READY
+	}
+	return it
+}
+
+func getRow(ctx context.Context, q sqlx.QueryerContext, namespace string, key uint64, forUpdate bool) (*itemRow, error) {
+	query := selectItem
+	if forUpdate {
+		query += " FOR UPDATE"
+	}
+	var row itemRow
+	if err := sqlx.GetContext(ctx, q, &row, query, key, namespace); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, dequeuer.ErrNotFound
+		}
+		return nil, err
+	}
+	return &row, nil
+}
+
+// GetItem implements triagev1.QueueServer.
+func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*triagev1.Item, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	id, db, err := r.itemShard(m, req.Id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	row, err := getRow(ctx, db, req.Namespace, id.Key, false)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s, _ := m.Shard(id.Shard)
+	return row.proto(id.Shard, s.HomeRegion, r.cfg.Now()), nil
+}
+
+// UpdateItem implements triagev1.QueueServer. Priority and metadata change
+// in any state; deliver_after only while the item is not leased, because
+// for a leased item it is the lease's expiry.
+func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest) (*triagev1.Item, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	now := r.cfg.Now()
+	if req.Priority == nil && req.DeliverAfter == nil && len(req.Metadata) == 0 {
+		return nil, toStatus(invalid("nothing to update: set priority, deliver_after or metadata"))
+	}
+	if err := checkTimestamp("deliver_after", req.DeliverAfter, now, MaxDeliverDelay); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := checkMetadata(req.Metadata); err != nil {
+		return nil, toStatus(err)
+	}
+	id, db, err := r.itemShard(m, req.Id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer tx.Rollback()
+	row, err := getRow(ctx, tx, req.Namespace, id.Key, true)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	leased := row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > now.UnixMicro()
+	if req.DeliverAfter != nil && leased {
+		return nil, toStatus(fmt.Errorf("%w: item %s is leased until %s; deliver_after can change once it is acked, nacked or its lease lapses",
+			dequeuer.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339)))
+	}
+	if req.Priority != nil {
+		row.Priority = *req.Priority
+	}
+	if req.DeliverAfter != nil {
+		row.DeliverAfter = req.DeliverAfter.AsTime().UnixMicro()
+	}
+	if row.Metadata, err = dequeuer.MergeMetadata(row.Metadata, req.Metadata); err != nil {
+		return nil, toStatus(err)
+	}
+	row.UpdatedAt = now.UnixMicro()
+	if _, err := tx.ExecContext(ctx, "UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ? WHERE id = ?",
+		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.ID); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, toStatus(err)
+	}
+	s, _ := m.Shard(id.Shard)
+	return row.proto(id.Shard, s.HomeRegion, now), nil
+}
+
+// DeleteItem implements triagev1.QueueServer.
+func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest) (*triagev1.DeleteItemResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	id, db, err := r.itemShard(m, req.Id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	res, err := db.ExecContext(ctx, "DELETE FROM items WHERE id = ? AND namespace = ?", id.Key, req.Namespace)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return nil, toStatus(dequeuer.ErrNotFound)
+	}
+	return &triagev1.DeleteItemResponse{}, nil
+}
+
+// GetTopicStats implements triagev1.QueueServer. It counts with index
+// range scans over the topic, so its cost grows with the topic's depth:
+// fine for dashboards, not for a hot loop.
+func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsRequest) (*triagev1.TopicStats, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := checkName("topic", req.Topic); err != nil {
+		return nil, toStatus(err)
+	}
+	region, err := r.region(req.Region, m)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	shards, err := m.ShardsFor(req.Namespace, region)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	nowUS := r.cfg.Now().UnixMicro()
+	type prio struct {
+		Priority int32 `db:"priority"`
+		Ready    int64 `db:"ready"`
+		Oldest   int64 `db:"oldest"`
+	}
+	type totals struct {
+		Total  int64         `db:"total"`
+		Leased sql.NullInt64 `db:"leased"`
+	}
+	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic}
+	byPrio := map[int32]int64{}
+	oldest := int64(0)
+	groups := map[uint32][]int{}
+	for i, id := range shards {
+		groups[id] = []int{i}
+	}
+	var mu sync.Mutex
+	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, _ []int) error {
+		db, _, err := r.cfg.Pool.Primary(m, shard)
+		if err != nil {
+			return err
+		}
+		var ps []prio
+		if err := db.SelectContext(ctx, &ps, `SELECT priority, COUNT(*) AS ready, MIN(deliver_after) AS oldest FROM items
+			WHERE namespace = ? AND topic = ? AND deliver_after <= ? GROUP BY priority`, req.Namespace, req.Topic, nowUS); err != nil {
+			return err
+		}
+		var t totals
+		if err := db.GetContext(ctx, &t, `SELECT COUNT(*) AS total, SUM(lease_token <> 0 AND leased_until > ?) AS leased FROM items
+			WHERE namespace = ? AND topic = ?`, nowUS, req.Namespace, req.Topic); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range ps {
+			byPrio[p.Priority] += p.Ready
+			stats.Ready += p.Ready
+			if oldest == 0 || p.Oldest < oldest {
+				oldest = p.Oldest
+			}
+		}
+		stats.Total += t.Total
+		stats.Leased += t.Leased.Int64
+		return nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	stats.Delayed = stats.Total - stats.Ready - stats.Leased
+	for p, n := range byPrio {
+		stats.ReadyByPriority = append(stats.ReadyByPriority, &triagev1.PriorityDepth{Priority: p, Ready: n})
+	}
+	sort.Slice(stats.ReadyByPriority, func(i, j int) bool { return stats.ReadyByPriority[i].Priority < stats.ReadyByPriority[j].Priority })
+	if oldest != 0 {
+		stats.OldestReadyAge = durationpb.New(time.Duration(nowUS-oldest) * time.Microsecond)
+	}
+	return stats, nil
+}
+
+// ListTopics implements triagev1.QueueServer: topics that hold items on the
+// region's shards, in name order, paged by name.
+func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest) (*triagev1.ListTopicsResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	region, err := r.region(req.Region, m)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	size := int(req.PageSize)
+	if size < 0 || size > 1000 {
+		return nil, toStatus(invalid("page_size %d: allowed 1 to 1000, or 0 for 100", size))
+	}
+	if size == 0 {
+		size = 100
+	}
+	shards, err := m.ShardsFor(req.Namespace, region)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	counts := map[string]int64{}
+	var mu sync.Mutex
+	groups := map[uint32][]int{}
+	for i, id := range shards {
+		groups[id] = []int{i}
+	}
+	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, _ []int) error {
+		db, _, err := r.cfg.Pool.Primary(m, shard)
+		if err != nil {
+			return err
+		}
+		var rows []struct {
+			Topic string `db:"topic"`
+			N     int64  `db:"n"`
+		}
+		// The ready index leads with (namespace, topic), so this walks the
+		// namespace's index range in topic order.
+		if err := db.SelectContext(ctx, &rows, `SELECT topic, COUNT(*) AS n FROM items FORCE INDEX (ready)
+			WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?`, req.Namespace, req.PageToken, size+1); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, row := range rows {
+			counts[row.Topic] += row.N
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	names := make([]string, 0, len(counts))
+	for t := range counts {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	resp := &triagev1.ListTopicsResponse{}
+	if len(names) > size {
+		names = names[:size]
+		resp.NextPageToken = names[size-1]
+	}
+	for _, t := range names {
+		resp.Topics = append(resp.Topics, &triagev1.TopicSummary{Topic: t, Items: counts[t]})
+	}
+	return resp, nil
+}
+
+// GetShardMap implements triagev1.AdminServer.
+func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*triagev1.ShardMap, error) {
+	m := r.cfg.Maps.Current()
+	out := &triagev1.ShardMap{Version: m.Version, Regions: m.Regions}
+	for _, s := range m.Shards {
+		out.Shards = append(out.Shards, &triagev1.Shard{Id: s.ID, HomeRegion: s.HomeRegion, Primary: s.Primary, Replicas: s.Replicas, Epoch: s.Epoch})
+	}
+	for _, ns := range m.Namespaces {
+		for _, region := range m.Regions {
+			ids, err := m.ShardsFor(ns.Name, region)
+			if err != nil {
+				continue
+			}
+			out.Namespaces = append(out.Namespaces, &triagev1.NamespaceShards{Namespace: ns.Name, Region: region, Shards: ids})
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,621 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/enqueuer"
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// LocalDequeuer is a dequeuer in the same process, called directly instead
+// of over NATS.
+type LocalDequeuer interface {
+	ID() string
+	Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error)
+}
+
+// Config configures a router.
+type Config struct {
+	// Region is the router's own region, used when a request names none.
+	Region string
+	// Maps, Pool, NC, JS: shard map, shard connections, NATS. Required.
+	Maps shardmap.Source
+	Pool *shardmap.Pool
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+	// Owners tells which dequeuer owns which shard. Required.
+	Owners *dequeuer.Owners
+	// Local is an optional in-process dequeuer.
+	Local LocalDequeuer
+	// IDs allocates item keys; its node ID must be unique (ClaimNode).
+	IDs *itemid.Generator
+	// CommitTimeout bounds how long a COMMITTED enqueue waits for the
+	// enqueuer when the client set no deadline. Default 10s.
+	CommitTimeout time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Router implements the Queue and Admin services.
+type Router struct {
+	triagev1.UnimplementedQueueServer
+	triagev1.UnimplementedAdminServer
+
+	cfg   Config
+	log   *slog.Logger
+	inbox string
+	sub   *nats.Subscription
+	rr    atomic.Uint64
+
+	mu      sync.Mutex
+	waiting map[uint64]chan *peerv1.EnqueueCommitted
+}
+
+// New validates cfg and returns a router. Call Start before serving.
+func New(cfg Config) (*Router, error) {
+	if cfg.Region == "" || cfg.Maps == nil || cfg.Pool == nil || cfg.NC == nil || cfg.JS == nil || cfg.Owners == nil || cfg.IDs == nil {
+		return nil, errors.New("routing: Region, Maps, Pool, NC, JS, Owners and IDs are required")
+	}
+	cfg.CommitTimeout = cmp.Or(cfg.CommitTimeout, 10*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Router{
+		cfg:     cfg,
+		log:     cfg.Logger.With("role", "router", "region", cfg.Region),
+		inbox:   "triage.committed." + nuid.Next(),
+		waiting: map[uint64]chan *peerv1.EnqueueCommitted{},
+	}, nil
+}
+
+// Start subscribes to the router's commit inbox.
+func (r *Router) Start(context.Context) error {
+	sub, err := r.cfg.NC.Subscribe(r.inbox, func(m *nats.Msg) {
+		var c peerv1.EnqueueCommitted
+		if proto.Unmarshal(m.Data, &c) != nil {
+			return
+		}
+		r.mu.Lock()
+		ch := r.waiting[c.BatchId]
+		delete(r.waiting, c.BatchId)
+		r.mu.Unlock()
+		if ch != nil {
+			ch <- &c
+		}
+	})
+	if err != nil {
+		return err
+	}
+	r.sub = sub
+	return nil
+}
+
+// Stop unsubscribes.
+func (r *Router) Stop() {
+	if r.sub != nil {
+		_ = r.sub.Unsubscribe()
+	}
+}
+
+func (r *Router) region(req string, m *shardmap.Map) (string, error) {
+	if req == "" {
+		return r.cfg.Region, nil
+	}
+	if !m.HasRegion(req) {
+		return "", invalid("region %q: allowed %s, or empty for the router's own (%s)", req, strings.Join(m.Regions, ", "), r.cfg.Region)
+	}
+	return req, nil
+}
+
+// Enqueue implements triagev1.QueueServer.
+func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
+	resp, err := r.enqueue(ctx, req)
+	return resp, toStatus(err)
+}
+
+type shardBatch struct {
+	shard uint32
+	idx   []int // positions in the request
+	batch *peerv1.EnqueueBatch
+}
+
+func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
+	m := r.cfg.Maps.Current()
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	now := r.cfg.Now()
+	if err := validateEnqueue(req, ns, now); err != nil {
+		return nil, err
+	}
+	region, err := r.region(req.Region, m)
+	if err != nil {
+		return nil, err
+	}
+	shards, err := m.ShardsFor(req.Namespace, region)
+	if err != nil {
+		return nil, err
+	}
+	// Items with a dedup key go to the shard the key hashes to, so the
+	// shard's unique index sees every copy; the rest of the request goes to
+	// one shard chosen round-robin, so a request is usually one batch.
+	spread := shards[r.rr.Add(1)%uint64(len(shards))]
+	groups := map[uint32]*shardBatch{}
+	var order []*shardBatch
+	for i, it := range req.Items {
+		shard := spread
+		if it.DedupKey != "" {
+			h := fnv.New32a()
+			h.Write([]byte(req.Topic))
+			h.Write([]byte{0})
+			h.Write([]byte(it.DedupKey))
+			shard = shards[h.Sum32()%uint32(len(shards))]
+		}
+		g := groups[shard]
+		if g == nil {
+			g = &shardBatch{shard: shard, batch: &peerv1.EnqueueBatch{
+				Namespace: req.Namespace, Topic: req.Topic, Shard: shard, EnqueuedAtUs: now.UnixMicro(),
+			}}
+			groups[shard] = g
+			order = append(order, g)
+		}
+		g.idx = append(g.idx, i)
+		g.batch.Items = append(g.batch.Items, r.bufferedItem(it, ns, now))
+	}
+	committed := req.Durability != triagev1.Durability_BUFFERED
+	waitCtx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeout(ctx, r.cfg.CommitTimeout)
+		defer cancel()
+	}
+	chans := make([]chan *peerv1.EnqueueCommitted, len(order))
+	for i, g := range order {
+		g.batch.BatchId = g.batch.Items[0].Key
+		if committed {
+			g.batch.ReplySubject = r.inbox
+			chans[i] = make(chan *peerv1.EnqueueCommitted, 1)
+			r.mu.Lock()
+			r.waiting[g.batch.BatchId] = chans[i]
+			r.mu.Unlock()
+			defer r.forget(g.batch.BatchId)
+		}
+	}
+	if err := r.publish(waitCtx, region, order); err != nil {
+		return nil, err
+	}
+	results := make([]*triagev1.EnqueueResult, len(req.Items))
+	for i, g := range order {
+		var c *peerv1.EnqueueCommitted
+		if committed {
+			select {
+			case c = <-chans[i]:
+			case <-waitCtx.Done():
+				return nil, ErrNotCommitted
+			}
+			if c.Error != "" {
+				return nil, fmt.Errorf("%w: shard %d: %s", ErrUnavailable, g.shard, c.Error)
+			}
+		}
+		for j, pos := range g.idx {
+			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: region}
+			if c != nil && j < len(c.DuplicateOf) && c.DuplicateOf[j] != 0 {
+				res.Id = itemid.ID{Shard: g.shard, Key: c.DuplicateOf[j]}.String()
+				res.Duplicate = true
+			}
+			results[pos] = res
+		}
+	}
+	return &triagev1.EnqueueResponse{Results: results}, nil
+}
+
+func (r *Router) forget(batch uint64) {
+	r.mu.Lock()
+	delete(r.waiting, batch)
+	r.mu.Unlock()
+}
+
+func (r *Router) bufferedItem(it *triagev1.NewItem, ns *shardmap.Namespace, now time.Time) *peerv1.BufferedItem {
+	b := &peerv1.BufferedItem{
+		Key:            r.cfg.IDs.Next(),
+		Payload:        it.Payload,
+		Priority:       it.Priority,
+		DeliverAfterUs: now.UnixMicro(),
+		LeaseMs:        uint32(time.Duration(ns.DefaultLeaseDuration).Milliseconds()),
+		DedupKey:       it.DedupKey,
+	}
+	if it.DeliverAfter != nil {
+		b.DeliverAfterUs = it.DeliverAfter.AsTime().UnixMicro()
+	}
+	if d := it.LeaseDuration.AsDuration(); it.LeaseDuration != nil && d > 0 {
+		b.LeaseMs = uint32(d.Milliseconds())
+	}
+	ttl := time.Duration(ns.DefaultTTL)
+	if it.Ttl != nil && it.Ttl.AsDuration() > 0 {
+		ttl = it.Ttl.AsDuration()
+	}
+	if ttl > 0 {
+		b.ExpiresAtUs = now.Add(ttl).UnixMicro()
+	}
+	if len(it.Metadata) > 0 {
+		b.Metadata, _ = MarshalMetadata(it.Metadata)
+	}
+	return b
+}
+
+// publish stores every batch in the region's enqueue stream, concurrently.
+func (r *Router) publish(ctx context.Context, region string, order []*shardBatch) error {
+	errs := make([]error, len(order))
+	var wg sync.WaitGroup
+	for i, g := range order {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data, err := proto.Marshal(g.batch)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			msg := nats.NewMsg(enqueuer.Subject(region, g.shard))
+			msg.Data = data
+			// The stream drops a retried publish of the same batch.
+			msg.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(g.batch.BatchId, 16))
+			_, err = r.cfg.JS.PublishMsg(ctx, msg)
+			errs[i] = classifyPublish(err)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func classifyPublish(err error) error {
+	if err == nil {
+		return nil
+	}
+	// A stream at its limits with DiscardNew answers "maximum messages
+	// exceeded" or "maximum bytes exceeded".
+	if msg := err.Error(); strings.Contains(msg, "maximum messages") || strings.Contains(msg, "maximum bytes") ||
+		strings.Contains(msg, "resource limits exceeded") {
+		return fmt.Errorf("%w (%v)", ErrBufferFull, err)
+	}
+	return fmt.Errorf("%w: enqueue buffer: %v", ErrUnavailable, err)
+}
+
+// Dequeue implements triagev1.QueueServer: it forwards to the dequeuers
+// that own the region's shards and merges their answers.
+func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
+	items, err := r.dequeue(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &triagev1.DequeueResponse{Items: items}, nil
+}
+
+func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, err
+	}
+	if err := validateDequeue(req); err != nil {
+		return nil, err
+	}
+	region, err := r.region(req.Region, m)
+	if err != nil {
+		return nil, err
+	}
+	shards, err := m.ShardsFor(req.Namespace, region)
+	if err != nil {
+		return nil, err
+	}
+	byOwner := map[string][]uint32{}
+	var orphans []uint32
+	for _, id := range shards {
+		if o, ok := r.cfg.Owners.Owner(id); ok {
+			byOwner[o] = append(byOwner[o], id)
+		} else {
+			orphans = append(orphans, id)
+		}
+	}
+	if len(byOwner) == 0 {
+		return nil, fmt.Errorf("%w: no dequeuer owns shards %v of region %s yet; retry shortly", ErrUnavailable, orphans, region)
+	}
+	if len(byOwner) == 1 {
+		for owner, ids := range byOwner {
+			return r.forward(ctx, owner, req, ids)
+		}
+	}
+	// Several owners: ask each for the full counts, keep the most urgent,
+	// and hand the surplus back at once.
+	type answer struct {
+		items []*triagev1.LeasedItem
+		err   error
+	}
+	answers := make(chan answer, len(byOwner))
+	for owner, ids := range byOwner {
+		go func() {
+			items, err := r.forward(ctx, owner, req, ids)
+			answers <- answer{items, err}
+		}()
+	}
+	var all []*triagev1.LeasedItem
+	var firstErr error
+	for range byOwner {
+		a := <-answers
+		all = append(all, a.items...)
+		firstErr = cmp.Or(firstErr, a.err)
+	}
+	if len(all) == 0 {
+		return nil, firstErr
+	}
+	slices.SortStableFunc(all, compareLeased)
+	want := map[string]int32{}
+	for _, tc := range req.Topics {
+		want[tc.Topic] = tc.Count
+	}
+	var out []*triagev1.LeasedItem
+	var surplus []*triagev1.NackItem
+	for _, it := range all {
+		if want[it.Topic] > 0 {
+			want[it.Topic]--
+			out = append(out, it)
+		} else {
+			surplus = append(surplus, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken})
+		}
+	}
+	if len(surplus) > 0 {
+		if _, err := r.nack(context.WithoutCancel(ctx), &triagev1.NackRequest{Namespace: req.Namespace, Nacks: surplus}); err != nil {
+			r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
+		}
+	}
+	return out, nil
+}
+
+func compareLeased(a, b *triagev1.LeasedItem) int {
+	if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
+		return c
+	}
+	if c := a.DeliverAfter.AsTime().Compare(b.DeliverAfter.AsTime()); c != 0 {
+		return c
+	}
+	ia, _ := itemid.Parse(a.Id)
+	ib, _ := itemid.Parse(b.Id)
+	return cmp.Compare(ia.Key, ib.Key)
+}
+
+func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
+	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
+		return r.cfg.Local.Dequeue(ctx, req, shards)
+	}
+	data, err := proto.Marshal(&peerv1.ShardDequeue{Request: req, Shards: shards})
+	if err != nil {
+		return nil, err
+	}
+	timeout := req.GetWait().AsDuration() + 5*time.Second
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	msg, err := r.cfg.NC.RequestWithContext(rctx, dequeuer.RequestSubject(owner), data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dequeuer %s: %v", ErrUnavailable, owner, err)
+	}
+	var resp peerv1.ShardDequeueResponse
+	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, err
+	}
+	if resp.Error != "" {
+		return resp.Items, fmt.Errorf("%w: dequeuer %s: %s", ErrUnavailable, owner, resp.Error)
+	}
+	return resp.Items, nil
+}
+
+// byShard groups request positions by the shard their ID names, after
+// checking every ID parses and names a shard of the map. Nothing is done
+// when any ID is bad.
+func byShard(m *shardmap.Map, ids []string) (map[uint32][]int, []itemid.ID, error) {
+	if len(ids) == 0 {
+		return nil, nil, invalid("no items given: send 1 to %d", MaxRefsPerCall)
+	}
+	if len(ids) > MaxRefsPerCall {
+		return nil, nil, invalid("%d items in one call; at most %d allowed", len(ids), MaxRefsPerCall)
+	}
+	parsed := make([]itemid.ID, len(ids))
+	groups := map[uint32][]int{}
+	for i, s := range ids {
+		id, err := itemid.Parse(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, ok := m.Shard(id.Shard); !ok {
+			return nil, nil, fmt.Errorf("%w %q: shard %d does not exist", itemid.ErrInvalid, s, id.Shard)
+		}
+		parsed[i] = id
+		groups[id.Shard] = append(groups[id.Shard], i)
+	}
+	return groups, parsed, nil
+}
+
+// perShard runs fn for every shard group concurrently.
+func (r *Router) perShard(ctx context.Context, m *shardmap.Map, groups map[uint32][]int, fn func(ctx context.Context, shard uint32, idx []int) error) error {
+	errs := make(chan error, len(groups))
+	for shard, idx := range groups {
+		go func() { errs <- fn(ctx, shard, idx) }()
+	}
+	var all []error
+	for range groups {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+func itemResults(ids []string, errs []error) []*triagev1.ItemResult {
+	out := make([]*triagev1.ItemResult, len(ids))
+	for i, id := range ids {
+		out[i] = &triagev1.ItemResult{Id: id, Ok: errs[i] == nil}
+		if errs[i] != nil {
+			out[i].Error = errs[i].Error()
+		}
+	}
+	return out
+}
+
+// Ack implements triagev1.QueueServer.
+func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.AckResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	ids := make([]string, len(req.Acks))
+	for i, a := range req.Acks {
+		ids[i] = a.Id
+	}
+	groups, parsed, err := byShard(m, ids)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	tokens := make([]uint64, len(req.Acks))
+	for i, a := range req.Acks {
+		if tokens[i], err = dequeuer.ParseToken(a.LeaseToken); err != nil {
+			return nil, toStatus(fmt.Errorf("acks[%d]: %w", i, err))
+		}
+	}
+	errs := make([]error, len(ids))
+	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
+		db, _, err := r.cfg.Pool.Primary(m, shard)
+		if err != nil {
+			return err
+		}
+		refs := make([]dequeuer.LeaseRef, len(idx))
+		for j, i := range idx {
+			refs[j] = dequeuer.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
+		}
+		res, err := dequeuer.Ack(ctx, db, req.Namespace, refs)
+		if err != nil {
+			return err
+		}
+		for j, i := range idx {
+			errs[i] = res[j]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &triagev1.AckResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// Nack implements triagev1.QueueServer.
+func (r *Router) Nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
+	resp, err := r.nack(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(req.Nacks))
+	for i, n := range req.Nacks {
+		ids[i] = n.Id
+	}
+	groups, parsed, err := byShard(m, ids)
+	if err != nil {
+		return nil, err
+	}
+	nacks := make([]dequeuer.Nack, len(req.Nacks))
+	for i, n := range req.Nacks {
+		tok, err := dequeuer.ParseToken(n.LeaseToken)
+		if err != nil {
+			return nil, fmt.Errorf("nacks[%d]: %w", i, err)
+		}
+		if n.Delay != nil {
+			if err := n.Delay.CheckValid(); err != nil || n.Delay.AsDuration() < 0 || n.Delay.AsDuration() > MaxNackDelay {
+				return nil, invalid("nacks[%d].delay must be between 0s and %s", i, MaxNackDelay)
+			}
+		}
+		if len(n.Error) > MaxErrorBytes {
+			return nil, invalid("nacks[%d].error is %d bytes; at most %d allowed", i, len(n.Error), MaxErrorBytes)
+		}
+		if err := checkMetadata(n.Metadata); err != nil {
+			return nil, err
+		}
+		nacks[i] = dequeuer.Nack{LeaseRef: dequeuer.LeaseRef{Key: parsed[i].Key, Token: tok},
+			Delay: n.Delay.AsDuration(), Error: n.Error, Metadata: n.Metadata}
+	}
+	errs := make([]error, len(ids))
+	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
+		db, _, err := r.cfg.Pool.Primary(m, shard)
+		if err != nil {
+			return err
+		}
+		batch := make([]dequeuer.Nack, len(idx))
+		for j, i := range idx {
+			batch[j] = nacks[i]
+		}
+		res, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, r.cfg.Now())
+		if err != nil {
+			return err
+		}
+		for j, i := range idx {
+			errs[i] = res[j]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &triagev1.NackResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// ExtendLease implements triagev1.QueueServer.
+func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseRequest) (*triagev1.ExtendLeaseResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, toStatus(err)
+	}
+	id, db, err := r.itemShard(m, req.Id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	tok, err := dequeuer.ParseToken(req.LeaseToken)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := checkLease("lease_duration", req.LeaseDuration, true); err != nil {
+		return nil, toStatus(err)
+	}
+	until, err := dequeuer.Extend(ctx, db, req.Namespace, dequeuer.LeaseRef{Key: id.Key, Token: tok}, req.LeaseDuration.AsDuration(), r.cfg.Now())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &triagev1.ExtendLeaseResponse{LeaseExpiresAt: timestamppb.New(until)}, nil
+}
+
+// Owner returns the dequeuer that owns shard, as this router sees it.
+func (r *Router) Owner(shard uint32) (string, bool) { return r.cfg.Owners.Owner(shard) }

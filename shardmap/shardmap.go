@@ -1,0 +1,241 @@
+package shardmap
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Defaults of a namespace's limits when its config leaves them out.
+const (
+	DefaultMaxPayloadBytes = 256 << 10
+	DefaultLeaseDuration   = 30 * time.Second
+	DefaultMaxAttempts     = 10
+	// MaxLeaseDuration bounds any lease, so a crashed consumer's items come
+	// back within a day at worst.
+	MaxLeaseDuration = 12 * time.Hour
+	// MinLeaseDuration is the shortest lease a client may ask for.
+	MinLeaseDuration = 100 * time.Millisecond
+)
+
+// ErrUnknownNamespace is returned for a namespace the map does not have.
+var ErrUnknownNamespace = errors.New("unknown namespace")
+
+// ErrNoShards is returned when a namespace has no shards in a region.
+var ErrNoShards = errors.New("no shards")
+
+// Duration is a time.Duration that reads and writes JSON as "30s".
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a Go duration string such as "1m30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Shard is one MySQL database: a primary and its replicas.
+type Shard struct {
+	// ID is the shard number that item IDs carry.
+	ID uint32 `json:"id"`
+	// HomeRegion is where the shard's items logically live.
+	HomeRegion string `json:"home_region"`
+	// Primary is the host:port of the current primary.
+	Primary string `json:"primary"`
+	// Database is the schema name on the primary. Default "triage".
+	Database string `json:"database,omitempty"`
+	// Replicas are host:port of replicas, in promotion preference order.
+	Replicas []string `json:"replicas,omitempty"`
+	// Epoch rises with every failover; writers check it to fence a deposed
+	// primary.
+	Epoch uint64 `json:"epoch"`
+}
+
+// Namespace is a tenant: its shards and its limits.
+type Namespace struct {
+	Name string `json:"name"`
+	// Shards lists shard IDs per region. A region left out uses every shard
+	// whose home is that region.
+	Shards map[string][]uint32 `json:"shards,omitempty"`
+	// MaxPayloadBytes bounds one item's payload. Default 256 KiB.
+	MaxPayloadBytes int `json:"max_payload_bytes,omitempty"`
+	// DefaultLeaseDuration applies when neither item nor dequeue says.
+	// Default 30s.
+	DefaultLeaseDuration Duration `json:"default_lease_duration,omitempty"`
+	// MaxAttempts is the deliveries before an item is dead-lettered.
+	// Default 10.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// DefaultTTL deletes items this long after enqueue. Default none.
+	DefaultTTL Duration `json:"default_ttl,omitempty"`
+}
+
+// Map is an immutable shard-map snapshot. Build it with Parse or New.
+type Map struct {
+	Version    uint64      `json:"version"`
+	Regions    []string    `json:"regions"`
+	Shards     []Shard     `json:"shards"`
+	Namespaces []Namespace `json:"namespaces"`
+
+	shards     map[uint32]*Shard
+	namespaces map[string]*Namespace
+	byRegion   map[string][]uint32
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// ValidName reports whether s is a valid namespace, topic or region name:
+// 1-128 of letters, digits, '_', '.', '-', starting with a letter or digit.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// Parse reads a JSON map and validates it.
+func Parse(data []byte) (*Map, error) {
+	var m Map
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("shard map: %w", err)
+	}
+	return New(m)
+}
+
+// New validates m, fills defaults and builds its indexes. m is copied.
+func New(m Map) (*Map, error) {
+	out := &Map{
+		Version:    m.Version,
+		Regions:    slices.Clone(m.Regions),
+		shards:     map[uint32]*Shard{},
+		namespaces: map[string]*Namespace{},
+		byRegion:   map[string][]uint32{},
+	}
+	if len(out.Regions) == 0 {
+		return nil, errors.New("shard map: at least one region is required")
+	}
+	for _, r := range out.Regions {
+		if !ValidName(r) {
+			return nil, fmt.Errorf("shard map: region %q: names are 1-128 letters, digits, '_', '.', '-'", r)
+		}
+	}
+	seen := map[uint32]bool{}
+	for _, s := range m.Shards {
+		s.Replicas = slices.Clone(s.Replicas)
+		if s.Database == "" {
+			s.Database = "triage"
+		}
+		if seen[s.ID] {
+			return nil, fmt.Errorf("shard map: shard %d listed twice", s.ID)
+		}
+		seen[s.ID] = true
+		if !slices.Contains(out.Regions, s.HomeRegion) {
+			return nil, fmt.Errorf("shard map: shard %d: home region %q is not in regions %v", s.ID, s.HomeRegion, out.Regions)
+		}
+		if s.Primary == "" {
+			return nil, fmt.Errorf("shard map: shard %d has no primary", s.ID)
+		}
+		out.Shards = append(out.Shards, s)
+	}
+	sort.Slice(out.Shards, func(i, j int) bool { return out.Shards[i].ID < out.Shards[j].ID })
+	for i := range out.Shards {
+		s := &out.Shards[i]
+		out.shards[s.ID] = s
+		out.byRegion[s.HomeRegion] = append(out.byRegion[s.HomeRegion], s.ID)
+	}
+	for _, ns := range m.Namespaces {
+		if !ValidName(ns.Name) {
+			return nil, fmt.Errorf("shard map: namespace %q: names are 1-128 letters, digits, '_', '.', '-'", ns.Name)
+		}
+		if _, dup := out.namespaces[ns.Name]; dup {
+			return nil, fmt.Errorf("shard map: namespace %q listed twice", ns.Name)
+		}
+		shards := map[string][]uint32{}
+		for region, ids := range ns.Shards {
+			if !slices.Contains(out.Regions, region) {
+				return nil, fmt.Errorf("shard map: namespace %q: region %q is not in regions", ns.Name, region)
+			}
+			for _, id := range ids {
+				if !seen[id] {
+					return nil, fmt.Errorf("shard map: namespace %q: shard %d does not exist", ns.Name, id)
+				}
+			}
+			shards[region] = slices.Sorted(slices.Values(ids))
+		}
+		ns.Shards = shards
+		ns.MaxPayloadBytes = cmpOr(ns.MaxPayloadBytes, DefaultMaxPayloadBytes)
+		ns.DefaultLeaseDuration = cmpOr(ns.DefaultLeaseDuration, Duration(DefaultLeaseDuration))
+		ns.MaxAttempts = cmpOr(ns.MaxAttempts, DefaultMaxAttempts)
+		if ns.MaxPayloadBytes < 0 || ns.MaxAttempts < 0 || ns.DefaultTTL < 0 {
+			return nil, fmt.Errorf("shard map: namespace %q: limits must not be negative", ns.Name)
+		}
+		if d := time.Duration(ns.DefaultLeaseDuration); d < MinLeaseDuration || d > MaxLeaseDuration {
+			return nil, fmt.Errorf("shard map: namespace %q: default_lease_duration must be within %s..%s", ns.Name, MinLeaseDuration, MaxLeaseDuration)
+		}
+		out.Namespaces = append(out.Namespaces, ns)
+	}
+	sort.Slice(out.Namespaces, func(i, j int) bool { return out.Namespaces[i].Name < out.Namespaces[j].Name })
+	for i := range out.Namespaces {
+		out.namespaces[out.Namespaces[i].Name] = &out.Namespaces[i]
+	}
+	return out, nil
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Marshal writes the map as JSON.
+func (m *Map) Marshal() ([]byte, error) { return json.MarshalIndent(m, "", "  ") }
+
+// Shard returns the shard with id.
+func (m *Map) Shard(id uint32) (Shard, bool) {
+	s, ok := m.shards[id]
+	if !ok {
+		return Shard{}, false
+	}
+	return *s, true
+}
+
+// HasRegion reports whether region is one of the map's regions.
+func (m *Map) HasRegion(region string) bool { return slices.Contains(m.Regions, region) }
+
+// Namespace returns a namespace's config.
+func (m *Map) Namespace(name string) (*Namespace, error) {
+	ns, ok := m.namespaces[name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q: create it in the shard map first", ErrUnknownNamespace, name)
+	}
+	return ns, nil
+}
+
+// ShardsFor returns the shards that serve namespace in region, in ID order.
+func (m *Map) ShardsFor(namespace, region string) ([]uint32, error) {
+	ns, err := m.Namespace(namespace)
+	if err != nil {
+		return nil, err
+	}
+	ids, ok := ns.Shards[region]
+	if !ok {
+		ids = m.byRegion[region]
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w for namespace %q in region %q", ErrNoShards, namespace, region)
+	}
+	return ids, nil
+}
+
+// RegionShards returns the shards whose home is region.
+func (m *Map) RegionShards(region string) []uint32 { return m.byRegion[region] }
