@@ -32,6 +32,9 @@ type Config struct {
 	// MaxBatchMessages is how many buffered batches one transaction takes.
 	// Default 512.
 	MaxBatchMessages int
+	// InFlight is the number of insert transactions in flight per shard.
+	// Default 4.
+	InFlight int
 	// AckWait is how long JetStream waits for an ack before redelivering a
 	// batch to another enqueuer. Default 30s.
 	AckWait time.Duration
@@ -57,6 +60,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MaxBatchMessages == 0 {
 		cfg.MaxBatchMessages = 512
+	}
+	if cfg.InFlight == 0 {
+		cfg.InFlight = 4
 	}
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 30 * time.Second
@@ -137,7 +143,6 @@ type worker struct {
 }
 
 func (w *worker) run(ctx context.Context) {
-	cfg := w.svc.cfg
 	for ctx.Err() == nil {
 		err := w.consume(ctx)
 		if ctx.Err() != nil {
@@ -146,7 +151,6 @@ func (w *worker) run(ctx context.Context) {
 		w.log.Warn("enqueue worker restarting", "err", err)
 		sleep(ctx, time.Second)
 	}
-	_ = cfg
 }
 
 func (w *worker) consume(ctx context.Context) error {
@@ -185,12 +189,31 @@ func (w *worker) consume(ctx context.Context) error {
 			}
 		}
 	}()
+	// Several transactions in flight per shard: while one waits for its
+	// fsync the next one is being built, and InnoDB's group commit folds
+	// their fsyncs together.
+	var wg sync.WaitGroup
+	for i := 0; i < cfg.InFlight; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.insertLoop(ctx, msgs)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// insertLoop takes the first waiting batch, then every other batch already
+// pulled (up to MaxBatchMessages), and inserts them in one transaction.
+func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg) {
+	cfg := w.svc.cfg
 	backoff := time.Duration(0)
 	batch := make([]jetstream.Msg, 0, cfg.MaxBatchMessages)
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case m := <-msgs:
 			batch = append(batch[:0], m)
 		}
@@ -220,17 +243,21 @@ func (w *worker) consume(ctx context.Context) error {
 
 func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	cfg := w.svc.cfg
-	batches := make([]*peerv1.EnqueueBatch, 0, len(msgs))
+	var batches []*peerv1.EnqueueBatch
 	kept := msgs[:0:0]
 	for _, m := range msgs {
-		b := &peerv1.EnqueueBatch{}
-		if err := proto.Unmarshal(m.Data(), b); err != nil || b.Shard != w.shard || len(b.Items) == 0 {
+		env := &peerv1.EnqueueEnvelope{}
+		err := proto.Unmarshal(m.Data(), env)
+		if err == nil {
+			err = w.check(env)
+		}
+		if err != nil {
 			// Nothing can ever insert it; keep it out of the way.
-			w.log.Error("terminating malformed enqueue batch", "err", err)
+			w.log.Error("terminating malformed enqueue message", "err", err)
 			_ = m.Term()
 			continue
 		}
-		batches = append(batches, b)
+		batches = append(batches, env.Batches...)
 		kept = append(kept, m)
 	}
 	if len(batches) == 0 {
@@ -244,11 +271,12 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	for _, m := range kept {
+		_ = m.Ack()
+	}
 	type topicKey struct{ ns, topic string }
 	ready := map[topicKey]*peerv1.ItemsReady{}
-	for i, m := range kept {
-		_ = m.Ack()
-		b := batches[i]
+	for i, b := range batches {
 		if b.ReplySubject != "" {
 			if data, err := proto.Marshal(results[i]); err == nil {
 				_ = cfg.NC.Publish(b.ReplySubject, data)
@@ -268,6 +296,22 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	for _, r := range ready {
 		if data, err := proto.Marshal(r); err == nil {
 			_ = cfg.NC.Publish(ReadySubject(r.Namespace), data)
+		}
+	}
+	return nil
+}
+
+// check rejects an envelope no insert can ever succeed with.
+func (w *worker) check(env *peerv1.EnqueueEnvelope) error {
+	if len(env.Batches) == 0 {
+		return errors.New("empty envelope")
+	}
+	for _, b := range env.Batches {
+		if b.Shard != w.shard {
+			return fmt.Errorf("batch for shard %d on shard %d's subject", b.Shard, w.shard)
+		}
+		if len(b.Items) == 0 {
+			return errors.New("batch without items")
 		}
 	}
 	return nil

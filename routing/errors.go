@@ -31,6 +31,10 @@ var (
 	ErrNotCommitted = errors.New("enqueue buffered but not confirmed committed in time; it will still be inserted, retry with the same dedup keys to be sure")
 )
 
+func errorf(kind error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s", kind, fmt.Sprintf(format, args...))
+}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }

@@ -8,7 +8,6 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +20,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/dequeuer"
-	"github.com/triage-queue/triage/enqueuer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
@@ -72,6 +70,11 @@ type Router struct {
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
+
+	pubMu      sync.Mutex
+	publishers map[string]*shardPublisher
+	pubWG      sync.WaitGroup
+	stopping   chan struct{}
 }
 
 // New validates cfg and returns a router. Call Start before serving.
@@ -90,7 +93,9 @@ func New(cfg Config) (*Router, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("role", "router", "region", cfg.Region),
 		inbox:   "triage.committed." + nuid.Next(),
-		waiting: map[uint64]chan *peerv1.EnqueueCommitted{},
+		waiting:    map[uint64]chan *peerv1.EnqueueCommitted{},
+		publishers: map[string]*shardPublisher{},
+		stopping:   make(chan struct{}),
 	}, nil
 }
 
@@ -116,11 +121,14 @@ func (r *Router) Start(context.Context) error {
 	return nil
 }
 
-// Stop unsubscribes.
+// Stop unsubscribes and stops the publishers. Call it after the servers
+// have drained their requests.
 func (r *Router) Stop() {
 	if r.sub != nil {
 		_ = r.sub.Unsubscribe()
 	}
+	close(r.stopping)
+	r.pubWG.Wait()
 }
 
 func (r *Router) region(req string, m *shardmap.Map) (string, error) {
@@ -268,44 +276,6 @@ func (r *Router) bufferedItem(it *triagev1.NewItem, ns *shardmap.Namespace, now 
 		b.Metadata, _ = MarshalMetadata(it.Metadata)
 	}
 	return b
-}
-
-// publish stores every batch in the region's enqueue stream, concurrently.
-func (r *Router) publish(ctx context.Context, region string, order []*shardBatch) error {
-	errs := make([]error, len(order))
-	var wg sync.WaitGroup
-	for i, g := range order {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			data, err := proto.Marshal(g.batch)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			msg := nats.NewMsg(enqueuer.Subject(region, g.shard))
-			msg.Data = data
-			// The stream drops a retried publish of the same batch.
-			msg.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(g.batch.BatchId, 16))
-			_, err = r.cfg.JS.PublishMsg(ctx, msg)
-			errs[i] = classifyPublish(err)
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func classifyPublish(err error) error {
-	if err == nil {
-		return nil
-	}
-	// A stream at its limits with DiscardNew answers "maximum messages
-	// exceeded" or "maximum bytes exceeded".
-	if msg := err.Error(); strings.Contains(msg, "maximum messages") || strings.Contains(msg, "maximum bytes") ||
-		strings.Contains(msg, "resource limits exceeded") {
-		return fmt.Errorf("%w (%v)", ErrBufferFull, err)
-	}
-	return fmt.Errorf("%w: enqueue buffer: %v", ErrUnavailable, err)
 }
 
 // Dequeue implements triagev1.QueueServer: it forwards to the dequeuers

@@ -57,6 +57,9 @@ type Config struct {
 	DequeuerID string `json:"dequeuer_id,omitempty"`
 	// OwnerTTL is the dequeuer's shard ownership TTL. Default 10s.
 	OwnerTTL shardmap.Duration `json:"owner_ttl,omitempty"`
+	// EnqueueAckWait is how long the enqueue buffer waits for an enqueuer's
+	// ack before redelivering a batch to another enqueuer. Default 30s.
+	EnqueueAckWait shardmap.Duration `json:"enqueue_ack_wait,omitempty"`
 	// KVReplicas for the control-plane buckets. Default 1.
 	KVReplicas int `json:"kv_replicas,omitempty"`
 }
@@ -157,7 +160,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		return nil, err
 	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
-		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Logger: logger})
+		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
+			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger})
 		if err != nil {
 			return nil, err
 		}

@@ -26,8 +26,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// EnqueueBatch is one (request, shard) batch in the JetStream enqueue
-// buffer. Cost is per batch, not per item.
+// EnqueueEnvelope is one message in the JetStream enqueue buffer: the
+// (request, shard) batches a router had waiting for one shard when it
+// published. Under load many requests share one message, so the buffer's
+// cost is per envelope, not per request or item.
+type EnqueueEnvelope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Batches       []*EnqueueBatch        `protobuf:"bytes,1,rep,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueEnvelope) Reset() {
+	*x = EnqueueEnvelope{}
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueEnvelope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueEnvelope) ProtoMessage() {}
+
+func (x *EnqueueEnvelope) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueEnvelope.ProtoReflect.Descriptor instead.
+func (*EnqueueEnvelope) Descriptor() ([]byte, []int) {
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *EnqueueEnvelope) GetBatches() []*EnqueueBatch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
+// EnqueueBatch is the items of one request bound for one shard.
 type EnqueueBatch struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -46,7 +93,7 @@ type EnqueueBatch struct {
 
 func (x *EnqueueBatch) Reset() {
 	*x = EnqueueBatch{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[0]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +105,7 @@ func (x *EnqueueBatch) String() string {
 func (*EnqueueBatch) ProtoMessage() {}
 
 func (x *EnqueueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[0]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +118,7 @@ func (x *EnqueueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueBatch.ProtoReflect.Descriptor instead.
 func (*EnqueueBatch) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *EnqueueBatch) GetNamespace() string {
@@ -141,7 +188,7 @@ type BufferedItem struct {
 
 func (x *BufferedItem) Reset() {
 	*x = BufferedItem{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[1]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +200,7 @@ func (x *BufferedItem) String() string {
 func (*BufferedItem) ProtoMessage() {}
 
 func (x *BufferedItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[1]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +213,7 @@ func (x *BufferedItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferedItem.ProtoReflect.Descriptor instead.
 func (*BufferedItem) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *BufferedItem) GetKey() uint64 {
@@ -240,7 +287,7 @@ type EnqueueCommitted struct {
 
 func (x *EnqueueCommitted) Reset() {
 	*x = EnqueueCommitted{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[2]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -252,7 +299,7 @@ func (x *EnqueueCommitted) String() string {
 func (*EnqueueCommitted) ProtoMessage() {}
 
 func (x *EnqueueCommitted) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[2]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -265,7 +312,7 @@ func (x *EnqueueCommitted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommitted.ProtoReflect.Descriptor instead.
 func (*EnqueueCommitted) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EnqueueCommitted) GetBatchId() uint64 {
@@ -300,7 +347,7 @@ type ShardDequeue struct {
 
 func (x *ShardDequeue) Reset() {
 	*x = ShardDequeue{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[3]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +359,7 @@ func (x *ShardDequeue) String() string {
 func (*ShardDequeue) ProtoMessage() {}
 
 func (x *ShardDequeue) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[3]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +372,7 @@ func (x *ShardDequeue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardDequeue.ProtoReflect.Descriptor instead.
 func (*ShardDequeue) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ShardDequeue) GetRequest() *v1.DequeueRequest {
@@ -354,7 +401,7 @@ type ShardDequeueResponse struct {
 
 func (x *ShardDequeueResponse) Reset() {
 	*x = ShardDequeueResponse{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[4]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +413,7 @@ func (x *ShardDequeueResponse) String() string {
 func (*ShardDequeueResponse) ProtoMessage() {}
 
 func (x *ShardDequeueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[4]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +426,7 @@ func (x *ShardDequeueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardDequeueResponse.ProtoReflect.Descriptor instead.
 func (*ShardDequeueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShardDequeueResponse) GetItems() []*v1.LeasedItem {
@@ -419,7 +466,7 @@ type ItemsReady struct {
 
 func (x *ItemsReady) Reset() {
 	*x = ItemsReady{}
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[5]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -431,7 +478,7 @@ func (x *ItemsReady) String() string {
 func (*ItemsReady) ProtoMessage() {}
 
 func (x *ItemsReady) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_peer_v1_peer_proto_msgTypes[5]
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -444,7 +491,7 @@ func (x *ItemsReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemsReady.ProtoReflect.Descriptor instead.
 func (*ItemsReady) Descriptor() ([]byte, []int) {
-	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ItemsReady) GetNamespace() string {
@@ -486,7 +533,9 @@ var File_triage_peer_v1_peer_proto protoreflect.FileDescriptor
 
 const file_triage_peer_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x19triage/peer/v1/peer.proto\x12\x0etriage.peer.v1\x1a\x16triage/v1/triage.proto\"\xf2\x01\n" +
+	"\x19triage/peer/v1/peer.proto\x12\x0etriage.peer.v1\x1a\x16triage/v1/triage.proto\"I\n" +
+	"\x0fEnqueueEnvelope\x126\n" +
+	"\abatches\x18\x01 \x03(\v2\x1c.triage.peer.v1.EnqueueBatchR\abatches\"\xf2\x01\n" +
 	"\fEnqueueBatch\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
@@ -535,26 +584,28 @@ func file_triage_peer_v1_peer_proto_rawDescGZIP() []byte {
 	return file_triage_peer_v1_peer_proto_rawDescData
 }
 
-var file_triage_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_triage_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_triage_peer_v1_peer_proto_goTypes = []any{
-	(*EnqueueBatch)(nil),         // 0: triage.peer.v1.EnqueueBatch
-	(*BufferedItem)(nil),         // 1: triage.peer.v1.BufferedItem
-	(*EnqueueCommitted)(nil),     // 2: triage.peer.v1.EnqueueCommitted
-	(*ShardDequeue)(nil),         // 3: triage.peer.v1.ShardDequeue
-	(*ShardDequeueResponse)(nil), // 4: triage.peer.v1.ShardDequeueResponse
-	(*ItemsReady)(nil),           // 5: triage.peer.v1.ItemsReady
-	(*v1.DequeueRequest)(nil),    // 6: triage.v1.DequeueRequest
-	(*v1.LeasedItem)(nil),        // 7: triage.v1.LeasedItem
+	(*EnqueueEnvelope)(nil),      // 0: triage.peer.v1.EnqueueEnvelope
+	(*EnqueueBatch)(nil),         // 1: triage.peer.v1.EnqueueBatch
+	(*BufferedItem)(nil),         // 2: triage.peer.v1.BufferedItem
+	(*EnqueueCommitted)(nil),     // 3: triage.peer.v1.EnqueueCommitted
+	(*ShardDequeue)(nil),         // 4: triage.peer.v1.ShardDequeue
+	(*ShardDequeueResponse)(nil), // 5: triage.peer.v1.ShardDequeueResponse
+	(*ItemsReady)(nil),           // 6: triage.peer.v1.ItemsReady
+	(*v1.DequeueRequest)(nil),    // 7: triage.v1.DequeueRequest
+	(*v1.LeasedItem)(nil),        // 8: triage.v1.LeasedItem
 }
 var file_triage_peer_v1_peer_proto_depIdxs = []int32{
-	1, // 0: triage.peer.v1.EnqueueBatch.items:type_name -> triage.peer.v1.BufferedItem
-	6, // 1: triage.peer.v1.ShardDequeue.request:type_name -> triage.v1.DequeueRequest
-	7, // 2: triage.peer.v1.ShardDequeueResponse.items:type_name -> triage.v1.LeasedItem
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	1, // 0: triage.peer.v1.EnqueueEnvelope.batches:type_name -> triage.peer.v1.EnqueueBatch
+	2, // 1: triage.peer.v1.EnqueueBatch.items:type_name -> triage.peer.v1.BufferedItem
+	7, // 2: triage.peer.v1.ShardDequeue.request:type_name -> triage.v1.DequeueRequest
+	8, // 3: triage.peer.v1.ShardDequeueResponse.items:type_name -> triage.v1.LeasedItem
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_triage_peer_v1_peer_proto_init() }
@@ -568,7 +619,7 @@ func file_triage_peer_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_peer_v1_peer_proto_rawDesc), len(file_triage_peer_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,885 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/triage-queue/triage/client"
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing"
+)
+
+// defaultRouterAddr is where the client verbs look for a router when
+// neither --addr nor TRIAGE_ADDR says: the local bed's gRPC port.
+const defaultRouterAddr = "127.0.0.1:9090"
+
+// enqueueBatchBytes bounds the payload bytes of one Enqueue sent for items
+// read from stdin, well under the router's 64 MiB message limit.
+const enqueueBatchBytes = 4 << 20
+
+// runClientCommand runs a client verb (enqueue, dequeue, ack, ...) against
+// a router. handled is false for a verb it does not know; exitCode is 0 on
+// success, 1 when the call or an item failed, 2 for a usage error.
+func runClientCommand(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) (handled bool, exitCode int) {
+	return runClient(ctx, verb, args, os.Stdin, stdout, stderr)
+}
+
+// clientVerb is one client command. setup registers the verb's own flags
+// and returns the function that runs it once the flags are parsed.
+type clientVerb struct {
+	args    string
+	summary string
+	setup   func(fs *flag.FlagSet) clientRun
+}
+
+// clientRun runs a verb with its positional arguments.
+type clientRun func(ctx context.Context, e *clientEnv, args []string) error
+
+// clientEnv is what every verb gets: the connection, the common flags and
+// the streams.
+type clientEnv struct {
+	c       *client.Client
+	ns      string
+	json    bool
+	timeout time.Duration
+	stdin   io.Reader
+	stdout  io.Writer
+	stderr  io.Writer
+}
+
+// rpc bounds one RPC by --timeout, plus extra for a long poll's wait.
+func (e *clientEnv) rpc(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, e.timeout+max(extra, 0))
+}
+
+// usageError is a mistake in the command line: exit code 2 and the usage.
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+func usagef(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
+
+// errItemsFailed means some items of a batch failed; they are already
+// reported, so only the exit code is left to set.
+var errItemsFailed = errors.New("some items failed")
+
+var clientVerbs = map[string]clientVerb{
+	"enqueue": {
+		args:    "TOPIC [PAYLOAD...]",
+		summary: "Enqueue one item per PAYLOAD, or one per non-empty line of stdin when there is none.\nPrints ID, region and \"duplicate\" per item. Put -- before payloads that start with '-'.",
+		setup:   enqueueCmd,
+	},
+	"dequeue": {
+		args:    "TOPIC",
+		summary: "Lease up to --count ready items, most urgent first. Payloads print as text when\nvalid UTF-8 (Go-quoted if they hold control characters), else as base64:...",
+		setup:   dequeueCmd,
+	},
+	"ack": {
+		args:    "ID:TOKEN...",
+		summary: "Delete leased items. Exit code 1 if any item was refused.",
+		setup:   ackCmd,
+	},
+	"nack": {
+		args:    "ID:TOKEN...",
+		summary: "Return leased items to their topic after --delay. Exit code 1 if any item was refused.",
+		setup:   nackCmd,
+	},
+	"extend": {
+		args:    "ID:TOKEN",
+		summary: "Push a lease's expiry to now + --lease (default: the item's lease duration).",
+		setup:   extendCmd,
+	},
+	"get": {
+		args:    "ID",
+		summary: "Show one item, leased or not.",
+		setup:   getCmd,
+	},
+	"update": {
+		args:    "ID",
+		summary: "Change an item's priority, deliver_after or metadata; an empty --meta value deletes the key.",
+		setup:   updateCmd,
+	},
+	"delete": {
+		args:    "ID",
+		summary: "Delete an item whatever its state.",
+		setup:   deleteCmd,
+	},
+	"stats": {
+		args:    "TOPIC",
+		summary: "Show a topic's depth across the region's shards.",
+		setup:   statsCmd,
+	},
+	"topics": {
+		summary: "List the topics that hold items, with their item counts.",
+		setup:   topicsCmd,
+	},
+	"shardmap": {
+		summary: "Show the shard map the router serves from.",
+		setup:   shardmapCmd,
+	},
+}
+
+// runClient is runClientCommand with stdin injectable for tests.
+func runClient(ctx context.Context, verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) (bool, int) {
+	v, ok := clientVerbs[verb]
+	if !ok {
+		return false, 0
+	}
+	fs := flag.NewFlagSet("triage "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s\n\n%s\n\nflags:\n", strings.TrimSpace("triage "+verb+" [flags] "+v.args), v.summary)
+		fs.PrintDefaults()
+	}
+	addr := fs.String("addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
+	ns := fs.String("namespace", "default", "namespace")
+	fs.StringVar(ns, "n", "default", "shorthand for --namespace")
+	region := fs.String("region", "", "region for enqueue, dequeue, stats and topics (default: the router's own)")
+	asJSON := fs.Bool("json", false, "print the response as one protojson document")
+	timeout := fs.Duration("timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
+	run := v.setup(fs)
+
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return true, 0
+	}
+	if err != nil {
+		return true, 2 // the flag package has printed the error and usage
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "triage %s: --timeout must be positive\n", verb)
+		fs.Usage()
+		return true, 2
+	}
+	c, err := client.Dial(ctx, *addr, client.WithRegion(*region))
+	if err != nil {
+		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
+		return true, 1
+	}
+	defer c.Close()
+
+	err = run(ctx, &clientEnv{c: c, ns: *ns, json: *asJSON, timeout: *timeout, stdin: stdin, stdout: stdout, stderr: stderr}, pos)
+	var ue usageError
+	switch {
+	case err == nil:
+		return true, 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "triage %s: %s\n", verb, ue)
+		fs.Usage()
+		return true, 2
+	case errors.Is(err, errItemsFailed):
+		return true, 1
+	default:
+		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
+		return true, 1
+	}
+}
+
+func defaultAddr(getenv func(string) string) string {
+	if a := getenv("TRIAGE_ADDR"); a != "" {
+		return a
+	}
+	return defaultRouterAddr
+}
+
+// describeError renders an error as "<grpc code>: <message>", or as it is
+// when it carries no gRPC status.
+func describeError(err error) string {
+	if s, ok := status.FromError(err); ok {
+		return fmt.Sprintf("%s: %s", s.Code(), s.Message())
+	}
+	return err.Error()
+}
+
+// parseInterspersed parses flags wherever they are among the positional
+// arguments ("update ID --priority 3"), which the flag package alone does
+// not. After "--" everything is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// metaFlag collects repeated --meta k=v flags.
+type metaFlag map[string]string
+
+func (m metaFlag) String() string {
+	kv := make([]string, 0, len(m))
+	for k, v := range m {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+func (m metaFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("%q is not k=v", s)
+	}
+	m[k] = v
+	return nil
+}
+
+func checkInt32(name string, v int) (int32, error) {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, usagef("--%s %d is out of range", name, v)
+	}
+	return int32(v), nil
+}
+
+func wantArgs(args []string, names ...string) error {
+	if len(args) < len(names) {
+		return usagef("missing %s", names[len(args)])
+	}
+	if len(args) > len(names) {
+		return usagef("unexpected argument %q", args[len(names)])
+	}
+	return nil
+}
+
+// parseRef splits "ID:TOKEN". IDs hold '-' but never ':', so the first ':'
+// separates them.
+func parseRef(s string) (id, token string, err error) {
+	id, token, ok := strings.Cut(s, ":")
+	if !ok || id == "" || token == "" {
+		return "", "", usagef("%q is not ID:TOKEN", s)
+	}
+	return id, token, nil
+}
+
+func enqueueCmd(fs *flag.FlagSet) clientRun {
+	priority := fs.Int("priority", 0, "priority; lower is more urgent")
+	delay := fs.Duration("delay", 0, "deliver no sooner than this long from now")
+	lease := fs.Duration("lease", 0, "lease a dequeue takes when it does not say (default: the namespace's)")
+	ttl := fs.Duration("ttl", 0, "delete the item this long after enqueue (default: the namespace's)")
+	dedup := fs.String("dedup", "", "dedup key: an item whose key the topic already holds is reported as a duplicate")
+	meta := metaFlag{}
+	fs.Var(meta, "meta", "metadata `k=v` (repeatable)")
+	buffered := fs.Bool("buffered", false, "acknowledge once the JetStream buffer holds the batch (durability BUFFERED)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if len(args) == 0 {
+			return usagef("missing TOPIC")
+		}
+		topic, payloads := args[0], args[1:]
+		prio, err := checkInt32("priority", *priority)
+		if err != nil {
+			return err
+		}
+		durability := triagev1.Durability_COMMITTED
+		if *buffered {
+			durability = triagev1.Durability_BUFFERED
+		}
+		newItem := func(p []byte) *triagev1.NewItem {
+			it := &triagev1.NewItem{Payload: p, Priority: prio, DedupKey: *dedup}
+			if *delay != 0 {
+				it.DeliverAfter = timestamppb.New(time.Now().Add(*delay))
+			}
+			if *lease != 0 {
+				it.LeaseDuration = durationpb.New(*lease)
+			}
+			if *ttl != 0 {
+				it.Ttl = durationpb.New(*ttl)
+			}
+			if len(meta) > 0 {
+				it.Metadata = meta
+			}
+			return it
+		}
+
+		all := &triagev1.EnqueueResponse{}
+		send := func(items []*triagev1.NewItem) error {
+			rctx, cancel := e.rpc(ctx, 0)
+			defer cancel()
+			resp, err := e.c.Queue.Enqueue(rctx, &triagev1.EnqueueRequest{
+				Namespace: e.ns, Topic: topic, Items: items, Durability: durability,
+			})
+			if err != nil {
+				return err
+			}
+			if e.json {
+				all.Results = append(all.Results, resp.GetResults()...)
+				return nil
+			}
+			tw := newTable(e.stdout)
+			for _, r := range resp.GetResults() {
+				dup := ""
+				if r.GetDuplicate() {
+					dup = "duplicate"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.GetId(), r.GetRegion(), dup)
+			}
+			return tw.Flush()
+		}
+
+		if len(payloads) > 0 {
+			for chunk := range slices.Chunk(payloads, routing.MaxItemsPerEnqueue) {
+				items := make([]*triagev1.NewItem, len(chunk))
+				for i, p := range chunk {
+					items[i] = newItem([]byte(p))
+				}
+				if err := send(items); err != nil {
+					return err
+				}
+			}
+		} else {
+			// Lines are sent in batches as they arrive, so a long-running
+			// producer piped in sees its items enqueued along the way.
+			sc := bufio.NewScanner(e.stdin)
+			sc.Buffer(make([]byte, 64<<10), 64<<20)
+			var batch []*triagev1.NewItem
+			size, sent := 0, 0
+			for sc.Scan() {
+				if len(sc.Bytes()) == 0 {
+					continue
+				}
+				batch = append(batch, newItem(slices.Clone(sc.Bytes())))
+				size += len(sc.Bytes())
+				if len(batch) == routing.MaxItemsPerEnqueue || size >= enqueueBatchBytes {
+					if err := send(batch); err != nil {
+						return err
+					}
+					sent += len(batch)
+					batch, size = nil, 0
+				}
+			}
+			if err := sc.Err(); err != nil {
+				return fmt.Errorf("reading stdin: %w", err)
+			}
+			if len(batch) > 0 {
+				if err := send(batch); err != nil {
+					return err
+				}
+				sent += len(batch)
+			}
+			if sent == 0 {
+				return usagef("no PAYLOAD arguments and no lines on stdin")
+			}
+		}
+		if e.json {
+			return printJSON(e.stdout, all)
+		}
+		return nil
+	}
+}
+
+func dequeueCmd(fs *flag.FlagSet) clientRun {
+	count := fs.Int("count", 1, "lease up to this many items")
+	lease := fs.Duration("lease", 0, "lease for every item returned (default: each item's own)")
+	wait := fs.Duration("wait", 0, "long poll: wait up to this long for at least one item")
+	ack := fs.Bool("ack", false, "ack the items right after printing them")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "TOPIC"); err != nil {
+			return err
+		}
+		if *count < 1 || *count > math.MaxInt32 {
+			return usagef("--count must be at least 1")
+		}
+		rctx, cancel := e.rpc(ctx, *wait)
+		defer cancel()
+		items, err := e.c.Dequeue(rctx, e.ns, args[0], *count, *lease, *wait)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			if err := printJSON(e.stdout, &triagev1.DequeueResponse{Items: items}); err != nil {
+				return err
+			}
+		} else if len(items) > 0 {
+			tw := newTable(e.stdout)
+			fmt.Fprintln(tw, "ID\tPRIORITY\tATTEMPTS\tLEASE TOKEN\tLEASE EXPIRES\tPAYLOAD")
+			for _, it := range items {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", it.GetId(), it.GetPriority(), it.GetAttempts(),
+					it.GetLeaseToken(), formatTime(it.GetLeaseExpiresAt()), payloadText(it.GetPayload()))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(e.stderr, "no items")
+		}
+		if !*ack || len(items) == 0 {
+			return nil
+		}
+		actx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		results, err := e.c.Ack(actx, e.ns, items...)
+		if err != nil {
+			return fmt.Errorf("ack: %w", err)
+		}
+		failed := false
+		for _, r := range results {
+			if !r.GetOk() {
+				fmt.Fprintf(e.stderr, "triage: ack %s: %s\n", r.GetId(), r.GetError())
+				failed = true
+			}
+		}
+		if failed {
+			return errItemsFailed
+		}
+		return nil
+	}
+}
+
+// printItemResults prints one line per ref, ok or the server's reason, and
+// reports errItemsFailed if any item failed or got no result.
+func printItemResults(e *clientEnv, ids []string, results []*triagev1.ItemResult) error {
+	failed := false
+	tw := newTable(e.stdout)
+	for i, id := range ids {
+		var r *triagev1.ItemResult
+		if i < len(results) {
+			r = results[i]
+		}
+		switch {
+		case r == nil:
+			failed = true
+			fmt.Fprintf(tw, "%s\terror: no result from the server\n", id)
+		case r.GetOk():
+			fmt.Fprintf(tw, "%s\tok\n", cmp.Or(r.GetId(), id))
+		default:
+			failed = true
+			fmt.Fprintf(tw, "%s\terror: %s\n", cmp.Or(r.GetId(), id), r.GetError())
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if failed {
+		return errItemsFailed
+	}
+	return nil
+}
+
+// itemResultsFailed reports whether a JSON-printed batch had a failure.
+func itemResultsFailed(n int, results []*triagev1.ItemResult) bool {
+	if len(results) < n {
+		return true
+	}
+	return slices.ContainsFunc(results, func(r *triagev1.ItemResult) bool { return !r.GetOk() })
+}
+
+func ackCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if len(args) == 0 {
+			return usagef("missing ID:TOKEN")
+		}
+		req := &triagev1.AckRequest{Namespace: e.ns}
+		ids := make([]string, len(args))
+		for i, a := range args {
+			id, tok, err := parseRef(a)
+			if err != nil {
+				return err
+			}
+			ids[i] = id
+			req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: id, LeaseToken: tok})
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		resp, err := e.c.Queue.Ack(rctx, req)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			if err := printJSON(e.stdout, resp); err != nil {
+				return err
+			}
+			if itemResultsFailed(len(ids), resp.GetResults()) {
+				return errItemsFailed
+			}
+			return nil
+		}
+		return printItemResults(e, ids, resp.GetResults())
+	}
+}
+
+func nackCmd(fs *flag.FlagSet) clientRun {
+	delay := fs.Duration("delay", 0, "redeliver after this delay (default: now)")
+	errMsg := fs.String("error", "", "last error, kept on the item")
+	meta := metaFlag{}
+	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if len(args) == 0 {
+			return usagef("missing ID:TOKEN")
+		}
+		req := &triagev1.NackRequest{Namespace: e.ns}
+		ids := make([]string, len(args))
+		for i, a := range args {
+			id, tok, err := parseRef(a)
+			if err != nil {
+				return err
+			}
+			ids[i] = id
+			n := &triagev1.NackItem{Id: id, LeaseToken: tok, Error: *errMsg}
+			if *delay != 0 {
+				n.Delay = durationpb.New(*delay)
+			}
+			if len(meta) > 0 {
+				n.Metadata = meta
+			}
+			req.Nacks = append(req.Nacks, n)
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		resp, err := e.c.Queue.Nack(rctx, req)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			if err := printJSON(e.stdout, resp); err != nil {
+				return err
+			}
+			if itemResultsFailed(len(ids), resp.GetResults()) {
+				return errItemsFailed
+			}
+			return nil
+		}
+		return printItemResults(e, ids, resp.GetResults())
+	}
+}
+
+func extendCmd(fs *flag.FlagSet) clientRun {
+	lease := fs.Duration("lease", 0, "new lease, counted from now (default: the item's lease duration)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "ID:TOKEN"); err != nil {
+			return err
+		}
+		id, tok, err := parseRef(args[0])
+		if err != nil {
+			return err
+		}
+		req := &triagev1.ExtendLeaseRequest{Namespace: e.ns, Id: id, LeaseToken: tok}
+		if *lease != 0 {
+			req.LeaseDuration = durationpb.New(*lease)
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		resp, err := e.c.Queue.ExtendLease(rctx, req)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return printJSON(e.stdout, resp)
+		}
+		_, err = fmt.Fprintf(e.stdout, "%s  leased until %s\n", id, formatTime(resp.GetLeaseExpiresAt()))
+		return err
+	}
+}
+
+func getCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "ID"); err != nil {
+			return err
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		it, err := e.c.Queue.GetItem(rctx, &triagev1.GetItemRequest{Namespace: e.ns, Id: args[0]})
+		if err != nil {
+			return err
+		}
+		return printItem(e, it)
+	}
+}
+
+func updateCmd(fs *flag.FlagSet) clientRun {
+	priority := fs.Int("priority", 0, "new priority; lower is more urgent")
+	deliverAfter := fs.String("deliver-after", "", "not delivered before this `RFC3339` time")
+	delay := fs.Duration("delay", 0, "not delivered before this long from now (instead of --deliver-after)")
+	meta := metaFlag{}
+	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "ID"); err != nil {
+			return err
+		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		req := &triagev1.UpdateItemRequest{Namespace: e.ns, Id: args[0]}
+		if set["priority"] {
+			p, err := checkInt32("priority", *priority)
+			if err != nil {
+				return err
+			}
+			req.Priority = &p
+		}
+		switch {
+		case set["deliver-after"] && set["delay"]:
+			return usagef("give --deliver-after or --delay, not both")
+		case set["deliver-after"]:
+			t, err := time.Parse(time.RFC3339, *deliverAfter)
+			if err != nil {
+				return usagef("--deliver-after %q is not an RFC3339 time like 2025-06-01T12:00:00Z", *deliverAfter)
+			}
+			req.DeliverAfter = timestamppb.New(t)
+		case set["delay"]:
+			req.DeliverAfter = timestamppb.New(time.Now().Add(*delay))
+		}
+		if len(meta) > 0 {
+			req.Metadata = meta
+		}
+		if req.Priority == nil && req.DeliverAfter == nil && req.Metadata == nil {
+			return usagef("nothing to update: give --priority, --deliver-after, --delay or --meta")
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		it, err := e.c.Queue.UpdateItem(rctx, req)
+		if err != nil {
+			return err
+		}
+		return printItem(e, it)
+	}
+}
+
+func deleteCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "ID"); err != nil {
+			return err
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		resp, err := e.c.Queue.DeleteItem(rctx, &triagev1.DeleteItemRequest{Namespace: e.ns, Id: args[0]})
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return printJSON(e.stdout, resp)
+		}
+		_, err = fmt.Fprintf(e.stdout, "%s  deleted\n", args[0])
+		return err
+	}
+}
+
+func statsCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "TOPIC"); err != nil {
+			return err
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		st, err := e.c.Queue.GetTopicStats(rctx, &triagev1.GetTopicStatsRequest{Namespace: e.ns, Topic: args[0]})
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return printJSON(e.stdout, st)
+		}
+		tw := newTable(e.stdout)
+		fmt.Fprintf(tw, "namespace\t%s\n", st.GetNamespace())
+		fmt.Fprintf(tw, "topic\t%s\n", st.GetTopic())
+		fmt.Fprintf(tw, "ready\t%d\n", st.GetReady())
+		fmt.Fprintf(tw, "leased\t%d\n", st.GetLeased())
+		fmt.Fprintf(tw, "delayed\t%d\n", st.GetDelayed())
+		fmt.Fprintf(tw, "total\t%d\n", st.GetTotal())
+		fmt.Fprintf(tw, "oldest ready age\t%s\n", formatDuration(st.GetOldestReadyAge()))
+		if len(st.GetReadyByPriority()) > 0 {
+			fmt.Fprintln(tw, "\nPRIORITY\tREADY")
+			for _, d := range st.GetReadyByPriority() {
+				fmt.Fprintf(tw, "%d\t%d\n", d.GetPriority(), d.GetReady())
+			}
+		}
+		return tw.Flush()
+	}
+}
+
+func topicsCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		// Follow the pages to the end so the output is the whole list; a
+		// token seen twice would loop forever, so it ends the walk.
+		all := &triagev1.ListTopicsResponse{}
+		seen := map[string]bool{}
+		for token := ""; ; {
+			rctx, cancel := e.rpc(ctx, 0)
+			resp, err := e.c.Queue.ListTopics(rctx, &triagev1.ListTopicsRequest{Namespace: e.ns, PageToken: token})
+			cancel()
+			if err != nil {
+				return err
+			}
+			all.Topics = append(all.Topics, resp.GetTopics()...)
+			token = resp.GetNextPageToken()
+			if token == "" || seen[token] {
+				break
+			}
+			seen[token] = true
+		}
+		if e.json {
+			return printJSON(e.stdout, all)
+		}
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "TOPIC\tITEMS")
+		for _, t := range all.Topics {
+			fmt.Fprintf(tw, "%s\t%d\n", t.GetTopic(), t.GetItems())
+		}
+		return tw.Flush()
+	}
+}
+
+func shardmapCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		m, err := e.c.Admin.GetShardMap(rctx, &triagev1.GetShardMapRequest{})
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return printJSON(e.stdout, m)
+		}
+		tw := newTable(e.stdout)
+		fmt.Fprintf(tw, "version\t%d\n", m.GetVersion())
+		fmt.Fprintf(tw, "regions\t%s\n", strings.Join(m.GetRegions(), ", "))
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		tw = newTable(e.stdout)
+		fmt.Fprintln(tw, "SHARD\tHOME REGION\tPRIMARY\tREPLICAS\tEPOCH")
+		for _, s := range m.GetShards() {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", s.GetId(), s.GetHomeRegion(), s.GetPrimary(),
+				orDash(strings.Join(s.GetReplicas(), ",")), s.GetEpoch())
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		tw = newTable(e.stdout)
+		fmt.Fprintln(tw, "NAMESPACE\tREGION\tSHARDS")
+		for _, n := range m.GetNamespaces() {
+			ids := make([]string, len(n.GetShards()))
+			for i, id := range n.GetShards() {
+				ids[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", n.GetNamespace(), n.GetRegion(), strings.Join(ids, ","))
+		}
+		return tw.Flush()
+	}
+}
+
+// printItem prints an item as aligned "field value" lines, or as JSON.
+func printItem(e *clientEnv, it *triagev1.Item) error {
+	if e.json {
+		return printJSON(e.stdout, it)
+	}
+	tw := newTable(e.stdout)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("id", it.GetId())
+	row("namespace", it.GetNamespace())
+	row("topic", it.GetTopic())
+	row("region", orDash(it.GetRegion()))
+	row("state", it.GetState().String())
+	row("priority", strconv.Itoa(int(it.GetPriority())))
+	row("attempts", strconv.Itoa(int(it.GetAttempts())))
+	row("enqueued at", formatTime(it.GetEnqueuedAt()))
+	row("deliver after", formatTime(it.GetDeliverAfter()))
+	row("updated at", formatTime(it.GetUpdatedAt()))
+	row("lease duration", formatDuration(it.GetLeaseDuration()))
+	row("lease expires", formatTime(it.GetLeaseExpiresAt()))
+	row("expires at", formatTime(it.GetExpiresAt()))
+	row("dedup key", orDash(it.GetDedupKey()))
+	row("last error", orDash(it.GetLastError()))
+	keys := make([]string, 0, len(it.GetMetadata()))
+	for k := range it.GetMetadata() {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if len(keys) == 0 {
+		row("metadata", "-")
+	}
+	for i, k := range keys {
+		name := ""
+		if i == 0 {
+			name = "metadata"
+		}
+		row(name, k+"="+it.GetMetadata()[k])
+	}
+	row("payload", payloadText(it.GetPayload()))
+	return tw.Flush()
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// printJSON writes m as one protojson document with proto field names and
+// every field present, so scripts can rely on the keys.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// payloadText shows a payload on one line of a table: as it is when it is
+// printable UTF-8, Go-quoted when it holds control characters (a newline
+// or tab would break the columns), else as "base64:" and the bytes in
+// standard base64. --json gives the exact bytes in every case.
+func payloadText(p []byte) string {
+	if !utf8.Valid(p) {
+		return "base64:" + base64.StdEncoding.EncodeToString(p)
+	}
+	s := string(p)
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func formatTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+func formatDuration(d *durationpb.Duration) string {
+	if d == nil {
+		return "-"
+	}
+	return d.AsDuration().String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

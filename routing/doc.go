@@ -1,0 +1,41 @@
+// Package routing is Triage's front door: the gRPC Queue and Admin services
+// and their JSON gateway.
+//
+// # Requests
+//
+// A router validates a request against the current shard-map snapshot and
+// the namespace's limits, then resolves where it goes with pure functions
+// of that snapshot: namespace + region → shards for Enqueue, Dequeue,
+// stats and topic listing; the shard inside an item ID for Ack, Nack,
+// ExtendLease, GetItem, UpdateItem and DeleteItem (no lookup). A request
+// that names no region uses the router's own.
+//
+// # Enqueue
+//
+// Item keys are allocated here (package itemid; the node number is claimed
+// in NATS KV by ClaimNode), before anything is stored. Items with a dedup
+// key go to the shard the (topic, key) hashes to, so that shard's unique
+// index sees every copy; the rest of a request goes to one shard picked
+// round-robin. Each (request, shard) group is one JetStream message on the
+// region's enqueue stream, with Nats-Msg-Id set to the batch ID so a
+// retried publish is stored once. With COMMITTED durability (default) the
+// router then waits on its inbox for the enqueuer's EnqueueCommitted; with
+// BUFFERED it answers once JetStream stored the batch. A full stream is
+// RESOURCE_EXHAUSTED; a commit not confirmed in time is DEADLINE_EXCEEDED
+// with a message saying the batch is still buffered.
+//
+// # Dequeue
+//
+// The router forwards a dequeue to the dequeuer that owns the region's
+// shards (the triage_owners KV bucket), in-process when it is local and
+// over NATS request/reply otherwise. When several dequeuers own parts of
+// the shards it asks each for the full counts, merges by (priority,
+// deliver_after, id), keeps the most urgent and nacks the surplus back
+// with no delay.
+//
+// # Errors
+//
+// Packages return domain errors; toStatus in errors.go is the one place
+// they become gRPC codes, and the gateway turns those into HTTP statuses.
+// Every message says what was wrong and what is allowed.
+package routing
