@@ -10,11 +10,12 @@ export GOFLAGS ?= -buildvcs=false
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.32.0
+GRPCURL_VERSION            := v1.9.3
 GOOGLEAPIS_MODULE          := github.com/grpc-ecosystem/grpc-gateway@v1.16.0
 
 .PHONY: help
 help: ## List the targets.
-	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: deps
 deps: ## Install what the bed and tests need (MariaDB; apt-get when root).
@@ -46,7 +47,11 @@ lint: ## gofmt and go vet.
 	$(GO) vet ./...
 
 .PHONY: tools
-tools: ## Install code generators into .bin/ (protoc from Debian when missing).
+tools: gen-tools ## Install code generators and grpcurl into .bin/.
+	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+
+.PHONY: gen-tools
+gen-tools: # protoc (Debian) and the protoc plugins, pinned.
 	@command -v protoc >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev >/dev/null; } || { echo "protoc missing: install protobuf-compiler"; exit 1; }
 	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
@@ -54,7 +59,7 @@ tools: ## Install code generators into .bin/ (protoc from Debian when missing).
 	GOBIN=$(BIN) $(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 
 .PHONY: generate
-generate: tools ## Regenerate Go, gateway and OpenAPI code from proto/.
+generate: gen-tools ## Regenerate Go, gateway and OpenAPI code from proto/.
 	@gapis=$$($(GO) mod download -json $(GOOGLEAPIS_MODULE) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/third_party/googleapis; \
 	wkt=$$(dirname $$(dirname $$(command -v protoc)))/include; \
 	protoc -I proto -I $$gapis -I $$wkt \
