@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -36,8 +37,10 @@ type LeaseRef struct {
 // Nack is one item handed back.
 type Nack struct {
 	LeaseRef
-	// Delay before redelivery.
+	// Delay before redelivery, unless Backoff.
 	Delay time.Duration
+	// Backoff: no delay was given; use Backoff(attempts).
+	Backoff bool
 	// Error is kept on the item as last_error.
 	Error string
 	// Metadata is merged into the item's; an empty value deletes a key.
@@ -46,6 +49,7 @@ type Nack struct {
 
 type leaseState struct {
 	ID       uint64 `db:"id"`
+	Attempts int    `db:"attempts"`
 	Token    uint64 `db:"lease_token"`
 	LeaseMS  uint32 `db:"lease_ms"`
 	Metadata []byte `db:"metadata"`
@@ -55,7 +59,7 @@ type leaseState struct {
 // Items of other namespaces are invisible, so an ID cannot reach across
 // tenants.
 func lockLeases(ctx context.Context, tx *sqlx.Tx, namespace string, keys []uint64) (map[uint64]leaseState, error) {
-	q, args, err := sqlx.In("SELECT id, lease_token, lease_ms, metadata FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
+	q, args, err := sqlx.In("SELECT id, attempts, lease_token, lease_ms, metadata FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -126,8 +130,10 @@ func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef) ([
 }
 
 // NackItems returns items to the ready set after their delay, in one
-// transaction, recording the error and merging metadata.
-func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack, now time.Time) ([]error, error) {
+// transaction, recording the error and merging metadata. An item that has
+// been delivered maxAttempts times (0: no limit) goes to the dead-letter
+// table instead, with the nack's error.
+func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack, maxAttempts int, now time.Time) ([]error, error) {
 	results := make([]error, len(nacks))
 	nowUS := now.UnixMicro()
 	err := schema.Retry(ctx, func() error {
@@ -148,6 +154,21 @@ func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack,
 			if results[i] = check(st, n.LeaseRef); results[i] != nil {
 				continue
 			}
+			if maxAttempts > 0 && st[n.Key].Attempts >= maxAttempts {
+				reason := n.Error
+				if reason == "" {
+					reason = fmt.Sprintf("nacked after %d deliveries", st[n.Key].Attempts)
+				}
+				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, nowUS); err != nil {
+					return err
+				}
+				delete(st, n.Key)
+				continue
+			}
+			delay := n.Delay
+			if n.Backoff {
+				delay = Backoff(st[n.Key].Attempts)
+			}
 			meta, err := MergeMetadata(st[n.Key].Metadata, n.Metadata)
 			if err != nil {
 				return err
@@ -158,7 +179,7 @@ func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack,
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
 				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`,
-				nowUS+n.Delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
+				nowUS+delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
 				return err
 			}
 			delete(st, n.Key)
@@ -169,6 +190,19 @@ func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack,
 		return nil, fmt.Errorf("nack: %w", err)
 	}
 	return results, nil
+}
+
+// Backoff is the default nack delay after attempts deliveries: 1s doubling
+// per attempt up to 15 minutes, times a random factor in [0.5, 1) so
+// items that failed together do not come back together.
+func Backoff(attempts int) time.Duration {
+	d := 15 * time.Minute
+	if attempts >= 1 && attempts <= 10 {
+		d = min(d, time.Second<<(attempts-1))
+	} else if attempts < 1 {
+		d = time.Second
+	}
+	return time.Duration(float64(d) * (0.5 + rand.Float64()/2))
 }
 
 // Extend moves a lease's expiry to now + lease (the item's own lease

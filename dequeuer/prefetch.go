@@ -55,7 +55,7 @@ func (q *shardQueue) fresh(now time.Time) bool {
 //
 // Lock order: Service.mu before topicBuf.mu; neither is held across SQL.
 type topicBuf struct {
-	ns, topic string
+	bufKey
 
 	mu       sync.Mutex
 	queues   map[uint32]*shardQueue
@@ -65,8 +65,15 @@ type topicBuf struct {
 	rateAt   time.Time
 }
 
-func newTopicBuf(ns, topic string) *topicBuf {
-	return &topicBuf{ns: ns, topic: topic, queues: map[uint32]*shardQueue{}}
+// bufKey names a prefetch buffer: a topic's priority band. Bands of one
+// topic never share rows: each row is leased into exactly one buffer.
+type bufKey struct {
+	ns, topic string
+	band      band
+}
+
+func newTopicBuf(k bufKey) *topicBuf {
+	return &topicBuf{bufKey: k, queues: map[uint32]*shardQueue{}}
 }
 
 func (b *topicBuf) queue(shard uint32) *shardQueue {
@@ -141,9 +148,10 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		b.lastUsed = now
 		var stale []uint32
 		var inflight []chan struct{}
+		var lapsed []bufItem
 		for _, id := range shards {
 			q := b.queue(id)
-			dropLapsed(q, now)
+			lapsed = dropLapsed(q, now, lapsed)
 			switch {
 			case q.fetching != nil:
 				inflight = append(inflight, q.fetching)
@@ -151,6 +159,11 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 				stale = append(stale, id)
 				q.fetching = make(chan struct{})
 			}
+		}
+		if len(lapsed) > 0 {
+			// Hand them back now rather than let them count an attempt (or,
+			// at-most-once, be deleted) when their prefetch lease lapses.
+			go s.releaseItems(context.WithoutCancel(ctx), lapsed)
 		}
 		if len(stale) == 0 && len(inflight) == 0 {
 			got := mergeTake(b, shards, n-len(out), now)
@@ -207,15 +220,20 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time) []bufItem {
 	return out
 }
 
-func dropLapsed(q *shardQueue, now time.Time) {
+// dropLapsed removes items whose prefetch lease is about to lapse and
+// appends them to dropped.
+func dropLapsed(q *shardQueue, now time.Time, dropped []bufItem) []bufItem {
 	limit := now.Add(minLeaseLeft).UnixMicro()
 	kept := q.items[:0]
 	for _, it := range q.items {
 		if it.untilUS > limit {
 			kept = append(kept, it)
+		} else {
+			dropped = append(dropped, it)
 		}
 	}
 	q.items = kept
+	return dropped
 }
 
 // fetch leases the ready heads of shards into b, concurrently. A shard that
@@ -223,9 +241,11 @@ func dropLapsed(q *shardQueue, now time.Time) {
 // not stop dequeues from the others; fetch fails only when every shard did.
 func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size int) error {
 	m := s.cfg.Maps.Current()
+	pol := s.policy(m, b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
 	errs := make([]error, len(shards))
+	fulls := make([]bool, len(shards))
 	for i, id := range shards {
 		wg.Add(1)
 		go func() {
@@ -236,11 +256,12 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 				return
 			}
 			now := s.cfg.Now()
-			rows, token, err := leaseHead(ctx, db, b.ns, b.topic, size, now.UnixMicro())
+			rows, token, full, err := leaseHead(ctx, db, b.ns, b.topic, b.band, pol, size, now.UnixMicro())
 			if err != nil {
 				errs[i] = err
 				return
 			}
+			fulls[i] = full
 			items := make([]bufItem, len(rows))
 			for j, r := range rows {
 				items[j] = bufItem{Row: r, shard: id, token: token, untilUS: now.UnixMicro() + int64(r.LeaseMS)*1000}
@@ -264,7 +285,7 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 		// Rows leased now may be more urgent than ones buffered earlier
 		// (new arrivals); merge to keep delivery order.
 		q.items = mergeSorted(q.items, results[i])
-		q.exhausted = errs[i] != nil || len(results[i]) < size
+		q.exhausted = errs[i] != nil || !fulls[i]
 		q.dirty = false
 		q.checkedAt = now
 		close(q.fetching)

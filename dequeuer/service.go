@@ -54,7 +54,8 @@ type Service struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	topics map[[2]string]*topicBuf
+	topics map[bufKey]*topicBuf
+	wrr    map[[2]string]*wrr
 
 	owner  *ownership
 	subs   []*nats.Subscription
@@ -83,7 +84,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, topics: map[[2]string]*topicBuf{}}, nil
+	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}}, nil
 }
 
 // ID returns the dequeuer's ID.
@@ -101,16 +102,34 @@ func (s *Service) Start(ctx context.Context) error {
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.owner = newOwnership(s, kv)
 	s.owner.claim(ctx)
-	sub, err := s.cfg.NC.Subscribe(RequestSubject(s.cfg.ID), s.handleRequest)
-	if err != nil {
-		return err
+	// Requests and ItemsReady notices share one channel, read in the order
+	// the connection received them: a router that announces a commit and
+	// then forwards a dequeue is seen in that order, so the dequeue finds
+	// the buffer already marked for a refill.
+	inbox := make(chan *nats.Msg, 4096)
+	for _, subj := range []string{RequestSubject(s.cfg.ID), enqueuer.ReadySubject("*")} {
+		sub, err := s.cfg.NC.ChanSubscribe(subj, inbox)
+		if err != nil {
+			return err
+		}
+		s.subs = append(s.subs, sub)
 	}
-	s.subs = append(s.subs, sub)
-	sub, err = s.cfg.NC.Subscribe(enqueuer.ReadySubject("*"), s.handleReady)
-	if err != nil {
-		return err
-	}
-	s.subs = append(s.subs, sub)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m := <-inbox:
+				if m.Subject == RequestSubject(s.cfg.ID) {
+					go s.handleRequest(m)
+				} else {
+					s.handleReady(m)
+				}
+			}
+		}
+	}()
 	s.loop(ctx, s.cfg.OwnerTTL/4, s.owner.claim)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
 	s.loop(ctx, time.Second, s.sweepTTL)
@@ -152,16 +171,24 @@ func (s *Service) loop(ctx context.Context, every time.Duration, fn func(context
 	}()
 }
 
-func (s *Service) buf(ns, topic string) *topicBuf {
+func (s *Service) buf(k bufKey) *topicBuf {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := [2]string{ns, topic}
 	b := s.topics[k]
 	if b == nil {
-		b = newTopicBuf(ns, topic)
+		b = newTopicBuf(k)
 		s.topics[k] = b
 	}
 	return b
+}
+
+// policy is the lease-path view of a topic's configuration.
+func (s *Service) policy(m *shardmap.Map, ns, topic string) Policy {
+	n, err := m.Namespace(ns)
+	if err != nil {
+		return Policy{}
+	}
+	return Policy{MaxAttempts: n.MaxAttempts, AtMostOnce: n.Topic(topic).AtMostOnce}
 }
 
 func (s *Service) handleReady(m *nats.Msg) {
@@ -169,21 +196,34 @@ func (s *Service) handleReady(m *nats.Msg) {
 	if proto.Unmarshal(m.Data, &r) != nil {
 		return
 	}
+	s.Ready(&r)
+}
+
+// Ready marks the buffers that new items of a topic may sort into for a
+// refill and wakes waiters. A router in the same process calls it directly
+// before answering a committed enqueue.
+func (s *Service) Ready(r *peerv1.ItemsReady) {
+	// Buffers of bands the new items may fall in; a topic nobody has asked
+	// for here has none, and there is nothing to refresh.
+	var bufs []*topicBuf
 	s.mu.Lock()
-	b := s.topics[[2]string{r.Namespace, r.Topic}]
+	for k, b := range s.topics {
+		if k.ns == r.Namespace && k.topic == r.Topic && r.MinPriority <= k.band.hi {
+			bufs = append(bufs, b)
+		}
+	}
 	s.mu.Unlock()
-	if b == nil {
-		return // nobody has asked for this topic here; nothing to refresh
+	for _, b := range bufs {
+		b.mu.Lock()
+		q := b.queue(r.Shard)
+		// An empty or short-read queue must look again; a buffered queue
+		// only when the new items may sort before what it holds.
+		if len(q.items) == 0 || r.MinPriority <= q.items[len(q.items)-1].Priority {
+			q.dirty = true
+		}
+		b.mu.Unlock()
+		b.wake(int(max(r.Count, 1)))
 	}
-	b.mu.Lock()
-	q := b.queue(r.Shard)
-	// An empty or short-read queue must look again; a buffered queue only
-	// when the new items may sort before what it holds.
-	if len(q.items) == 0 || r.MinPriority <= q.items[len(q.items)-1].Priority {
-		q.dirty = true
-	}
-	b.mu.Unlock()
-	b.wake(int(max(r.Count, 1)))
 }
 
 func (s *Service) handleRequest(m *nats.Msg) {
@@ -225,11 +265,10 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 	for {
 		var out []*triagev1.LeasedItem
 		var firstErr error
-		var waits []chan struct{}
 		var bufs []*topicBuf
+		m := s.cfg.Maps.Current()
 		for _, tc := range req.Topics {
-			b := s.buf(req.Namespace, tc.Topic)
-			items, err := s.take(ctx, b, shards, int(tc.Count))
+			items, tbufs, err := s.takeTopic(ctx, m, req, tc, shards)
 			if err != nil && firstErr == nil {
 				firstErr = err
 			}
@@ -238,9 +277,9 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 				firstErr = err
 			}
 			for _, it := range served {
-				out = append(out, s.leased(b.topic, it))
+				out = append(out, s.leased(tc.Topic, it))
 			}
-			bufs = append(bufs, b)
+			bufs = append(bufs, tbufs...)
 		}
 		if len(out) > 0 {
 			return out, nil
@@ -252,9 +291,10 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 		if left <= 0 {
 			return nil, nil
 		}
-		for _, b := range bufs {
+		waits := make([]chan struct{}, len(bufs))
+		for i, b := range bufs {
 			b.mu.Lock()
-			waits = append(waits, b.wait())
+			waits[i] = b.wait()
 			b.mu.Unlock()
 		}
 		s.park(ctx, waits, min(left, recheckEvery))

@@ -2,6 +2,7 @@ package dequeuer
 
 import (
 	"context"
+	"math"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -22,6 +23,7 @@ type Row struct {
 	Attempts     int32  `db:"attempts"`
 	Payload      []byte `db:"payload"`
 	Metadata     []byte `db:"metadata"`
+	LeaseToken   uint64 `db:"lease_token"`
 }
 
 // less orders rows as the ready index does: (priority, deliver_after, id).
@@ -40,9 +42,13 @@ func (r *Row) less(o *Row) bool {
 // any race with UpdateItem, DeleteItem or an overlapping owner. Measured on
 // the development box, this is twice the rate of SELECT ... FOR UPDATE SKIP
 // LOCKED (ARCHITECTURE.md, environment facts).
-const selectHead = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata
+//
+// The priority bounds serve priority bands (dequeue min/max_priority and
+// the weighted policy); without bounds they span all of int32 and the
+// index range is the same.
+const selectHead = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token
 FROM items FORCE INDEX (ready)
-WHERE namespace = ? AND topic = ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
+WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
 ORDER BY priority, deliver_after, id
 LIMIT ?`
 
@@ -64,25 +70,51 @@ func newToken() uint64 {
 	}
 }
 
-// leaseHead leases up to limit ready items of a topic at nowUS and returns
-// them in delivery order with their lease token. Each row's lease runs for
-// its own lease_ms from nowUS.
-func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, limit int, nowUS int64) ([]Row, uint64, error) {
-	var rows []Row
-	if err := db.SelectContext(ctx, &rows, selectHead, namespace, topic, nowUS, nowUS, limit); err != nil {
-		return nil, 0, fmt.Errorf("read ready head: %w", err)
+// band is a priority range of a topic, inclusive.
+type band struct{ lo, hi int32 }
+
+var allPriorities = band{math.MinInt32, math.MaxInt32}
+
+// leaseHead leases up to limit ready items of a topic's band at nowUS and
+// returns them in delivery order with their lease token. Each row's lease
+// runs for its own lease_ms from nowUS. Rows out of attempts go to the
+// dead-letter table, and for at-most-once topics rows whose lease expired
+// are deleted; neither is returned.
+//
+// full reports whether the read came back with limit rows, that is whether
+// the band may hold more ready rows than were read.
+func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, b band, pol Policy, limit int, nowUS int64) (rows []Row, token uint64, full bool, err error) {
+	if err := db.SelectContext(ctx, &rows, selectHead, namespace, topic, b.lo, b.hi, nowUS, nowUS, limit); err != nil {
+		return nil, 0, false, fmt.Errorf("read ready head: %w", err)
+	}
+	full = len(rows) == limit
+	var dead, expired []uint64
+	kept := rows[:0]
+	for _, r := range rows {
+		switch {
+		case pol.AtMostOnce && r.LeaseToken != 0:
+			expired = append(expired, r.ID)
+		case pol.MaxAttempts > 0 && int(r.Attempts) >= pol.MaxAttempts:
+			dead = append(dead, r.ID)
+		default:
+			kept = append(kept, r)
+		}
+	}
+	rows = kept
+	if err := retire(ctx, db, dead, expired, nowUS); err != nil {
+		return nil, 0, false, err
 	}
 	if len(rows) == 0 {
-		return nil, 0, nil
+		return nil, 0, full, nil
 	}
 	ids := make([]uint64, len(rows))
 	for i := range rows {
 		ids[i] = rows[i].ID
 	}
-	token := newToken()
+	token = newToken()
 	q, args, err := sqlx.In(leaseRows, token, nowUS, nowUS, nowUS, ids, nowUS)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	var affected int64
 	err = schema.Retry(ctx, func() error {
@@ -94,18 +126,18 @@ func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, limit 
 		return err
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("lease rows: %w", err)
+		return nil, 0, false, fmt.Errorf("lease rows: %w", err)
 	}
 	if int(affected) < len(rows) {
 		// Some rows changed between the read and the update; keep the ones
 		// that carry our token.
 		q, args, err := sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ?", ids, token)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
 		var got []uint64
 		if err := db.SelectContext(ctx, &got, q, args...); err != nil {
-			return nil, 0, fmt.Errorf("lease rows: %w", err)
+			return nil, 0, false, fmt.Errorf("lease rows: %w", err)
 		}
 		mine := make(map[uint64]bool, len(got))
 		for _, id := range got {
@@ -122,7 +154,7 @@ func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, limit 
 	for i := range rows {
 		rows[i].Attempts++
 	}
-	return rows, token, nil
+	return rows, token, full, nil
 }
 
 // restamp sets a new lease expiry on rows still leased under token.

@@ -274,13 +274,14 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	for _, m := range kept {
 		_ = m.Ack()
 	}
+	// Announce BUFFERED batches' items to dequeuers. A router waiting on a
+	// COMMITTED batch announces it itself, before it answers its client,
+	// on the connection its next dequeue goes out on (see routing).
 	type topicKey struct{ ns, topic string }
 	ready := map[topicKey]*peerv1.ItemsReady{}
-	for i, b := range batches {
+	for _, b := range batches {
 		if b.ReplySubject != "" {
-			if data, err := proto.Marshal(results[i]); err == nil {
-				_ = cfg.NC.Publish(b.ReplySubject, data)
-			}
+			continue
 		}
 		k := topicKey{b.Namespace, b.Topic}
 		r := ready[k]
@@ -296,6 +297,13 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	for _, r := range ready {
 		if data, err := proto.Marshal(r); err == nil {
 			_ = cfg.NC.Publish(ReadySubject(r.Namespace), data)
+		}
+	}
+	for i, b := range batches {
+		if b.ReplySubject != "" {
+			if data, err := proto.Marshal(results[i]); err == nil {
+				_ = cfg.NC.Publish(b.ReplySubject, data)
+			}
 		}
 	}
 	return nil

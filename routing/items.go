@@ -179,6 +179,11 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if err := tx.Commit(); err != nil {
 		return nil, toStatus(err)
 	}
+	if req.Priority != nil || req.DeliverAfter != nil {
+		// Let prefetch buffers holding less urgent items look again, so
+		// the change takes effect on the next dequeue.
+		r.announce(req.Namespace, row.Topic, id.Shard, 1)
+	}
 	s, _ := m.Shard(id.Shard)
 	return row.proto(id.Shard, s.HomeRegion, now), nil
 }
@@ -255,6 +260,11 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 			WHERE namespace = ? AND topic = ?`, nowUS, req.Namespace, req.Topic); err != nil {
 			return err
 		}
+		var dead int64
+		if err := db.GetContext(ctx, &dead, `SELECT COUNT(*) FROM dead_letters WHERE namespace = ? AND topic = ?`,
+			req.Namespace, req.Topic); err != nil {
+			return err
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		for _, p := range ps {
@@ -266,6 +276,7 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 		}
 		stats.Total += t.Total
 		stats.Leased += t.Leased.Int64
+		stats.DeadLetters += dead
 		return nil
 	})
 	if err != nil {

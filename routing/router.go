@@ -17,9 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/enqueuer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
@@ -31,6 +33,7 @@ import (
 type LocalDequeuer interface {
 	ID() string
 	Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error)
+	Ready(*peerv1.ItemsReady)
 }
 
 // Config configures a router.
@@ -231,6 +234,9 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			if c.Error != "" {
 				return nil, fmt.Errorf("%w: shard %d: %s", ErrUnavailable, g.shard, c.Error)
 			}
+			// Tell dequeuers before the client hears back, so a dequeue the
+			// client sends next sees the new items (see announceBatch).
+			r.announceBatch(g.batch)
 		}
 		for j, pos := range g.idx {
 			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: region}
@@ -242,6 +248,22 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		}
 	}
 	return &triagev1.EnqueueResponse{Results: results}, nil
+}
+
+// announceBatch tells the dequeuers of a committed batch: the local one
+// directly, the others over NATS on the connection the router's next
+// forwarded dequeue will use, which they read in order.
+func (r *Router) announceBatch(b *peerv1.EnqueueBatch) {
+	ready := &peerv1.ItemsReady{Namespace: b.Namespace, Topic: b.Topic, Shard: b.Shard, MinPriority: b.Items[0].Priority, Count: int32(len(b.Items))}
+	for _, it := range b.Items {
+		ready.MinPriority = min(ready.MinPriority, it.Priority)
+	}
+	if r.cfg.Local != nil {
+		r.cfg.Local.Ready(ready)
+	}
+	if data, err := proto.Marshal(ready); err == nil {
+		_ = r.cfg.NC.Publish(enqueuer.ReadySubject(b.Namespace), data)
+	}
 }
 
 func (r *Router) forget(batch uint64) {
@@ -356,7 +378,7 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 			want[it.Topic]--
 			out = append(out, it)
 		} else {
-			surplus = append(surplus, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken})
+			surplus = append(surplus, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(0)})
 		}
 	}
 	if len(surplus) > 0 {
@@ -507,7 +529,8 @@ func (r *Router) Nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 
 func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
 	m := r.cfg.Maps.Current()
-	if _, err := m.Namespace(req.Namespace); err != nil {
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
 		return nil, err
 	}
 	ids := make([]string, len(req.Nacks))
@@ -536,7 +559,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 			return nil, err
 		}
 		nacks[i] = dequeuer.Nack{LeaseRef: dequeuer.LeaseRef{Key: parsed[i].Key, Token: tok},
-			Delay: n.Delay.AsDuration(), Error: n.Error, Metadata: n.Metadata}
+			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata}
 	}
 	errs := make([]error, len(ids))
 	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
@@ -548,7 +571,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		for j, i := range idx {
 			batch[j] = nacks[i]
 		}
-		res, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, r.cfg.Now())
+		res, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, ns.MaxAttempts, r.cfg.Now())
 		if err != nil {
 			return err
 		}

@@ -81,6 +81,85 @@ type Namespace struct {
 	MaxAttempts int `json:"max_attempts,omitempty"`
 	// DefaultTTL deletes items this long after enqueue. Default none.
 	DefaultTTL Duration `json:"default_ttl,omitempty"`
+	// EnqueueRateLimit is items/s each router accepts. 0: no limit.
+	EnqueueRateLimit float64 `json:"enqueue_rate_limit,omitempty"`
+	// EnqueueBurst is the token bucket's size. Default: one second of the
+	// rate (at least 1).
+	EnqueueBurst int `json:"enqueue_burst,omitempty"`
+	// MaxDepth bounds the items a region's shards hold. 0: no limit.
+	MaxDepth int64 `json:"max_depth,omitempty"`
+	// DedupWindow keeps a dedup key taken this long after its item is gone.
+	DedupWindow Duration `json:"dedup_window,omitempty"`
+	// Topics holds per-topic overrides.
+	Topics map[string]TopicConfig `json:"topics,omitempty"`
+}
+
+// Dequeue policies.
+const (
+	PolicyStrict   = "strict"
+	PolicyWeighted = "weighted"
+)
+
+// DefaultBandWeights are the WEIGHTED policy's shares of bands 0, 1, 2, 3
+// and 4+ (seed 000).
+var DefaultBandWeights = []float64{8, 4, 2, 1, 0.5}
+
+// TopicConfig overrides namespace defaults for one topic.
+type TopicConfig struct {
+	// Policy is "strict" (default) or "weighted".
+	Policy string `json:"policy,omitempty"`
+	// BandWeights: band i is priority i, the last band every priority from
+	// its index up. Default DefaultBandWeights.
+	BandWeights []float64 `json:"band_weights,omitempty"`
+	// AtMostOnce deletes an item whose lease expires.
+	AtMostOnce bool `json:"at_most_once,omitempty"`
+	// AgingThreshold moves items ready longer than this up one level.
+	AgingThreshold Duration `json:"aging_threshold,omitempty"`
+}
+
+// Topic returns topic's config with defaults filled.
+func (ns *Namespace) Topic(topic string) TopicConfig {
+	tc := ns.Topics[topic]
+	if tc.Policy == "" {
+		tc.Policy = PolicyStrict
+	}
+	if tc.Policy == PolicyWeighted && len(tc.BandWeights) == 0 {
+		tc.BandWeights = DefaultBandWeights
+	}
+	return tc
+}
+
+func (ns *Namespace) validate() error {
+	if ns.MaxPayloadBytes < 0 || ns.MaxAttempts < 0 || ns.DefaultTTL < 0 || ns.EnqueueRateLimit < 0 ||
+		ns.EnqueueBurst < 0 || ns.MaxDepth < 0 || ns.DedupWindow < 0 {
+		return fmt.Errorf("namespace %q: limits must not be negative", ns.Name)
+	}
+	if ns.MaxPayloadBytes > 16<<20 {
+		return fmt.Errorf("namespace %q: max_payload_bytes %d is over the 16 MiB ceiling", ns.Name, ns.MaxPayloadBytes)
+	}
+	if d := time.Duration(ns.DefaultLeaseDuration); d < MinLeaseDuration || d > MaxLeaseDuration {
+		return fmt.Errorf("namespace %q: default_lease_duration must be within %s..%s", ns.Name, MinLeaseDuration, MaxLeaseDuration)
+	}
+	for name, tc := range ns.Topics {
+		if !ValidName(name) {
+			return fmt.Errorf("namespace %q: topic %q: names are 1-128 letters, digits, '_', '.', '-'", ns.Name, name)
+		}
+		if tc.Policy != "" && tc.Policy != PolicyStrict && tc.Policy != PolicyWeighted {
+			return fmt.Errorf("namespace %q: topic %q: policy %q: allowed strict or weighted", ns.Name, name, tc.Policy)
+		}
+		if len(tc.BandWeights) > 32 {
+			return fmt.Errorf("namespace %q: topic %q: at most 32 band weights", ns.Name, name)
+		}
+		for _, w := range tc.BandWeights {
+			if !(w > 0) || w > 1e6 {
+				return fmt.Errorf("namespace %q: topic %q: band weights must be positive numbers", ns.Name, name)
+			}
+		}
+		if tc.AgingThreshold < 0 || (tc.AgingThreshold > 0 && time.Duration(tc.AgingThreshold) < 100*time.Millisecond) {
+			return fmt.Errorf("namespace %q: topic %q: aging_threshold must be 0 (off) or at least 100ms", ns.Name, name)
+		}
+	}
+	return nil
 }
 
 // Map is an immutable shard-map snapshot. Build it with Parse or New.
@@ -174,11 +253,11 @@ func New(m Map) (*Map, error) {
 		ns.MaxPayloadBytes = cmpOr(ns.MaxPayloadBytes, DefaultMaxPayloadBytes)
 		ns.DefaultLeaseDuration = cmpOr(ns.DefaultLeaseDuration, Duration(DefaultLeaseDuration))
 		ns.MaxAttempts = cmpOr(ns.MaxAttempts, DefaultMaxAttempts)
-		if ns.MaxPayloadBytes < 0 || ns.MaxAttempts < 0 || ns.DefaultTTL < 0 {
-			return nil, fmt.Errorf("shard map: namespace %q: limits must not be negative", ns.Name)
+		if ns.EnqueueRateLimit > 0 && ns.EnqueueBurst == 0 {
+			ns.EnqueueBurst = max(1, int(ns.EnqueueRateLimit))
 		}
-		if d := time.Duration(ns.DefaultLeaseDuration); d < MinLeaseDuration || d > MaxLeaseDuration {
-			return nil, fmt.Errorf("shard map: namespace %q: default_lease_duration must be within %s..%s", ns.Name, MinLeaseDuration, MaxLeaseDuration)
+		if err := ns.validate(); err != nil {
+			return nil, fmt.Errorf("shard map: %w", err)
 		}
 		out.Namespaces = append(out.Namespaces, ns)
 	}
@@ -235,6 +314,18 @@ func (m *Map) ShardsFor(namespace, region string) ([]uint32, error) {
 		return nil, fmt.Errorf("%w for namespace %q in region %q", ErrNoShards, namespace, region)
 	}
 	return ids, nil
+}
+
+// WithNamespace returns the next version of m with ns added or replaced.
+func (m *Map) WithNamespace(ns Namespace) (*Map, error) {
+	next := Map{Version: m.Version + 1, Regions: m.Regions, Shards: m.Shards}
+	for _, old := range m.Namespaces {
+		if old.Name != ns.Name {
+			next.Namespaces = append(next.Namespaces, old)
+		}
+	}
+	next.Namespaces = append(next.Namespaces, ns)
+	return New(next)
 }
 
 // RegionShards returns the shards whose home is region.

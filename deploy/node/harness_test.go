@@ -38,9 +38,10 @@ type bed struct {
 }
 
 type bedOpts struct {
-	shards   int
-	ownerTTL time.Duration
-	noNode   bool
+	shards      int
+	maxAttempts int
+	ownerTTL    time.Duration
+	noNode      bool
 }
 
 func setup(t *testing.T, o bedOpts) *bed {
@@ -54,7 +55,7 @@ func setup(t *testing.T, o bedOpts) *bed {
 	require.NoError(t, err)
 	t.Cleanup(b.ns.Shutdown)
 	b.natsURL = b.ns.ClientURL()
-	m := shardmap.Map{Version: 1, Regions: []string{"us-east"}, Namespaces: []shardmap.Namespace{{Name: "default"}, {Name: "other"}}}
+	m := shardmap.Map{Version: 1, Regions: []string{"us-east"}, Namespaces: []shardmap.Namespace{{Name: "default", MaxAttempts: o.maxAttempts}, {Name: "other"}}}
 	for i := 1; i <= o.shards; i++ {
 		dsn := mariadbtest.Database(t)
 		c, err := mysql.ParseDSN(dsn)

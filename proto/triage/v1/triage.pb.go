@@ -140,6 +140,60 @@ func (ItemState) EnumDescriptor() ([]byte, []int) {
 	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
 }
 
+// DequeuePolicy picks among a topic's ready items.
+type DequeuePolicy int32
+
+const (
+	// STRICT is the default.
+	DequeuePolicy_DEQUEUE_POLICY_UNSPECIFIED DequeuePolicy = 0
+	// Most urgent first, always.
+	DequeuePolicy_STRICT DequeuePolicy = 1
+	// Priority bands share deliveries by weight (weighted round robin), so
+	// a flood of urgent items cannot starve the rest.
+	DequeuePolicy_WEIGHTED DequeuePolicy = 2
+)
+
+// Enum value maps for DequeuePolicy.
+var (
+	DequeuePolicy_name = map[int32]string{
+		0: "DEQUEUE_POLICY_UNSPECIFIED",
+		1: "STRICT",
+		2: "WEIGHTED",
+	}
+	DequeuePolicy_value = map[string]int32{
+		"DEQUEUE_POLICY_UNSPECIFIED": 0,
+		"STRICT":                     1,
+		"WEIGHTED":                   2,
+	}
+)
+
+func (x DequeuePolicy) Enum() *DequeuePolicy {
+	p := new(DequeuePolicy)
+	*p = x
+	return p
+}
+
+func (x DequeuePolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DequeuePolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_triage_v1_triage_proto_enumTypes[2].Descriptor()
+}
+
+func (DequeuePolicy) Type() protoreflect.EnumType {
+	return &file_triage_v1_triage_proto_enumTypes[2]
+}
+
+func (x DequeuePolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DequeuePolicy.Descriptor instead.
+func (DequeuePolicy) EnumDescriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+}
+
 type NewItem struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Payload []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -480,7 +534,12 @@ type DequeueRequest struct {
 	// Long poll: wait up to this long for at least one item.
 	Wait *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Region whose shards are read. Empty: the router's own region.
-	Region        string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	// Only items with min_priority <= priority <= max_priority (seed 001),
+	// so a consumer group can be dedicated to the most urgent band. Unset:
+	// no bound.
+	MinPriority   *int32 `protobuf:"varint,6,opt,name=min_priority,json=minPriority,proto3,oneof" json:"min_priority,omitempty"`
+	MaxPriority   *int32 `protobuf:"varint,7,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -548,6 +607,20 @@ func (x *DequeueRequest) GetRegion() string {
 		return x.Region
 	}
 	return ""
+}
+
+func (x *DequeueRequest) GetMinPriority() int32 {
+	if x != nil && x.MinPriority != nil {
+		return *x.MinPriority
+	}
+	return 0
+}
+
+func (x *DequeueRequest) GetMaxPriority() int32 {
+	if x != nil && x.MaxPriority != nil {
+		return *x.MaxPriority
+	}
+	return 0
 }
 
 type LeasedItem struct {
@@ -924,7 +997,8 @@ type NackItem struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	LeaseToken string                 `protobuf:"bytes,2,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
-	// Redeliver after this delay. Default: now.
+	// Redeliver after this delay. Unset: exponential backoff with jitter
+	// (1s * 2^(attempts-1), at most 15m, times 0.5..1). "0s": at once.
 	Delay *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
 	// Last error, kept on the item.
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
@@ -1227,8 +1301,13 @@ type Item struct {
 	LastError      string                 `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	Region         string                 `protobuf:"bytes,16,opt,name=region,proto3" json:"region,omitempty"`
 	UpdatedAt      *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Priority at enqueue, and the last change of priority: who ("aging" for
+	// the aging sweep) and when.
+	OriginalPriority  int32                  `protobuf:"varint,18,opt,name=original_priority,json=originalPriority,proto3" json:"original_priority,omitempty"`
+	PriorityChangedBy string                 `protobuf:"bytes,19,opt,name=priority_changed_by,json=priorityChangedBy,proto3" json:"priority_changed_by,omitempty"`
+	PriorityChangedAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=priority_changed_at,json=priorityChangedAt,proto3" json:"priority_changed_at,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -1380,6 +1459,27 @@ func (x *Item) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Item) GetOriginalPriority() int32 {
+	if x != nil {
+		return x.OriginalPriority
+	}
+	return 0
+}
+
+func (x *Item) GetPriorityChangedBy() string {
+	if x != nil {
+		return x.PriorityChangedBy
+	}
+	return ""
+}
+
+func (x *Item) GetPriorityChangedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PriorityChangedAt
+	}
+	return nil
+}
+
 type GetItemRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -1441,7 +1541,9 @@ type UpdateItemRequest struct {
 	Priority     *int32                 `protobuf:"varint,3,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
 	DeliverAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=deliver_after,json=deliverAfter,proto3" json:"deliver_after,omitempty"`
 	// Merged into the item's metadata; an empty value deletes the key.
-	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Who asks for the change (recorded with a priority change).
+	UpdatedBy     string `protobuf:"bytes,6,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1509,6 +1611,13 @@ func (x *UpdateItemRequest) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *UpdateItemRequest) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
 }
 
 type DeleteItemRequest struct {
@@ -1724,8 +1833,10 @@ type TopicStats struct {
 	Total           int64            `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`
 	// Age of the oldest ready item (now - deliver_after).
 	OldestReadyAge *durationpb.Duration `protobuf:"bytes,8,opt,name=oldest_ready_age,json=oldestReadyAge,proto3" json:"oldest_ready_age,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Items in the topic's dead-letter queue.
+	DeadLetters   int64 `protobuf:"varint,9,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicStats) Reset() {
@@ -1812,6 +1923,13 @@ func (x *TopicStats) GetOldestReadyAge() *durationpb.Duration {
 		return x.OldestReadyAge
 	}
 	return nil
+}
+
+func (x *TopicStats) GetDeadLetters() int64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
 }
 
 type ListTopicsRequest struct {
@@ -2229,6 +2347,661 @@ func (x *ShardMap) GetNamespaces() []*NamespaceShards {
 	return nil
 }
 
+type DeadLetter struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Priority      int32                  `protobuf:"varint,3,opt,name=priority,proto3" json:"priority,omitempty"`
+	Payload       []byte                 `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
+	Metadata      map[string]string      `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Attempts      int32                  `protobuf:"varint,6,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	LastError     string                 `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	EnqueuedAt    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
+	DiedAt        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=died_at,json=diedAt,proto3" json:"died_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DeadLetter) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetEnqueuedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EnqueuedAt
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetDiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DiedAt
+	}
+	return nil
+}
+
+type ListDeadLettersRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Region    string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// Up to this many. Default 100, at most 1000.
+	PageSize      int32  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersRequest) Reset() {
+	*x = ListDeadLettersRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersRequest) ProtoMessage() {}
+
+func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListDeadLettersRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListDeadLettersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersResponse) Reset() {
+	*x = ListDeadLettersResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersResponse) ProtoMessage() {}
+
+func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *ListDeadLettersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type RedriveDeadLettersRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Region    string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// Dead letters to redrive. Empty: all of the topic's.
+	Ids           []string `protobuf:"bytes,4,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersRequest) Reset() {
+	*x = RedriveDeadLettersRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersRequest) ProtoMessage() {}
+
+func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RedriveDeadLettersRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type RedriveDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Redriven      int64                  `protobuf:"varint,1,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersResponse) Reset() {
+	*x = RedriveDeadLettersResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersResponse) ProtoMessage() {}
+
+func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
+	if x != nil {
+		return x.Redriven
+	}
+	return 0
+}
+
+// TopicConfig overrides a namespace's defaults for one topic.
+type TopicConfig struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Policy DequeuePolicy          `protobuf:"varint,1,opt,name=policy,proto3,enum=triage.v1.DequeuePolicy" json:"policy,omitempty"`
+	// WEIGHTED: band i covers priority i; the last band covers the last
+	// priority and everything above it. Default 8, 4, 2, 1, 0.5 (bands 0, 1,
+	// 2, 3, 4+).
+	BandWeights []float64 `protobuf:"fixed64,2,rep,packed,name=band_weights,json=bandWeights,proto3" json:"band_weights,omitempty"`
+	// An expired lease deletes the item instead of redelivering it.
+	AtMostOnce bool `protobuf:"varint,3,opt,name=at_most_once,json=atMostOnce,proto3" json:"at_most_once,omitempty"`
+	// Items ready longer than this move up one priority level, repeatedly.
+	// Unset: no aging.
+	AgingThreshold *durationpb.Duration `protobuf:"bytes,4,opt,name=aging_threshold,json=agingThreshold,proto3" json:"aging_threshold,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TopicConfig) Reset() {
+	*x = TopicConfig{}
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicConfig) ProtoMessage() {}
+
+func (x *TopicConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
+func (*TopicConfig) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *TopicConfig) GetPolicy() DequeuePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return DequeuePolicy_DEQUEUE_POLICY_UNSPECIFIED
+}
+
+func (x *TopicConfig) GetBandWeights() []float64 {
+	if x != nil {
+		return x.BandWeights
+	}
+	return nil
+}
+
+func (x *TopicConfig) GetAtMostOnce() bool {
+	if x != nil {
+		return x.AtMostOnce
+	}
+	return false
+}
+
+func (x *TopicConfig) GetAgingThreshold() *durationpb.Duration {
+	if x != nil {
+		return x.AgingThreshold
+	}
+	return nil
+}
+
+// Namespace is a tenant's configuration.
+type Namespace struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Shards per region. A region left out uses all its shards.
+	Shards []*NamespaceShards `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	// Default 262144 (256 KiB).
+	MaxPayloadBytes int32 `protobuf:"varint,3,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3" json:"max_payload_bytes,omitempty"`
+	// Default 30s.
+	DefaultLeaseDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=default_lease_duration,json=defaultLeaseDuration,proto3" json:"default_lease_duration,omitempty"`
+	// Deliveries before an item is dead-lettered. Default 10.
+	MaxAttempts int32 `protobuf:"varint,5,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Default: none.
+	DefaultTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=default_ttl,json=defaultTtl,proto3" json:"default_ttl,omitempty"`
+	// Items per second each router accepts for the namespace. 0: no limit.
+	EnqueueRateLimit float64 `protobuf:"fixed64,7,opt,name=enqueue_rate_limit,json=enqueueRateLimit,proto3" json:"enqueue_rate_limit,omitempty"`
+	// Burst above the rate. Default: one second of the rate.
+	EnqueueBurst int32 `protobuf:"varint,8,opt,name=enqueue_burst,json=enqueueBurst,proto3" json:"enqueue_burst,omitempty"`
+	// Items a region's shards may hold for the namespace. 0: no limit.
+	MaxDepth int64 `protobuf:"varint,9,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	// A dedup key stays taken this long after its item is gone. Default 0.
+	DedupWindow   *durationpb.Duration    `protobuf:"bytes,10,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	Topics        map[string]*TopicConfig `protobuf:"bytes,11,rep,name=topics,proto3" json:"topics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Namespace) Reset() {
+	*x = Namespace{}
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Namespace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Namespace) ProtoMessage() {}
+
+func (x *Namespace) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
+func (*Namespace) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *Namespace) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Namespace) GetShards() []*NamespaceShards {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *Namespace) GetMaxPayloadBytes() int32 {
+	if x != nil {
+		return x.MaxPayloadBytes
+	}
+	return 0
+}
+
+func (x *Namespace) GetDefaultLeaseDuration() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultLeaseDuration
+	}
+	return nil
+}
+
+func (x *Namespace) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *Namespace) GetDefaultTtl() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultTtl
+	}
+	return nil
+}
+
+func (x *Namespace) GetEnqueueRateLimit() float64 {
+	if x != nil {
+		return x.EnqueueRateLimit
+	}
+	return 0
+}
+
+func (x *Namespace) GetEnqueueBurst() int32 {
+	if x != nil {
+		return x.EnqueueBurst
+	}
+	return 0
+}
+
+func (x *Namespace) GetMaxDepth() int64 {
+	if x != nil {
+		return x.MaxDepth
+	}
+	return 0
+}
+
+func (x *Namespace) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
+}
+
+func (x *Namespace) GetTopics() map[string]*TopicConfig {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
+
+type GetNamespaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNamespaceRequest) Reset() {
+	*x = GetNamespaceRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNamespaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNamespaceRequest) ProtoMessage() {}
+
+func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
+func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *GetNamespaceRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+type PutNamespaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Config        *Namespace             `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutNamespaceRequest) Reset() {
+	*x = PutNamespaceRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutNamespaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutNamespaceRequest) ProtoMessage() {}
+
+func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
+func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *PutNamespaceRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PutNamespaceRequest) GetConfig() *Namespace {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
 var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
@@ -2262,13 +3035,17 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"TopicCount\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x05R\x05count\"\xe6\x01\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"\xd8\x02\n" +
 	"\x0eDequeueRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12-\n" +
 	"\x06topics\x18\x02 \x03(\v2\x15.triage.v1.TopicCountR\x06topics\x12@\n" +
 	"\x0elease_duration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x16\n" +
-	"\x06region\x18\x05 \x01(\tR\x06region\"\xe7\x03\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\x12&\n" +
+	"\fmin_priority\x18\x06 \x01(\x05H\x00R\vminPriority\x88\x01\x01\x12&\n" +
+	"\fmax_priority\x18\a \x01(\x05H\x01R\vmaxPriority\x88\x01\x01B\x0f\n" +
+	"\r_min_priorityB\x0f\n" +
+	"\r_max_priority\"\xe7\x03\n" +
 	"\n" +
 	"LeasedItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -2326,7 +3103,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"leaseToken\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\"[\n" +
 	"\x13ExtendLeaseResponse\x12D\n" +
-	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\x90\x06\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xb9\a\n" +
 	"\x04Item\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x14\n" +
@@ -2349,19 +3126,24 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x12\x16\n" +
 	"\x06region\x18\x10 \x01(\tR\x06region\x129\n" +
 	"\n" +
-	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x1a;\n" +
+	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12+\n" +
+	"\x11original_priority\x18\x12 \x01(\x05R\x10originalPriority\x12.\n" +
+	"\x13priority_changed_by\x18\x13 \x01(\tR\x11priorityChangedBy\x12J\n" +
+	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x0eGetItemRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\xb5\x02\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\xd4\x02\n" +
 	"\x11UpdateItemRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1f\n" +
 	"\bpriority\x18\x03 \x01(\x05H\x00R\bpriority\x88\x01\x01\x12?\n" +
 	"\rdeliver_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fdeliverAfter\x12F\n" +
-	"\bmetadata\x18\x05 \x03(\v2*.triage.v1.UpdateItemRequest.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v2*.triage.v1.UpdateItemRequest.MetadataEntryR\bmetadata\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\x06 \x01(\tR\tupdatedBy\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
@@ -2376,7 +3158,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06region\x18\x03 \x01(\tR\x06region\"A\n" +
 	"\rPriorityDepth\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x14\n" +
-	"\x05ready\x18\x02 \x01(\x03R\x05ready\"\xa9\x02\n" +
+	"\x05ready\x18\x02 \x01(\x03R\x05ready\"\xcc\x02\n" +
 	"\n" +
 	"TopicStats\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
@@ -2386,7 +3168,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06leased\x18\x05 \x01(\x03R\x06leased\x12\x18\n" +
 	"\adelayed\x18\x06 \x01(\x03R\adelayed\x12\x14\n" +
 	"\x05total\x18\a \x01(\x03R\x05total\x12C\n" +
-	"\x10oldest_ready_age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x0eoldestReadyAge\"\x85\x01\n" +
+	"\x10oldest_ready_age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x0eoldestReadyAge\x12!\n" +
+	"\fdead_letters\x18\t \x01(\x03R\vdeadLetters\"\x85\x01\n" +
 	"\x11ListTopicsRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x1b\n" +
@@ -2417,7 +3200,68 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06shards\x18\x03 \x03(\v2\x10.triage.v1.ShardR\x06shards\x12:\n" +
 	"\n" +
 	"namespaces\x18\x04 \x03(\v2\x1a.triage.v1.NamespaceShardsR\n" +
-	"namespaces*E\n" +
+	"namespaces\"\x93\x03\n" +
+	"\n" +
+	"DeadLetter\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1a\n" +
+	"\bpriority\x18\x03 \x01(\x05R\bpriority\x12\x18\n" +
+	"\apayload\x18\x04 \x01(\fR\apayload\x12?\n" +
+	"\bmetadata\x18\x05 \x03(\v2#.triage.v1.DeadLetter.MetadataEntryR\bmetadata\x12\x1a\n" +
+	"\battempts\x18\x06 \x01(\x05R\battempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\a \x01(\tR\tlastError\x12;\n" +
+	"\venqueued_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"enqueuedAt\x123\n" +
+	"\adied_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06diedAt\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x01\n" +
+	"\x16ListDeadLettersRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"{\n" +
+	"\x17ListDeadLettersResponse\x128\n" +
+	"\fdead_letters\x18\x01 \x03(\v2\x15.triage.v1.DeadLetterR\vdeadLetters\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"y\n" +
+	"\x19RedriveDeadLettersRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x10\n" +
+	"\x03ids\x18\x04 \x03(\tR\x03ids\"8\n" +
+	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
+	"\bredriven\x18\x01 \x01(\x03R\bredriven\"\xc8\x01\n" +
+	"\vTopicConfig\x120\n" +
+	"\x06policy\x18\x01 \x01(\x0e2\x18.triage.v1.DequeuePolicyR\x06policy\x12!\n" +
+	"\fband_weights\x18\x02 \x03(\x01R\vbandWeights\x12 \n" +
+	"\fat_most_once\x18\x03 \x01(\bR\n" +
+	"atMostOnce\x12B\n" +
+	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\"\xea\x04\n" +
+	"\tNamespace\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
+	"\x06shards\x18\x02 \x03(\v2\x1a.triage.v1.NamespaceShardsR\x06shards\x12*\n" +
+	"\x11max_payload_bytes\x18\x03 \x01(\x05R\x0fmaxPayloadBytes\x12O\n" +
+	"\x16default_lease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x14defaultLeaseDuration\x12!\n" +
+	"\fmax_attempts\x18\x05 \x01(\x05R\vmaxAttempts\x12:\n" +
+	"\vdefault_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"defaultTtl\x12,\n" +
+	"\x12enqueue_rate_limit\x18\a \x01(\x01R\x10enqueueRateLimit\x12#\n" +
+	"\renqueue_burst\x18\b \x01(\x05R\fenqueueBurst\x12\x1b\n" +
+	"\tmax_depth\x18\t \x01(\x03R\bmaxDepth\x12<\n" +
+	"\fdedup_window\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x128\n" +
+	"\x06topics\x18\v \x03(\v2 .triage.v1.Namespace.TopicsEntryR\x06topics\x1aQ\n" +
+	"\vTopicsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.triage.v1.TopicConfigR\x05value:\x028\x01\"3\n" +
+	"\x13GetNamespaceRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"a\n" +
+	"\x13PutNamespaceRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
+	"\x06config\x18\x02 \x01(\v2\x14.triage.v1.NamespaceR\x06config*E\n" +
 	"\n" +
 	"Durability\x12\x1a\n" +
 	"\x16DURABILITY_UNSPECIFIED\x10\x00\x12\r\n" +
@@ -2428,7 +3272,12 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x05READY\x10\x01\x12\v\n" +
 	"\aDELAYED\x10\x02\x12\n" +
 	"\n" +
-	"\x06LEASED\x10\x032\x91\t\n" +
+	"\x06LEASED\x10\x03*I\n" +
+	"\rDequeuePolicy\x12\x1e\n" +
+	"\x1aDEQUEUE_POLICY_UNSPECIFIED\x10\x00\x12\n" +
+	"\n" +
+	"\x06STRICT\x10\x01\x12\f\n" +
+	"\bWEIGHTED\x10\x022\xd9\v\n" +
 	"\x05Queue\x12|\n" +
 	"\aEnqueue\x12\x19.triage.v1.EnqueueRequest\x1a\x1a.triage.v1.EnqueueResponse\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/namespaces/{namespace}/topics/{topic}/items\x12o\n" +
 	"\aDequeue\x12\x19.triage.v1.DequeueRequest\x1a\x1a.triage.v1.DequeueResponse\"-\x82\xd3\xe4\x93\x02':\x01*\"\"/v1/namespaces/{namespace}:dequeue\x12_\n" +
@@ -2442,9 +3291,13 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"DeleteItem\x12\x1c.triage.v1.DeleteItemRequest\x1a\x1d.triage.v1.DeleteItemResponse\"-\x82\xd3\xe4\x93\x02'*%/v1/namespaces/{namespace}/items/{id}\x12\x80\x01\n" +
 	"\rGetTopicStats\x12\x1f.triage.v1.GetTopicStatsRequest\x1a\x15.triage.v1.TopicStats\"7\x82\xd3\xe4\x93\x021\x12//v1/namespaces/{namespace}/topics/{topic}/stats\x12t\n" +
 	"\n" +
-	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics2`\n" +
+	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
+	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xbc\x02\n" +
 	"\x05Admin\x12W\n" +
-	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmapB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
+	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12h\n" +
+	"\fGetNamespace\x12\x1e.triage.v1.GetNamespaceRequest\x1a\x14.triage.v1.Namespace\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/namespaces/{namespace}\x12p\n" +
+	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"*\x82\xd3\xe4\x93\x02$:\x06config\x1a\x1a/v1/namespaces/{namespace}B9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
 var (
 	file_triage_v1_triage_proto_rawDescOnce sync.Once
@@ -2458,117 +3311,151 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 	return file_triage_v1_triage_proto_rawDescData
 }
 
-var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_triage_v1_triage_proto_goTypes = []any{
-	(Durability)(0),               // 0: triage.v1.Durability
-	(ItemState)(0),                // 1: triage.v1.ItemState
-	(*NewItem)(nil),               // 2: triage.v1.NewItem
-	(*EnqueueRequest)(nil),        // 3: triage.v1.EnqueueRequest
-	(*EnqueueResult)(nil),         // 4: triage.v1.EnqueueResult
-	(*EnqueueResponse)(nil),       // 5: triage.v1.EnqueueResponse
-	(*TopicCount)(nil),            // 6: triage.v1.TopicCount
-	(*DequeueRequest)(nil),        // 7: triage.v1.DequeueRequest
-	(*LeasedItem)(nil),            // 8: triage.v1.LeasedItem
-	(*DequeueResponse)(nil),       // 9: triage.v1.DequeueResponse
-	(*LeaseRef)(nil),              // 10: triage.v1.LeaseRef
-	(*ItemResult)(nil),            // 11: triage.v1.ItemResult
-	(*AckRequest)(nil),            // 12: triage.v1.AckRequest
-	(*AckResponse)(nil),           // 13: triage.v1.AckResponse
-	(*NackItem)(nil),              // 14: triage.v1.NackItem
-	(*NackRequest)(nil),           // 15: triage.v1.NackRequest
-	(*NackResponse)(nil),          // 16: triage.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),    // 17: triage.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),   // 18: triage.v1.ExtendLeaseResponse
-	(*Item)(nil),                  // 19: triage.v1.Item
-	(*GetItemRequest)(nil),        // 20: triage.v1.GetItemRequest
-	(*UpdateItemRequest)(nil),     // 21: triage.v1.UpdateItemRequest
-	(*DeleteItemRequest)(nil),     // 22: triage.v1.DeleteItemRequest
-	(*DeleteItemResponse)(nil),    // 23: triage.v1.DeleteItemResponse
-	(*GetTopicStatsRequest)(nil),  // 24: triage.v1.GetTopicStatsRequest
-	(*PriorityDepth)(nil),         // 25: triage.v1.PriorityDepth
-	(*TopicStats)(nil),            // 26: triage.v1.TopicStats
-	(*ListTopicsRequest)(nil),     // 27: triage.v1.ListTopicsRequest
-	(*TopicSummary)(nil),          // 28: triage.v1.TopicSummary
-	(*ListTopicsResponse)(nil),    // 29: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),    // 30: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                 // 31: triage.v1.Shard
-	(*NamespaceShards)(nil),       // 32: triage.v1.NamespaceShards
-	(*ShardMap)(nil),              // 33: triage.v1.ShardMap
-	nil,                           // 34: triage.v1.NewItem.MetadataEntry
-	nil,                           // 35: triage.v1.LeasedItem.MetadataEntry
-	nil,                           // 36: triage.v1.NackItem.MetadataEntry
-	nil,                           // 37: triage.v1.Item.MetadataEntry
-	nil,                           // 38: triage.v1.UpdateItemRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(Durability)(0),                    // 0: triage.v1.Durability
+	(ItemState)(0),                     // 1: triage.v1.ItemState
+	(DequeuePolicy)(0),                 // 2: triage.v1.DequeuePolicy
+	(*NewItem)(nil),                    // 3: triage.v1.NewItem
+	(*EnqueueRequest)(nil),             // 4: triage.v1.EnqueueRequest
+	(*EnqueueResult)(nil),              // 5: triage.v1.EnqueueResult
+	(*EnqueueResponse)(nil),            // 6: triage.v1.EnqueueResponse
+	(*TopicCount)(nil),                 // 7: triage.v1.TopicCount
+	(*DequeueRequest)(nil),             // 8: triage.v1.DequeueRequest
+	(*LeasedItem)(nil),                 // 9: triage.v1.LeasedItem
+	(*DequeueResponse)(nil),            // 10: triage.v1.DequeueResponse
+	(*LeaseRef)(nil),                   // 11: triage.v1.LeaseRef
+	(*ItemResult)(nil),                 // 12: triage.v1.ItemResult
+	(*AckRequest)(nil),                 // 13: triage.v1.AckRequest
+	(*AckResponse)(nil),                // 14: triage.v1.AckResponse
+	(*NackItem)(nil),                   // 15: triage.v1.NackItem
+	(*NackRequest)(nil),                // 16: triage.v1.NackRequest
+	(*NackResponse)(nil),               // 17: triage.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),         // 18: triage.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),        // 19: triage.v1.ExtendLeaseResponse
+	(*Item)(nil),                       // 20: triage.v1.Item
+	(*GetItemRequest)(nil),             // 21: triage.v1.GetItemRequest
+	(*UpdateItemRequest)(nil),          // 22: triage.v1.UpdateItemRequest
+	(*DeleteItemRequest)(nil),          // 23: triage.v1.DeleteItemRequest
+	(*DeleteItemResponse)(nil),         // 24: triage.v1.DeleteItemResponse
+	(*GetTopicStatsRequest)(nil),       // 25: triage.v1.GetTopicStatsRequest
+	(*PriorityDepth)(nil),              // 26: triage.v1.PriorityDepth
+	(*TopicStats)(nil),                 // 27: triage.v1.TopicStats
+	(*ListTopicsRequest)(nil),          // 28: triage.v1.ListTopicsRequest
+	(*TopicSummary)(nil),               // 29: triage.v1.TopicSummary
+	(*ListTopicsResponse)(nil),         // 30: triage.v1.ListTopicsResponse
+	(*GetShardMapRequest)(nil),         // 31: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 32: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 33: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 34: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 35: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 36: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 37: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 38: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 39: triage.v1.RedriveDeadLettersResponse
+	(*TopicConfig)(nil),                // 40: triage.v1.TopicConfig
+	(*Namespace)(nil),                  // 41: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 42: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 43: triage.v1.PutNamespaceRequest
+	nil,                                // 44: triage.v1.NewItem.MetadataEntry
+	nil,                                // 45: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 46: triage.v1.NackItem.MetadataEntry
+	nil,                                // 47: triage.v1.Item.MetadataEntry
+	nil,                                // 48: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 49: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 50: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 51: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 52: google.protobuf.Duration
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	39, // 0: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	40, // 1: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	40, // 2: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	34, // 3: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	2,  // 4: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	51, // 0: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	52, // 1: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	52, // 2: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	44, // 3: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	3,  // 4: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 5: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	4,  // 6: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	6,  // 7: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	40, // 8: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	40, // 9: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	35, // 10: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	39, // 11: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 12: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	39, // 13: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	8,  // 14: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	10, // 15: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	11, // 16: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	40, // 17: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	36, // 18: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	14, // 19: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	11, // 20: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	40, // 21: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	39, // 22: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	37, // 23: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	39, // 24: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	40, // 25: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	39, // 26: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	39, // 27: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	5,  // 6: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	7,  // 7: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	52, // 8: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	52, // 9: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	45, // 10: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	51, // 11: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	51, // 12: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	51, // 13: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	9,  // 14: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	11, // 15: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	12, // 16: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	52, // 17: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	46, // 18: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	15, // 19: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	12, // 20: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	52, // 21: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	51, // 22: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 23: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	51, // 24: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	52, // 25: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	51, // 26: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 27: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 28: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	39, // 29: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 30: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 31: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	38, // 32: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	25, // 33: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	40, // 34: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	28, // 35: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	31, // 36: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	32, // 37: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	3,  // 38: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	7,  // 39: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	12, // 40: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	15, // 41: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	17, // 42: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	20, // 43: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	21, // 44: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	22, // 45: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	24, // 46: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	27, // 47: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	30, // 48: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	5,  // 49: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	9,  // 50: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	13, // 51: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	16, // 52: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	18, // 53: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	19, // 54: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	19, // 55: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	23, // 56: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	26, // 57: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	29, // 58: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	33, // 59: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	49, // [49:60] is the sub-list for method output_type
-	38, // [38:49] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	51, // 29: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	51, // 30: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	51, // 31: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	51, // 32: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	48, // 33: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	26, // 34: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	52, // 35: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	29, // 36: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	32, // 37: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	33, // 38: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	49, // 39: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	51, // 40: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	51, // 41: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	35, // 42: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	2,  // 43: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	52, // 44: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	33, // 45: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	52, // 46: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	52, // 47: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	52, // 48: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	50, // 49: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	41, // 50: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	40, // 51: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	4,  // 52: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	8,  // 53: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	13, // 54: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	16, // 55: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	18, // 56: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	21, // 57: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	22, // 58: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	23, // 59: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	25, // 60: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	28, // 61: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	36, // 62: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	38, // 63: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	31, // 64: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	42, // 65: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	43, // 66: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	6,  // 67: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	10, // 68: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	14, // 69: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	17, // 70: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	19, // 71: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	20, // 72: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	20, // 73: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	24, // 74: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	27, // 75: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	30, // 76: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	37, // 77: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	39, // 78: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	34, // 79: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	41, // 80: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	41, // 81: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	67, // [67:82] is the sub-list for method output_type
+	52, // [52:67] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -2576,14 +3463,15 @@ func file_triage_v1_triage_proto_init() {
 	if File_triage_v1_triage_proto != nil {
 		return
 	}
+	file_triage_v1_triage_proto_msgTypes[5].OneofWrappers = []any{}
 	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   37,
+			NumEnums:      3,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -24,16 +24,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Queue_Enqueue_FullMethodName       = "/triage.v1.Queue/Enqueue"
-	Queue_Dequeue_FullMethodName       = "/triage.v1.Queue/Dequeue"
-	Queue_Ack_FullMethodName           = "/triage.v1.Queue/Ack"
-	Queue_Nack_FullMethodName          = "/triage.v1.Queue/Nack"
-	Queue_ExtendLease_FullMethodName   = "/triage.v1.Queue/ExtendLease"
-	Queue_GetItem_FullMethodName       = "/triage.v1.Queue/GetItem"
-	Queue_UpdateItem_FullMethodName    = "/triage.v1.Queue/UpdateItem"
-	Queue_DeleteItem_FullMethodName    = "/triage.v1.Queue/DeleteItem"
-	Queue_GetTopicStats_FullMethodName = "/triage.v1.Queue/GetTopicStats"
-	Queue_ListTopics_FullMethodName    = "/triage.v1.Queue/ListTopics"
+	Queue_Enqueue_FullMethodName            = "/triage.v1.Queue/Enqueue"
+	Queue_Dequeue_FullMethodName            = "/triage.v1.Queue/Dequeue"
+	Queue_Ack_FullMethodName                = "/triage.v1.Queue/Ack"
+	Queue_Nack_FullMethodName               = "/triage.v1.Queue/Nack"
+	Queue_ExtendLease_FullMethodName        = "/triage.v1.Queue/ExtendLease"
+	Queue_GetItem_FullMethodName            = "/triage.v1.Queue/GetItem"
+	Queue_UpdateItem_FullMethodName         = "/triage.v1.Queue/UpdateItem"
+	Queue_DeleteItem_FullMethodName         = "/triage.v1.Queue/DeleteItem"
+	Queue_GetTopicStats_FullMethodName      = "/triage.v1.Queue/GetTopicStats"
+	Queue_ListTopics_FullMethodName         = "/triage.v1.Queue/ListTopics"
+	Queue_ListDeadLetters_FullMethodName    = "/triage.v1.Queue/ListDeadLetters"
+	Queue_RedriveDeadLetters_FullMethodName = "/triage.v1.Queue/RedriveDeadLetters"
 )
 
 // QueueClient is the client API for Queue service.
@@ -66,6 +68,11 @@ type QueueClient interface {
 	GetTopicStats(ctx context.Context, in *GetTopicStatsRequest, opts ...grpc.CallOption) (*TopicStats, error)
 	// ListTopics lists topics that hold items.
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
+	// ListDeadLetters pages through a topic's dead letters, oldest first.
+	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
+	// RedriveDeadLetters moves dead letters back to their topic, ready now,
+	// with attempts reset: all of the topic's, or the listed IDs.
+	RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error)
 }
 
 type queueClient struct {
@@ -176,6 +183,26 @@ func (c *queueClient) ListTopics(ctx context.Context, in *ListTopicsRequest, opt
 	return out, nil
 }
 
+func (c *queueClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDeadLettersResponse)
+	err := c.cc.Invoke(ctx, Queue_ListDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueClient) RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RedriveDeadLettersResponse)
+	err := c.cc.Invoke(ctx, Queue_RedriveDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServer is the server API for Queue service.
 // All implementations must embed UnimplementedQueueServer
 // for forward compatibility.
@@ -206,6 +233,11 @@ type QueueServer interface {
 	GetTopicStats(context.Context, *GetTopicStatsRequest) (*TopicStats, error)
 	// ListTopics lists topics that hold items.
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
+	// ListDeadLetters pages through a topic's dead letters, oldest first.
+	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
+	// RedriveDeadLetters moves dead letters back to their topic, ready now,
+	// with attempts reset: all of the topic's, or the listed IDs.
+	RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error)
 	mustEmbedUnimplementedQueueServer()
 }
 
@@ -245,6 +277,12 @@ func (UnimplementedQueueServer) GetTopicStats(context.Context, *GetTopicStatsReq
 }
 func (UnimplementedQueueServer) ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTopics not implemented")
+}
+func (UnimplementedQueueServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
+}
+func (UnimplementedQueueServer) RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RedriveDeadLetters not implemented")
 }
 func (UnimplementedQueueServer) mustEmbedUnimplementedQueueServer() {}
 func (UnimplementedQueueServer) testEmbeddedByValue()               {}
@@ -447,6 +485,42 @@ func _Queue_ListTopics_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Queue_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).ListDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_ListDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Queue_RedriveDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RedriveDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).RedriveDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_RedriveDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).RedriveDeadLetters(ctx, req.(*RedriveDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Queue_ServiceDesc is the grpc.ServiceDesc for Queue service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -494,13 +568,23 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListTopics",
 			Handler:    _Queue_ListTopics_Handler,
 		},
+		{
+			MethodName: "ListDeadLetters",
+			Handler:    _Queue_ListDeadLetters_Handler,
+		},
+		{
+			MethodName: "RedriveDeadLetters",
+			Handler:    _Queue_RedriveDeadLetters_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "triage/v1/triage.proto",
 }
 
 const (
-	Admin_GetShardMap_FullMethodName = "/triage.v1.Admin/GetShardMap"
+	Admin_GetShardMap_FullMethodName  = "/triage.v1.Admin/GetShardMap"
+	Admin_GetNamespace_FullMethodName = "/triage.v1.Admin/GetNamespace"
+	Admin_PutNamespace_FullMethodName = "/triage.v1.Admin/PutNamespace"
 )
 
 // AdminClient is the client API for Admin service.
@@ -511,6 +595,12 @@ const (
 type AdminClient interface {
 	// GetShardMap returns the shard map snapshot the router serves from.
 	GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*ShardMap, error)
+	// GetNamespace returns a namespace's configuration.
+	GetNamespace(ctx context.Context, in *GetNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
+	// PutNamespace creates or replaces a namespace's configuration. Fields
+	// left out take their defaults. Every router sees the change within a
+	// second (the shard map in NATS KV).
+	PutNamespace(ctx context.Context, in *PutNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
 }
 
 type adminClient struct {
@@ -531,6 +621,26 @@ func (c *adminClient) GetShardMap(ctx context.Context, in *GetShardMapRequest, o
 	return out, nil
 }
 
+func (c *adminClient) GetNamespace(ctx context.Context, in *GetNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Namespace)
+	err := c.cc.Invoke(ctx, Admin_GetNamespace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) PutNamespace(ctx context.Context, in *PutNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Namespace)
+	err := c.cc.Invoke(ctx, Admin_PutNamespace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -539,6 +649,12 @@ func (c *adminClient) GetShardMap(ctx context.Context, in *GetShardMapRequest, o
 type AdminServer interface {
 	// GetShardMap returns the shard map snapshot the router serves from.
 	GetShardMap(context.Context, *GetShardMapRequest) (*ShardMap, error)
+	// GetNamespace returns a namespace's configuration.
+	GetNamespace(context.Context, *GetNamespaceRequest) (*Namespace, error)
+	// PutNamespace creates or replaces a namespace's configuration. Fields
+	// left out take their defaults. Every router sees the change within a
+	// second (the shard map in NATS KV).
+	PutNamespace(context.Context, *PutNamespaceRequest) (*Namespace, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -551,6 +667,12 @@ type UnimplementedAdminServer struct{}
 
 func (UnimplementedAdminServer) GetShardMap(context.Context, *GetShardMapRequest) (*ShardMap, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetShardMap not implemented")
+}
+func (UnimplementedAdminServer) GetNamespace(context.Context, *GetNamespaceRequest) (*Namespace, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetNamespace not implemented")
+}
+func (UnimplementedAdminServer) PutNamespace(context.Context, *PutNamespaceRequest) (*Namespace, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutNamespace not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -591,6 +713,42 @@ func _Admin_GetShardMap_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_GetNamespace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetNamespaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetNamespace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetNamespace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetNamespace(ctx, req.(*GetNamespaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_PutNamespace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutNamespaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PutNamespace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PutNamespace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PutNamespace(ctx, req.(*PutNamespaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -601,6 +759,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetShardMap",
 			Handler:    _Admin_GetShardMap_Handler,
+		},
+		{
+			MethodName: "GetNamespace",
+			Handler:    _Admin_GetNamespace_Handler,
+		},
+		{
+			MethodName: "PutNamespace",
+			Handler:    _Admin_PutNamespace_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
