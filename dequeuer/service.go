@@ -57,6 +57,7 @@ type Service struct {
 	topics map[bufKey]*topicBuf
 	wrr    map[[2]string]*wrr
 
+	aging  *aging
 	owner  *ownership
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
@@ -84,7 +85,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}}, nil
+	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging()}, nil
 }
 
 // ID returns the dequeuer's ID.
@@ -133,6 +134,7 @@ func (s *Service) Start(ctx context.Context) error {
 	s.loop(ctx, s.cfg.OwnerTTL/4, s.owner.claim)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
 	s.loop(ctx, time.Second, s.sweepTTL)
+	s.loop(ctx, 100*time.Millisecond, s.sweepAging)
 	return nil
 }
 

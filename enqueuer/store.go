@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/jmoiron/sqlx"
 
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
@@ -88,8 +90,12 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 				if len(it.Metadata) > 0 {
 					meta = it.Metadata
 				}
+				payload := it.Payload
+				if payload == nil {
+					payload = []byte{} // an empty payload is not NULL
+				}
 				args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
-					it.LeaseMs, expires, dedup, it.Payload, meta, nowUS)
+					it.LeaseMs, expires, dedup, payload, meta, nowUS)
 				rows++
 				total++
 				bytes += len(it.Payload) + len(it.Metadata)
@@ -185,4 +191,24 @@ func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 		}
 	}
 	return nil
+}
+
+// IsPermanent reports whether err is MySQL refusing the data itself (bad
+// value, too long, NULL where not allowed): retrying the same batch can
+// never succeed, unlike a lost connection, a deadlock or a fenced primary.
+func IsPermanent(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1048, // column cannot be null
+		1292, // incorrect value
+		1264, // out of range
+		1366, // incorrect string value
+		1406, // data too long
+		1153: // packet bigger than max_allowed_packet
+		return true
+	}
+	return false
 }

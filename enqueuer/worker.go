@@ -268,12 +268,23 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 		return err
 	}
 	results, err := Insert(ctx, db, batches, time.Now().UnixMicro())
+	if IsPermanent(err) {
+		return w.isolate(ctx, kept)
+	}
 	if err != nil {
 		return err
 	}
 	for _, m := range kept {
 		_ = m.Ack()
 	}
+	w.announce(batches, results)
+	return nil
+}
+
+// announce tells dequeuers about committed BUFFERED batches and answers
+// the routers waiting on COMMITTED ones.
+func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.EnqueueCommitted) {
+	cfg := w.svc.cfg
 	// Announce BUFFERED batches' items to dequeuers. A router waiting on a
 	// COMMITTED batch announces it itself, before it answers its client,
 	// on the connection its next dequeue goes out on (see routing).
@@ -306,6 +317,51 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 			}
 		}
 	}
+}
+
+// isolate handles a group the database refused for its data: it inserts
+// each message alone, and within a refused message each batch alone, so
+// one bad batch holds back nothing else (a BUFFERED batch sharing its
+// envelope was acknowledged already and must not be lost with it). A batch
+// that can never be inserted is dropped with an answer to its router.
+func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
+	if len(msgs) > 1 {
+		for _, m := range msgs {
+			if err := w.process(ctx, []jetstream.Msg{m}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	cfg := w.svc.cfg
+	env := &peerv1.EnqueueEnvelope{}
+	if err := proto.Unmarshal(msgs[0].Data(), env); err != nil {
+		return msgs[0].Term()
+	}
+	db, _, err := cfg.Pool.Primary(cfg.Maps.Current(), w.shard)
+	if err != nil {
+		return err
+	}
+	var good []*peerv1.EnqueueBatch
+	var results []*peerv1.EnqueueCommitted
+	for _, b := range env.Batches {
+		res, err := Insert(ctx, db, []*peerv1.EnqueueBatch{b}, time.Now().UnixMicro())
+		switch {
+		case IsPermanent(err):
+			w.log.Error("dropping an enqueue batch the database refuses", "batch", b.BatchId, "topic", b.Topic, "err", err)
+			if b.ReplySubject != "" {
+				data, _ := proto.Marshal(&peerv1.EnqueueCommitted{BatchId: b.BatchId, Error: "the shard refused the items: " + err.Error()})
+				_ = cfg.NC.Publish(b.ReplySubject, data)
+			}
+		case err != nil:
+			return err // transient: the whole message is retried; inserts are idempotent
+		default:
+			good = append(good, b)
+			results = append(results, res[0])
+		}
+	}
+	_ = msgs[0].Ack()
+	w.announce(good, results)
 	return nil
 }
 

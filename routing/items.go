@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -52,10 +53,14 @@ type itemRow struct {
 	Metadata     []byte         `db:"metadata"`
 	LastError    sql.NullString `db:"last_error"`
 	UpdatedAt    int64          `db:"updated_at"`
+	OrigPriority sql.NullInt32  `db:"original_priority"`
+	ChangedBy    sql.NullString `db:"priority_changed_by"`
+	ChangedAt    sql.NullInt64  `db:"priority_changed_at"`
 }
 
 const selectItem = `SELECT id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, expires_at, attempts,
-	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at
+	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at,
+	original_priority, priority_changed_by, priority_changed_at
 FROM items WHERE id = ? AND namespace = ?`
 
 func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.Item {
@@ -76,6 +81,12 @@ func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.
 	}
 	if row.ExpiresAt.Valid {
 		it.ExpiresAt = timestamppb.New(time.UnixMicro(row.ExpiresAt.Int64))
+	}
+	it.OriginalPriority = row.Priority
+	if row.OrigPriority.Valid {
+		it.OriginalPriority = row.OrigPriority.Int32
+		it.PriorityChangedBy = row.ChangedBy.String
+		it.PriorityChangedAt = timestamppb.New(time.UnixMicro(row.ChangedAt.Int64))
 	}
 	if len(row.Metadata) > 0 {
 		_ = json.Unmarshal(row.Metadata, &it.Metadata)
@@ -162,8 +173,16 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 		return nil, toStatus(fmt.Errorf("%w: item %s is leased until %s; deliver_after can change once it is acked, nacked or its lease lapses",
 			dequeuer.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339)))
 	}
-	if req.Priority != nil {
+	if len(req.UpdatedBy) > 128 {
+		return nil, toStatus(invalid("updated_by is %d bytes; at most 128 allowed", len(req.UpdatedBy)))
+	}
+	if req.Priority != nil && *req.Priority != row.Priority {
+		if !row.OrigPriority.Valid {
+			row.OrigPriority = sql.NullInt32{Int32: row.Priority, Valid: true}
+		}
 		row.Priority = *req.Priority
+		row.ChangedBy = sql.NullString{String: cmp.Or(req.UpdatedBy, "api"), Valid: true}
+		row.ChangedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
 	if req.DeliverAfter != nil {
 		row.DeliverAfter = req.DeliverAfter.AsTime().UnixMicro()
@@ -172,8 +191,9 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 		return nil, toStatus(err)
 	}
 	row.UpdatedAt = now.UnixMicro()
-	if _, err := tx.ExecContext(ctx, "UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ? WHERE id = ?",
-		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ?,
+		original_priority = ?, priority_changed_by = ?, priority_changed_at = ? WHERE id = ?`,
+		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.OrigPriority, row.ChangedBy, row.ChangedAt, row.ID); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -379,4 +399,21 @@ func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*tr
 		}
 	}
 	return out, nil
+}
+
+// countItems counts a namespace's items on shards (for max_depth).
+func (r *Router) countItems(ctx context.Context, m *shardmap.Map, ns string, shards []uint32) (int64, error) {
+	var mu sync.Mutex
+	var total int64
+	err := r.eachShard(ctx, m, shards, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
+		var n int64
+		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM items WHERE namespace = ?", ns); err != nil {
+			return err
+		}
+		mu.Lock()
+		total += n
+		mu.Unlock()
+		return nil
+	})
+	return total, err
 }

@@ -47,6 +47,8 @@ type Config struct {
 	JS   jetstream.JetStream
 	// Owners tells which dequeuer owns which shard. Required.
 	Owners *dequeuer.Owners
+	// Publisher, when set, lets Admin calls change the shard map.
+	Publisher MapPublisher
 	// Local is an optional in-process dequeuer.
 	Local LocalDequeuer
 	// IDs allocates item keys; its node ID must be unique (ClaimNode).
@@ -74,6 +76,8 @@ type Router struct {
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
 
+	quotas *quotas
+
 	pubMu      sync.Mutex
 	publishers map[string]*shardPublisher
 	pubWG      sync.WaitGroup
@@ -93,11 +97,12 @@ func New(cfg Config) (*Router, error) {
 		cfg.Now = time.Now
 	}
 	return &Router{
-		cfg:     cfg,
-		log:     cfg.Logger.With("role", "router", "region", cfg.Region),
-		inbox:   "triage.committed." + nuid.Next(),
+		cfg:        cfg,
+		log:        cfg.Logger.With("role", "router", "region", cfg.Region),
+		inbox:      "triage.committed." + nuid.Next(),
 		waiting:    map[uint64]chan *peerv1.EnqueueCommitted{},
 		publishers: map[string]*shardPublisher{},
+		quotas:     newQuotas(),
 		stopping:   make(chan struct{}),
 	}, nil
 }
@@ -174,6 +179,14 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	if err != nil {
 		return nil, err
 	}
+	if err := r.quotas.admitRate(ns, len(req.Items), now); err != nil {
+		return nil, err
+	}
+	if err := r.quotas.admitDepth(ns, region, len(req.Items), now, func(ctx context.Context) (int64, error) {
+		return r.countItems(ctx, m, req.Namespace, shards)
+	}); err != nil {
+		return nil, err
+	}
 	// Items with a dedup key go to the shard the key hashes to, so the
 	// shard's unique index sees every copy; the rest of the request goes to
 	// one shard chosen round-robin, so a request is usually one batch.
@@ -232,7 +245,7 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 				return nil, ErrNotCommitted
 			}
 			if c.Error != "" {
-				return nil, fmt.Errorf("%w: shard %d: %s", ErrUnavailable, g.shard, c.Error)
+				return nil, fmt.Errorf("%w: shard %d: %s", ErrInvalid, g.shard, c.Error)
 			}
 			// Tell dequeuers before the client hears back, so a dequeue the
 			// client sends next sees the new items (see announceBatch).

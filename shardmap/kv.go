@@ -57,6 +57,10 @@ func Load(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
 	return Parse(e.Value())
 }
 
+// ErrConflict means the stored map moved on since the one a change was
+// based on; reload and retry.
+var ErrConflict = errors.New("shard map changed concurrently")
+
 // Publish stores next if the stored map is still at version prev (optimistic
 // concurrency: two controllers cannot both publish over the same map).
 // next.Version must be greater than prev.
@@ -73,14 +77,14 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) e
 		return err
 	}
 	if stored.Version != prev.Version {
-		return fmt.Errorf("publish shard map: stored version %d moved past %d", stored.Version, prev.Version)
+		return fmt.Errorf("%w: stored version %d moved past %d", ErrConflict, stored.Version, prev.Version)
 	}
 	data, err := next.Marshal()
 	if err != nil {
 		return err
 	}
 	if _, err := kv.Update(ctx, Key, data, e.Revision()); err != nil {
-		return fmt.Errorf("publish shard map: %w", err)
+		return fmt.Errorf("%w: %v", ErrConflict, err)
 	}
 	return nil
 }

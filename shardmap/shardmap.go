@@ -13,8 +13,11 @@ import (
 // Defaults of a namespace's limits when its config leaves them out.
 const (
 	DefaultMaxPayloadBytes = 256 << 10
-	DefaultLeaseDuration   = 30 * time.Second
-	DefaultMaxAttempts     = 10
+	// MaxPayloadCeiling bounds any namespace's max_payload_bytes: one item
+	// must fit one INSERT packet beside a group of others.
+	MaxPayloadCeiling    = 8 << 20
+	DefaultLeaseDuration = 30 * time.Second
+	DefaultMaxAttempts   = 10
 	// MaxLeaseDuration bounds any lease, so a crashed consumer's items come
 	// back within a day at worst.
 	MaxLeaseDuration = 12 * time.Hour
@@ -134,8 +137,8 @@ func (ns *Namespace) validate() error {
 		ns.EnqueueBurst < 0 || ns.MaxDepth < 0 || ns.DedupWindow < 0 {
 		return fmt.Errorf("namespace %q: limits must not be negative", ns.Name)
 	}
-	if ns.MaxPayloadBytes > 16<<20 {
-		return fmt.Errorf("namespace %q: max_payload_bytes %d is over the 16 MiB ceiling", ns.Name, ns.MaxPayloadBytes)
+	if ns.MaxPayloadBytes > MaxPayloadCeiling {
+		return fmt.Errorf("namespace %q: max_payload_bytes %d is over the %d (8 MiB) ceiling", ns.Name, ns.MaxPayloadBytes, MaxPayloadCeiling)
 	}
 	if d := time.Duration(ns.DefaultLeaseDuration); d < MinLeaseDuration || d > MaxLeaseDuration {
 		return fmt.Errorf("namespace %q: default_lease_duration must be within %s..%s", ns.Name, MinLeaseDuration, MaxLeaseDuration)

@@ -180,6 +180,9 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 		"--innodb-buffer-pool-size=256M",
 		"--innodb-log-file-size=256M",
 		"--max-connections=1000",
+		// One multi-row INSERT of an enqueue group carries up to 8 MiB of
+		// payloads plus one item of up to 8 MiB.
+		"--max-allowed-packet=64M",
 		"--skip-name-resolve",
 	}, cfg.ExtraArgs...)
 	if fi, err := os.Stat(s.errLog()); err == nil {

@@ -97,6 +97,7 @@ type Node struct {
 	deq    *dequeuer.Service
 	router *routing.Router
 	claim  *routing.NodeClaim
+	kv     jetstream.KeyValue
 	grpc   *grpc.Server
 	http   *http.Server
 	pprof  *http.Server
@@ -152,6 +153,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		return nil, fmt.Errorf("region %q is not in the shard map (regions: %v)", cfg.Region, m.Regions)
 	}
 	maps := shardmap.NewHolder(m)
+	n.kv = kv
 	var runCtx context.Context
 	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go shardmap.Watch(runCtx, kv, maps, logger)
@@ -230,7 +232,8 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Logger: n.log}
+	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Logger: n.log,
+		Publisher: kvPublisher{kv: n.kv, maps: maps}}
 	if n.deq != nil {
 		rc.Local = n.deq
 	}
@@ -312,3 +315,19 @@ func (n *Node) Stop() {
 
 // Done is closed once Stop has begun.
 func (n *Node) Done() <-chan struct{} { return n.done }
+
+// kvPublisher publishes shard maps to the KV bucket and installs them in
+// this node's holder at once, so the router that made a change serves it
+// on its next request; other nodes see it through their watch.
+type kvPublisher struct {
+	kv   jetstream.KeyValue
+	maps *shardmap.Holder
+}
+
+func (p kvPublisher) PublishMap(ctx context.Context, prev, next *shardmap.Map) error {
+	if err := shardmap.Publish(ctx, p.kv, prev, next); err != nil {
+		return err
+	}
+	p.maps.Offer(next)
+	return nil
+}

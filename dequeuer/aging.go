@@ -1,0 +1,154 @@
+package dequeuer
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+)
+
+// Aging moves items that have been ready longer than a topic's
+// aging_threshold up one priority level (priority - 1), and again after
+// each further threshold at the new level, down to priority 0: items at 0
+// or below are never aged. It is the anti-starvation rule of seeds 000 and
+// 002, next to the weighted policy.
+//
+// Each sweep is bounded: per (shard, topic, level) it reads at most
+// agingBatch index entries from a checkpoint in (deliver_after, id) order
+// and starts over from the front once it reached the end, so a large
+// backlog never causes an unbounded "deliver_after <= now" scan. The
+// update is optimistic: it applies only if the row still has the priority
+// and deliver_after it was read with, so a lease, ack or escalation in
+// between wins.
+const agingBatch = 500
+
+type agingCursor struct {
+	deliverAfter int64
+	id           uint64
+}
+
+type aging struct {
+	mu      sync.Mutex
+	cursors map[agingKey]agingCursor
+	lastRun map[[2]string]time.Time
+}
+
+type agingKey struct {
+	shard     uint32
+	ns, topic string
+	level     int32
+}
+
+func newAging() *aging {
+	return &aging{cursors: map[agingKey]agingCursor{}, lastRun: map[[2]string]time.Time{}}
+}
+
+// sweepAging runs the aging pass for every topic that has a threshold, on
+// every shard this dequeuer owns, each topic at most every threshold/4.
+func (s *Service) sweepAging(ctx context.Context) {
+	m := s.cfg.Maps.Current()
+	owned := s.owner.owned()
+	now := s.cfg.Now()
+	for _, ns := range m.Namespaces {
+		for topic, tc := range ns.Topics {
+			th := time.Duration(tc.AgingThreshold)
+			if th <= 0 {
+				continue
+			}
+			k := [2]string{ns.Name, topic}
+			s.aging.mu.Lock()
+			due := now.Sub(s.aging.lastRun[k]) >= th/4
+			if due {
+				s.aging.lastRun[k] = now
+			}
+			s.aging.mu.Unlock()
+			if !due {
+				continue
+			}
+			for _, shard := range owned {
+				db, _, err := s.cfg.Pool.Primary(m, shard)
+				if err != nil {
+					continue
+				}
+				n, err := s.ageTopic(ctx, db, shard, ns.Name, topic, now.Add(-th), now)
+				if err != nil {
+					s.log.Warn("aging sweep failed", "shard", shard, "topic", topic, "err", err)
+				}
+				if n > 0 {
+					s.Ready(&peerv1.ItemsReady{Namespace: ns.Name, Topic: topic, Shard: shard, MinPriority: math.MinInt32, Count: int32(n)})
+				}
+			}
+		}
+	}
+}
+
+// ageTopic promotes items of one topic on one shard and returns how many.
+func (s *Service) ageTopic(ctx context.Context, db *sqlx.DB, shard uint32, ns, topic string, cutoff, now time.Time) (int, error) {
+	cutoffUS, nowUS := cutoff.UnixMicro(), now.UnixMicro()
+	total := 0
+	level := int32(0) // levels above 0 only
+	for {
+		// Next priority level present: one index seek.
+		var next sql.NullInt32
+		if err := db.GetContext(ctx, &next, "SELECT MIN(priority) FROM items WHERE namespace = ? AND topic = ? AND priority > ?",
+			ns, topic, level); err != nil {
+			return total, fmt.Errorf("aging: %w", err)
+		}
+		if !next.Valid {
+			return total, nil
+		}
+		level = next.Int32
+		k := agingKey{shard, ns, topic, level}
+		s.aging.mu.Lock()
+		cur := s.aging.cursors[k]
+		s.aging.mu.Unlock()
+		var rows []struct {
+			ID           uint64        `db:"id"`
+			DeliverAfter int64         `db:"deliver_after"`
+			ChangedAt    sql.NullInt64 `db:"priority_changed_at"`
+		}
+		if err := db.SelectContext(ctx, &rows, `SELECT id, deliver_after, priority_changed_at FROM items FORCE INDEX (ready)
+			WHERE namespace = ? AND topic = ? AND priority = ? AND deliver_after <= ?
+			  AND (deliver_after > ? OR (deliver_after = ? AND id > ?))
+			ORDER BY deliver_after, id LIMIT ?`,
+			ns, topic, level, cutoffUS, cur.deliverAfter, cur.deliverAfter, cur.id, agingBatch); err != nil {
+			return total, fmt.Errorf("aging: %w", err)
+		}
+		var ids []uint64
+		for _, r := range rows {
+			// Waited a threshold at this level too, not just since enqueue.
+			if !r.ChangedAt.Valid || r.ChangedAt.Int64 <= cutoffUS {
+				ids = append(ids, r.ID)
+			}
+		}
+		s.aging.mu.Lock()
+		if len(rows) < agingBatch {
+			delete(s.aging.cursors, k) // reached the end: start over next time
+		} else {
+			last := rows[len(rows)-1]
+			s.aging.cursors[k] = agingCursor{last.DeliverAfter, last.ID}
+		}
+		s.aging.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		q, args, err := sqlx.In(`UPDATE items SET original_priority = COALESCE(original_priority, priority), priority = priority - 1,
+			priority_changed_by = 'aging', priority_changed_at = ?, updated_at = ?
+			WHERE id IN (?) AND priority = ? AND deliver_after <= ?`, nowUS, nowUS, ids, level, cutoffUS)
+		if err != nil {
+			return total, err
+		}
+		res, err := db.ExecContext(ctx, q, args...)
+		if err != nil {
+			return total, fmt.Errorf("aging: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += int(n)
+	}
+}
