@@ -35,7 +35,7 @@ down: ## Stop a bed started by make up (by the PIDs in .triage/bed.json).
 
 .PHONY: test
 test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e) with -race.
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
 
 .PHONY: test/e2e
 test/e2e: deps ## Run only the end-to-end tests against the built binary.

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -75,34 +76,19 @@ func (c *Client) Close() error {
 	return c.conn.Close()
 }
 
-// regionInterceptor fills an empty region with the default. It works on a
-// clone so the caller's request stays as it was, even if the caller sends it
-// again or from another goroutine.
+// regionInterceptor fills an empty region with the default, in every
+// request that has a region field. It works on a clone so the caller's
+// request stays as it was, even if the caller sends it again or from
+// another goroutine.
 func regionInterceptor(region string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		switch r := req.(type) {
-		case *triagev1.EnqueueRequest:
-			if r.GetRegion() == "" {
-				c := proto.CloneOf(r)
-				c.Region = region
-				req = c
-			}
-		case *triagev1.DequeueRequest:
-			if r.GetRegion() == "" {
-				c := proto.CloneOf(r)
-				c.Region = region
-				req = c
-			}
-		case *triagev1.GetTopicStatsRequest:
-			if r.GetRegion() == "" {
-				c := proto.CloneOf(r)
-				c.Region = region
-				req = c
-			}
-		case *triagev1.ListTopicsRequest:
-			if r.GetRegion() == "" {
-				c := proto.CloneOf(r)
-				c.Region = region
+		if r, ok := req.(interface {
+			proto.Message
+			GetRegion() string
+		}); ok && r.GetRegion() == "" {
+			c := proto.Clone(r)
+			if fd := c.ProtoReflect().Descriptor().Fields().ByName("region"); fd != nil && fd.Kind() == protoreflect.StringKind {
+				c.ProtoReflect().Set(fd, protoreflect.ValueOfString(region))
 				req = c
 			}
 		}
@@ -155,11 +141,12 @@ func (c *Client) Ack(ctx context.Context, namespace string, items ...*triagev1.L
 	return resp.GetResults(), nil
 }
 
-// Nack returns a leased item to its topic after delay, recording errMsg as
-// its last error. A refused item (stale token, gone) is an *ItemError.
+// Nack returns a leased item to its topic after delay (0: at once; below
+// 0: the server's exponential backoff), recording errMsg as its last
+// error. A refused item (stale token, gone) is an *ItemError.
 func (c *Client) Nack(ctx context.Context, namespace string, item *triagev1.LeasedItem, delay time.Duration, errMsg string) error {
 	n := &triagev1.NackItem{Id: item.GetId(), LeaseToken: item.GetLeaseToken(), Error: errMsg}
-	if delay != 0 {
+	if delay >= 0 {
 		n.Delay = durationpb.New(delay)
 	}
 	resp, err := c.Queue.Nack(ctx, &triagev1.NackRequest{Namespace: namespace, Nacks: []*triagev1.NackItem{n}})

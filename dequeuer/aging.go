@@ -72,7 +72,7 @@ func (s *Service) sweepAging(ctx context.Context) {
 				continue
 			}
 			for _, shard := range owned {
-				db, _, err := s.cfg.Pool.Primary(m, shard)
+				db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
 				if err != nil {
 					continue
 				}

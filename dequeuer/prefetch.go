@@ -240,8 +240,7 @@ func dropLapsed(q *shardQueue, now time.Time, dropped []bufItem) []bufItem {
 // fails is treated as empty until the next recheck, so one shard down does
 // not stop dequeues from the others; fetch fails only when every shard did.
 func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size int) error {
-	m := s.cfg.Maps.Current()
-	pol := s.policy(m, b.ns, b.topic)
+	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
 	errs := make([]error, len(shards))
@@ -250,7 +249,7 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			db, _, err := s.cfg.Pool.Primary(m, id)
+			db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
 			if err != nil {
 				errs[i] = err
 				return

@@ -94,6 +94,9 @@ func (s *Service) ID() string { return s.cfg.ID }
 // RequestSubject is where dequeuer id takes ShardDequeue requests.
 func RequestSubject(id string) string { return "triage.dq." + id }
 
+// UnbufferSubject is where dequeuer id takes Unbuffer requests.
+func UnbufferSubject(id string) string { return "triage.dqu." + id }
+
 // Start claims shards and begins serving.
 func (s *Service) Start(ctx context.Context) error {
 	kv, err := OpenOwners(ctx, s.cfg.JS, s.cfg.OwnerTTL)
@@ -108,7 +111,7 @@ func (s *Service) Start(ctx context.Context) error {
 	// then forwards a dequeue is seen in that order, so the dequeue finds
 	// the buffer already marked for a refill.
 	inbox := make(chan *nats.Msg, 4096)
-	for _, subj := range []string{RequestSubject(s.cfg.ID), enqueuer.ReadySubject("*")} {
+	for _, subj := range []string{RequestSubject(s.cfg.ID), UnbufferSubject(s.cfg.ID), enqueuer.ReadySubject("*")} {
 		sub, err := s.cfg.NC.ChanSubscribe(subj, inbox)
 		if err != nil {
 			return err
@@ -123,9 +126,12 @@ func (s *Service) Start(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case m := <-inbox:
-				if m.Subject == RequestSubject(s.cfg.ID) {
+				switch m.Subject {
+				case RequestSubject(s.cfg.ID):
 					go s.handleRequest(m)
-				} else {
+				case UnbufferSubject(s.cfg.ID):
+					go s.handleUnbuffer(m)
+				default:
 					s.handleReady(m)
 				}
 			}
@@ -309,25 +315,29 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 	}
 }
 
+// park waits until one of waits is woken, d passes or ctx ends. Only park
+// itself reads the timer: a helper that took its one tick would leave park
+// blocked until ctx ended, long past the request's wait.
 func (s *Service) park(ctx context.Context, waits []chan struct{}, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	cases := make(chan struct{}, 1)
+	woken := make(chan struct{}, 1)
+	done := make(chan struct{})
+	defer close(done) // releases the helpers
 	for _, w := range waits {
 		go func() {
 			select {
 			case <-w:
 				select {
-				case cases <- struct{}{}:
+				case woken <- struct{}{}:
 				default:
 				}
-			case <-t.C:
-			case <-ctx.Done():
+			case <-done:
 			}
 		}()
 	}
 	select {
-	case <-cases:
+	case <-woken:
 	case <-t.C:
 	case <-ctx.Done():
 	}
@@ -363,11 +373,10 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 	if len(groups) == 0 {
 		return items, nil
 	}
-	m := s.cfg.Maps.Current()
 	lost := map[uint64]bool{}
 	newUntil := map[uint64]int64{}
 	for g, ids := range groups {
-		db, _, err := s.cfg.Pool.Primary(m, g.shard)
+		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
 		if err != nil {
 			return nil, err
 		}
@@ -451,6 +460,12 @@ func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
 }
 
 func (s *Service) releaseItems(ctx context.Context, items []bufItem) {
+	if err := s.releaseItemsErr(ctx, items); err != nil {
+		s.log.Warn("release of prefetched items failed; they return when their lease lapses", "err", err)
+	}
+}
+
+func (s *Service) releaseItemsErr(ctx context.Context, items []bufItem) error {
 	type group struct {
 		shard uint32
 		token uint64
@@ -460,17 +475,72 @@ func (s *Service) releaseItems(ctx context.Context, items []bufItem) {
 		g := group{it.shard, it.token}
 		groups[g] = append(groups[g], it.Row)
 	}
-	m := s.cfg.Maps.Current()
 	now := s.cfg.Now().UnixMicro()
+	var errs []error
 	for g, rows := range groups {
-		db, _, err := s.cfg.Pool.Primary(m, g.shard)
+		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
 		if err == nil {
 			err = release(ctx, db, rows, g.token, now)
 		}
 		if err != nil {
-			s.log.Warn("release of prefetched items failed; they return when their lease lapses", "shard", g.shard, "err", err)
+			errs = append(errs, fmt.Errorf("shard %d: %w", g.shard, err))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+func (s *Service) handleUnbuffer(m *nats.Msg) {
+	var req peerv1.Unbuffer
+	resp := &peerv1.UnbufferResponse{}
+	if err := proto.Unmarshal(m.Data, &req); err != nil {
+		resp.Error = "malformed Unbuffer"
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.Unbuffer(ctx, req.Namespace, req.Shard, req.Keys); err != nil {
+			resp.Error = err.Error()
+		}
+		cancel()
+	}
+	data, _ := proto.Marshal(resp)
+	_ = m.Respond(data)
+}
+
+// Unbuffer takes keys of a shard out of the namespace's prefetch buffers
+// and hands their prefetch leases back, so a router can update or delete
+// them without a stale copy being served. Keys not buffered are ignored.
+func (s *Service) Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error {
+	want := make(map[uint64]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
+	s.mu.Lock()
+	var bufs []*topicBuf
+	for k, b := range s.topics {
+		if k.ns == ns {
+			bufs = append(bufs, b)
+		}
+	}
+	s.mu.Unlock()
+	var taken []bufItem
+	for _, b := range bufs {
+		b.mu.Lock()
+		if q := b.queues[shard]; q != nil {
+			kept := q.items[:0]
+			for _, it := range q.items {
+				if want[it.ID] {
+					taken = append(taken, it)
+				} else {
+					kept = append(kept, it)
+				}
+			}
+			// Not marked dirty: the router announces the item once its
+			// update is committed, and a refill before that could buffer
+			// the old version again.
+			q.items = kept
+		}
+		b.mu.Unlock()
+	}
+	return s.releaseItemsErr(ctx, taken)
 }
 
 // dropShard forgets the buffered items of a shard this dequeuer lost, and
@@ -495,9 +565,8 @@ func (s *Service) dropShard(ctx context.Context, shard uint32) {
 }
 
 func (s *Service) sweepTTL(ctx context.Context) {
-	m := s.cfg.Maps.Current()
 	for _, id := range s.owner.owned() {
-		db, _, err := s.cfg.Pool.Primary(m, id)
+		db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
 		if err != nil {
 			continue
 		}

@@ -263,7 +263,7 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	if len(batches) == 0 {
 		return nil
 	}
-	db, _, err := cfg.Pool.Primary(cfg.Maps.Current(), w.shard)
+	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
 		return err
 	}
@@ -272,6 +272,12 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 		return w.isolate(ctx, kept)
 	}
 	if err != nil {
+		return err
+	}
+	if err := cfg.Maps.Writable(w.shard); err != nil {
+		// The commit may have landed on a primary that was deposed while
+		// we waited: do not ack; the batch is redelivered and inserted on
+		// the new primary (idempotently, should it have replicated).
 		return err
 	}
 	for _, m := range kept {
@@ -338,7 +344,7 @@ func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
 	if err := proto.Unmarshal(msgs[0].Data(), env); err != nil {
 		return msgs[0].Term()
 	}
-	db, _, err := cfg.Pool.Primary(cfg.Maps.Current(), w.shard)
+	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
 		return err
 	}

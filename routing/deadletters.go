@@ -71,14 +71,21 @@ func (r *Router) topicShards(m *shardmap.Map, ns, topic, reqRegion string) ([]ui
 	return m.ShardsFor(ns, region)
 }
 
-// eachShard runs fn on every shard's primary concurrently.
-func (r *Router) eachShard(ctx context.Context, m *shardmap.Map, shards []uint32, fn func(ctx context.Context, shard uint32, db *sqlx.DB) error) error {
+// eachShard runs fn on every shard's primary concurrently; for writes only
+// on shards that may be written now.
+func (r *Router) eachShard(ctx context.Context, m *shardmap.Map, shards []uint32, write bool, fn func(ctx context.Context, shard uint32, db *sqlx.DB) error) error {
 	groups := make(map[uint32][]int, len(shards))
 	for i, id := range shards {
 		groups[id] = []int{i}
 	}
 	return r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, _ []int) error {
-		db, _, err := r.cfg.Pool.Primary(m, shard)
+		var db *sqlx.DB
+		var err error
+		if write {
+			db, err = r.cfg.Pool.Writer(r.cfg.Maps, shard)
+		} else {
+			db, _, err = r.cfg.Pool.Primary(m, shard)
+		}
 		if err != nil {
 			return err
 		}
@@ -105,7 +112,7 @@ func (r *Router) ListDeadLetters(ctx context.Context, req *triagev1.ListDeadLett
 	}
 	var mu sync.Mutex
 	var all []deadRow
-	err = r.eachShard(ctx, m, shards, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
+	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
 		var rows []deadRow
 		// The topic_died index serves this range in order.
 		if err := db.SelectContext(ctx, &rows, `SELECT id, topic, priority, enqueued_at, attempts, payload, metadata, last_error, died_at
@@ -179,7 +186,7 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	var total int64
 	var mu sync.Mutex
 	now := r.cfg.Now().UnixMicro()
-	err = r.eachShard(ctx, m, shards, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
+	err = r.eachShard(ctx, m, shards, true, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
 		n, err := redriveShard(ctx, db, req.Namespace, req.Topic, byShard[shard], now)
 		mu.Lock()
 		total += n

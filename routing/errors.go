@@ -63,7 +63,7 @@ func toStatus(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, ErrUnavailable), errors.Is(err, shardmap.ErrNoShards), errors.Is(err, nats.ErrNoResponders),
 		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, dequeuer.ErrNotOwner), isMySQLDown(err):
+		errors.Is(err, dequeuer.ErrNotOwner), errors.Is(err, shardmap.ErrNotWritable), isMySQLDown(err):
 		code = codes.Unavailable
 	}
 	return status.Error(code, err.Error())

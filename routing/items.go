@@ -24,13 +24,19 @@ import (
 // MarshalMetadata stores metadata as a JSON object of strings.
 func MarshalMetadata(m map[string]string) ([]byte, error) { return json.Marshal(m) }
 
-func (r *Router) itemShard(m *shardmap.Map, s string) (itemid.ID, *sqlx.DB, error) {
+// itemShard parses an item ID and returns its shard's primary; for a
+// write, only when the shard may be written now.
+func (r *Router) itemShard(m *shardmap.Map, s string, write bool) (itemid.ID, *sqlx.DB, error) {
 	id, err := itemid.Parse(s)
 	if err != nil {
 		return id, nil, err
 	}
 	if _, ok := m.Shard(id.Shard); !ok {
 		return id, nil, fmt.Errorf("%w %q: shard %d does not exist", itemid.ErrInvalid, s, id.Shard)
+	}
+	if write {
+		db, err := r.cfg.Pool.Writer(r.cfg.Maps, id.Shard)
+		return id, db, err
 	}
 	db, _, err := r.cfg.Pool.Primary(m, id.Shard)
 	return id, db, err
@@ -125,7 +131,7 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 	if _, err := m.Namespace(req.Namespace); err != nil {
 		return nil, toStatus(err)
 	}
-	id, db, err := r.itemShard(m, req.Id)
+	id, db, err := r.itemShard(m, req.Id, false)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -155,8 +161,11 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if err := checkMetadata(req.Metadata); err != nil {
 		return nil, toStatus(err)
 	}
-	id, db, err := r.itemShard(m, req.Id)
+	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
 		return nil, toStatus(err)
 	}
 	tx, err := db.BeginTxx(ctx, nil)
@@ -214,8 +223,11 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 	if _, err := m.Namespace(req.Namespace); err != nil {
 		return nil, toStatus(err)
 	}
-	id, db, err := r.itemShard(m, req.Id)
+	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
 		return nil, toStatus(err)
 	}
 	res, err := db.ExecContext(ctx, "DELETE FROM items WHERE id = ? AND namespace = ?", id.Key, req.Namespace)
@@ -405,7 +417,7 @@ func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*tr
 func (r *Router) countItems(ctx context.Context, m *shardmap.Map, ns string, shards []uint32) (int64, error) {
 	var mu sync.Mutex
 	var total int64
-	err := r.eachShard(ctx, m, shards, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
+	err := r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		var n int64
 		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM items WHERE namespace = ?", ns); err != nil {
 			return err

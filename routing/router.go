@@ -34,6 +34,7 @@ type LocalDequeuer interface {
 	ID() string
 	Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error)
 	Ready(*peerv1.ItemsReady)
+	Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error
 }
 
 // Config configures a router.
@@ -439,6 +440,41 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 	return resp.Items, nil
 }
 
+// unbuffer asks the dequeuer that owns an item's shard to drop the item
+// from its prefetch buffers (handing the prefetch lease back) before the
+// router updates or deletes it; a buffered copy would be served stale.
+// No owner, or an owner that is gone, holds no buffer.
+func (r *Router) unbuffer(ctx context.Context, ns string, id itemid.ID) error {
+	owner, ok := r.cfg.Owners.Owner(id.Shard)
+	if !ok {
+		return nil
+	}
+	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
+		return r.cfg.Local.Unbuffer(ctx, ns, id.Shard, []uint64{id.Key})
+	}
+	data, err := proto.Marshal(&peerv1.Unbuffer{Namespace: ns, Shard: id.Shard, Keys: []uint64{id.Key}})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	msg, err := r.cfg.NC.RequestWithContext(rctx, dequeuer.UnbufferSubject(owner), data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil
+	}
+	if err != nil {
+		return errorf(ErrUnavailable, "dequeuer %s: %v", owner, err)
+	}
+	var resp peerv1.UnbufferResponse
+	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
+		return err
+	}
+	if resp.Error != "" {
+		return errorf(ErrUnavailable, "dequeuer %s: %s", owner, resp.Error)
+	}
+	return nil
+}
+
 // byShard groups request positions by the shard their ID names, after
 // checking every ID parses and names a shard of the map. Nothing is done
 // when any ID is bad.
@@ -511,7 +547,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	}
 	errs := make([]error, len(ids))
 	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
-		db, _, err := r.cfg.Pool.Primary(m, shard)
+		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
 		if err != nil {
 			return err
 		}
@@ -576,7 +612,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	}
 	errs := make([]error, len(ids))
 	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
-		db, _, err := r.cfg.Pool.Primary(m, shard)
+		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
 		if err != nil {
 			return err
 		}
@@ -605,7 +641,7 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 	if _, err := m.Namespace(req.Namespace); err != nil {
 		return nil, toStatus(err)
 	}
-	id, db, err := r.itemShard(m, req.Id)
+	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -91,8 +91,12 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) e
 
 // Watch feeds every newer map stored in kv to h until ctx ends. It
 // re-establishes the watch after NATS errors; meanwhile h keeps its last
-// good snapshot.
-func Watch(ctx context.Context, kv jetstream.KeyValue, h *Holder, logger *slog.Logger) {
+// good snapshot. Every second it also reads the stored map from the
+// bucket's stream leader, and marks h fresh when that works: the watch
+// alone cannot tell a quiet store from a lost one, and a follower cut off
+// from the leader would answer a direct get from stale state.
+func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h *Holder, logger *slog.Logger) {
+	go confirm(ctx, js, h)
 	for ctx.Err() == nil {
 		w, err := kv.Watch(ctx, Key)
 		if err != nil {
@@ -124,5 +128,37 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+func confirm(ctx context.Context, js jetstream.JetStream, h *Holder) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var stream jetstream.Stream
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		var err error
+		if stream == nil {
+			stream, err = js.Stream(rctx, "KV_"+Bucket)
+		}
+		var msg *jetstream.RawStreamMsg
+		if err == nil {
+			msg, err = stream.GetLastMsgForSubject(rctx, "$KV."+Bucket+"."+Key)
+		}
+		cancel()
+		if err != nil {
+			continue
+		}
+		if m, err := Parse(msg.Data); err == nil {
+			h.Offer(m)
+			if m.Version <= h.Current().Version {
+				h.Touch()
+			}
+		}
 	}
 }

@@ -15,6 +15,10 @@ type Credentials struct {
 	Password string `json:"password,omitempty"`
 	// MaxOpenConns per shard primary. Default 64.
 	MaxOpenConns int `json:"max_open_conns,omitempty"`
+	// DialVia maps a server's address as the shard map names it to the
+	// address this process must dial instead (a local proxy in front of a
+	// remote region, as the local bed sets up to inject WAN latency).
+	DialVia map[string]string `json:"dial_via,omitempty"`
 }
 
 // Pool keeps one connection pool per shard primary. When the map moves a
@@ -43,7 +47,7 @@ func (p *Pool) DSN(s Shard) string {
 	c.User = p.cred.User
 	c.Passwd = p.cred.Password
 	c.Net = "tcp"
-	c.Addr = s.Primary
+	c.Addr = p.Addr(s.Primary)
 	c.DBName = s.Database
 	c.InterpolateParams = true
 	c.MultiStatements = true
@@ -55,6 +59,14 @@ func (p *Pool) DSN(s Shard) string {
 	return c.FormatDSN()
 }
 
+// Addr returns the address to dial for addr (see DialVia).
+func (p *Pool) Addr(addr string) string {
+	if via, ok := p.cred.DialVia[addr]; ok {
+		return via
+	}
+	return addr
+}
+
 // Primary returns the pool for shard id's current primary in m.
 func (p *Pool) Primary(m *Map, id uint32) (*sqlx.DB, Shard, error) {
 	s, ok := m.Shard(id)
@@ -63,6 +75,17 @@ func (p *Pool) Primary(m *Map, id uint32) (*sqlx.DB, Shard, error) {
 	}
 	db, err := p.open(p.DSN(s))
 	return db, s, err
+}
+
+// Writer returns the pool for shard id's current primary after checking
+// that the shard may be written now (Source.Writable): every write path
+// goes through it, so a fenced or possibly deposed primary gets no writes.
+func (p *Pool) Writer(src Source, id uint32) (*sqlx.DB, error) {
+	if err := src.Writable(id); err != nil {
+		return nil, err
+	}
+	db, _, err := p.Primary(src.Current(), id)
+	return db, err
 }
 
 func (p *Pool) open(dsn string) (*sqlx.DB, error) {

@@ -66,6 +66,9 @@ type Shard struct {
 	// Epoch rises with every failover; writers check it to fence a deposed
 	// primary.
 	Epoch uint64 `json:"epoch"`
+	// Fenced is set while a failover is under way: no process writes to
+	// the shard until a map with a new primary is published.
+	Fenced bool `json:"fenced,omitempty"`
 }
 
 // Namespace is a tenant: its shards and its limits.

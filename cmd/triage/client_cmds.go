@@ -59,8 +59,12 @@ type clientRun func(ctx context.Context, e *clientEnv, args []string) error
 // clientEnv is what every verb gets: the connection, the common flags and
 // the streams.
 type clientEnv struct {
-	c       *client.Client
-	ns      string
+	c  *client.Client
+	ns string
+	// region is --region. The client fills it into the requests its
+	// interceptor knows; verbs whose requests it does not know set it
+	// themselves.
+	region  string
 	json    bool
 	timeout time.Duration
 	stdin   io.Reader
@@ -84,6 +88,8 @@ func usagef(format string, a ...any) error { return usageError(fmt.Sprintf(forma
 // reported, so only the exit code is left to set.
 var errItemsFailed = errors.New("some items failed")
 
+// clientVerbs holds the client verbs by name. A name with a space is a
+// sub-verb ("namespace get"): "triage namespace" alone lists its group.
 var clientVerbs = map[string]clientVerb{
 	"enqueue": {
 		args:    "TOPIC [PAYLOAD...]",
@@ -92,7 +98,7 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"dequeue": {
 		args:    "TOPIC",
-		summary: "Lease up to --count ready items, most urgent first. Payloads print as text when\nvalid UTF-8 (Go-quoted if they hold control characters), else as base64:...",
+		summary: "Lease up to --count ready items, most urgent first, optionally only those within\n--min-priority..--max-priority. Payloads print as text when valid UTF-8 (Go-quoted\nif they hold control characters), else as base64:...",
 		setup:   dequeueCmd,
 	},
 	"ack": {
@@ -102,7 +108,7 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"nack": {
 		args:    "ID:TOKEN...",
-		summary: "Return leased items to their topic after --delay. Exit code 1 if any item was refused.",
+		summary: "Return leased items to their topic after --delay, or without --delay after the server's\nexponential backoff (1s * 2^(attempts-1), at most 15m, with jitter).\nExit code 1 if any item was refused.",
 		setup:   nackCmd,
 	},
 	"extend": {
@@ -112,12 +118,12 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"get": {
 		args:    "ID",
-		summary: "Show one item, leased or not.",
+		summary: "Show one item, leased or not. Once its priority changed, it shows the original and who changed it when.",
 		setup:   getCmd,
 	},
 	"update": {
 		args:    "ID",
-		summary: "Change an item's priority, deliver_after or metadata; an empty --meta value deletes the key.",
+		summary: "Change an item's priority, deliver_after or metadata; an empty --meta value deletes the key.\n--by names who asks, recorded with a priority change (the server's default: \"api\").",
 		setup:   updateCmd,
 	},
 	"delete": {
@@ -127,7 +133,7 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"stats": {
 		args:    "TOPIC",
-		summary: "Show a topic's depth across the region's shards.",
+		summary: "Show a topic's depth and dead letters across the region's shards.",
 		setup:   statsCmd,
 	},
 	"topics": {
@@ -138,27 +144,43 @@ var clientVerbs = map[string]clientVerb{
 		summary: "Show the shard map the router serves from.",
 		setup:   shardmapCmd,
 	},
+	"deadletters": {
+		args:    "TOPIC",
+		summary: "List a topic's dead letters, oldest first: one page of --page-size, or every page with --all.\nPayloads print as dequeue prints them.",
+		setup:   deadLettersCmd,
+	},
+	"redrive": {
+		args:    "TOPIC [ID...]",
+		summary: "Move dead letters back to their topic, ready now, attempts reset: the listed IDs, or all\nof the topic's when none is given. Prints \"redriven: N\". Exit code 1 if fewer IDs than\nlisted were redriven (not dead letters of TOPIC, or a live item holds their dedup key).",
+		setup:   redriveCmd,
+	},
+	"namespace get": {
+		args:    "NAME",
+		summary: "Show a namespace's configuration.",
+		setup:   namespaceGetCmd,
+	},
+	"namespace put": {
+		args:    "NAME",
+		summary: namespacePutSummary,
+		setup:   namespacePutCmd,
+	},
 }
 
 // runClient is runClientCommand with stdin injectable for tests.
 func runClient(ctx context.Context, verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) (bool, int) {
 	v, ok := clientVerbs[verb]
 	if !ok {
-		return false, 0
+		subs := subVerbs(verb)
+		if len(subs) == 0 {
+			return false, 0
+		}
+		sub, rest := splitSubVerb(verb, subs, args)
+		if !slices.Contains(subs, sub) {
+			return true, groupUsage(verb, subs, sub, args, stderr)
+		}
+		verb, args, v = verb+" "+sub, rest, clientVerbs[verb+" "+sub]
 	}
-	fs := flag.NewFlagSet("triage "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: %s\n\n%s\n\nflags:\n", strings.TrimSpace("triage "+verb+" [flags] "+v.args), v.summary)
-		fs.PrintDefaults()
-	}
-	addr := fs.String("addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
-	ns := fs.String("namespace", "default", "namespace")
-	fs.StringVar(ns, "n", "default", "shorthand for --namespace")
-	region := fs.String("region", "", "region for enqueue, dequeue, stats and topics (default: the router's own)")
-	asJSON := fs.Bool("json", false, "print the response as one protojson document")
-	timeout := fs.Duration("timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
-	run := v.setup(fs)
+	fs, common, run := newVerbFlags(verb, v, stderr)
 
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -167,19 +189,22 @@ func runClient(ctx context.Context, verb string, args []string, stdin io.Reader,
 	if err != nil {
 		return true, 2 // the flag package has printed the error and usage
 	}
-	if *timeout <= 0 {
+	if *common.timeout <= 0 {
 		fmt.Fprintf(stderr, "triage %s: --timeout must be positive\n", verb)
 		fs.Usage()
 		return true, 2
 	}
-	c, err := client.Dial(ctx, *addr, client.WithRegion(*region))
+	c, err := client.Dial(ctx, *common.addr, client.WithRegion(*common.region))
 	if err != nil {
 		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
 		return true, 1
 	}
 	defer c.Close()
 
-	err = run(ctx, &clientEnv{c: c, ns: *ns, json: *asJSON, timeout: *timeout, stdin: stdin, stdout: stdout, stderr: stderr}, pos)
+	err = run(ctx, &clientEnv{
+		c: c, ns: *common.ns, region: *common.region, json: *common.json, timeout: *common.timeout,
+		stdin: stdin, stdout: stdout, stderr: stderr,
+	}, pos)
 	var ue usageError
 	switch {
 	case err == nil:
@@ -194,6 +219,109 @@ func runClient(ctx context.Context, verb string, args []string, stdin io.Reader,
 		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
 		return true, 1
 	}
+}
+
+// commonFlags are the flags every verb has.
+type commonFlags struct {
+	addr, ns, region *string
+	json             *bool
+	timeout          *time.Duration
+}
+
+// newVerbFlags returns verb's flag set, with the common flags and the
+// verb's own, and the function that runs the verb once it is parsed.
+func newVerbFlags(verb string, v clientVerb, stderr io.Writer) (*flag.FlagSet, commonFlags, clientRun) {
+	fs := flag.NewFlagSet("triage "+verb, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s\n\n%s\n\nflags:\n", strings.TrimSpace("triage "+verb+" [flags] "+v.args), v.summary)
+		fs.PrintDefaults()
+	}
+	var c commonFlags
+	c.addr = fs.String("addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
+	c.ns = fs.String("namespace", "default", "namespace")
+	fs.StringVar(c.ns, "n", "default", "shorthand for --namespace")
+	c.region = fs.String("region", "", "region for enqueue, dequeue, stats, topics, deadletters and redrive (default: the router's own)")
+	c.json = fs.Bool("json", false, "print the response as one protojson document")
+	c.timeout = fs.Duration("timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
+	return fs, c, v.setup(fs)
+}
+
+// splitSubVerb finds a group's sub-verb, the first positional argument,
+// so flags may come before it ("namespace --addr host:9090 get shop"), and
+// returns the arguments without it. A flag that takes a value skips the
+// next argument when the group's verbs know it; "" when there is no
+// positional argument.
+func splitSubVerb(group string, subs, args []string) (string, []string) {
+	takesValue := func(name string) bool {
+		for _, sub := range subs {
+			fs, _, _ := newVerbFlags(group+" "+sub, clientVerbs[group+" "+sub], io.Discard)
+			if f := fs.Lookup(name); f != nil {
+				b, ok := f.Value.(interface{ IsBoolFlag() bool })
+				return !ok || !b.IsBoolFlag()
+			}
+		}
+		return false
+	}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if len(a) > 1 && a[0] == '-' {
+			if name := strings.TrimLeft(a, "-"); !strings.Contains(name, "=") && takesValue(name) {
+				i++
+			}
+			continue
+		}
+		return a, slices.Concat(args[:i], args[i+1:])
+	}
+	return "", args
+}
+
+// subVerbs returns the sub-verbs of group ("get", "put" for "namespace"),
+// sorted; none when group is no group.
+func subVerbs(group string) []string {
+	var subs []string
+	for name := range clientVerbs {
+		if g, sub, ok := strings.Cut(name, " "); ok && g == group {
+			subs = append(subs, sub)
+		}
+	}
+	slices.Sort(subs)
+	return subs
+}
+
+// groupUsage prints a group's sub-verbs for "triage namespace" without a
+// known sub-verb and returns the exit code: 0 when help was asked for.
+func groupUsage(group string, subs []string, sub string, args []string, stderr io.Writer) int {
+	code := 2
+	switch {
+	case sub == "help" || slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }):
+		code = 0
+	case sub == "":
+		fmt.Fprintf(stderr, "triage %s: missing command\n", group)
+	default:
+		fmt.Fprintf(stderr, "triage %s: unknown command %q\n", group, sub)
+	}
+	fmt.Fprintf(stderr, "usage: triage %s %s ...\n\n", group, strings.Join(subs, "|"))
+	tw := newTable(stderr)
+	for _, sub := range subs {
+		v := clientVerbs[group+" "+sub]
+		first, _, _ := strings.Cut(v.summary, "\n")
+		fmt.Fprintf(tw, "  triage %s %s %s\t%s\n", group, sub, v.args, first)
+	}
+	tw.Flush()
+	fmt.Fprintf(stderr, "\nRun \"triage %s COMMAND -h\" for a command's flags.\n", group)
+	return code
+}
+
+// flagsSet returns the names of the flags the command line gave, so a verb
+// can tell "--priority 0" from no --priority.
+func flagsSet(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
 }
 
 func defaultAddr(getenv func(string) string) string {
@@ -401,6 +529,8 @@ func dequeueCmd(fs *flag.FlagSet) clientRun {
 	lease := fs.Duration("lease", 0, "lease for every item returned (default: each item's own)")
 	wait := fs.Duration("wait", 0, "long poll: wait up to this long for at least one item")
 	ack := fs.Bool("ack", false, "ack the items right after printing them")
+	minPrio := fs.Int("min-priority", 0, "lease only items whose priority is >= this (default: no bound)")
+	maxPrio := fs.Int("max-priority", 0, "lease only items whose priority is <= this, the most urgent band (default: no bound)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if err := wantArgs(args, "TOPIC"); err != nil {
 			return err
@@ -408,12 +538,43 @@ func dequeueCmd(fs *flag.FlagSet) clientRun {
 		if *count < 1 || *count > math.MaxInt32 {
 			return usagef("--count must be at least 1")
 		}
+		req := &triagev1.DequeueRequest{
+			Namespace: e.ns,
+			Topics:    []*triagev1.TopicCount{{Topic: args[0], Count: int32(*count)}},
+		}
+		if *lease != 0 {
+			req.LeaseDuration = durationpb.New(*lease)
+		}
+		if *wait != 0 {
+			req.Wait = durationpb.New(*wait)
+		}
+		// 0 is a priority like any other, so a bound is sent when its flag
+		// is given, whatever its value.
+		set := flagsSet(fs)
+		if set["min-priority"] {
+			p, err := checkInt32("min-priority", *minPrio)
+			if err != nil {
+				return err
+			}
+			req.MinPriority = &p
+		}
+		if set["max-priority"] {
+			p, err := checkInt32("max-priority", *maxPrio)
+			if err != nil {
+				return err
+			}
+			req.MaxPriority = &p
+		}
+		if req.MinPriority != nil && req.MaxPriority != nil && *req.MinPriority > *req.MaxPriority {
+			return usagef("--min-priority %d is above --max-priority %d", *req.MinPriority, *req.MaxPriority)
+		}
 		rctx, cancel := e.rpc(ctx, *wait)
 		defer cancel()
-		items, err := e.c.Dequeue(rctx, e.ns, args[0], *count, *lease, *wait)
+		resp, err := e.c.Queue.Dequeue(rctx, req)
 		if err != nil {
 			return err
 		}
+		items := resp.GetItems()
 		if e.json {
 			if err := printJSON(e.stdout, &triagev1.DequeueResponse{Items: items}); err != nil {
 				return err
@@ -527,7 +688,7 @@ func ackCmd(_ *flag.FlagSet) clientRun {
 }
 
 func nackCmd(fs *flag.FlagSet) clientRun {
-	delay := fs.Duration("delay", 0, "redeliver after this delay (default: now)")
+	delay := fs.Duration("delay", 0, "redeliver after this delay; 0s for at once (default: the server's exponential backoff)")
 	errMsg := fs.String("error", "", "last error, kept on the item")
 	meta := metaFlag{}
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
@@ -535,6 +696,9 @@ func nackCmd(fs *flag.FlagSet) clientRun {
 		if len(args) == 0 {
 			return usagef("missing ID:TOKEN")
 		}
+		// Without --delay the field stays unset and the server backs off
+		// exponentially; "--delay 0s" is sent and means at once.
+		delaySet := flagsSet(fs)["delay"]
 		req := &triagev1.NackRequest{Namespace: e.ns}
 		ids := make([]string, len(args))
 		for i, a := range args {
@@ -544,7 +708,7 @@ func nackCmd(fs *flag.FlagSet) clientRun {
 			}
 			ids[i] = id
 			n := &triagev1.NackItem{Id: id, LeaseToken: tok, Error: *errMsg}
-			if *delay != 0 {
+			if delaySet {
 				n.Delay = durationpb.New(*delay)
 			}
 			if len(meta) > 0 {
@@ -620,13 +784,13 @@ func updateCmd(fs *flag.FlagSet) clientRun {
 	delay := fs.Duration("delay", 0, "not delivered before this long from now (instead of --deliver-after)")
 	meta := metaFlag{}
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
+	by := fs.String("by", "", "who asks for the change, recorded with a priority change (default: the server's, \"api\")")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if err := wantArgs(args, "ID"); err != nil {
 			return err
 		}
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		req := &triagev1.UpdateItemRequest{Namespace: e.ns, Id: args[0]}
+		set := flagsSet(fs)
+		req := &triagev1.UpdateItemRequest{Namespace: e.ns, Id: args[0], UpdatedBy: *by}
 		if set["priority"] {
 			p, err := checkInt32("priority", *priority)
 			if err != nil {
@@ -702,6 +866,7 @@ func statsCmd(_ *flag.FlagSet) clientRun {
 		fmt.Fprintf(tw, "leased\t%d\n", st.GetLeased())
 		fmt.Fprintf(tw, "delayed\t%d\n", st.GetDelayed())
 		fmt.Fprintf(tw, "total\t%d\n", st.GetTotal())
+		fmt.Fprintf(tw, "dead letters\t%d\n", st.GetDeadLetters())
 		fmt.Fprintf(tw, "oldest ready age\t%s\n", formatDuration(st.GetOldestReadyAge()))
 		if len(st.GetReadyByPriority()) > 0 {
 			fmt.Fprintln(tw, "\nPRIORITY\tREADY")
@@ -805,6 +970,13 @@ func printItem(e *clientEnv, it *triagev1.Item) error {
 	row("region", orDash(it.GetRegion()))
 	row("state", it.GetState().String())
 	row("priority", strconv.Itoa(int(it.GetPriority())))
+	// The server fills original_priority on every item, but it only says
+	// something once the priority changed, which the who and when mark.
+	if it.GetPriorityChangedBy() != "" || it.GetPriorityChangedAt() != nil {
+		row("original priority", strconv.Itoa(int(it.GetOriginalPriority())))
+		row("priority changed by", orDash(it.GetPriorityChangedBy()))
+		row("priority changed at", formatTime(it.GetPriorityChangedAt()))
+	}
 	row("attempts", strconv.Itoa(int(it.GetAttempts())))
 	row("enqueued at", formatTime(it.GetEnqueuedAt()))
 	row("deliver after", formatTime(it.GetDeliverAfter()))
@@ -856,8 +1028,13 @@ func payloadText(p []byte) string {
 	if !utf8.Valid(p) {
 		return "base64:" + base64.StdEncoding.EncodeToString(p)
 	}
-	s := string(p)
-	if strings.ContainsFunc(s, unicode.IsControl) {
+	return cellText(string(p))
+}
+
+// cellText keeps a string on one table cell: Go-quoted when it holds
+// control characters (or is not UTF-8), as it is otherwise.
+func cellText(s string) string {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) {
 		return strconv.Quote(s)
 	}
 	return s

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,14 +58,20 @@ func (f *fakeRouter) got(method string) []proto.Message {
 // answer records req and returns the canned response for method, or a
 // zero R when the test set none.
 func answer[R proto.Message](f *fakeRouter, method string, req proto.Message) (R, error) {
+	return answerFor[R](f, method, method, req)
+}
+
+// answerFor is answer with the canned response and error looked up under
+// key, so one method can have several (a page per token, say).
+func answerFor[R proto.Message](f *fakeRouter, method, key string, req proto.Message) (R, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reqs[method] = append(f.reqs[method], req)
 	var zero R
-	if err := f.errs[method]; err != nil {
+	if err := f.errs[key]; err != nil {
 		return zero, err
 	}
-	if r, ok := f.resps[method]; ok {
+	if r, ok := f.resps[key]; ok {
 		return r.(R), nil
 	}
 	return zero.ProtoReflect().New().Interface().(R), nil
@@ -133,6 +140,37 @@ func (f *fakeRouter) GetShardMap(_ context.Context, r *triagev1.GetShardMapReque
 	return answer[*triagev1.ShardMap](f, "GetShardMap", r)
 }
 
+// ListDeadLetters answers a page token with the response set for
+// "ListDeadLetters@TOKEN", and the first page with "ListDeadLetters".
+func (f *fakeRouter) ListDeadLetters(_ context.Context, r *triagev1.ListDeadLettersRequest) (*triagev1.ListDeadLettersResponse, error) {
+	key := "ListDeadLetters"
+	if r.PageToken != "" {
+		key += "@" + r.PageToken
+	}
+	return answerFor[*triagev1.ListDeadLettersResponse](f, "ListDeadLetters", key, r)
+}
+
+func (f *fakeRouter) RedriveDeadLetters(_ context.Context, r *triagev1.RedriveDeadLettersRequest) (*triagev1.RedriveDeadLettersResponse, error) {
+	return answer[*triagev1.RedriveDeadLettersResponse](f, "RedriveDeadLetters", r)
+}
+
+func (f *fakeRouter) GetNamespace(_ context.Context, r *triagev1.GetNamespaceRequest) (*triagev1.Namespace, error) {
+	return answer[*triagev1.Namespace](f, "GetNamespace", r)
+}
+
+// PutNamespace echoes the config it was sent, as a router does once the
+// shard map holds it, unless the test canned a response.
+func (f *fakeRouter) PutNamespace(_ context.Context, r *triagev1.PutNamespaceRequest) (*triagev1.Namespace, error) {
+	f.mu.Lock()
+	_, canned := f.resps["PutNamespace"]
+	f.mu.Unlock()
+	resp, err := answer[*triagev1.Namespace](f, "PutNamespace", r)
+	if err != nil || canned {
+		return resp, err
+	}
+	return proto.CloneOf(r.GetConfig()), nil
+}
+
 type bundle struct {
 	fake *fakeRouter
 	addr string
@@ -193,6 +231,11 @@ func TestRunClientCommandUnknownVerb(t *testing.T) {
 
 	handled, _ = runClientCommand(t.Context(), "shardmap", []string{"-h"}, &out, &out)
 	require.True(t, handled)
+
+	// "put" is a sub-verb of namespace, not a verb of its own.
+	handled, code = runClientCommand(t.Context(), "put", nil, &out, &out)
+	require.False(t, handled)
+	require.Zero(t, code)
 }
 
 func TestEnqueueArgs(t *testing.T) {
@@ -368,6 +411,53 @@ func TestDequeueDefaultsAndEmpty(t *testing.T) {
 	require.EqualValues(t, 1, req.Topics[0].Count)
 	require.Nil(t, req.LeaseDuration)
 	require.Nil(t, req.Wait)
+	require.Nil(t, req.MinPriority, "no bound without the flag")
+	require.Nil(t, req.MaxPriority)
+}
+
+func TestDequeuePriorityBounds(t *testing.T) {
+	t.Parallel()
+	p := func(v int32) *int32 { return &v }
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		min, max *int32
+	}{
+		{name: "none", args: nil},
+		{name: "max zero is a bound", args: []string{"--max-priority", "0"}, max: p(0)},
+		{name: "min zero is a bound", args: []string{"--min-priority=0"}, min: p(0)},
+		{name: "band", args: []string{"--min-priority", "-3", "--max-priority", "2"}, min: p(-3), max: p(2)},
+		{name: "equal", args: []string{"--min-priority", "5", "--max-priority", "5"}, min: p(5), max: p(5)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			r := b.run(t, "", "dequeue", append([]string{"emails"}, tc.args...)...)
+			require.Equal(t, 0, r.code, r.stderr)
+			reqs := b.fake.got("Dequeue")
+			require.Len(t, reqs, 1)
+			req := reqs[0].(*triagev1.DequeueRequest)
+			require.Equal(t, tc.min, req.MinPriority)
+			require.Equal(t, tc.max, req.MaxPriority)
+			require.Equal(t, "emails", req.Topics[0].Topic)
+		})
+	}
+
+	b := setup(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{args: []string{"--min-priority", "3", "--max-priority", "2"}, want: "--min-priority 3 is above --max-priority 2"},
+		{args: []string{"--max-priority", "3000000000"}, want: "--max-priority 3000000000 is out of range"},
+		{args: []string{"--min-priority", "x"}, want: "invalid value"},
+	} {
+		r := b.run(t, "", "dequeue", append([]string{"emails"}, tc.args...)...)
+		require.Equal(t, 2, r.code, tc.args)
+		require.Contains(t, r.stderr, tc.want)
+		require.Contains(t, r.stderr, "usage: triage dequeue")
+	}
+	require.Empty(t, b.fake.got("Dequeue"))
 }
 
 func TestDequeueAckAndJSON(t *testing.T) {
@@ -465,7 +555,42 @@ func TestNack(t *testing.T) {
 	b.fake.set("Nack", &triagev1.NackResponse{Results: []*triagev1.ItemResult{{Id: "2-0193a4b5c6d7e8f9", Error: "not found"}}})
 	r = b.run(t, "", "nack", "--json", "2-0193a4b5c6d7e8f9:tokA")
 	require.Equal(t, 1, r.code, "a refused item fails the command with --json too")
-	parseJSON(t, r.stdout, &triagev1.NackResponse{})
+	got := parseJSON(t, r.stdout, &triagev1.NackResponse{})
+	require.Equal(t, "not found", got.Results[0].Error)
+}
+
+// An unset delay asks the server for its exponential backoff; "0s" asks
+// for redelivery at once. The two must reach the server differently.
+func TestNackDelay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		delay *durationpb.Duration
+	}{
+		{name: "no flag leaves it unset", args: nil, delay: nil},
+		{name: "zero is sent", args: []string{"--delay", "0s"}, delay: durationpb.New(0)},
+		{name: "zero without unit", args: []string{"--delay=0"}, delay: durationpb.New(0)},
+		{name: "positive", args: []string{"--delay", "1m30s"}, delay: durationpb.New(90 * time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.fake.set("Nack", &triagev1.NackResponse{Results: []*triagev1.ItemResult{{Id: "2-a", Ok: true}, {Id: "3-b", Ok: true}}})
+			r := b.run(t, "", "nack", append([]string{"2-a:tokA", "3-b:tokB"}, tc.args...)...)
+			require.Equal(t, 0, r.code, r.stderr)
+			req := b.fake.got("Nack")[0].(*triagev1.NackRequest)
+			require.Len(t, req.Nacks, 2)
+			for _, n := range req.Nacks {
+				if tc.delay == nil {
+					require.Nil(t, n.Delay)
+				} else {
+					require.NotNil(t, n.Delay)
+					require.True(t, proto.Equal(tc.delay, n.Delay), "delay %v", n.Delay)
+				}
+			}
+		})
+	}
 }
 
 func TestRefUsageErrors(t *testing.T) {
@@ -574,9 +699,40 @@ func TestGet(t *testing.T) {
 	require.Contains(t, r.stdout, "metadata        a=1\n                b=2\n", "metadata sorted, one key a line, aligned")
 	require.Equal(t, "payload hi", out[len(out)-1])
 
+	for _, l := range out {
+		require.NotContains(t, l, "original priority", "no history rows for an unchanged priority")
+	}
+
 	r = b.run(t, "", "get", "--json", "2-0193a4b5c6d7e8f9")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.True(t, proto.Equal(sampleItem(), parseJSON(t, r.stdout, &triagev1.Item{})))
+}
+
+func TestGetPriorityHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	changed := sampleItem()
+	changed.Priority, changed.OriginalPriority = 1, 4
+	changed.PriorityChangedBy = "aging"
+	changed.PriorityChangedAt = timestamppb.New(time.Date(2025, 6, 1, 12, 3, 0, 0, time.UTC))
+	b.fake.set("GetItem", changed)
+
+	r := b.run(t, "", "get", "2-0193a4b5c6d7e8f9")
+	require.Equal(t, 0, r.code, r.stderr)
+	out := lines(r.stdout)
+	i := slices.Index(out, "priority 1")
+	require.Positive(t, i)
+	require.Equal(t, []string{
+		"original priority 4",
+		"priority changed by aging",
+		"priority changed at 2025-06-01T12:03:00.000Z",
+	}, out[i+1:i+4], "history follows the priority")
+
+	r = b.run(t, "", "get", "--json", "2-0193a4b5c6d7e8f9")
+	require.Equal(t, 0, r.code, r.stderr)
+	got := parseJSON(t, r.stdout, &triagev1.Item{})
+	require.True(t, proto.Equal(changed, got))
+	require.Contains(t, r.stdout, `"priority_changed_by"`)
 }
 
 func TestUpdate(t *testing.T) {
@@ -596,6 +752,15 @@ func TestUpdate(t *testing.T) {
 				require.EqualValues(t, 0, *req.Priority)
 				require.Nil(t, req.DeliverAfter)
 				require.Nil(t, req.Metadata)
+				require.Empty(t, req.UpdatedBy, "the server picks who without --by")
+			},
+		},
+		{
+			name: "by",
+			args: []string{"2-0193a4b5c6d7e8f9", "--priority", "-2", "--by", "oncall@example"},
+			check: func(t *testing.T, req *triagev1.UpdateItemRequest) {
+				require.EqualValues(t, -2, *req.Priority)
+				require.Equal(t, "oncall@example", req.UpdatedBy)
 			},
 		},
 		{
@@ -635,6 +800,7 @@ func TestUpdate(t *testing.T) {
 		want string
 	}{
 		{args: []string{"2-0193a4b5c6d7e8f9"}, want: "nothing to update"},
+		{args: []string{"2-0193a4b5c6d7e8f9", "--by", "me"}, want: "nothing to update"},
 		{args: []string{"2-0193a4b5c6d7e8f9", "--delay", "1m", "--deliver-after", "2025-06-01T12:00:00Z"}, want: "not both"},
 		{args: []string{"2-0193a4b5c6d7e8f9", "--deliver-after", "tomorrow"}, want: "not an RFC3339 time"},
 	} {
@@ -665,7 +831,7 @@ func TestStats(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.fake.set("GetTopicStats", &triagev1.TopicStats{
-		Namespace: "shop", Topic: "emails", Ready: 12, Leased: 3, Delayed: 1, Total: 16,
+		Namespace: "shop", Topic: "emails", Ready: 12, Leased: 3, Delayed: 1, Total: 16, DeadLetters: 4,
 		OldestReadyAge:  durationpb.New(90 * time.Second),
 		ReadyByPriority: []*triagev1.PriorityDepth{{Priority: 0, Ready: 10}, {Priority: 5, Ready: 2}},
 	})
@@ -677,6 +843,7 @@ func TestStats(t *testing.T) {
 	out := lines(r.stdout)
 	require.Contains(t, out, "ready 12")
 	require.Contains(t, out, "total 16")
+	require.Contains(t, out, "dead letters 4")
 	require.Contains(t, out, "oldest ready age 1m30s")
 	require.Equal(t, []string{"PRIORITY READY", "0 10", "5 2"}, out[len(out)-3:])
 
@@ -684,6 +851,7 @@ func TestStats(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	got := parseJSON(t, r.stdout, &triagev1.TopicStats{})
 	require.EqualValues(t, 12, got.Ready)
+	require.EqualValues(t, 4, got.DeadLetters)
 	require.Contains(t, r.stdout, `"ready_by_priority"`)
 }
 

@@ -33,7 +33,9 @@ Client (talk to a router; --addr or TRIAGE_ADDR, default 127.0.0.1:9090):
   triage extend ID:TOKEN              triage get ID
   triage update ID                    triage delete ID
   triage stats TOPIC                  triage topics
-  triage shardmap
+  triage shardmap                     triage deadletters TOPIC
+  triage redrive TOPIC [ID...]        triage namespace get NAME
+  triage namespace put NAME
 
 Run "triage COMMAND -h" for a command's flags.
 `

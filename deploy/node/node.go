@@ -60,8 +60,12 @@ type Config struct {
 	// EnqueueAckWait is how long the enqueue buffer waits for an enqueuer's
 	// ack before redelivering a batch to another enqueuer. Default 30s.
 	EnqueueAckWait shardmap.Duration `json:"enqueue_ack_wait,omitempty"`
-	// KVReplicas for the control-plane buckets. Default 1.
+	// KVReplicas for the control-plane buckets. Default 1; 3 in a
+	// three-region cluster, so losing a region keeps the control plane.
 	KVReplicas int `json:"kv_replicas,omitempty"`
+	// StreamReplicas for the region's enqueue stream. Default 1; 3 in a
+	// three-region cluster, so a region's buffer survives losing it.
+	StreamReplicas int `json:"stream_replicas,omitempty"`
 }
 
 func (c *Config) fill() error {
@@ -156,13 +160,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	n.kv = kv
 	var runCtx context.Context
 	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	go shardmap.Watch(runCtx, kv, maps, logger)
+	go shardmap.Watch(runCtx, js, kv, maps, logger)
 
 	if err := n.migrate(ctx, m); err != nil {
 		return nil, err
 	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
+			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas},
 			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger})
 		if err != nil {
 			return nil, err

@@ -215,8 +215,12 @@ func TestExactlyOnceWithConcurrentProducersAndConsumers(t *testing.T) {
 		go func() {
 			defer cwg.Done()
 			for acked.Load() < total && ctx.Err() == nil {
+				t0 := time.Now()
 				resp, err := b.queue.Dequeue(ctx, &triagev1.DequeueRequest{Namespace: "default",
 					Topics: []*triagev1.TopicCount{{Topic: topic, Count: 10}}, Wait: durationpb.New(time.Second)})
+				if !assert.Less(t, time.Since(t0), 5*time.Second, "a dequeue that waits 1s returns soon after") {
+					return
+				}
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -246,7 +250,11 @@ func TestExactlyOnceWithConcurrentProducersAndConsumers(t *testing.T) {
 	}
 	wg.Wait()
 	cwg.Wait()
-	require.NoError(t, ctx.Err(), "the run finished in time")
+	if ctx.Err() != nil {
+		dumpItems(t, b)
+	}
+	require.NoError(t, ctx.Err(), "the run finished in time: %d enqueued, %d delivered, %d acked, %d rows left",
+		len(enqueued), len(delivered), acked.Load(), b.rowCount("items"))
 	require.False(t, t.Failed())
 
 	require.Len(t, enqueued, total)
@@ -265,4 +273,24 @@ func TestExactlyOnceWithConcurrentProducersAndConsumers(t *testing.T) {
 		require.True(t, ok, "delivered %s was never enqueued", id)
 	}
 	require.Equal(t, 0, b.rowCount("items"))
+}
+
+// dumpItems logs every item row, to explain a test that timed out.
+func dumpItems(t *testing.T, b *bed) {
+	t.Helper()
+	now := time.Now().UnixMicro()
+	for i, db := range b.shards {
+		var rows []struct {
+			ID           uint64 `db:"id"`
+			Priority     int32  `db:"priority"`
+			DeliverAfter int64  `db:"deliver_after"`
+			Attempts     int32  `db:"attempts"`
+			LeaseToken   uint64 `db:"lease_token"`
+		}
+		require.NoError(t, db.Select(&rows, "SELECT id, priority, deliver_after, attempts, lease_token FROM items ORDER BY id LIMIT 50"))
+		for _, r := range rows {
+			t.Logf("shard %d: item %s priority %d ready in %s attempts %d token %x", i+1, itemid.ID{Shard: uint32(i + 1), Key: r.ID},
+				r.Priority, time.Duration(r.DeliverAfter-now)*time.Microsecond, r.Attempts, r.LeaseToken)
+		}
+	}
 }

@@ -529,6 +529,114 @@ func (x *ItemsReady) GetCount() int32 {
 	return 0
 }
 
+// Unbuffer asks the dequeuer that owns shard to take keys out of its
+// prefetch buffers and hand their prefetch leases back, before a router
+// updates or deletes those items: a buffered copy would otherwise be
+// served stale (old priority) or after its deletion.
+type Unbuffer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Shard         uint32                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	Keys          []uint64               `protobuf:"varint,3,rep,packed,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Unbuffer) Reset() {
+	*x = Unbuffer{}
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Unbuffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Unbuffer) ProtoMessage() {}
+
+func (x *Unbuffer) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Unbuffer.ProtoReflect.Descriptor instead.
+func (*Unbuffer) Descriptor() ([]byte, []int) {
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Unbuffer) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Unbuffer) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *Unbuffer) GetKeys() []uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type UnbufferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Error         string                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnbufferResponse) Reset() {
+	*x = UnbufferResponse{}
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnbufferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnbufferResponse) ProtoMessage() {}
+
+func (x *UnbufferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_peer_v1_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnbufferResponse.ProtoReflect.Descriptor instead.
+func (*UnbufferResponse) Descriptor() ([]byte, []int) {
+	return file_triage_peer_v1_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *UnbufferResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_triage_peer_v1_peer_proto protoreflect.FileDescriptor
 
 const file_triage_peer_v1_peer_proto_rawDesc = "" +
@@ -570,7 +678,13 @@ const file_triage_peer_v1_peer_proto_rawDesc = "" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05shard\x18\x03 \x01(\rR\x05shard\x12!\n" +
 	"\fmin_priority\x18\x04 \x01(\x05R\vminPriority\x12\x14\n" +
-	"\x05count\x18\x05 \x01(\x05R\x05countB<Z:github.com/triage-queue/triage/proto/triage/peer/v1;peerv1b\x06proto3"
+	"\x05count\x18\x05 \x01(\x05R\x05count\"R\n" +
+	"\bUnbuffer\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\x04R\x04keys\"(\n" +
+	"\x10UnbufferResponse\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05errorB<Z:github.com/triage-queue/triage/proto/triage/peer/v1;peerv1b\x06proto3"
 
 var (
 	file_triage_peer_v1_peer_proto_rawDescOnce sync.Once
@@ -584,7 +698,7 @@ func file_triage_peer_v1_peer_proto_rawDescGZIP() []byte {
 	return file_triage_peer_v1_peer_proto_rawDescData
 }
 
-var file_triage_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_triage_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_triage_peer_v1_peer_proto_goTypes = []any{
 	(*EnqueueEnvelope)(nil),      // 0: triage.peer.v1.EnqueueEnvelope
 	(*EnqueueBatch)(nil),         // 1: triage.peer.v1.EnqueueBatch
@@ -593,19 +707,21 @@ var file_triage_peer_v1_peer_proto_goTypes = []any{
 	(*ShardDequeue)(nil),         // 4: triage.peer.v1.ShardDequeue
 	(*ShardDequeueResponse)(nil), // 5: triage.peer.v1.ShardDequeueResponse
 	(*ItemsReady)(nil),           // 6: triage.peer.v1.ItemsReady
-	(*v1.DequeueRequest)(nil),    // 7: triage.v1.DequeueRequest
-	(*v1.LeasedItem)(nil),        // 8: triage.v1.LeasedItem
+	(*Unbuffer)(nil),             // 7: triage.peer.v1.Unbuffer
+	(*UnbufferResponse)(nil),     // 8: triage.peer.v1.UnbufferResponse
+	(*v1.DequeueRequest)(nil),    // 9: triage.v1.DequeueRequest
+	(*v1.LeasedItem)(nil),        // 10: triage.v1.LeasedItem
 }
 var file_triage_peer_v1_peer_proto_depIdxs = []int32{
-	1, // 0: triage.peer.v1.EnqueueEnvelope.batches:type_name -> triage.peer.v1.EnqueueBatch
-	2, // 1: triage.peer.v1.EnqueueBatch.items:type_name -> triage.peer.v1.BufferedItem
-	7, // 2: triage.peer.v1.ShardDequeue.request:type_name -> triage.v1.DequeueRequest
-	8, // 3: triage.peer.v1.ShardDequeueResponse.items:type_name -> triage.v1.LeasedItem
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: triage.peer.v1.EnqueueEnvelope.batches:type_name -> triage.peer.v1.EnqueueBatch
+	2,  // 1: triage.peer.v1.EnqueueBatch.items:type_name -> triage.peer.v1.BufferedItem
+	9,  // 2: triage.peer.v1.ShardDequeue.request:type_name -> triage.v1.DequeueRequest
+	10, // 3: triage.peer.v1.ShardDequeueResponse.items:type_name -> triage.v1.LeasedItem
+	4,  // [4:4] is the sub-list for method output_type
+	4,  // [4:4] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_triage_peer_v1_peer_proto_init() }
@@ -619,7 +735,7 @@ func file_triage_peer_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_peer_v1_peer_proto_rawDesc), len(file_triage_peer_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,504 @@
+package main
+
+// The operator's verbs: dead letters (deadletters, redrive) and namespace
+// configuration (namespace get, namespace put).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing"
+)
+
+// maxDeadLetterPage is the largest page_size the router accepts for
+// ListDeadLetters.
+const maxDeadLetterPage = 1000
+
+const namespacePutSummary = `Create or replace a namespace's configuration and print the result.
+The whole configuration is replaced: what neither --file nor a flag gives takes its default.
+To change one setting, start from the current one:
+  triage namespace get NAME --json > ns.json
+  triage namespace put NAME --file ns.json --rate 500
+Flags override the file: --shards replaces the file's entry for its region, --topic the
+file's entry for its topic, and NAME the file's name.`
+
+func deadLettersCmd(fs *flag.FlagSet) clientRun {
+	pageSize := fs.Int("page-size", 0, fmt.Sprintf("dead letters per page, 1 to %d (default: the server's, 100)", maxDeadLetterPage))
+	pageToken := fs.String("page-token", "", "start at the next_page_token of an earlier page")
+	all := fs.Bool("all", false, "follow next_page_token to the last page")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "TOPIC"); err != nil {
+			return err
+		}
+		if *pageSize < 0 || *pageSize > maxDeadLetterPage {
+			return usagef("--page-size %d: allowed 1 to %d", *pageSize, maxDeadLetterPage)
+		}
+		out := &triagev1.ListDeadLettersResponse{}
+		// A token seen twice would loop forever, so it ends the walk.
+		seen := map[string]bool{}
+		for token := *pageToken; ; {
+			rctx, cancel := e.rpc(ctx, 0)
+			resp, err := e.c.Queue.ListDeadLetters(rctx, &triagev1.ListDeadLettersRequest{
+				Namespace: e.ns, Topic: args[0], Region: e.region, PageSize: int32(*pageSize), PageToken: token,
+			})
+			cancel()
+			if err != nil {
+				return err
+			}
+			out.DeadLetters = append(out.DeadLetters, resp.GetDeadLetters()...)
+			token = resp.GetNextPageToken()
+			out.NextPageToken = token
+			if !*all || token == "" || seen[token] {
+				break
+			}
+			seen[token] = true
+		}
+		if *all {
+			out.NextPageToken = ""
+		}
+		if e.json {
+			return printJSON(e.stdout, out)
+		}
+		if len(out.GetDeadLetters()) == 0 {
+			fmt.Fprintln(e.stderr, "no dead letters")
+		} else {
+			tw := newTable(e.stdout)
+			fmt.Fprintln(tw, "ID\tPRIORITY\tATTEMPTS\tDIED AT\tLAST ERROR\tPAYLOAD")
+			for _, d := range out.GetDeadLetters() {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", d.GetId(), d.GetPriority(), d.GetAttempts(),
+					formatTime(d.GetDiedAt()), orDash(cellText(d.GetLastError())), payloadText(d.GetPayload()))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+		if out.NextPageToken != "" {
+			fmt.Fprintf(e.stderr, "more dead letters: --page-token %s, or --all\n", out.NextPageToken)
+		}
+		return nil
+	}
+}
+
+func redriveCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if len(args) == 0 {
+			return usagef("missing TOPIC")
+		}
+		topic := args[0]
+		// An ID listed twice is redriven once, so it must count once when
+		// the result is checked against the IDs asked for.
+		var ids []string
+		for _, id := range args[1:] {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+		total := &triagev1.RedriveDeadLettersResponse{}
+		send := func(chunk []string) error {
+			rctx, cancel := e.rpc(ctx, 0)
+			defer cancel()
+			resp, err := e.c.Queue.RedriveDeadLetters(rctx, &triagev1.RedriveDeadLettersRequest{
+				Namespace: e.ns, Topic: topic, Region: e.region, Ids: chunk,
+			})
+			if err != nil {
+				if total.Redriven > 0 {
+					fmt.Fprintf(e.stderr, "triage: %d redriven before the error\n", total.Redriven)
+				}
+				return err
+			}
+			total.Redriven += resp.GetRedriven()
+			return nil
+		}
+		if len(ids) == 0 {
+			if err := send(nil); err != nil {
+				return err
+			}
+		}
+		for chunk := range slices.Chunk(ids, routing.MaxRefsPerCall) {
+			if err := send(chunk); err != nil {
+				return err
+			}
+		}
+		if e.json {
+			if err := printJSON(e.stdout, total); err != nil {
+				return err
+			}
+		} else if _, err := fmt.Fprintf(e.stdout, "redriven: %d\n", total.Redriven); err != nil {
+			return err
+		}
+		if len(ids) > 0 && total.Redriven < int64(len(ids)) {
+			fmt.Fprintf(e.stderr, "triage: %d of %d not redriven: not dead letters of %s, or a live item holds their dedup key\n",
+				int64(len(ids))-total.Redriven, len(ids), topic)
+			return errItemsFailed
+		}
+		return nil
+	}
+}
+
+func namespaceGetCmd(_ *flag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "NAME"); err != nil {
+			return err
+		}
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		ns, err := e.c.Admin.GetNamespace(rctx, &triagev1.GetNamespaceRequest{Namespace: args[0]})
+		if err != nil {
+			return err
+		}
+		return printNamespace(e, ns)
+	}
+}
+
+func namespacePutCmd(fs *flag.FlagSet) clientRun {
+	file := fs.String("file", "", "start from the JSON Namespace document in `FILE` (protojson, as namespace get --json prints it); - reads stdin")
+	maxPayload := fs.Int("max-payload-bytes", 0, "largest payload of one item (default 262144)")
+	lease := fs.Duration("default-lease", 0, "lease a dequeue takes when neither the item nor the dequeue says (default 30s)")
+	maxAttempts := fs.Int("max-attempts", 0, "deliveries before an item is dead-lettered (default 10)")
+	ttl := fs.Duration("default-ttl", 0, "delete items this long after enqueue (default: never)")
+	rate := fs.Float64("rate", 0, "items per second each router accepts for the namespace; 0 for no limit")
+	burst := fs.Int("burst", 0, "items accepted at once above --rate (default: one second of the rate)")
+	maxDepth := fs.Int64("max-depth", 0, "items a region's shards may hold for the namespace; 0 for no limit")
+	dedupWindow := fs.Duration("dedup-window", 0, "a dedup key stays taken this long after its item is gone (default 0s)")
+	shards := &shardsFlag{}
+	fs.Var(shards, "shards", "the namespace's shards in a region, as `REGION=ID,ID...` (repeatable; a region left out uses all of its)")
+	topics := &topicsFlag{}
+	fs.Var(topics, "topic", "a topic's dequeue policy, delivery and aging; `SPEC` is "+topicSyntax+" (repeatable)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if err := wantArgs(args, "NAME"); err != nil {
+			return err
+		}
+		name := args[0]
+		cfg := &triagev1.Namespace{}
+		if *file != "" {
+			var err error
+			if cfg, err = readNamespaceFile(*file, e.stdin); err != nil {
+				return err
+			}
+		}
+		// The server refuses a body whose name differs from NAME; NAME wins
+		// so one namespace's document can seed another.
+		cfg.Name = name
+
+		set := flagsSet(fs)
+		for _, f := range []struct {
+			flag string
+			v    int
+			dst  *int32
+		}{
+			{"max-payload-bytes", *maxPayload, &cfg.MaxPayloadBytes},
+			{"max-attempts", *maxAttempts, &cfg.MaxAttempts},
+			{"burst", *burst, &cfg.EnqueueBurst},
+		} {
+			if set[f.flag] {
+				v, err := checkInt32(f.flag, f.v)
+				if err != nil {
+					return err
+				}
+				*f.dst = v
+			}
+		}
+		for _, f := range []struct {
+			flag string
+			v    time.Duration
+			dst  **durationpb.Duration
+		}{
+			{"default-lease", *lease, &cfg.DefaultLeaseDuration},
+			{"default-ttl", *ttl, &cfg.DefaultTtl},
+			{"dedup-window", *dedupWindow, &cfg.DedupWindow},
+		} {
+			if set[f.flag] {
+				*f.dst = durationpb.New(f.v)
+			}
+		}
+		if set["rate"] {
+			// The server's "not negative" check lets NaN through.
+			if math.IsNaN(*rate) || math.IsInf(*rate, 0) {
+				return usagef("--rate %v is not a number of items per second", *rate)
+			}
+			cfg.EnqueueRateLimit = *rate
+		}
+		if set["max-depth"] {
+			cfg.MaxDepth = *maxDepth
+		}
+		for _, s := range shards.list {
+			i := slices.IndexFunc(cfg.Shards, func(f *triagev1.NamespaceShards) bool { return f.GetRegion() == s.Region })
+			if i >= 0 {
+				cfg.Shards[i] = s
+			} else {
+				cfg.Shards = append(cfg.Shards, s)
+			}
+		}
+		for _, s := range cfg.Shards {
+			if s != nil {
+				s.Namespace = name
+			}
+		}
+		for _, t := range topics.list {
+			if cfg.Topics == nil {
+				cfg.Topics = map[string]*triagev1.TopicConfig{}
+			}
+			cfg.Topics[t.name] = t.cfg
+		}
+
+		rctx, cancel := e.rpc(ctx, 0)
+		defer cancel()
+		ns, err := e.c.Admin.PutNamespace(rctx, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
+		if err != nil {
+			return err
+		}
+		return printNamespace(e, ns)
+	}
+}
+
+// readNamespaceFile reads a protojson Namespace document from path, or
+// from stdin for "-". Unknown fields are errors, so a misspelt key does not
+// quietly fall back to its default.
+func readNamespaceFile(path string, stdin io.Reader) (*triagev1.Namespace, error) {
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = io.ReadAll(stdin)
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--file: %w", err)
+	}
+	cfg := &triagev1.Namespace{}
+	if err := protojson.Unmarshal(data, cfg); err != nil {
+		return nil, fmt.Errorf("--file %s: not a Namespace document: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// shardsFlag collects repeated --shards REGION=ID,ID... flags.
+type shardsFlag struct {
+	list []*triagev1.NamespaceShards
+}
+
+func (f *shardsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	var out []string
+	for _, s := range f.list {
+		out = append(out, s.GetRegion()+"="+joinShardIDs(s.GetShards()))
+	}
+	return strings.Join(out, " ")
+}
+
+func (f *shardsFlag) Set(s string) error {
+	region, list, ok := strings.Cut(s, "=")
+	if !ok || region == "" || list == "" {
+		return fmt.Errorf("%q is not REGION=ID,ID...", s)
+	}
+	if slices.ContainsFunc(f.list, func(n *triagev1.NamespaceShards) bool { return n.GetRegion() == region }) {
+		return fmt.Errorf("region %q given twice", region)
+	}
+	ns := &triagev1.NamespaceShards{Region: region}
+	for p := range strings.SplitSeq(list, ",") {
+		id, err := strconv.ParseUint(strings.TrimSpace(p), 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q: shard ID %q is not a number", s, p)
+		}
+		ns.Shards = append(ns.Shards, uint32(id))
+	}
+	f.list = append(f.list, ns)
+	return nil
+}
+
+func joinShardIDs(ids []uint32) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(s, ",")
+}
+
+// topicsFlag collects repeated --topic flags, in order.
+type topicsFlag struct {
+	list []namedTopic
+}
+
+type namedTopic struct {
+	name string
+	cfg  *triagev1.TopicConfig
+}
+
+// topicSyntax is what --topic takes; errors repeat it.
+const topicSyntax = "NAME:policy=weighted|strict[,weights=8/4/2/1/0.5][,at-most-once][,aging=30s]"
+
+func (f *topicsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	var names []string
+	for _, t := range f.list {
+		names = append(names, t.name)
+	}
+	return strings.Join(names, ",")
+}
+
+func (f *topicsFlag) Set(s string) error {
+	name, cfg, err := parseTopicSpec(s)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(f.list, func(t namedTopic) bool { return t.name == name }) {
+		return fmt.Errorf("topic %q given twice", name)
+	}
+	f.list = append(f.list, namedTopic{name, cfg})
+	return nil
+}
+
+// parseTopicSpec parses one --topic value. Topic names hold no ':', so the
+// first one ends the name. Every option is optional: "NAME:" alone (or
+// "NAME") sets the topic back to the defaults, strict and no aging.
+func parseTopicSpec(s string) (string, *triagev1.TopicConfig, error) {
+	name, opts, _ := strings.Cut(s, ":")
+	if name == "" {
+		return "", nil, fmt.Errorf("%q: want %s", s, topicSyntax)
+	}
+	tc := &triagev1.TopicConfig{}
+	seen := map[string]bool{}
+	hasWeights := false
+	if opts != "" {
+		for opt := range strings.SplitSeq(opts, ",") {
+			key, val, hasVal := strings.Cut(opt, "=")
+			if seen[key] {
+				return "", nil, fmt.Errorf("%q: %s given twice", s, key)
+			}
+			seen[key] = true
+			switch {
+			case key == "policy" && hasVal:
+				switch strings.ToLower(val) {
+				case "strict":
+					tc.Policy = triagev1.DequeuePolicy_STRICT
+				case "weighted":
+					tc.Policy = triagev1.DequeuePolicy_WEIGHTED
+				default:
+					return "", nil, fmt.Errorf("%q: policy %q: allowed weighted or strict", s, val)
+				}
+			case key == "weights" && hasVal:
+				for w := range strings.SplitSeq(val, "/") {
+					f, err := strconv.ParseFloat(w, 64)
+					if err != nil {
+						return "", nil, fmt.Errorf("%q: weight %q is not a number", s, w)
+					}
+					tc.BandWeights = append(tc.BandWeights, f)
+				}
+				hasWeights = true
+			case key == "at-most-once":
+				tc.AtMostOnce = true
+				if hasVal {
+					b, err := strconv.ParseBool(val)
+					if err != nil {
+						return "", nil, fmt.Errorf("%q: at-most-once=%q is not true or false", s, val)
+					}
+					tc.AtMostOnce = b
+				}
+			case key == "aging" && hasVal:
+				d, err := time.ParseDuration(val)
+				if err != nil {
+					return "", nil, fmt.Errorf("%q: aging %q is not a duration like 30s", s, val)
+				}
+				tc.AgingThreshold = durationpb.New(d)
+			default:
+				return "", nil, fmt.Errorf("%q: option %q: want %s", s, opt, topicSyntax)
+			}
+		}
+	}
+	if hasWeights && tc.Policy != triagev1.DequeuePolicy_WEIGHTED {
+		return "", nil, fmt.Errorf("%q: weights apply only with policy=weighted", s)
+	}
+	return name, tc, nil
+}
+
+// printNamespace prints a namespace as aligned "setting value" lines and a
+// table of its topics, or as JSON.
+func printNamespace(e *clientEnv, ns *triagev1.Namespace) error {
+	if e.json {
+		return printJSON(e.stdout, ns)
+	}
+	tw := newTable(e.stdout)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	noLimit := func(zero bool, v string) string {
+		if zero {
+			return "no limit"
+		}
+		return v
+	}
+	row("name", ns.GetName())
+	row("max payload bytes", strconv.Itoa(int(ns.GetMaxPayloadBytes())))
+	row("default lease", formatDuration(ns.GetDefaultLeaseDuration()))
+	row("max attempts", strconv.Itoa(int(ns.GetMaxAttempts())))
+	row("default ttl", durationOr(ns.GetDefaultTtl(), "none"))
+	row("enqueue rate", noLimit(ns.GetEnqueueRateLimit() == 0, strconv.FormatFloat(ns.GetEnqueueRateLimit(), 'g', -1, 64)+"/s"))
+	row("enqueue burst", strconv.Itoa(int(ns.GetEnqueueBurst())))
+	row("max depth", noLimit(ns.GetMaxDepth() == 0, strconv.FormatInt(ns.GetMaxDepth(), 10)))
+	row("dedup window", durationOr(ns.GetDedupWindow(), "0s"))
+	if len(ns.GetShards()) == 0 {
+		row("shards", "-")
+	}
+	for i, s := range ns.GetShards() {
+		k := ""
+		if i == 0 {
+			k = "shards"
+		}
+		row(k, s.GetRegion()+"="+joinShardIDs(s.GetShards()))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(ns.GetTopics()) == 0 {
+		return nil
+	}
+	fmt.Fprintln(e.stdout)
+	tw = newTable(e.stdout)
+	fmt.Fprintln(tw, "TOPIC\tPOLICY\tWEIGHTS\tAT MOST ONCE\tAGING")
+	names := make([]string, 0, len(ns.GetTopics()))
+	for name := range ns.GetTopics() {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		tc := ns.GetTopics()[name]
+		policy, weights := "strict", "-"
+		if tc.GetPolicy() == triagev1.DequeuePolicy_WEIGHTED {
+			policy, weights = "weighted", "default"
+		}
+		if len(tc.GetBandWeights()) > 0 {
+			w := make([]string, len(tc.GetBandWeights()))
+			for i, f := range tc.GetBandWeights() {
+				w[i] = strconv.FormatFloat(f, 'g', -1, 64)
+			}
+			weights = strings.Join(w, "/")
+		}
+		atMostOnce := "no"
+		if tc.GetAtMostOnce() {
+			atMostOnce = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", name, policy, weights, atMostOnce, durationOr(tc.GetAgingThreshold(), "off"))
+	}
+	return tw.Flush()
+}
+
+func durationOr(d *durationpb.Duration, none string) string {
+	if d == nil {
+		return none
+	}
+	return d.AsDuration().String()
+}
