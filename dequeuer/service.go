@@ -351,6 +351,12 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		return nil, nil
 	}
 	now := s.cfg.Now()
+	// A row whose TTL passed while it waited in the buffer is not served
+	// (restamp checks the same for the rows it touches); the sweep deletes
+	// it.
+	items = slices.DeleteFunc(items, func(it bufItem) bool {
+		return it.ExpiresAt.Valid && it.ExpiresAt.Int64 <= now.UnixMicro()
+	})
 	type group struct {
 		shard   uint32
 		token   uint64

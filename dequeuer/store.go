@@ -2,10 +2,11 @@ package dequeuer
 
 import (
 	"context"
-	"math"
 	"crypto/rand"
+	"database/sql"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
@@ -24,6 +25,8 @@ type Row struct {
 	Payload      []byte `db:"payload"`
 	Metadata     []byte `db:"metadata"`
 	LeaseToken   uint64 `db:"lease_token"`
+	// ExpiresAt is the TTL; a buffered row past it is not served.
+	ExpiresAt sql.NullInt64 `db:"expires_at"`
 }
 
 // less orders rows as the ready index does: (priority, deliver_after, id).
@@ -46,7 +49,7 @@ func (r *Row) less(o *Row) bool {
 // The priority bounds serve priority bands (dequeue min/max_priority and
 // the weighted policy); without bounds they span all of int32 and the
 // index range is the same.
-const selectHead = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token
+const selectHead = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, expires_at
 FROM items FORCE INDEX (ready)
 WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
 ORDER BY priority, deliver_after, id
@@ -157,10 +160,12 @@ func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, b band
 	return rows, token, full, nil
 }
 
-// restamp sets a new lease expiry on rows still leased under token.
+// restamp sets a new lease expiry on rows still leased under token and
+// not past their TTL at nowUS.
 func restamp(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, untilUS, nowUS int64) (map[uint64]bool, error) {
-	q, args, err := sqlx.In("UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ? WHERE id IN (?) AND lease_token = ?",
-		untilUS, untilUS, nowUS, ids, token)
+	q, args, err := sqlx.In(`UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ?
+		WHERE id IN (?) AND lease_token = ? AND (expires_at IS NULL OR expires_at > ?)`,
+		untilUS, untilUS, nowUS, ids, token, nowUS)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +188,8 @@ func restamp(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, until
 		}
 		return ok, nil
 	}
-	q, args, err = sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ?", ids, token)
+	q, args, err = sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ? AND (expires_at IS NULL OR expires_at > ?)",
+		ids, token, nowUS)
 	if err != nil {
 		return nil, err
 	}

@@ -2,10 +2,15 @@ package routing
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/regions"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
@@ -16,6 +21,38 @@ import (
 // second.
 type MapPublisher interface {
 	PublishMap(ctx context.Context, prev, next *shardmap.Map) error
+}
+
+// Failover implements triagev1.AdminServer by asking the controller
+// leader (NATS request on regions.FailoverSubject, which only the leader
+// subscribes to).
+func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*triagev1.FailoverResponse, error) {
+	m := r.cfg.Maps.Current()
+	if _, ok := m.Shard(req.Shard); !ok {
+		return nil, toStatus(errorf(dequeuer.ErrNotFound, "shard %d is not in the shard map", req.Shard))
+	}
+	if req.ToRegion != "" && !m.HasRegion(req.ToRegion) {
+		return nil, toStatus(invalid("to_region %q: allowed %v", req.ToRegion, m.Regions))
+	}
+	data, _ := json.Marshal(regions.FailoverRequest{Shard: req.Shard, ToRegion: req.ToRegion, Planned: req.Planned})
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	msg, err := r.cfg.NC.RequestWithContext(rctx, regions.FailoverSubject, data)
+	if err != nil {
+		return nil, toStatus(errorf(ErrUnavailable, "no failover controller answered: %v", err))
+	}
+	var res regions.FailoverResult
+	if err := json.Unmarshal(msg.Data, &res); err != nil {
+		return nil, toStatus(err)
+	}
+	out := &triagev1.FailoverResponse{NewPrimary: res.NewPrimary, Epoch: res.Epoch}
+	for _, e := range res.Events {
+		out.Events = append(out.Events, &triagev1.FailoverEvent{At: timestamppb.New(e.At), Step: e.Step, Details: e.Details})
+	}
+	if res.Error != "" {
+		return out, toStatus(errorf(ErrFailover, "%s", res.Error))
+	}
+	return out, nil
 }
 
 // GetNamespace implements triagev1.AdminServer.

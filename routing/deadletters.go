@@ -2,11 +2,11 @@ package routing
 
 import (
 	"cmp"
-	"math"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"

@@ -26,6 +26,8 @@ var (
 	ErrBufferFull = errors.New("enqueue buffer is full; retry with backoff")
 	// ErrUnavailable means no primary or dequeuer can be reached now.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrFailover means the controller refused or failed a failover.
+	ErrFailover = errors.New("failover")
 	// ErrNotCommitted means the batch is buffered but its commit was not
 	// confirmed in time.
 	ErrNotCommitted = errors.New("enqueue buffered but not confirmed committed in time; it will still be inserted, retry with the same dedup keys to be sure")
@@ -53,7 +55,7 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, dequeuer.ErrNotFound):
 		code = codes.NotFound
-	case errors.Is(err, dequeuer.ErrStaleLease):
+	case errors.Is(err, dequeuer.ErrStaleLease), errors.Is(err, ErrFailover):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted

@@ -2,6 +2,10 @@ package routing
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -33,10 +37,10 @@ func NewGRPCServer(r *Router, opts ...grpc.ServerOption) *grpc.Server {
 // prints every field, so a false "ok" is visible. bytes travel as base64.
 func NewGateway(ctx context.Context, r *Router) (http.Handler, error) {
 	mux := runtime.NewServeMux(
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, jsonBody{&runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		}}),
 	)
 	if err := triagev1.RegisterQueueHandlerServer(ctx, mux, r); err != nil {
 		return nil, err
@@ -51,4 +55,22 @@ func NewGateway(ctx context.Context, r *Router) (http.Handler, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return top, nil
+}
+
+// jsonBody is the gateway's JSON marshaler with decode errors that say what
+// is wrong: protojson names a bad field itself, but a body that is not JSON
+// at all would otherwise be answered with a bare "unexpected EOF".
+type jsonBody struct{ *runtime.JSONPb }
+
+// NewDecoder implements runtime.Marshaler.
+func (j jsonBody) NewDecoder(r io.Reader) runtime.Decoder {
+	d := j.JSONPb.NewDecoder(r)
+	return runtime.DecoderFunc(func(v any) error {
+		err := d.Decode(v)
+		var syntax *json.SyntaxError
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &syntax) {
+			return fmt.Errorf("request body is not valid JSON (%v): send one JSON object with the request's fields", err)
+		}
+		return err
+	})
 }

@@ -63,9 +63,13 @@ type Shard struct {
 	Database string `json:"database,omitempty"`
 	// Replicas are host:port of replicas, in promotion preference order.
 	Replicas []string `json:"replicas,omitempty"`
+	// ReplicaRegions[i] is the region Replicas[i] runs in.
+	ReplicaRegions []string `json:"replica_regions,omitempty"`
 	// Epoch rises with every failover; writers check it to fence a deposed
 	// primary.
 	Epoch uint64 `json:"epoch"`
+	// PrimaryRegion is where Primary runs. Empty: HomeRegion.
+	PrimaryRegion string `json:"primary_region,omitempty"`
 	// Fenced is set while a failover is under way: no process writes to
 	// the shard until a map with a new primary is published.
 	Fenced bool `json:"fenced,omitempty"`
@@ -215,6 +219,10 @@ func New(m Map) (*Map, error) {
 	seen := map[uint32]bool{}
 	for _, s := range m.Shards {
 		s.Replicas = slices.Clone(s.Replicas)
+		s.ReplicaRegions = slices.Clone(s.ReplicaRegions)
+		if len(s.ReplicaRegions) != 0 && len(s.ReplicaRegions) != len(s.Replicas) {
+			return nil, fmt.Errorf("shard map: shard %d: replica_regions must name one region per replica", s.ID)
+		}
 		if s.Database == "" {
 			s.Database = "triage"
 		}
@@ -320,6 +328,28 @@ func (m *Map) ShardsFor(namespace, region string) ([]uint32, error) {
 		return nil, fmt.Errorf("%w for namespace %q in region %q", ErrNoShards, namespace, region)
 	}
 	return ids, nil
+}
+
+// WithShard returns the next version of m with shard s replaced.
+func (m *Map) WithShard(s Shard) (*Map, error) {
+	next := Map{Version: m.Version + 1, Regions: m.Regions, Namespaces: m.Namespaces}
+	for _, old := range m.Shards {
+		if old.ID == s.ID {
+			old = s
+		}
+		next.Shards = append(next.Shards, old)
+	}
+	return New(next)
+}
+
+// ReplicaRegion returns the region of a shard's replica at addr, or "".
+func (s Shard) ReplicaRegion(addr string) string {
+	for i, r := range s.Replicas {
+		if r == addr && i < len(s.ReplicaRegions) {
+			return s.ReplicaRegions[i]
+		}
+	}
+	return ""
 }
 
 // WithNamespace returns the next version of m with ns added or replaced.

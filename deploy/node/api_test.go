@@ -692,6 +692,27 @@ func TestTTL(t *testing.T) {
 	require.Equal(t, 1, b.rowCount("items"))
 }
 
+// TestTTLExpiresInPrefetchBuffer: an item whose TTL passes while it waits
+// in the dequeuer's prefetch buffer (a consumer is working its topic) is
+// not delivered.
+func TestTTLExpiresInPrefetchBuffer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	res := enqueue(t, b, "ttl-buf", &triagev1.NewItem{Payload: []byte("a")},
+		&triagev1.NewItem{Payload: []byte("short-lived"), Priority: 1, Ttl: durationpb.New(time.Second)},
+		&triagev1.NewItem{Payload: []byte("b"), Priority: 2})
+	first := dequeue(t, b, "ttl-buf", 1, 0)
+	require.Equal(t, []string{res[0].Id}, ids(first), "the others are prefetched now")
+	expires := getItem(t, b, res[1].Id).ExpiresAt.AsTime()
+	require.Eventually(t, func() bool { return time.Now().After(expires) }, 5*time.Second, time.Millisecond)
+	got := dequeue(t, b, "ttl-buf", 5, 0)
+	require.Equal(t, []string{res[2].Id}, ids(got), "the expired item is not delivered")
+	require.Eventually(t, func() bool {
+		_, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "default", Id: res[1].Id})
+		return status.Code(err) == codes.NotFound
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
 // httpJSON sends a JSON request to the gateway and decodes the reply.
 func httpJSON(t *testing.T, method, url, body string) (int, map[string]any) {
 	t.Helper()

@@ -18,10 +18,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"google.golang.org/grpc"
 
 	"github.com/triage-queue/triage/dequeuer"
 	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/regions"
+	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/routing/itemid"
 	"github.com/triage-queue/triage/schema"
@@ -33,13 +36,17 @@ const (
 	RoleRouter   = "router"
 	RoleEnqueuer = "enqueuer"
 	RoleDequeuer = "dequeuer"
+	// RoleController campaigns to be the failover controller.
+	RoleController = "controller"
 )
 
 // Config is a node's config file (JSON).
 type Config struct {
 	// Region the node serves. Required.
 	Region string `json:"region"`
-	// Roles to run. Default: router, enqueuer and dequeuer.
+	// Roles to run. Default: router, enqueuer and dequeuer (and
+	// controller when the shard map has replicas). Every node also runs a
+	// health observer of the shard primaries.
 	Roles []string `json:"roles,omitempty"`
 	// NATS is the URL of the region's NATS server. Required.
 	NATS string `json:"nats"`
@@ -63,6 +70,18 @@ type Config struct {
 	// KVReplicas for the control-plane buckets. Default 1; 3 in a
 	// three-region cluster, so losing a region keeps the control plane.
 	KVReplicas int `json:"kv_replicas,omitempty"`
+	// Admin is the account with SUPER the controller runs replication
+	// statements as. Default root, no password.
+	Admin shardmap.Credentials `json:"admin,omitempty"`
+	// Replication is the account replicas connect to primaries as.
+	Replication replication.Credentials `json:"replication,omitempty"`
+	// ReplicationVia[region][addr] is the address a server in region
+	// reaches addr at (WAN links in the local bed). Missing: addr itself.
+	ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
+	// FailoverDetect and FailoverCooldown tune the controller (defaults 2s
+	// and 60s).
+	FailoverDetect   shardmap.Duration `json:"failover_detect,omitempty"`
+	FailoverCooldown shardmap.Duration `json:"failover_cooldown,omitempty"`
 	// StreamReplicas for the region's enqueue stream. Default 1; 3 in a
 	// three-region cluster, so a region's buffer survives losing it.
 	StreamReplicas int `json:"stream_replicas,omitempty"`
@@ -76,8 +95,8 @@ func (c *Config) fill() error {
 		c.Roles = []string{RoleRouter, RoleEnqueuer, RoleDequeuer}
 	}
 	for _, r := range c.Roles {
-		if r != RoleRouter && r != RoleEnqueuer && r != RoleDequeuer {
-			return fmt.Errorf("node config: role %q: allowed router, enqueuer, dequeuer", r)
+		if r != RoleRouter && r != RoleEnqueuer && r != RoleDequeuer && r != RoleController {
+			return fmt.Errorf("node config: role %q: allowed router, enqueuer, dequeuer, controller", r)
 		}
 	}
 	if c.GRPC == "" {
@@ -106,6 +125,9 @@ type Node struct {
 	http   *http.Server
 	pprof  *http.Server
 	done   chan struct{}
+
+	// Controller is the failover controller (controller role only).
+	Controller *regions.Controller
 
 	// GRPCAddr and HTTPAddr are the bound addresses (router role only).
 	GRPCAddr, HTTPAddr string
@@ -165,9 +187,30 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err := n.migrate(ctx, m); err != nil {
 		return nil, err
 	}
+	hkv, err := regions.OpenHealth(ctx, js, cfg.KVReplicas)
+	if err != nil {
+		return nil, err
+	}
+	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, Logger: logger}
+	go obs.Run(runCtx)
+	if slices.Contains(cfg.Roles, RoleController) {
+		ctl, err := regions.New(regions.Config{
+			ID: cfg.Region + "-" + nuid.Next(), Region: cfg.Region, Maps: maps, MapKV: kv, NC: n.nc, JS: js,
+			Admin: cfg.Admin, Repl: cfg.Replication, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
+			Detect: time.Duration(cfg.FailoverDetect), Cooldown: time.Duration(cfg.FailoverCooldown),
+			KVReplicas: cfg.KVReplicas, Logger: logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := ctl.Run(runCtx); err != nil {
+			return nil, err
+		}
+		n.Controller = ctl
+	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas},
+			Stream:  enqueuer.StreamConfig{Replicas: cfg.StreamReplicas},
 			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger})
 		if err != nil {
 			return nil, err

@@ -2147,9 +2147,15 @@ type Shard struct {
 	Id         uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	HomeRegion string                 `protobuf:"bytes,2,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
 	// host:port of the current primary (no credentials).
-	Primary       string   `protobuf:"bytes,3,opt,name=primary,proto3" json:"primary,omitempty"`
-	Replicas      []string `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Epoch         uint64   `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Primary  string   `protobuf:"bytes,3,opt,name=primary,proto3" json:"primary,omitempty"`
+	Replicas []string `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Epoch    uint64   `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Where the primary runs (the home region unless failed over).
+	PrimaryRegion string `protobuf:"bytes,6,opt,name=primary_region,json=primaryRegion,proto3" json:"primary_region,omitempty"`
+	// Region of each replica, in the order of replicas.
+	ReplicaRegions []string `protobuf:"bytes,7,rep,name=replica_regions,json=replicaRegions,proto3" json:"replica_regions,omitempty"`
+	// A failover is under way: no writes.
+	Fenced        bool `protobuf:"varint,8,opt,name=fenced,proto3" json:"fenced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2217,6 +2223,27 @@ func (x *Shard) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *Shard) GetPrimaryRegion() string {
+	if x != nil {
+		return x.PrimaryRegion
+	}
+	return ""
+}
+
+func (x *Shard) GetReplicaRegions() []string {
+	if x != nil {
+		return x.ReplicaRegions
+	}
+	return nil
+}
+
+func (x *Shard) GetFenced() bool {
+	if x != nil {
+		return x.Fenced
+	}
+	return false
 }
 
 type NamespaceShards struct {
@@ -3002,6 +3029,186 @@ func (x *PutNamespaceRequest) GetConfig() *Namespace {
 	return nil
 }
 
+type FailoverRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	ToRegion      string                 `protobuf:"bytes,2,opt,name=to_region,json=toRegion,proto3" json:"to_region,omitempty"`
+	Planned       bool                   `protobuf:"varint,3,opt,name=planned,proto3" json:"planned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailoverRequest) Reset() {
+	*x = FailoverRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailoverRequest) ProtoMessage() {}
+
+func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
+func (*FailoverRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *FailoverRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *FailoverRequest) GetToRegion() string {
+	if x != nil {
+		return x.ToRegion
+	}
+	return ""
+}
+
+func (x *FailoverRequest) GetPlanned() bool {
+	if x != nil {
+		return x.Planned
+	}
+	return false
+}
+
+type FailoverEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Step          string                 `protobuf:"bytes,2,opt,name=step,proto3" json:"step,omitempty"`
+	Details       string                 `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailoverEvent) Reset() {
+	*x = FailoverEvent{}
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailoverEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailoverEvent) ProtoMessage() {}
+
+func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
+func (*FailoverEvent) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *FailoverEvent) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *FailoverEvent) GetDetails() string {
+	if x != nil {
+		return x.Details
+	}
+	return ""
+}
+
+type FailoverResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NewPrimary    string                 `protobuf:"bytes,1,opt,name=new_primary,json=newPrimary,proto3" json:"new_primary,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Events        []*FailoverEvent       `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailoverResponse) Reset() {
+	*x = FailoverResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailoverResponse) ProtoMessage() {}
+
+func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
+func (*FailoverResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *FailoverResponse) GetNewPrimary() string {
+	if x != nil {
+		return x.NewPrimary
+	}
+	return ""
+}
+
+func (x *FailoverResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FailoverResponse) GetEvents() []*FailoverEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
@@ -3182,14 +3389,17 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
-	"\x12GetShardMapRequest\"\x84\x01\n" +
+	"\x12GetShardMapRequest\"\xec\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1f\n" +
 	"\vhome_region\x18\x02 \x01(\tR\n" +
 	"homeRegion\x12\x18\n" +
 	"\aprimary\x18\x03 \x01(\tR\aprimary\x12\x1a\n" +
 	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"_\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12%\n" +
+	"\x0eprimary_region\x18\x06 \x01(\tR\rprimaryRegion\x12'\n" +
+	"\x0freplica_regions\x18\a \x03(\tR\x0ereplicaRegions\x12\x16\n" +
+	"\x06fenced\x18\b \x01(\bR\x06fenced\"_\n" +
 	"\x0fNamespaceShards\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x16\n" +
@@ -3261,7 +3471,20 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"a\n" +
 	"\x13PutNamespaceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
-	"\x06config\x18\x02 \x01(\v2\x14.triage.v1.NamespaceR\x06config*E\n" +
+	"\x06config\x18\x02 \x01(\v2\x14.triage.v1.NamespaceR\x06config\"^\n" +
+	"\x0fFailoverRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
+	"\tto_region\x18\x02 \x01(\tR\btoRegion\x12\x18\n" +
+	"\aplanned\x18\x03 \x01(\bR\aplanned\"i\n" +
+	"\rFailoverEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
+	"\adetails\x18\x03 \x01(\tR\adetails\"{\n" +
+	"\x10FailoverResponse\x12\x1f\n" +
+	"\vnew_primary\x18\x01 \x01(\tR\n" +
+	"newPrimary\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x120\n" +
+	"\x06events\x18\x03 \x03(\v2\x18.triage.v1.FailoverEventR\x06events*E\n" +
 	"\n" +
 	"Durability\x12\x1a\n" +
 	"\x16DURABILITY_UNSPECIFIED\x10\x00\x12\r\n" +
@@ -3293,9 +3516,10 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xbc\x02\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xa9\x03\n" +
 	"\x05Admin\x12W\n" +
-	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12h\n" +
+	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
+	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
 	"\fGetNamespace\x12\x1e.triage.v1.GetNamespaceRequest\x1a\x14.triage.v1.Namespace\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/namespaces/{namespace}\x12p\n" +
 	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"*\x82\xd3\xe4\x93\x02$:\x06config\x1a\x1a/v1/namespaces/{namespace}B9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
@@ -3312,7 +3536,7 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
@@ -3358,104 +3582,111 @@ var file_triage_v1_triage_proto_goTypes = []any{
 	(*Namespace)(nil),                  // 41: triage.v1.Namespace
 	(*GetNamespaceRequest)(nil),        // 42: triage.v1.GetNamespaceRequest
 	(*PutNamespaceRequest)(nil),        // 43: triage.v1.PutNamespaceRequest
-	nil,                                // 44: triage.v1.NewItem.MetadataEntry
-	nil,                                // 45: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 46: triage.v1.NackItem.MetadataEntry
-	nil,                                // 47: triage.v1.Item.MetadataEntry
-	nil,                                // 48: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 49: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 50: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 51: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 52: google.protobuf.Duration
+	(*FailoverRequest)(nil),            // 44: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 45: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 46: triage.v1.FailoverResponse
+	nil,                                // 47: triage.v1.NewItem.MetadataEntry
+	nil,                                // 48: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 49: triage.v1.NackItem.MetadataEntry
+	nil,                                // 50: triage.v1.Item.MetadataEntry
+	nil,                                // 51: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 52: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 53: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 54: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 55: google.protobuf.Duration
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	51, // 0: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	52, // 1: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	52, // 2: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	44, // 3: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	54, // 0: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	55, // 1: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	55, // 2: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	47, // 3: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
 	3,  // 4: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 5: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
 	5,  // 6: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
 	7,  // 7: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	52, // 8: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	52, // 9: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	45, // 10: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	51, // 11: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	51, // 12: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	51, // 13: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	55, // 8: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	55, // 9: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	48, // 10: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	54, // 11: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 12: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	54, // 13: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
 	9,  // 14: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
 	11, // 15: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
 	12, // 16: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	52, // 17: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	46, // 18: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	55, // 17: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	49, // 18: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
 	15, // 19: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
 	12, // 20: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	52, // 21: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	51, // 22: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	47, // 23: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	51, // 24: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	52, // 25: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	51, // 26: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 27: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	55, // 21: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	54, // 22: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	50, // 23: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	54, // 24: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	55, // 25: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	54, // 26: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 27: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 28: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	51, // 29: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	51, // 30: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	51, // 31: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	51, // 32: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	48, // 33: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	54, // 29: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 30: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	54, // 31: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	54, // 32: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	51, // 33: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
 	26, // 34: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	52, // 35: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	55, // 35: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
 	29, // 36: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
 	32, // 37: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
 	33, // 38: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	49, // 39: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	51, // 40: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	51, // 41: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	52, // 39: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	54, // 40: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	54, // 41: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
 	35, // 42: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
 	2,  // 43: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	52, // 44: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	55, // 44: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
 	33, // 45: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	52, // 46: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	52, // 47: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	52, // 48: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	50, // 49: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	55, // 46: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	55, // 47: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	55, // 48: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	53, // 49: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
 	41, // 50: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	40, // 51: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	4,  // 52: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	8,  // 53: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	13, // 54: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	16, // 55: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	18, // 56: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	21, // 57: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	22, // 58: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	23, // 59: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	25, // 60: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	28, // 61: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	36, // 62: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	38, // 63: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	31, // 64: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	42, // 65: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	43, // 66: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	6,  // 67: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	10, // 68: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	14, // 69: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	17, // 70: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	19, // 71: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	20, // 72: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	20, // 73: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	24, // 74: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	27, // 75: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	30, // 76: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	37, // 77: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	39, // 78: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	34, // 79: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	41, // 80: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	41, // 81: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	67, // [67:82] is the sub-list for method output_type
-	52, // [52:67] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	54, // 51: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	45, // 52: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	40, // 53: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	4,  // 54: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	8,  // 55: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	13, // 56: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	16, // 57: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	18, // 58: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	21, // 59: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	22, // 60: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	23, // 61: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	25, // 62: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	28, // 63: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	36, // 64: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	38, // 65: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	31, // 66: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	44, // 67: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	42, // 68: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	43, // 69: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	6,  // 70: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	10, // 71: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	14, // 72: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	17, // 73: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	19, // 74: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	20, // 75: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	20, // 76: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	24, // 77: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	27, // 78: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	30, // 79: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	37, // 80: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	39, // 81: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	34, // 82: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	46, // 83: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	41, // 84: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	41, // 85: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	70, // [70:86] is the sub-list for method output_type
+	54, // [54:70] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -3471,7 +3702,7 @@ func file_triage_v1_triage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   48,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -583,6 +583,7 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	Admin_GetShardMap_FullMethodName  = "/triage.v1.Admin/GetShardMap"
+	Admin_Failover_FullMethodName     = "/triage.v1.Admin/Failover"
 	Admin_GetNamespace_FullMethodName = "/triage.v1.Admin/GetNamespace"
 	Admin_PutNamespace_FullMethodName = "/triage.v1.Admin/PutNamespace"
 )
@@ -595,6 +596,10 @@ const (
 type AdminClient interface {
 	// GetShardMap returns the shard map snapshot the router serves from.
 	GetShardMap(ctx context.Context, in *GetShardMapRequest, opts ...grpc.CallOption) (*ShardMap, error)
+	// Failover moves a shard's primary to one of its replicas (in
+	// to_region, if set). planned makes the old primary read-only first and
+	// loses nothing; without it, an emergency failover of a dead primary.
+	Failover(ctx context.Context, in *FailoverRequest, opts ...grpc.CallOption) (*FailoverResponse, error)
 	// GetNamespace returns a namespace's configuration.
 	GetNamespace(ctx context.Context, in *GetNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
 	// PutNamespace creates or replaces a namespace's configuration. Fields
@@ -615,6 +620,16 @@ func (c *adminClient) GetShardMap(ctx context.Context, in *GetShardMapRequest, o
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShardMap)
 	err := c.cc.Invoke(ctx, Admin_GetShardMap_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) Failover(ctx context.Context, in *FailoverRequest, opts ...grpc.CallOption) (*FailoverResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FailoverResponse)
+	err := c.cc.Invoke(ctx, Admin_Failover_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -649,6 +664,10 @@ func (c *adminClient) PutNamespace(ctx context.Context, in *PutNamespaceRequest,
 type AdminServer interface {
 	// GetShardMap returns the shard map snapshot the router serves from.
 	GetShardMap(context.Context, *GetShardMapRequest) (*ShardMap, error)
+	// Failover moves a shard's primary to one of its replicas (in
+	// to_region, if set). planned makes the old primary read-only first and
+	// loses nothing; without it, an emergency failover of a dead primary.
+	Failover(context.Context, *FailoverRequest) (*FailoverResponse, error)
 	// GetNamespace returns a namespace's configuration.
 	GetNamespace(context.Context, *GetNamespaceRequest) (*Namespace, error)
 	// PutNamespace creates or replaces a namespace's configuration. Fields
@@ -667,6 +686,9 @@ type UnimplementedAdminServer struct{}
 
 func (UnimplementedAdminServer) GetShardMap(context.Context, *GetShardMapRequest) (*ShardMap, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetShardMap not implemented")
+}
+func (UnimplementedAdminServer) Failover(context.Context, *FailoverRequest) (*FailoverResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Failover not implemented")
 }
 func (UnimplementedAdminServer) GetNamespace(context.Context, *GetNamespaceRequest) (*Namespace, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetNamespace not implemented")
@@ -709,6 +731,24 @@ func _Admin_GetShardMap_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServer).GetShardMap(ctx, req.(*GetShardMapRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Failover_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FailoverRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Failover(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Failover_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Failover(ctx, req.(*FailoverRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -759,6 +799,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetShardMap",
 			Handler:    _Admin_GetShardMap_Handler,
+		},
+		{
+			MethodName: "Failover",
+			Handler:    _Admin_Failover_Handler,
 		},
 		{
 			MethodName: "GetNamespace",

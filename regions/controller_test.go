@@ -1,0 +1,200 @@
+package regions
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/mariadb"
+	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
+	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+
+var (
+	repl = replication.Credentials{User: "repl", Password: "repl-secret"}
+	app  = replication.Credentials{User: "triage", Password: "triage-secret"}
+)
+
+// cluster is one shard (primary in region a, replica in region b), an
+// embedded NATS server, observers in regions a, b and c, and a controller.
+type cluster struct {
+	t        *testing.T
+	primary  *mariadb.Server
+	replica  *mariadb.Server
+	maps     *shardmap.Holder
+	ctl      *Controller
+	ctlEvent func() []Event
+}
+
+func start(t *testing.T, id int) *mariadb.Server {
+	s, err := mariadb.Start(t.Context(), mariadb.Config{Dir: t.TempDir(), ServerID: id})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Stop() })
+	return s
+}
+
+func setup(t *testing.T) *cluster {
+	t.Helper()
+	ctx := t.Context()
+	var p, r *mariadb.Server
+	var wg sync.WaitGroup
+	wg.Go(func() { p = start(t, 1) })
+	wg.Go(func() { r = start(t, 2) })
+	wg.Wait()
+	require.NotNil(t, p)
+	require.NotNil(t, r)
+	pa, err := replication.Open(p.DSN(""))
+	require.NoError(t, err)
+	defer pa.Close()
+	ra, err := replication.Open(r.DSN(""))
+	require.NoError(t, err)
+	defer ra.Close()
+	for _, a := range []*replication.Admin{pa, ra} {
+		require.NoError(t, a.EnsureUsers(ctx, repl, app))
+	}
+	require.NoError(t, pa.EnableSemiSync(ctx, true, 10*time.Second))
+	require.NoError(t, ra.EnableSemiSync(ctx, false, 10*time.Second))
+	require.NoError(t, ra.ReplicateFrom(ctx, p.Addr(), repl))
+	root := sqlOpen(t, p.DSN(""))
+	_, err = root.Exec("CREATE DATABASE IF NOT EXISTS triage")
+	require.NoError(t, err)
+	_, err = root.Exec("CREATE TABLE triage.t (id INT PRIMARY KEY)")
+	require.NoError(t, err)
+
+	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b", "c"}, Shards: []shardmap.Shard{{
+		ID: 1, HomeRegion: "a", Primary: p.Addr(), Replicas: []string{r.Addr()}, ReplicaRegions: []string{"b"}, Epoch: 1}}})
+	require.NoError(t, err)
+	kv, err := shardmap.OpenBucket(ctx, js, 1)
+	require.NoError(t, err)
+	_, err = shardmap.Bootstrap(ctx, kv, m)
+	require.NoError(t, err)
+	maps := shardmap.NewHolder(m)
+	runCtx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go shardmap.Watch(runCtx, js, kv, maps, discard())
+	hkv, err := OpenHealth(ctx, js, 1)
+	require.NoError(t, err)
+	for _, region := range []string{"a", "b", "c"} {
+		o := &Observer{Region: region, Maps: maps, Dial: func(a string) string { return a }, KV: hkv, Logger: discard()}
+		go o.Run(runCtx)
+	}
+	ctl, err := New(Config{ID: "ctl-1", Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
+		Detect: time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	require.NoError(t, err)
+	require.NoError(t, ctl.Run(runCtx))
+	require.Eventually(t, ctl.isLeader, 10*time.Second, 20*time.Millisecond)
+	return &cluster{t: t, primary: p, replica: r, maps: maps, ctl: ctl}
+}
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func sqlOpen(t *testing.T, dsn string) *sql.DB {
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func appDB(t *testing.T, addr string) *sql.DB {
+	c := mysql.NewConfig()
+	c.User, c.Passwd, c.Net, c.Addr, c.DBName = app.User, app.Password, "tcp", addr, "triage"
+	c.Timeout = 2 * time.Second
+	return sqlOpen(t, c.FormatDSN())
+}
+
+// TestFailoverOnPrimaryKill: kill -9 the primary; observers in several
+// regions report it down; the controller fences, waits out stale writers,
+// promotes the replica and publishes it, with every committed row there.
+func TestFailoverOnPrimaryKill(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	pdb := appDB(t, c.primary.Addr())
+	for i := 1; i <= 50; i++ {
+		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)
+		require.NoError(t, err)
+	}
+	killed := time.Now()
+	require.NoError(t, c.primary.Kill())
+	require.Eventually(t, func() bool {
+		s, _ := c.maps.Current().Shard(1)
+		return s.Primary == c.replica.Addr() && !s.Fenced
+	}, 30*time.Second, 50*time.Millisecond)
+	rto := time.Since(killed)
+	t.Logf("failover published %s after the kill; events: %+v", rto.Round(time.Millisecond), c.ctl.Events())
+	s, _ := c.maps.Current().Shard(1)
+	require.Equal(t, uint64(2), s.Epoch)
+	require.Equal(t, "b", s.PrimaryRegion)
+	require.Equal(t, []string{c.primary.Addr()}, s.Replicas, "the old primary is listed to rejoin")
+	require.NoError(t, c.maps.Writable(1))
+	rdb := appDB(t, c.replica.Addr())
+	var n int
+	require.NoError(t, rdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&n))
+	require.Equal(t, 50, n, "every acknowledged row is on the new primary")
+	_, err := rdb.Exec("INSERT INTO t VALUES (51)")
+	require.NoError(t, err, "the promoted replica takes application writes")
+	require.Less(t, rto, 15*time.Second)
+}
+
+// TestPlannedSwitchoverAndRejoin: a planned switchover makes the old
+// primary read-only first and loses nothing; the old primary then rejoins
+// as a replica of the new one and refuses application writes.
+func TestPlannedSwitchoverAndRejoin(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	pdb := appDB(t, c.primary.Addr())
+	for i := 1; i <= 20; i++ {
+		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)
+		require.NoError(t, err)
+	}
+	res, err := c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, ToRegion: "b", Planned: true})
+	require.NoError(t, err)
+	require.Equal(t, c.replica.Addr(), res.NewPrimary)
+	steps := map[string]bool{}
+	for _, e := range res.Events {
+		steps[e.Step] = true
+	}
+	require.True(t, steps["old-primary-read-only"] && steps["promoted"] && steps["published"], "%+v", res.Events)
+	rdb := appDB(t, c.replica.Addr())
+	var n int
+	require.NoError(t, rdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&n))
+	require.Equal(t, 20, n)
+	_, err = rdb.Exec("INSERT INTO t VALUES (21)")
+	require.NoError(t, err)
+	// The old primary rejoins as a replica: it gets row 21 and stays
+	// read-only for the application.
+	require.Eventually(t, func() bool {
+		var got int
+		return pdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&got) == nil && got == 21
+	}, 20*time.Second, 100*time.Millisecond)
+	_, err = pdb.Exec("INSERT INTO t VALUES (22)")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "read-only")
+	// A planned switchover of a shard whose primary is down is refused.
+	require.NoError(t, c.replica.Kill())
+	_, err = c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, Planned: true})
+	require.Error(t, err)
+	s, _ := c.maps.Current().Shard(1)
+	require.False(t, s.Fenced, "a refused planned switchover unfences")
+}

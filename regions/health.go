@@ -1,0 +1,180 @@
+package regions
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// HealthBucket holds the observers' reports.
+const HealthBucket = "triage_health"
+
+// Report is one observer's view of one shard primary.
+type Report struct {
+	Region string `json:"region"`
+	Shard  uint32 `json:"shard"`
+	// Primary is the address pinged, Epoch the map epoch it was named in.
+	Primary string `json:"primary"`
+	Epoch   uint64 `json:"epoch"`
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
+	// At is when the ping finished (unix ms).
+	At int64 `json:"at"`
+}
+
+func healthKey(shard uint32, region string) string {
+	return "s" + strconv.FormatUint(uint64(shard), 10) + "." + region
+}
+
+// OpenHealth creates or opens the health bucket.
+func OpenHealth(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: HealthBucket, TTL: 10 * time.Second, Storage: jetstream.MemoryStorage, Replicas: max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open kv bucket %s: %w", HealthBucket, err)
+	}
+	return kv, nil
+}
+
+// Observer pings every shard primary from one region and reports.
+type Observer struct {
+	Region string
+	Maps   shardmap.Source
+	// Dial maps an address to the one this region dials (Pool.Addr).
+	Dial func(string) string
+	// Cred is the account pinged with.
+	Cred   shardmap.Credentials
+	KV     jetstream.KeyValue
+	Logger *slog.Logger
+
+	mu  sync.Mutex
+	dbs map[string]*sql.DB
+}
+
+// Run pings every 500 ms until ctx ends.
+func (o *Observer) Run(ctx context.Context) {
+	o.dbs = map[string]*sql.DB{}
+	defer func() {
+		for _, db := range o.dbs {
+			db.Close()
+		}
+	}()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m := o.Maps.Current()
+		var wg sync.WaitGroup
+		for _, s := range m.Shards {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o.observe(ctx, s)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+func (o *Observer) db(addr string) *sql.DB {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if db, ok := o.dbs[addr]; ok {
+		return db
+	}
+	c := mysql.NewConfig()
+	c.User, c.Passwd, c.Net, c.Addr = cmp.Or(o.Cred.User, "root"), o.Cred.Password, "tcp", o.Dial(addr)
+	c.Timeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
+	db, _ := sql.Open("mysql", c.FormatDSN())
+	db.SetMaxOpenConns(2)
+	db.SetConnMaxLifetime(30 * time.Second)
+	o.dbs[addr] = db
+	return db
+}
+
+func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
+	r := Report{Region: o.Region, Shard: s.ID, Primary: s.Primary, Epoch: s.Epoch}
+	pctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	err := o.db(s.Primary).PingContext(pctx)
+	if err == nil {
+		_, err = o.db(s.Primary).ExecContext(pctx, "DO 1")
+	}
+	cancel()
+	r.OK = err == nil
+	if err != nil {
+		r.Error = err.Error()
+	}
+	r.At = time.Now().UnixMilli()
+	data, _ := json.Marshal(r)
+	kctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+}
+
+// healthView is the leader's copy of the health bucket.
+type healthView struct {
+	mu      sync.Mutex
+	reports map[string]Report
+}
+
+func watchHealth(ctx context.Context, kv jetstream.KeyValue) (*healthView, error) {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h := &healthView{reports: map[string]Report{}}
+	go func() {
+		defer w.Stop()
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			h.mu.Lock()
+			if e.Operation() == jetstream.KeyValuePut {
+				var r Report
+				if json.Unmarshal(e.Value(), &r) == nil {
+					h.reports[e.Key()] = r
+				}
+			} else {
+				delete(h.reports, e.Key())
+			}
+			h.mu.Unlock()
+		}
+	}()
+	return h, nil
+}
+
+// verdict counts fresh reports on shard's current primary.
+func (h *healthView) verdict(s shardmap.Shard, now time.Time, fresh time.Duration) (up, down []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	prefix := healthKey(s.ID, "")
+	for k, r := range h.reports {
+		if !strings.HasPrefix(k, prefix) || r.Primary != s.Primary || now.Sub(time.UnixMilli(r.At)) > fresh {
+			continue
+		}
+		if r.OK {
+			up = append(up, r.Region)
+		} else {
+			down = append(down, r.Region)
+		}
+	}
+	return up, down
+}
