@@ -35,7 +35,7 @@ Client (talk to a router; --addr or TRIAGE_ADDR, default 127.0.0.1:9090):
   triage stats TOPIC                  triage topics
   triage shardmap                     triage deadletters TOPIC
   triage redrive TOPIC [ID...]        triage namespace get NAME
-  triage namespace put NAME
+  triage namespace put NAME           triage failover --shard N [--to REGION]
 
 Run "triage COMMAND -h" for a command's flags.
 `
