@@ -2,6 +2,7 @@ package dequeuer
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -48,18 +49,20 @@ type Nack struct {
 }
 
 type leaseState struct {
-	ID       uint64 `db:"id"`
-	Attempts int    `db:"attempts"`
-	Token    uint64 `db:"lease_token"`
-	LeaseMS  uint32 `db:"lease_ms"`
-	Metadata []byte `db:"metadata"`
+	ID       uint64         `db:"id"`
+	Topic    string         `db:"topic"`
+	Attempts int            `db:"attempts"`
+	Token    uint64         `db:"lease_token"`
+	LeaseMS  uint32         `db:"lease_ms"`
+	Metadata []byte         `db:"metadata"`
+	DedupKey sql.NullString `db:"dedup_key"`
 }
 
 // lockLeases reads the lease state of keys under row locks in tx.
 // Items of other namespaces are invisible, so an ID cannot reach across
 // tenants.
 func lockLeases(ctx context.Context, tx *sqlx.Tx, namespace string, keys []uint64) (map[uint64]leaseState, error) {
-	q, args, err := sqlx.In("SELECT id, attempts, lease_token, lease_ms, metadata FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
+	q, args, err := sqlx.In("SELECT id, topic, attempts, lease_token, lease_ms, metadata, dedup_key FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +91,8 @@ func check(st map[uint64]leaseState, ref LeaseRef) error {
 // Ack deletes the items whose refs carry their current lease token, in one
 // transaction, and returns a per-ref error (nil for acked). An ack after the
 // lease expired still succeeds while nobody has leased the item again.
-func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef) ([]error, error) {
+// Dedup keys of acked items stay taken for dedupWindow.
+func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef, dedupWindow time.Duration) ([]error, error) {
 	results := make([]error, len(refs))
 	err := schema.Retry(ctx, func() error {
 		tx, err := db.BeginTxx(ctx, nil)
@@ -105,12 +109,17 @@ func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef) ([
 			return err
 		}
 		var del []uint64
+		var gone []leaseState
 		for i, r := range refs {
 			results[i] = check(st, r)
 			if results[i] == nil {
 				del = append(del, r.Key)
+				gone = append(gone, st[r.Key])
 				delete(st, r.Key) // a second ref to the same item finds it gone
 			}
+		}
+		if err := tombstone(ctx, tx, namespace, gone, dedupWindow); err != nil {
+			return err
 		}
 		if len(del) > 0 {
 			q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", del)
@@ -261,4 +270,25 @@ func MergeMetadata(stored []byte, patch map[string]string) ([]byte, error) {
 		return nil, nil
 	}
 	return json.Marshal(m)
+}
+
+// Tombstone keeps the dedup keys of items that are going away taken until
+// now + window, in tx. A window of 0 keeps nothing.
+func Tombstone(ctx context.Context, tx *sqlx.Tx, namespace, topic, dedupKey string, item uint64, window time.Duration) error {
+	if window <= 0 || dedupKey == "" {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at) VALUES (?, ?, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE item_id = VALUES(item_id), expires_at = VALUES(expires_at)`,
+		namespace, topic, dedupKey, item, time.Now().Add(window).UnixMicro())
+	return err
+}
+
+func tombstone(ctx context.Context, tx *sqlx.Tx, namespace string, gone []leaseState, window time.Duration) error {
+	for _, g := range gone {
+		if err := Tombstone(ctx, tx, namespace, g.Topic, g.DedupKey.String, g.ID, window); err != nil {
+			return fmt.Errorf("dedup tombstone: %w", err)
+		}
+	}
+	return nil
 }

@@ -240,5 +240,12 @@ func sweepExpired(ctx context.Context, db *sqlx.DB, nowUS int64, limit int) (int
 	if err != nil {
 		return 0, fmt.Errorf("ttl sweep: %w", err)
 	}
-	return res.RowsAffected()
+	n, _ := res.RowsAffected()
+	// Dedup tombstones past their window, through their expires index.
+	res, err = db.ExecContext(ctx, "DELETE FROM dedup_tombstones WHERE expires_at <= ? ORDER BY expires_at LIMIT ?", nowUS, limit)
+	if err != nil {
+		return n, fmt.Errorf("tombstone sweep: %w", err)
+	}
+	m, _ := res.RowsAffected()
+	return max(n, m), nil
 }

@@ -59,6 +59,10 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		if len(fresh) == 0 {
 			return nil
 		}
+		taken, err := tombstoned(ctx, tx, batches, fresh, nowUS)
+		if err != nil {
+			return err
+		}
 		inserted := 0
 		total := 0
 		var args []any
@@ -79,7 +83,11 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		}
 		for _, i := range fresh {
 			b := batches[i]
-			for _, it := range b.Items {
+			for j, it := range b.Items {
+				if orig, ok := taken[tombKey{b.Namespace, b.Topic, it.DedupKey}]; ok && it.DedupKey != "" {
+					out[i].DuplicateOf[j] = orig // its key's item is gone but still within the window
+					continue
+				}
 				var expires, dedup, meta any
 				if it.ExpiresAtUs != 0 {
 					expires = it.ExpiresAtUs
@@ -110,7 +118,7 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 			return err
 		}
 		if inserted < total {
-			if err := findDuplicates(ctx, tx, batches, fresh, out); err != nil {
+			if err := findDuplicates(ctx, tx, batches, fresh, out, taken); err != nil {
 				return err
 			}
 		}
@@ -151,9 +159,46 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 	return applied, nil
 }
 
+type tombKey struct{ ns, topic, key string }
+
+// tombstoned returns the dedup keys of the fresh batches that a gone item
+// still holds (dedup_tombstones within the namespace's window), with that
+// item's key.
+func tombstoned(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, nowUS int64) (map[tombKey]uint64, error) {
+	byTopic := map[[2]string][]string{}
+	for _, i := range fresh {
+		b := batches[i]
+		for _, it := range b.Items {
+			if it.DedupKey != "" {
+				k := [2]string{b.Namespace, b.Topic}
+				byTopic[k] = append(byTopic[k], it.DedupKey)
+			}
+		}
+	}
+	taken := map[tombKey]uint64{}
+	for k, keys := range byTopic {
+		q, args, err := sqlx.In(`SELECT dedup_key, item_id FROM dedup_tombstones
+			WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ?`, k[0], k[1], keys, nowUS)
+		if err != nil {
+			return nil, err
+		}
+		var rows []struct {
+			Key  string `db:"dedup_key"`
+			Item uint64 `db:"item_id"`
+		}
+		if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+			return nil, fmt.Errorf("dedup tombstones: %w", err)
+		}
+		for _, r := range rows {
+			taken[tombKey{k[0], k[1], r.Key}] = r.Item
+		}
+	}
+	return taken, nil
+}
+
 // findDuplicates fills DuplicateOf for items that were not inserted under
 // their own key because a live item holds their dedup key.
-func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted) error {
+func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted, taken map[tombKey]uint64) error {
 	var keys []uint64
 	for _, i := range fresh {
 		for _, it := range batches[i].Items {
@@ -178,7 +223,7 @@ func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 	for _, i := range fresh {
 		b := batches[i]
 		for j, it := range b.Items {
-			if present[it.Key] || it.DedupKey == "" {
+			if present[it.Key] || it.DedupKey == "" || out[i].DuplicateOf[j] != 0 {
 				continue
 			}
 			var orig uint64

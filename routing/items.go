@@ -230,12 +230,24 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
 		return nil, toStatus(err)
 	}
-	res, err := db.ExecContext(ctx, "DELETE FROM items WHERE id = ? AND namespace = ?", id.Key, req.Namespace)
+	ns, _ := m.Namespace(req.Namespace)
+	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return nil, toStatus(dequeuer.ErrNotFound)
+	defer tx.Rollback()
+	row, err := getRow(ctx, tx, req.Namespace, id.Key, true)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if _, err := tx.ExecContext(ctx, "DELETE FROM items WHERE id = ?", id.Key); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := dequeuer.Tombstone(ctx, tx, req.Namespace, row.Topic, row.DedupKey.String, row.ID, time.Duration(ns.DedupWindow)); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, toStatus(err)
 	}
 	return &triagev1.DeleteItemResponse{}, nil
 }

@@ -528,7 +528,8 @@ func itemResults(ids []string, errs []error) []*triagev1.ItemResult {
 // Ack implements triagev1.QueueServer.
 func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.AckResponse, error) {
 	m := r.cfg.Maps.Current()
-	if _, err := m.Namespace(req.Namespace); err != nil {
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	ids := make([]string, len(req.Acks))
@@ -555,7 +556,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 		for j, i := range idx {
 			refs[j] = dequeuer.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
 		}
-		res, err := dequeuer.Ack(ctx, db, req.Namespace, refs)
+		res, err := dequeuer.Ack(ctx, db, req.Namespace, refs, time.Duration(ns.DedupWindow))
 		if err != nil {
 			return err
 		}

@@ -257,3 +257,38 @@ func TestEscalationRecordsWhoAndWhen(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, proto.Equal(got.PriorityChangedAt, again.PriorityChangedAt))
 }
+
+// TestDedupWindowAfterAck: a retried enqueue (same dedup key) after the
+// first item was consumed and acked is still a duplicate within the
+// namespace's dedup_window; after the window a new item is created.
+func TestDedupWindowAfterAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	putNamespace(t, b, &triagev1.Namespace{Name: "dw", DedupWindow: durationpb.New(1500 * time.Millisecond)})
+	enq := func() *triagev1.EnqueueResult {
+		resp, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "dw", Topic: "pay",
+			Items: []*triagev1.NewItem{{DedupKey: "order-42", Payload: []byte("charge")}}})
+		require.NoError(t, err)
+		return resp.Results[0]
+	}
+	first := enq()
+	require.False(t, first.Duplicate)
+	var got []*triagev1.LeasedItem
+	require.Eventually(t, func() bool {
+		resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "dw", Topics: []*triagev1.TopicCount{{Topic: "pay", Count: 1}}})
+		require.NoError(t, err)
+		got = resp.Items
+		return len(got) == 1
+	}, 5*time.Second, 20*time.Millisecond)
+	res, err := b.queue.Ack(b.ctx(), &triagev1.AckRequest{Namespace: "dw", Acks: []*triagev1.LeaseRef{{Id: got[0].Id, LeaseToken: got[0].LeaseToken}}})
+	require.NoError(t, err)
+	require.True(t, res.Results[0].Ok)
+	again := enq()
+	require.True(t, again.Duplicate, "retry within the window")
+	require.Equal(t, first.Id, again.Id)
+	require.Equal(t, 0, b.rowCount("items"))
+	time.Sleep(1600 * time.Millisecond)
+	later := enq()
+	require.False(t, later.Duplicate, "after the window the key is free")
+	require.NotEqual(t, first.Id, later.Id)
+}
