@@ -47,7 +47,9 @@ func TestValidateEnqueue(t *testing.T) {
 		{"payload", func(r *triagev1.EnqueueRequest) { r.Items[0].Payload = make([]byte, 256<<10+1) }, "allows at most 262144"},
 		{"lease", func(r *triagev1.EnqueueRequest) { r.Items[0].LeaseDuration = durationpb.New(time.Millisecond) }, "out of range"},
 		{"ttl", func(r *triagev1.EnqueueRequest) { r.Items[0].Ttl = durationpb.New(-time.Second) }, "ttl"},
-		{"far future", func(r *triagev1.EnqueueRequest) { r.Items[0].DeliverAfter = timestamppb.New(now.Add(400 * 24 * time.Hour)) }, "future"},
+		{"far future", func(r *triagev1.EnqueueRequest) {
+			r.Items[0].DeliverAfter = timestamppb.New(now.Add(400 * 24 * time.Hour))
+		}, "future"},
 		{"dedup", func(r *triagev1.EnqueueRequest) { r.Items[0].DedupKey = strings.Repeat("k", 256) }, "dedup_key"},
 		{"metadata", func(r *triagev1.EnqueueRequest) { r.Items[0].Metadata = map[string]string{"": "v"} }, "metadata"},
 		{"durability", func(r *triagev1.EnqueueRequest) { r.Durability = 7 }, "durability"},
