@@ -108,6 +108,13 @@ func isLost(err error) bool {
 		errors.Is(err, jetstream.ErrKeyNotFound)
 }
 
+// forget drops our claims without touching the bucket (a crash).
+func (o *ownership) forget() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(o.revs)
+}
+
 // resign deletes our claims so the next owner need not wait for the TTL.
 func (o *ownership) resign(ctx context.Context) {
 	o.mu.Lock()

@@ -256,6 +256,11 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 			}
 			now := s.cfg.Now()
 			rows, token, full, err := leaseHead(ctx, db, b.ns, b.topic, b.band, pol, size, now.UnixMicro())
+			if err == nil {
+				// Leased on a primary that may have been deposed while the
+				// statement waited: serve none of it (see shardmap.Writable).
+				err = s.cfg.Maps.Writable(id)
+			}
 			if err != nil {
 				errs[i] = err
 				return

@@ -162,6 +162,23 @@ func (s *Service) Stop() {
 	}
 }
 
+// Crash stops the dequeuer the way a killed process stops: no lease is
+// handed back and no ownership is resigned, so other dequeuers wait for
+// the ownership TTL and the prefetched items for their leases to lapse.
+// Drills use it.
+func (s *Service) Crash() {
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+	if s.owner != nil {
+		s.owner.forget()
+	}
+}
+
 func (s *Service) loop(ctx context.Context, every time.Duration, fn func(context.Context)) {
 	s.wg.Add(1)
 	go func() {

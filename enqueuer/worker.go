@@ -229,7 +229,7 @@ func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg) {
 		if err := w.process(ctx, batch); err != nil {
 			// Circuit breaker: the shard is failing; let the batches wait in
 			// the buffer and try again later.
-			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			backoff = min(max(2*backoff, 100*time.Millisecond), time.Second)
 			w.log.Warn("insert failed; batches stay buffered", "err", err, "batches", len(batch), "retry_in", backoff)
 			for _, m := range batch {
 				_ = m.NakWithDelay(backoff)

@@ -51,10 +51,12 @@ type Config struct {
 	Detect time.Duration
 	// Cooldown blocks another failover of a shard after one. Default 60s.
 	Cooldown time.Duration
-	// SemiSyncTimeout is set on a promoted primary. Default 10s: longer
-	// than shardmap.MaxStaleness, so a primary cut off from its replicas
-	// cannot commit (and acknowledge) a write after writers stopped
-	// trusting their maps.
+	// SemiSyncTimeout is the primaries' rpl_semi_sync_master_timeout (and
+	// is set on a promoted primary). Default 2.5s. It must exceed
+	// shardmap.MaxStaleness: a primary cut off from its replica then
+	// commits nothing until writers that cannot see the control plane
+	// have stopped trusting their map, and every commit after its async
+	// fallback finds its writer stale, which then does not acknowledge it.
 	SemiSyncTimeout time.Duration
 	// KVReplicas for the control buckets. Default 1.
 	KVReplicas int
@@ -93,7 +95,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	cfg.Detect = cmp.Or(cfg.Detect, 2*time.Second)
 	cfg.Cooldown = cmp.Or(cfg.Cooldown, 60*time.Second)
-	cfg.SemiSyncTimeout = cmp.Or(cfg.SemiSyncTimeout, 10*time.Second)
+	cfg.SemiSyncTimeout = cmp.Or(cfg.SemiSyncTimeout, 2500*time.Millisecond)
 	cfg.Admin.User = cmp.Or(cfg.Admin.User, "root")
 	if cfg.Dial == nil {
 		cfg.Dial = func(a string) string { return a }
@@ -395,7 +397,9 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		if req.Planned {
 			return res, c.unfence(ctx, s, fmt.Errorf("planned switchover: old primary %s cannot be made read-only; use an emergency failover", old))
 		}
-		wait := shardmap.MaxStaleness + time.Second
+		// Writers cut off from the control plane stop at MaxStaleness;
+		// their commits hang in semi-sync until its timeout at most.
+		wait := shardmap.MaxStaleness + c.cfg.SemiSyncTimeout + 500*time.Millisecond
 		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; waiting %s for stale writers to stop", old, wait))
 		select {
 		case <-ctx.Done():

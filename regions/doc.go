@@ -24,8 +24,12 @@
 //     Writers that see it stop writing to the shard (shardmap.Pool.Writer).
 //  2. Make the old primary read-only if it can be reached (the
 //     application user lacks READ ONLY ADMIN, so this stops every writer).
-//     If it cannot be reached, wait shardmap.MaxStaleness + 1 s: a writer
-//     cut off from the control plane has stopped trusting its map by then.
+//     If it cannot be reached, wait shardmap.MaxStaleness plus the
+//     semi-sync timeout: a writer cut off from the control plane has
+//     stopped trusting its map by then, and its last commits have either
+//     been acknowledged by the replica or fallen back to async, found the
+//     writer stale, and gone unacknowledged. The old primary accepts no
+//     write after this point, so none after the new primary is published.
 //  3. Promote the most advanced replica (replication.MostAdvanced; the
 //     promotion waits for the relay log with MASTER_GTID_WAIT) and turn on
 //     semi-sync as a primary.

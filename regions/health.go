@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"expvar"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -29,7 +30,11 @@ type Report struct {
 	Primary string `json:"primary"`
 	Epoch   uint64 `json:"epoch"`
 	OK      bool   `json:"ok"`
-	Error   string `json:"error,omitempty"`
+	// SemiSyncOff: the primary has replicas but semi-sync is not active
+	// (fell back to async after its timeout): commits are acknowledged
+	// before a replica has them.
+	SemiSyncOff bool   `json:"semi_sync_off,omitempty"`
+	Error       string `json:"error,omitempty"`
 	// At is when the ping finished (unix ms).
 	At int64 `json:"at"`
 }
@@ -49,7 +54,13 @@ func OpenHealth(ctx context.Context, js jetstream.JetStream, replicas int) (jets
 	return kv, nil
 }
 
-// Observer pings every shard primary from one region and reports.
+// semiSyncFallbacks counts observations of a primary whose semi-sync fell
+// back to async: the metric behind the alarm, on /debug/vars.
+var semiSyncFallbacks = expvar.NewInt("triage_semisync_async_observations")
+
+// Observer pings every shard primary from one region and reports. It also
+// raises the semi-sync alarm (log and metric) when a primary with replicas
+// runs async.
 type Observer struct {
 	Region string
 	Maps   shardmap.Source
@@ -60,13 +71,15 @@ type Observer struct {
 	KV     jetstream.KeyValue
 	Logger *slog.Logger
 
-	mu  sync.Mutex
-	dbs map[string]*sql.DB
+	mu    sync.Mutex
+	dbs   map[string]*sql.DB
+	async map[uint32]bool // last semi-sync state seen, for alarm edges
 }
 
 // Run pings every 500 ms until ctx ends.
 func (o *Observer) Run(ctx context.Context) {
 	o.dbs = map[string]*sql.DB{}
+	o.async = map[uint32]bool{}
 	defer func() {
 		for _, db := range o.dbs {
 			db.Close()
@@ -112,11 +125,28 @@ func (o *Observer) db(addr string) *sql.DB {
 func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	r := Report{Region: o.Region, Shard: s.ID, Primary: s.Primary, Epoch: s.Epoch}
 	pctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	defer cancel()
 	err := o.db(s.Primary).PingContext(pctx)
 	if err == nil {
 		_, err = o.db(s.Primary).ExecContext(pctx, "DO 1")
 	}
-	cancel()
+	if err == nil && len(s.Replicas) > 0 {
+		var name, value string
+		if qerr := o.db(s.Primary).QueryRowContext(pctx, "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &value); qerr == nil && value != "ON" {
+			r.SemiSyncOff = true
+			semiSyncFallbacks.Add(1)
+		}
+	}
+	o.mu.Lock()
+	was := o.async[s.ID]
+	o.async[s.ID] = r.SemiSyncOff
+	o.mu.Unlock()
+	if r.SemiSyncOff && !was {
+		o.Logger.Warn("ALARM: semi-sync fell back to async; commits are acknowledged before a replica has them",
+			"shard", s.ID, "primary", s.Primary)
+	} else if was && !r.SemiSyncOff && err == nil {
+		o.Logger.Info("semi-sync active again", "shard", s.ID, "primary", s.Primary)
+	}
 	r.OK = err == nil
 	if err != nil {
 		r.Error = err.Error()

@@ -188,6 +188,9 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	now := r.cfg.Now().UnixMicro()
 	err = r.eachShard(ctx, m, shards, true, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
 		n, err := redriveShard(ctx, db, req.Namespace, req.Topic, byShard[shard], now)
+		if err == nil {
+			err = r.afterWrite(shard)
+		}
 		mu.Lock()
 		total += n
 		mu.Unlock()

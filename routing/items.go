@@ -208,6 +208,9 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if err := tx.Commit(); err != nil {
 		return nil, toStatus(err)
 	}
+	if err := r.afterWrite(id.Shard); err != nil {
+		return nil, toStatus(err)
+	}
 	if req.Priority != nil || req.DeliverAfter != nil {
 		// Let prefetch buffers holding less urgent items look again, so
 		// the change takes effect on the next dequeue.
@@ -247,6 +250,9 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 		return nil, toStatus(err)
 	}
 	if err := tx.Commit(); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := r.afterWrite(id.Shard); err != nil {
 		return nil, toStatus(err)
 	}
 	return &triagev1.DeleteItemResponse{}, nil

@@ -440,6 +440,17 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 	return resp.Items, nil
 }
 
+// afterWrite checks, after a write committed, that the shard is still
+// writable: a commit that waited out a semi-sync timeout on a primary
+// being deposed must not be reported as done, since the write may be lost
+// with that primary. The outcome is unknown; the client retries.
+func (r *Router) afterWrite(shard uint32) error {
+	if err := r.cfg.Maps.Writable(shard); err != nil {
+		return fmt.Errorf("%w; the outcome of this write is unknown, retry it", err)
+	}
+	return nil
+}
+
 // unbuffer asks the dequeuer that owns an item's shard to drop the item
 // from its prefetch buffers (handing the prefetch lease back) before the
 // router updates or deletes it; a buffered copy would be served stale.
@@ -557,6 +568,9 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 			refs[j] = dequeuer.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
 		}
 		res, err := dequeuer.Ack(ctx, db, req.Namespace, refs, time.Duration(ns.DedupWindow))
+		if err == nil {
+			err = r.afterWrite(shard)
+		}
 		if err != nil {
 			return err
 		}
@@ -622,6 +636,9 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 			batch[j] = nacks[i]
 		}
 		res, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, ns.MaxAttempts, r.cfg.Now())
+		if err == nil {
+			err = r.afterWrite(shard)
+		}
 		if err != nil {
 			return err
 		}
@@ -654,6 +671,9 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 		return nil, toStatus(err)
 	}
 	until, err := dequeuer.Extend(ctx, db, req.Namespace, dequeuer.LeaseRef{Key: id.Key, Token: tok}, req.LeaseDuration.AsDuration(), r.cfg.Now())
+	if err == nil {
+		err = r.afterWrite(id.Shard)
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

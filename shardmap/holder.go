@@ -12,7 +12,7 @@ import (
 // failover controller waits longer than this after fencing a shard before
 // it promotes a replica, so a writer cut off from the control plane (a
 // partitioned region) has stopped writing to the old primary by then.
-const MaxStaleness = 3 * time.Second
+const MaxStaleness = 2 * time.Second
 
 // ErrNotWritable means a shard must not be written now: it is being failed
 // over, or this process has lost touch with the shard map.

@@ -132,7 +132,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 }
 
 func confirm(ctx context.Context, js jetstream.JetStream, h *Holder) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(MaxStaleness / 5)
 	defer t.Stop()
 	var stream jetstream.Stream
 	for {

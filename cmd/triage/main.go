@@ -26,6 +26,9 @@ Service:
   triage serve --config FILE     run the roles in a node config file
   triage up [flags]              run the local bed in the foreground (make up)
   triage down                    stop the bed started by up (make down)
+  triage bench [--quick]         benchmarks beside their baselines (make bench)
+  triage drill SCENARIO          failover drill against a running bed
+                                 (primary-kill, region-down, partition, nats-kill, dequeuer-kill)
 
 Client (talk to a router; --addr or TRIAGE_ADDR, default 127.0.0.1:9090):
   triage enqueue TOPIC [PAYLOAD...]   triage dequeue TOPIC
@@ -60,6 +63,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return up(ctx, rest, stdout, stderr)
 	case "down":
 		return down(rest, stdout, stderr)
+	case "bench":
+		return benchCmd(ctx, rest, stdout, stderr)
+	case "drill":
+		return drillCmd(ctx, rest, stdout, stderr)
 	}
 	if handled, code := runClientCommand(ctx, verb, rest, stdout, stderr); handled {
 		return code
@@ -119,17 +126,29 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", ".triage", "where bed.json and the shard map go")
-	shards := fs.Int("shards", 2, "shard primaries per region")
-	regions := fs.String("regions", "us-east", "comma-separated regions (us-east,eu-west,ap-south)")
+	shards := fs.Int("shards", 0, "shard primaries per region (default 2 with one region, 1 with several)")
+	regions := fs.String("regions", "us-east", "comma-separated regions, in port order (us-east,eu-west,ap-south)")
+	multi := fs.Bool("multi-region", false, "run the three regions us-east, eu-west and ap-south (same as --regions "+strings.Join(bed.DefaultRegions, ",")+")")
+	wanLatency := fs.Duration("wan-latency", 20*time.Millisecond, "one-way latency between regions (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6060)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	regionList := strings.Split(*regions, ",")
+	if *multi {
+		regionList = bed.DefaultRegions
+	}
+	latency := *wanLatency
+	if latency == 0 {
+		latency = -1 // bed.Config: negative means none, 0 the default
+	}
 	log := logger(stderr, *level)
 	start := time.Now()
-	fmt.Fprintln(stdout, "starting the Triage bed (MariaDB shards, NATS, Triage roles)...")
-	b, err := bed.Start(ctx, bed.Config{Dir: *dir, Regions: strings.Split(*regions, ","), ShardsPerRegion: *shards, HTTPBase: 8080, GRPCBase: 9090, Pprof: *pprofAddr, Logger: log})
+	fmt.Fprintf(stdout, "starting the Triage bed: regions %s (MariaDB shards, NATS, Triage roles)...\n", strings.Join(regionList, ", "))
+	b, err := bed.Start(ctx, bed.Config{Dir: *dir, Regions: regionList, ShardsPerRegion: *shards, WANLatency: latency,
+		HTTPBase: 8080, GRPCBase: 9090, Pprof: *pprofAddr, Logger: log,
+		Progress: func(line string) { fmt.Fprintln(stdout, "  "+line) }})
 	if err != nil {
 		fmt.Fprintln(stderr, "triage up:", err)
 		return 1
@@ -145,25 +164,39 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func printBed(w io.Writer, b *bed.Bed, dir string, took time.Duration) {
 	fmt.Fprintf(w, "\nTriage is up in %.1fs. Layout: %s\n\n", took.Seconds(), bed.LayoutPath(dir))
 	for _, r := range b.Layout.Regions {
-		fmt.Fprintf(w, "  region %-9s JSON http://%s   gRPC %s\n", r.Name, r.HTTP, r.GRPC)
+		fmt.Fprintf(w, "  region %-9s JSON http://%s   gRPC %s   NATS %s\n", r.Name, r.HTTP, r.GRPC, r.NATS)
 	}
 	for _, p := range b.Layout.Processes {
-		if p.Role == "mysql-primary" {
-			fmt.Fprintf(w, "  shard %d  mariadbd 127.0.0.1:%d (pid %d)\n", p.Shard, p.Port, p.PID)
+		switch p.Role {
+		case bed.RolePrimary:
+			fmt.Fprintf(w, "  shard %d  primary  %-9s mariadbd 127.0.0.1:%d (pid %d)\n", p.Shard, p.Region, p.Port, p.PID)
+		case bed.RoleReplica:
+			fmt.Fprintf(w, "  shard %d  replica  %-9s mariadbd 127.0.0.1:%d (pid %d, read-only, semi-sync)\n", p.Shard, p.Region, p.Port, p.PID)
 		}
 	}
-	fmt.Fprintf(w, "  NATS %s\n\n", b.Layout.NATS)
+	if n := len(b.Layout.Links); n > 0 {
+		fmt.Fprintf(w, "  %d WAN links, %.0f ms one way (listed in bed.json)\n", n, b.Layout.Links[0].LatencyMS)
+	}
 	http := b.Layout.Regions[0].HTTP
-	fmt.Fprintf(w, `Try (namespace "default" exists):
+	fmt.Fprintf(w, `
+Try (namespace "default" exists):
   curl -s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
        -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
   curl -s -X POST http://%[1]s/v1/namespaces/default:dequeue \
        -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
   grpcurl -plaintext -d '{"namespace":"default","topics":[{"topic":"emails","count":1}]}' %[2]s triage.v1.Queue/Dequeue
   .bin/triage enqueue emails "hello"   .bin/triage dequeue --ack emails
-
-Ctrl-C or "make down" stops everything.
 `, http, b.Layout.Regions[0].GRPC)
+	if len(b.Layout.Regions) > 1 {
+		last := b.Layout.Regions[len(b.Layout.Regions)-1]
+		fmt.Fprintf(w, `  # store in %[2]s through %[3]s's router, read it back through %[4]s's:
+  curl -s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
+       -d '{"region":"%[2]s","items":[{"payload":"aGVsbG8="}]}'
+  curl -s -X POST http://%[5]s/v1/namespaces/default:dequeue \
+       -d '{"region":"%[2]s","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
+`, http, b.Layout.Regions[1].Name, b.Layout.Regions[0].Name, last.Name, last.HTTP)
+	}
+	fmt.Fprint(w, "\nCtrl-C or \"make down\" stops everything.\n")
 }
 
 func down(args []string, stdout, stderr io.Writer) int {

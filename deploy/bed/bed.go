@@ -1,12 +1,53 @@
 // Package bed runs a local Triage bed: real MariaDB shard primaries
-// (mariadbd children in temp datadirs), an embedded NATS server with
-// JetStream, and a node running every Triage role per region. `triage up`
-// (make up) runs one in the foreground; e2e tests and `make bench` use it
-// too.
+// (mariadbd children in temp datadirs), embedded NATS with JetStream, and a
+// node running every Triage role per region. `triage up` (make up) runs one
+// in the foreground; e2e tests, drills and `make bench` use it too.
 //
 // The bed writes its layout to <Dir>/bed.json so drills and scripts can find
 // every process by role, region, shard, port and PID, and so `triage down`
 // (make down) can stop a bed from another terminal by PID.
+//
+// # One region
+//
+// The default: region us-east with two shard primaries, one standalone NATS
+// server, one node. No replicas and no WAN.
+//
+// # Several regions
+//
+// With Regions set to more than one (`triage up --multi-region` gives
+// us-east, eu-west and ap-south), each region gets:
+//
+//   - its shard primaries (one each by default), and one replica of every
+//     shard of the previous region: region i's shards are replicated in
+//     region i+1 (mod the number of regions). Replicas replicate with GTID
+//     (MASTER_USE_GTID=slave_pos) and semi-sync AFTER_SYNC, start with
+//     --read-only=ON, and are set up through package regions/replication
+//     exactly as production would be;
+//   - a NATS server, clustered with the others, with JetStream; the
+//     control-plane buckets and every region's enqueue stream are
+//     replicated on up to three servers (one per region), so losing a
+//     region keeps the control plane;
+//   - a node (router, enqueuer, dequeuer) on its region's NATS server,
+//     serving JSON on HTTPBase+i and gRPC on GRPCBase+i.
+//
+// Every cross-region connection goes through a WAN link of package
+// deploy/wan (default 20 ms one way): replication, a node's access to
+// another region's MariaDB (node.Config.MySQL.DialVia maps each remote
+// server's address to the link from the node's region), and the NATS
+// routes; router forwarding rides on NATS. The shard map and bed.json name
+// servers by their real addresses; [Layout.Via] and [Bed.Via] translate for
+// a region. A drill cuts a region off with Net().Cut or kills it with
+// [Bed.KillRegion].
+//
+// # Accounts
+//
+// Every server gets, before replication starts and with sql_log_bin=0, the
+// replication account ([ReplUser]) and the application account
+// ([AppUser]) that nodes use. The application account lacks SUPER and
+// READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
+// primary. It also has CREATE, ALTER and INDEX on its database because
+// nodes apply schema migrations at start; read_only blocks those too. root
+// (no password, loopback only) stays the admin account.
 package bed
 
 import (
@@ -17,9 +58,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -27,7 +70,7 @@ import (
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/node"
-	"github.com/triage-queue/triage/shardmap"
+	"github.com/triage-queue/triage/deploy/wan"
 )
 
 // DefaultRegions are the bed's regions, in port order.
@@ -39,21 +82,34 @@ type Config struct {
 	Dir string
 	// Regions to run. Default: the first of DefaultRegions.
 	Regions []string
-	// ShardsPerRegion is the number of shard primaries per region. Default 2.
+	// ShardsPerRegion is the number of shard primaries per region. Default
+	// 2 with one region, 1 with more (each shard then has a replica too).
 	ShardsPerRegion int
 	// HTTPBase and GRPCBase are region 0's gateway and gRPC ports; region i
 	// uses base+i. Default 8080 and 9090. 0 after Defaults means "pick free".
 	HTTPBase, GRPCBase int
-	// NATSPort is the NATS client port. Default 4222; -1 picks a free one.
+	// NATSPort is region 0's NATS client port; region i uses NATSPort+i.
+	// Default 4222; -1 picks free ones.
 	NATSPort int
+	// WANLatency is the one-way latency of every cross-region link.
+	// Default 20ms; negative means none (links still exist, for cuts).
+	WANLatency time.Duration
+	// SemiSyncTimeout is how long a primary's commit waits for its
+	// replica's acknowledgement before semi-sync falls back to async (the
+	// observers alarm the fallback). Default 2.5s; it must exceed
+	// shardmap.MaxStaleness (see package regions, Failover).
+	SemiSyncTimeout time.Duration
 	// OwnerTTL of dequeuer shard ownership. Default 10s.
 	OwnerTTL time.Duration
 	// Pprof, when set, serves net/http/pprof for region 0's node here.
 	Pprof string
-	// MariaDBArgs are extra mariadbd flags for every shard.
+	// MariaDBArgs are extra mariadbd flags for every server.
 	MariaDBArgs []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Progress, when set, receives one line per step of the bring-up, for
+	// a person watching `triage up`.
+	Progress func(line string)
 }
 
 // Region is one region's endpoints.
@@ -61,140 +117,273 @@ type Region struct {
 	Name string `json:"name"`
 	HTTP string `json:"http"`
 	GRPC string `json:"grpc"`
+	// NATS is the client URL of the region's NATS server.
+	NATS string `json:"nats,omitempty"`
 }
 
-// Process is one process of the bed.
+// Roles of processes in bed.json.
+const (
+	RolePrimary = "mysql-primary"
+	RoleReplica = "mysql-replica"
+	RoleNATS    = "nats"
+	RoleTriage  = "triage"
+)
+
+// Process is one process of the bed. NATS servers and nodes run inside the
+// bed's own process, so they carry its PID.
 type Process struct {
 	Role   string `json:"role"`
 	Region string `json:"region,omitempty"`
 	Shard  uint32 `json:"shard,omitempty"`
 	Port   int    `json:"port,omitempty"`
 	PID    int    `json:"pid"`
+	// ClusterPort is a NATS server's route port (several regions only).
+	ClusterPort int `json:"cluster_port,omitempty"`
 }
 
 // Layout is bed.json.
 type Layout struct {
 	Regions   []Region  `json:"regions"`
 	Processes []Process `json:"processes"`
-	NATS      string    `json:"nats"`
-	ShardMap  string    `json:"shard_map"`
+	// NATS is region 0's NATS client URL.
+	NATS     string `json:"nats"`
+	ShardMap string `json:"shard_map"`
+	// Links are the cross-region proxies, as of the last write of
+	// bed.json (several regions only).
+	Links []wan.LinkInfo `json:"links,omitempty"`
+	// Control is the host:port of the bed's control endpoint, through
+	// which a drill in another process injects faults (regions/drill).
+	// Empty while the bed serves none.
+	Control   string    `json:"control,omitempty"`
 	StartedAt time.Time `json:"started_at"`
+}
+
+// Via returns the address a process of region from dials to reach addr:
+// the WAN link's listen address if addr is in another region, else addr.
+func (l *Layout) Via(from, addr string) string {
+	for _, k := range l.Links {
+		if k.From == from && k.Upstream == addr {
+			return k.Listen
+		}
+	}
+	return addr
 }
 
 // Bed is a running bed.
 type Bed struct {
 	Layout Layout
-	// Shards are the shard primaries by shard ID.
+	// Shards are the shard primaries as started, by shard ID. Prefer
+	// Server, which follows Restart.
 	Shards map[uint32]*mariadb.Server
 
 	cfg     Config
+	log     *slog.Logger
 	tmp     string
-	nats    *server.Server
-	nodes   []*node.Node
-	stopped bool
+	started time.Time
+	net     *wan.Net
+	regions []*region
+	// via maps, per region, a remote server's address to the link from
+	// that region.
+	via map[string]map[string]string
+
+	mu       sync.Mutex // guards servers, regions' dead flags, Layout.Processes, stopped
+	servers  []*dbServer
+	stopped  bool
+	bg       sync.WaitGroup // nodes stopping in the background after KillRegion
+	control_ *http.Server   // the drill control endpoint
+}
+
+// region is one region's in-process parts.
+type region struct {
+	name        string
+	index       int
+	nats        *server.Server
+	natsCfg     natsserver.Config // to restart it after a nats-kill drill
+	clusterPort int
+	node        *node.Node
+	dead        bool
+}
+
+// dbServer is one mariadbd of the bed.
+type dbServer struct {
+	shard  uint32
+	role   string // RolePrimary or RoleReplica: the placement at start
+	region string
+	srv    *mariadb.Server
+	args   []string // mariadbd flags the bed started it with
+}
+
+func (c *Config) fill() {
+	c.Dir = cmp.Or(c.Dir, ".triage")
+	if len(c.Regions) == 0 {
+		c.Regions = DefaultRegions[:1]
+	}
+	if len(c.Regions) == 1 {
+		c.ShardsPerRegion = cmp.Or(c.ShardsPerRegion, 2)
+	} else {
+		c.ShardsPerRegion = cmp.Or(c.ShardsPerRegion, 1)
+	}
+	c.NATSPort = cmp.Or(c.NATSPort, 4222)
+	switch {
+	case c.WANLatency == 0:
+		c.WANLatency = 20 * time.Millisecond
+	case c.WANLatency < 0:
+		c.WANLatency = 0
+	}
+	c.SemiSyncTimeout = cmp.Or(c.SemiSyncTimeout, 2500*time.Millisecond)
+	c.OwnerTTL = cmp.Or(c.OwnerTTL, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		if r == "" || seen[r] {
+			return fmt.Errorf("bed: regions %q: want distinct, non-empty names", c.Regions)
+		}
+		seen[r] = true
+	}
+	if c.ShardsPerRegion < 1 {
+		return fmt.Errorf("bed: %d shards per region: want at least 1", c.ShardsPerRegion)
+	}
+	return nil
 }
 
 // Start brings a bed up. On error everything started so far is stopped.
 func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
-	cfg.Dir = cmp.Or(cfg.Dir, ".triage")
-	if len(cfg.Regions) == 0 {
-		cfg.Regions = DefaultRegions[:1]
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	cfg.ShardsPerRegion = cmp.Or(cfg.ShardsPerRegion, 2)
-	cfg.NATSPort = cmp.Or(cfg.NATSPort, 4222)
-	cfg.OwnerTTL = cmp.Or(cfg.OwnerTTL, 10*time.Second)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	log := cfg.Logger
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
 	if err := refuseRunning(cfg.Dir); err != nil {
 		return nil, err
 	}
-	b = &Bed{cfg: cfg, Shards: map[uint32]*mariadb.Server{}}
+	b = &Bed{cfg: cfg, log: cfg.Logger, started: time.Now(), Shards: map[uint32]*mariadb.Server{}, via: map[string]map[string]string{}}
+	for i, name := range cfg.Regions {
+		b.regions = append(b.regions, &region{name: name, index: i})
+		b.via[name] = map[string]string{}
+	}
+	started := b // b is nil by the time a failing return runs the defer
 	defer func() {
 		if err != nil {
-			b.Stop()
-			b = nil
+			started.Stop()
 		}
 	}()
-	if err := mariadb.EnsureInstalled(ctx, log); err != nil {
+	if err := mariadb.EnsureInstalled(ctx, b.log); err != nil {
 		return nil, err
 	}
 	if b.tmp, err = os.MkdirTemp("", "triage-bed-"); err != nil {
 		return nil, err
 	}
-	// Shard primaries.
-	m := shardmap.Map{Version: 1, Regions: cfg.Regions, Namespaces: []shardmap.Namespace{{Name: "default"}}}
-	shard := uint32(0)
-	for _, region := range cfg.Regions {
-		for j := 0; j < cfg.ShardsPerRegion; j++ {
-			shard++
-			log.Info("starting mariadbd", "region", region, "shard", shard)
-			s, err := mariadb.Start(ctx, mariadb.Config{
-				Dir:       filepath.Join(b.tmp, "shard-"+strconv.Itoa(int(shard))),
-				ServerID:  int(shard),
-				ExtraArgs: cfg.MariaDBArgs,
-			})
-			if err != nil {
-				return nil, fmt.Errorf("shard %d: %w", shard, err)
-			}
-			b.Shards[shard] = s
-			if err := s.CreateDatabase(ctx, "triage"); err != nil {
-				return nil, err
-			}
-			m.Shards = append(m.Shards, shardmap.Shard{ID: shard, HomeRegion: region, Primary: s.Addr(), Database: "triage"})
-			b.Layout.Processes = append(b.Layout.Processes, Process{Role: "mysql-primary", Region: region, Shard: shard, Port: s.Port(), PID: s.PID()})
-		}
+	if b.multi() {
+		b.net = wan.New(b.log)
 	}
-	sm, err := shardmap.New(m)
-	if err != nil {
+	if err := b.startMariaDB(ctx); err != nil {
 		return nil, err
 	}
-	data, err := sm.Marshal()
-	if err != nil {
+	if err := b.setUpReplication(ctx); err != nil {
 		return nil, err
 	}
-	b.Layout.ShardMap = filepath.Join(cfg.Dir, "shardmap.json")
-	if err := os.WriteFile(b.Layout.ShardMap, data, 0o644); err != nil {
+	if err := b.writeShardMap(); err != nil {
 		return nil, err
 	}
-	// NATS.
-	natsPort := cfg.NATSPort
-	if natsPort < 0 {
-		natsPort = 0
-	}
-	b.nats, err = natsserver.Start(natsserver.Config{Port: natsPort, StoreDir: filepath.Join(b.tmp, "nats")})
-	if err != nil {
+	if err := b.startNATS(ctx); err != nil {
 		return nil, err
 	}
-	b.Layout.NATS = b.nats.ClientURL()
-	b.Layout.Processes = append(b.Layout.Processes, Process{Role: "nats", Port: natsserver.Port(b.nats), PID: os.Getpid()})
-	// Triage roles, one node per region.
-	for i, region := range cfg.Regions {
-		n, err := node.Start(ctx, node.Config{
-			Region:       region,
-			NATS:         b.Layout.NATS,
-			GRPC:         addr(cfg.GRPCBase, i),
-			HTTP:         addr(cfg.HTTPBase, i),
-			ShardMapFile: b.Layout.ShardMap,
-			OwnerTTL:     shardmap.Duration(cfg.OwnerTTL),
-			Pprof:        map[bool]string{true: cfg.Pprof}[i == 0],
-		}, log)
-		if err != nil {
-			return nil, fmt.Errorf("region %s: %w", region, err)
-		}
-		b.nodes = append(b.nodes, n)
-		b.Layout.Regions = append(b.Layout.Regions, Region{Name: region, HTTP: n.HTTPAddr, GRPC: n.GRPCAddr})
-		b.Layout.Processes = append(b.Layout.Processes, Process{Role: "triage", Region: region, Port: port(n.GRPCAddr), PID: os.Getpid()})
+	if err := b.startNodes(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.serveControl(); err != nil {
+		return nil, err
 	}
 	b.Layout.StartedAt = time.Now().UTC()
 	if err := b.writeLayout(); err != nil {
 		return nil, err
 	}
+	b.progress("bed is up")
 	return b, nil
+}
+
+// multi reports whether the bed has several regions (replicas, WAN, a
+// NATS cluster).
+func (b *Bed) multi() bool { return len(b.cfg.Regions) > 1 }
+
+func (b *Bed) progress(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	b.log.Info("bed: " + msg)
+	if b.cfg.Progress != nil {
+		b.cfg.Progress(fmt.Sprintf("[%5.1fs] %s", time.Since(b.started).Seconds(), msg))
+	}
+}
+
+// startNodes starts one node per region: region 0's first, then the
+// others at once (each mostly waits on JetStream round trips across the
+// WAN). Region 0's node creates the shared KV buckets alone because
+// nats-server (2.15.2) wedges a replicated stream that several clients
+// create concurrently: every creator but one times out, and so do later
+// updates. Concurrent updates of an existing bucket are fine.
+func (b *Bed) startNodes(ctx context.Context) error {
+	b.progress("starting %d Triage node(s) (router, enqueuer, dequeuer)", len(b.regions))
+	replicas := min(len(b.regions), 3)
+	startOne := func(i int) error {
+		r := b.regions[i]
+		roles := []string{node.RoleRouter, node.RoleEnqueuer, node.RoleDequeuer}
+		if b.multi() {
+			roles = append(roles, node.RoleController)
+		}
+		n, err := node.Start(ctx, node.Config{
+			Roles:          roles,
+			Replication:    b.ReplCredentials(),
+			ReplicationVia: b.via,
+			Region:         r.name,
+			NATS:           r.nats.ClientURL(),
+			GRPC:           addr(b.cfg.GRPCBase, i),
+			HTTP:           addr(b.cfg.HTTPBase, i),
+			MySQL:          b.appMySQL(r.name),
+			ShardMapFile:   b.Layout.ShardMap,
+			OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
+			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],
+			KVReplicas:     replicas,
+			StreamReplicas: replicas,
+		}, b.log)
+		if err != nil {
+			return fmt.Errorf("region %s: %w", r.name, err)
+		}
+		r.node = n
+		return nil
+	}
+	err := startOne(0)
+	if err == nil {
+		err = parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
+	}
+	if err != nil {
+		return err
+	}
+	for _, r := range b.regions {
+		b.Layout.Regions = append(b.Layout.Regions, Region{Name: r.name, HTTP: r.node.HTTPAddr, GRPC: r.node.GRPCAddr, NATS: r.nats.ClientURL()})
+		b.Layout.Processes = append(b.Layout.Processes, Process{Role: RoleTriage, Region: r.name, Port: port(r.node.GRPCAddr), PID: os.Getpid()})
+		b.progress("region %s: JSON http://%s  gRPC %s", r.name, r.node.HTTPAddr, r.node.GRPCAddr)
+	}
+	return nil
+}
+
+// parallel runs f(0..n-1) concurrently and joins their errors.
+func parallel(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func addr(base, i int) string {
@@ -214,6 +403,9 @@ func port(a string) int {
 func LayoutPath(dir string) string { return filepath.Join(dir, "bed.json") }
 
 func (b *Bed) writeLayout() error {
+	if b.net != nil {
+		b.Layout.Links = b.net.Links()
+	}
 	data, err := json.MarshalIndent(b.Layout, "", "  ")
 	if err != nil {
 		return err
@@ -225,25 +417,46 @@ func (b *Bed) writeLayout() error {
 	return os.Rename(tmp, LayoutPath(b.cfg.Dir))
 }
 
-// Stop stops everything the bed started, in reverse order, and removes its
-// temp datadirs and bed.json.
+// Stop stops everything the bed started, nodes first, then NATS, the WAN
+// links and the mariadbd processes (by the PIDs it started), and removes
+// its temp datadirs and bed.json. It is idempotent.
 func (b *Bed) Stop() {
+	b.mu.Lock()
 	if b.stopped {
+		b.mu.Unlock()
 		return
 	}
 	b.stopped = true
-	for i := len(b.nodes) - 1; i >= 0; i-- {
-		b.nodes[i].Stop()
+	b.mu.Unlock()
+	if b.control_ != nil {
+		_ = b.control_.Close()
 	}
-	if b.nats != nil {
-		b.nats.Shutdown()
-		b.nats.WaitForShutdown()
-	}
-	for id, s := range b.Shards {
-		if err := s.Stop(); err != nil {
-			b.cfg.Logger.Warn("mariadbd stop", "shard", id, "err", err)
+	b.bg.Wait()
+	_ = parallel(len(b.regions), func(i int) error {
+		if n := b.regions[i].node; n != nil {
+			n.Stop()
 		}
+		return nil
+	})
+	_ = parallel(len(b.regions), func(i int) error {
+		if s := b.regions[i].nats; s != nil {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+		return nil
+	})
+	if b.net != nil {
+		b.net.Close()
 	}
+	b.mu.Lock()
+	servers := b.servers
+	b.mu.Unlock()
+	_ = parallel(len(servers), func(i int) error {
+		if err := servers[i].srv.Stop(); err != nil {
+			b.log.Warn("mariadbd stop", "shard", servers[i].shard, "role", servers[i].role, "err", err)
+		}
+		return nil
+	})
 	if b.tmp != "" {
 		_ = os.RemoveAll(b.tmp)
 	}

@@ -2,15 +2,22 @@ package bed
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/routing/itemid"
 )
 
 // TestBedUpAndDown starts a one-region bed on free ports, checks the layout
@@ -56,4 +63,254 @@ func TestBedUpAndDown(t *testing.T) {
 	}
 	_, err = ReadLayout(dir)
 	require.Error(t, err, "bed.json is removed on stop")
+}
+
+// TestThreeRegionBed starts the multi-region bed and checks what the drills
+// rely on: the layout, region preference across routers, replication
+// through the WAN with semi-sync, the replicas' fence, the latency, that
+// NATS routes cannot bypass a cut, and that Stop leaves nothing running.
+func TestThreeRegionBed(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const latency = 20 * time.Millisecond
+	b, err := Start(ctx, Config{Dir: dir, Regions: DefaultRegions, NATSPort: -1, WANLatency: latency,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	defer b.Stop()
+
+	l, err := ReadLayout(dir)
+	require.NoError(t, err)
+	require.Len(t, l.Regions, 3)
+	roles := map[string]int{}
+	shardOf := map[string]uint32{} // region -> its shard
+	for _, p := range l.Processes {
+		roles[p.Role]++
+		require.Positive(t, p.PID)
+		require.NotEmpty(t, p.Region, "%+v", p)
+		if p.Role == RolePrimary {
+			shardOf[p.Region] = p.Shard
+		}
+	}
+	require.Equal(t, map[string]int{RolePrimary: 3, RoleReplica: 3, RoleNATS: 3, RoleTriage: 3}, roles)
+	// Each of 6 mariadbd is reached from 2 other regions; 6 directed NATS routes.
+	require.Len(t, l.Links, 6*2+6)
+	for _, k := range l.Links {
+		require.True(t, k.Enabled)
+		require.Equal(t, float64(latency/time.Millisecond), k.LatencyMS)
+		require.NotEqual(t, k.From, k.To)
+	}
+
+	t.Run("checks", func(t *testing.T) {
+		t.Run("region preference across routers", func(t *testing.T) {
+			t.Parallel()
+			topic := "pref"
+			var enq struct {
+				Results []struct{ ID, Region string }
+			}
+			postJSON(t, l.Regions[0].HTTP, "/v1/namespaces/default/topics/"+topic+"/items",
+				`{"region":"eu-west","items":[{"payload":"aGk="}]}`, &enq)
+			require.Len(t, enq.Results, 1)
+			require.Equal(t, "eu-west", enq.Results[0].Region)
+			id, err := itemid.Parse(enq.Results[0].ID)
+			require.NoError(t, err)
+			require.Equal(t, shardOf["eu-west"], id.Shard, "stored on eu-west's shard")
+
+			var got []string
+			require.Eventually(t, func() bool {
+				var deq struct {
+					Items []struct{ ID string }
+				}
+				if !tryPostJSON(t, l.Regions[2].HTTP, "/v1/namespaces/default:dequeue",
+					`{"region":"eu-west","topics":[{"topic":"`+topic+`","count":1}],"lease_duration":"30s","wait":"1s"}`, &deq) {
+					return false
+				}
+				for _, it := range deq.Items {
+					got = append(got, it.ID)
+				}
+				return len(got) > 0
+			}, 30*time.Second, 100*time.Millisecond)
+			require.Equal(t, []string{enq.Results[0].ID}, got, "dequeued through ap-south's router")
+		})
+		t.Run("replication through the WAN", func(t *testing.T) {
+			t.Parallel()
+			for region, shard := range shardOf {
+				p, r := b.Server(shard, "primary"), b.Server(shard, "replica")
+				require.NotNil(t, p)
+				require.NotNil(t, r)
+				pdb := openT(t, p.DSN(""))
+				_, err := pdb.Exec(`CREATE DATABASE IF NOT EXISTS bedcheck;
+					CREATE TABLE IF NOT EXISTS bedcheck.t (shard INT PRIMARY KEY);
+					INSERT INTO bedcheck.t VALUES (?)`, shard)
+				require.NoError(t, err)
+				rdb := openT(t, r.DSN(""))
+				require.Eventually(t, func() bool {
+					var n int
+					return rdb.QueryRow("SELECT shard FROM bedcheck.t").Scan(&n) == nil && n == int(shard)
+				}, 10*time.Second, 50*time.Millisecond, "shard %d's row on its replica", shard)
+
+				ra, err := replication.Open(r.DSN(""))
+				require.NoError(t, err)
+				st, err := ra.Status(ctx)
+				ra.Close()
+				require.NoError(t, err)
+				require.Equal(t, replication.RoleReplica, st.Role)
+				require.True(t, st.ReadOnly)
+				replicaRegion := DefaultRegions[(slices.Index(DefaultRegions, region)+1)%3]
+				require.Equal(t, b.Via(replicaRegion, p.Addr()), st.PrimaryAddr, "replicates through the link")
+				require.NotEqual(t, p.Addr(), st.PrimaryAddr)
+
+				pa, err := replication.Open(p.DSN(""))
+				require.NoError(t, err)
+				ss, err := pa.SemiSyncStatus(ctx)
+				pa.Close()
+				require.NoError(t, err)
+				require.True(t, ss.PrimaryEnabled)
+				require.True(t, ss.Active, "semi-sync ON on shard %d's primary: %+v", shard, ss)
+				require.Equal(t, "AFTER_SYNC", ss.WaitPoint)
+				require.GreaterOrEqual(t, ss.Clients, 1)
+			}
+		})
+		t.Run("the app user cannot write a replica", func(t *testing.T) {
+			t.Parallel()
+			r := b.Server(shardOf["us-east"], "replica")
+			root := openT(t, r.DSN(""))
+			require.Eventually(t, func() bool {
+				var n int
+				return root.QueryRow("SELECT COUNT(*) FROM triage.schema_migrations").Scan(&n) == nil && n > 0
+			}, 10*time.Second, 50*time.Millisecond, "schema replicated")
+			app := openT(t, AppUser+":"+AppPassword+"@tcp("+r.Addr()+")/"+Database)
+			var one int
+			require.NoError(t, app.QueryRow("SELECT 1 FROM schema_migrations LIMIT 1").Scan(&one), "the app user can read")
+			_, err := app.Exec("INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, 'x', 0)")
+			require.ErrorContains(t, err, "read-only", "read_only fences the app user")
+			_, err = app.Exec("CREATE TABLE nope (id INT)")
+			require.ErrorContains(t, err, "read-only")
+		})
+		t.Run("a round trip through a link costs twice the latency", func(t *testing.T) {
+			t.Parallel()
+			p := b.Server(shardOf["eu-west"], "primary")
+			via := b.Via("us-east", p.Addr())
+			require.NotEqual(t, p.Addr(), via)
+			db := openT(t, "root@tcp("+via+")/")
+			db.SetMaxOpenConns(1)
+			require.NoError(t, db.Ping())
+			for range 3 {
+				start := time.Now()
+				var one int
+				require.NoError(t, db.QueryRow("SELECT 1").Scan(&one))
+				require.GreaterOrEqual(t, time.Since(start), 2*latency)
+			}
+		})
+	})
+
+	t.Run("a cut partitions NATS too", func(t *testing.T) {
+		for _, r := range b.regions {
+			require.Equal(t, 2, r.nats.NumRemotes(), r.name)
+		}
+		require.NoError(t, b.Cut("eu-west"))
+		cut, err := ReadLayout(dir)
+		require.NoError(t, err)
+		for _, k := range cut.Links {
+			require.Equal(t, k.From != "eu-west" && k.To != "eu-west", k.Enabled, k.Name)
+		}
+		eu, us := b.regions[1], b.regions[0]
+		require.Eventually(t, func() bool { return eu.nats.NumRemotes() == 0 && us.nats.NumRemotes() == 1 },
+			10*time.Second, 50*time.Millisecond, "no route survives the cut (none bypasses the proxies)")
+		require.NoError(t, b.Net().Heal("eu-west"))
+		require.Eventually(t, func() bool { return eu.nats.NumRemotes() == 2 && us.nats.NumRemotes() == 2 },
+			15*time.Second, 50*time.Millisecond, "routes come back through the healed links")
+	})
+
+	t.Run("a region dies, the control plane stays", func(t *testing.T) {
+		ap := b.regions[2]
+		victims := []int{b.Server(shardOf["ap-south"], "primary").PID(), b.Server(shardOf["eu-west"], "replica").PID()}
+		require.NoError(t, b.KillRegion("ap-south"))
+		require.ErrorContains(t, b.KillRegion("ap-south"), "already down")
+		for _, pid := range victims {
+			require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "mariadbd %d of ap-south", pid)
+		}
+		require.False(t, ap.nats.Running())
+		// Replicated KV and streams keep us-east working with 2 of 3 servers.
+		require.Eventually(t, func() bool {
+			var enq struct{ Results []struct{ ID string } }
+			return tryPostJSON(t, l.Regions[0].HTTP, "/v1/namespaces/default/topics/after/items",
+				`{"region":"us-east","items":[{"payload":"aGk="}]}`, &enq) && len(enq.Results) == 1
+		}, 30*time.Second, 200*time.Millisecond)
+
+		// A killed server comes back on its datadir and port, and catches up.
+		require.NoError(t, b.Heal("ap-south"))
+		r, err := b.Restart(ctx, shardOf["eu-west"], "replica")
+		require.NoError(t, err)
+		require.Same(t, r, b.Server(shardOf["eu-west"], "replica"))
+		_, err = openT(t, b.Server(shardOf["eu-west"], "primary").DSN("")).Exec("INSERT INTO bedcheck.t VALUES (100)")
+		require.NoError(t, err)
+		rdb := openT(t, r.DSN(""))
+		require.Eventually(t, func() bool {
+			var n int
+			return rdb.QueryRow("SELECT COUNT(*) FROM bedcheck.t WHERE shard = 100").Scan(&n) == nil && n == 1
+		}, 15*time.Second, 50*time.Millisecond)
+		l2, err := ReadLayout(dir)
+		require.NoError(t, err)
+		require.Contains(t, l2.Processes, Process{Role: RoleReplica, Region: "ap-south", Shard: shardOf["eu-west"], Port: r.Port(), PID: r.PID()})
+		l.Processes = append(l.Processes, Process{Role: RoleReplica, PID: r.PID()})
+	})
+
+	b.Stop()
+	for _, p := range l.Processes {
+		if p.Role == RolePrimary || p.Role == RoleReplica {
+			require.ErrorIs(t, syscall.Kill(p.PID, 0), syscall.ESRCH, "mariadbd %d still running", p.PID)
+		}
+	}
+	for _, r := range b.regions {
+		require.False(t, r.nats.Running(), "nats of %s", r.name)
+	}
+	for _, reg := range l.Regions {
+		_, err := net.DialTimeout("tcp", reg.HTTP, time.Second)
+		require.Error(t, err, "gateway of %s still listening", reg.Name)
+	}
+	for _, k := range l.Links {
+		_, err := net.DialTimeout("tcp", k.Listen, time.Second)
+		require.Error(t, err, "link %s still listening", k.Name)
+	}
+	_, err = ReadLayout(dir)
+	require.Error(t, err, "bed.json is removed on stop")
+}
+
+func openT(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func postJSON(t *testing.T, addr, path, body string, out any) {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(data))
+	require.NoError(t, json.Unmarshal(data, out), string(data))
+}
+
+// tryPostJSON is postJSON for polling: a non-200 answer (no dequeuer owns
+// the shard yet) is logged and reported false.
+func tryPostJSON(t *testing.T, addr, path, body string, out any) bool {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Log(err)
+		return false
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Logf("%s: %d %s", path, resp.StatusCode, data)
+		return false
+	}
+	require.NoError(t, json.Unmarshal(data, out), string(data))
+	return true
 }

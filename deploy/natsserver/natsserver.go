@@ -27,6 +27,18 @@ type Config struct {
 	ClusterName string
 	ClusterPort int
 	Routes      []string
+	// ClusterAdvertise is the route address this server tells its peers
+	// about; they dial it when they learn of the server through another
+	// one (gossip). Default: its cluster listen address. The local bed,
+	// whose routes must all go through WAN proxies, sets an address that
+	// refuses connections, so gossip never opens a direct route.
+	ClusterAdvertise string
+	// NoAdvertise keeps the server from telling its clients the other
+	// cluster members' client URLs, so a client reconnects only to the
+	// servers it was given (its own region's, in the bed).
+	NoAdvertise bool
+	// Tags are server tags for JetStream placement, e.g. "region:us-east".
+	Tags []string
 	// SyncInterval is JetStream's fsync interval. Default: the server's
 	// (2 minutes). Triage acknowledges committed enqueues only after the
 	// MySQL commit, so this bounds only what BUFFERED enqueues can lose.
@@ -60,9 +72,11 @@ func Start(cfg Config) (*server.Server, error) {
 		MaxPayload:         8 << 20,
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  8 << 30,
+		Tags:               cfg.Tags,
 	}
 	if cfg.ClusterName != "" {
-		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort}
+		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,
+			Advertise: cfg.ClusterAdvertise, NoAdvertise: cfg.NoAdvertise}
 		for _, r := range cfg.Routes {
 			u, err := url.Parse(r)
 			if err != nil {

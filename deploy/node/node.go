@@ -7,6 +7,7 @@ package node
 import (
 	"context"
 	"errors"
+	"expvar"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,6 +25,8 @@ import (
 
 	"github.com/triage-queue/triage/dequeuer"
 	"github.com/triage-queue/triage/enqueuer"
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/regions"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
@@ -118,9 +122,12 @@ type Node struct {
 
 	enq    *enqueuer.Service
 	deq    *dequeuer.Service
+	local  atomic.Pointer[dequeuer.Service] // what the router calls in-process
+	deqCfg dequeuer.Config
 	router *routing.Router
 	claim  *routing.NodeClaim
 	kv     jetstream.KeyValue
+	maps   *shardmap.Holder
 	grpc   *grpc.Server
 	http   *http.Server
 	pprof  *http.Server
@@ -180,6 +187,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	maps := shardmap.NewHolder(m)
 	n.kv = kv
+	n.maps = maps
 	var runCtx context.Context
 	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go shardmap.Watch(runCtx, js, kv, maps, logger)
@@ -220,8 +228,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		}
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
-		n.deq, err = dequeuer.New(dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), Logger: logger})
+		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
+			OwnerTTL: time.Duration(cfg.OwnerTTL), Logger: logger}
+		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return nil, err
 		}
@@ -239,6 +248,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.Handle("/debug/vars", expvar.Handler())
 		n.pprof = &http.Server{Addr: cfg.Pprof, Handler: mux}
 		go func() { _ = n.pprof.ListenAndServe() }()
 	}
@@ -283,7 +293,8 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Logger: n.log,
 		Publisher: kvPublisher{kv: n.kv, maps: maps}}
 	if n.deq != nil {
-		rc.Local = n.deq
+		n.local.Store(n.deq)
+		rc.Local = localDequeuer{n}
 	}
 	n.router, err = routing.New(rc)
 	if err != nil {
@@ -379,3 +390,48 @@ func (p kvPublisher) PublishMap(ctx context.Context, prev, next *shardmap.Map) e
 	p.maps.Offer(next)
 	return nil
 }
+
+// localDequeuer lets the router call whichever dequeuer the node runs now
+// (a drill may crash and restart it).
+type localDequeuer struct{ n *Node }
+
+func (l localDequeuer) ID() string { return l.n.local.Load().ID() }
+
+func (l localDequeuer) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
+	return l.n.local.Load().Dequeue(ctx, req, shards)
+}
+
+func (l localDequeuer) Ready(r *peerv1.ItemsReady) { l.n.local.Load().Ready(r) }
+
+func (l localDequeuer) Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error {
+	return l.n.local.Load().Unbuffer(ctx, ns, shard, keys)
+}
+
+// CrashDequeuer stops the node's dequeuer as a kill would (see
+// dequeuer.Service.Crash). Drills use it.
+func (n *Node) CrashDequeuer() error {
+	if n.deq == nil {
+		return errors.New("node runs no dequeuer")
+	}
+	n.deq.Crash()
+	return nil
+}
+
+// RestartDequeuer starts a new dequeuer (a new ID) after CrashDequeuer.
+func (n *Node) RestartDequeuer(ctx context.Context) error {
+	cfg := n.deqCfg
+	cfg.ID = "" // a restarted process gets a new identity
+	d, err := dequeuer.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := d.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	n.deq = d
+	n.local.Store(d)
+	return nil
+}
+
+// ShardMap returns the node's current shard map.
+func (n *Node) ShardMap() *shardmap.Map { return n.maps.Current() }

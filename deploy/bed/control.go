@@ -1,0 +1,232 @@
+package bed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/regions/replication"
+)
+
+// The control endpoint lets `triage drill`, a separate process, inject
+// and heal faults in this bed, which owns the processes, links and NATS
+// servers: POST /fault/SCENARIO, /heal/SCENARIO and /fate/SCENARIO with
+// ?region=R&shard=N, answered with {"description": ...} or {"error": ...}.
+// It listens on loopback only; bed.json names it ("control").
+
+// serveControl starts the endpoint.
+func (b *Bed) serveControl() error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /{action}/{scenario}", func(w http.ResponseWriter, r *http.Request) {
+		region := r.URL.Query().Get("region")
+		shard, _ := strconv.ParseUint(r.URL.Query().Get("shard"), 10, 32)
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
+		defer cancel()
+		desc, err := b.control(ctx, r.PathValue("action"), r.PathValue("scenario"), region, uint32(shard))
+		out := map[string]string{"description": desc}
+		if err != nil {
+			out = map[string]string{"error": err.Error()}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	b.control_ = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = b.control_.Serve(l) }()
+	b.Layout.Control = l.Addr().String()
+	return nil
+}
+
+func (b *Bed) regionByName(name string) (*region, error) {
+	for _, r := range b.regions {
+		if r.name == name {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("no region %q (regions: %v)", name, b.cfg.Regions)
+}
+
+// firstShard is the first shard homed in region.
+func (b *Bed) firstShard(region string) (uint32, error) {
+	for _, d := range b.serverList() {
+		if d.role == RolePrimary && d.region == region {
+			return d.shard, nil
+		}
+	}
+	return 0, fmt.Errorf("region %q has no shard", region)
+}
+
+// failedOver reports whether shard's primary moved off the server the bed
+// started as its primary.
+func (b *Bed) failedOver(shard uint32) bool {
+	d := b.server(shard, RolePrimary)
+	for _, r := range b.regions {
+		if r.node == nil || r.dead {
+			continue
+		}
+		s, ok := r.node.ShardMap().Shard(shard)
+		return ok && d != nil && s.Primary != d.srv.Addr()
+	}
+	return false
+}
+
+func (b *Bed) control(ctx context.Context, action, scenario, regionName string, shard uint32) (string, error) {
+	r, err := b.regionByName(regionName)
+	if err != nil {
+		return "", err
+	}
+	if shard == 0 {
+		if shard, err = b.firstShard(r.name); err != nil {
+			return "", err
+		}
+	}
+	switch action + " " + scenario {
+	case "fault primary-kill":
+		s := b.Server(shard, RolePrimary)
+		if err := s.Kill(); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("kill -9 of shard %d's primary mariadbd (pid %d, %s, region %s)", shard, s.PID(), s.Addr(), r.name), nil
+	case "heal primary-kill":
+		return b.restartOldPrimaries(ctx, []uint32{shard})
+	case "fault region-down":
+		if err := b.KillRegion(r.name); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("region %s down: its mariadbds killed -9, its NATS server and node stopped, its links cut", r.name), nil
+	case "heal region-down":
+		if err := b.Heal(r.name); err != nil {
+			return "", err
+		}
+		var shards []uint32
+		for _, d := range b.serverList() {
+			if d.region == r.name && d.role == RoleReplica {
+				if _, err := b.Restart(ctx, d.shard, RoleReplica); err != nil {
+					return "", err
+				}
+			}
+			if d.region == r.name && d.role == RolePrimary {
+				shards = append(shards, d.shard)
+			}
+		}
+		desc, err := b.restartOldPrimaries(ctx, shards)
+		return "links healed; " + desc + " (the region's NATS server and node stay down until the bed restarts)", err
+	case "fault partition":
+		if err := b.Cut(r.name); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("every cross-region link of %s cut (NATS routes, replication, remote primaries)", r.name), nil
+	case "heal partition":
+		if err := b.Heal(r.name); err != nil {
+			return "", err
+		}
+		var shards []uint32
+		for _, d := range b.serverList() {
+			if d.region == r.name && d.role == RolePrimary && b.failedOver(d.shard) {
+				shards = append(shards, d.shard)
+			}
+		}
+		desc, err := b.restartOldPrimaries(ctx, shards)
+		return "links healed; " + desc, err
+	case "fault nats-kill":
+		if r.nats == nil {
+			return "", errors.New("region has no NATS server")
+		}
+		r.nats.Shutdown()
+		r.nats.WaitForShutdown()
+		return fmt.Sprintf("NATS server of %s stopped abruptly", r.name), nil
+	case "heal nats-kill":
+		s, err := natsserver.Start(r.natsCfg)
+		if err != nil {
+			return "", err
+		}
+		r.nats = s
+		return fmt.Sprintf("NATS server of %s restarted on %s", r.name, s.ClientURL()), nil
+	case "fault dequeuer-kill":
+		if r.node == nil {
+			return "", errors.New("region has no node")
+		}
+		return fmt.Sprintf("dequeuer of %s crashed (no lease hand-back, ownership left to expire)", r.name), r.node.CrashDequeuer()
+	case "heal dequeuer-kill":
+		return fmt.Sprintf("a new dequeuer started in %s", r.name), r.node.RestartDequeuer(ctx)
+	case "fate primary-kill", "fate region-down", "fate partition":
+		return b.fate(ctx, shard), nil
+	case "fate nats-kill", "fate dequeuer-kill":
+		return "not applicable: no primary was faulted", nil
+	}
+	return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill", action, scenario)
+}
+
+// restartOldPrimaries restarts the bed's original primaries of shards: with
+// replication.RejoinArgs when the shard failed over (so crash recovery
+// drops what no replica acknowledged and the controller rejoins it as a
+// replica), as a primary again otherwise.
+func (b *Bed) restartOldPrimaries(ctx context.Context, shards []uint32) (string, error) {
+	var parts []string
+	for _, shard := range shards {
+		var args []string
+		how := "as primary"
+		if b.failedOver(shard) {
+			args, how = replication.RejoinArgs(), "to rejoin as a replica"
+		}
+		s, err := b.Restart(ctx, shard, RolePrimary, args...)
+		if err != nil {
+			return strings.Join(parts, "; "), err
+		}
+		parts = append(parts, fmt.Sprintf("shard %d's old primary restarted %s (pid %d)", shard, how, s.PID()))
+	}
+	if len(parts) == 0 {
+		return "no primary to restart", nil
+	}
+	return strings.Join(parts, "; "), nil
+}
+
+// fate says what the bed's original primary of shard is now.
+func (b *Bed) fate(ctx context.Context, shard uint32) string {
+	d := b.server(shard, RolePrimary)
+	if d == nil {
+		return "unknown shard"
+	}
+	c := mysql.NewConfig()
+	c.User, c.Net, c.Addr, c.Timeout = "root", "tcp", d.srv.Addr(), 2*time.Second
+	a, err := replication.Open(c.FormatDSN())
+	if err != nil {
+		return "unreachable: " + err.Error()
+	}
+	defer a.Close()
+	// The controller rejoins it within a few passes; give it that long.
+	var st replication.Status
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err = a.Status(sctx)
+		cancel()
+		if err == nil && (!b.failedOver(shard) || st.IOThreadRunning()) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	switch {
+	case err != nil:
+		return "down: " + err.Error()
+	case !b.failedOver(shard):
+		return fmt.Sprintf("still the primary (%s, read_only=%v): no failover happened", d.srv.Addr(), st.ReadOnly)
+	case st.IOThreadRunning():
+		return fmt.Sprintf("rejoined as a read-only replica of %s (read_only=%v, at %s)", st.PrimaryAddr, st.ReadOnly, st.CurrentPos)
+	default:
+		return fmt.Sprintf("not replicating (read_only=%v, IO %s, last error %q): needs a rebuild from the new primary",
+			st.ReadOnly, st.IORunning, st.LastIOError)
+	}
+}
