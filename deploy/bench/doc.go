@@ -1,0 +1,109 @@
+// Package bench is `make bench`: Triage's throughput and latency, side by
+// side with what MariaDB itself can do and with the queue people write by
+// hand on a SQL table, all measured in one run on one box.
+//
+// Run starts a private bed (bed.Start in a temp dir, free ports, so a bed
+// from `make up` is left alone), runs the scenarios below, prints progress
+// and a table, writes <Dir>/bench.json ({"machine": ..., "run": ...,
+// "scenarios": [...]}) and stops everything it started. Quick mode runs
+// every scenario for a second or two on small backlogs: a CI smoke test
+// whose numbers mean little.
+//
+// # Scenarios
+//
+// Every item carries a 128-byte payload and a priority 0-9. Every write is
+// committed with the bed's durability (innodb_flush_log_at_trx_commit=1,
+// sync_binlog=1, ROW binlog); machine.durability in bench.json holds the
+// values read from the server.
+//
+//   - ceiling-insert: multi-row INSERT batches with literal values, each its
+//     own transaction, straight into a copy of Triage's items table
+//     (database bench_raw, schema from package schema) — the enqueue limit.
+//     Best of a few writer counts and batch sizes, on one shard and on all
+//     of the bed's shards at once (the shards share the box's cores and
+//     disk, so the best of both is the box's limit). The table is emptied
+//     before each trial.
+//   - ceiling-lease-ack: raw batched lease + ack on the same table — the
+//     dequeue limit. Two strategies: one owner per shard reading the ready
+//     head without row locks and leasing with a conditional
+//     UPDATE ... WHERE id IN (...) AND deliver_after <= now, with ack
+//     workers deleting by primary key (Triage's design); and
+//     SELECT ... FOR UPDATE SKIP LOCKED + UPDATE by primary key, then a
+//     DELETE. Best of both, a few batch sizes and worker counts, one shard
+//     and all shards.
+//   - naive-enqueue, naive-dequeue-ack: the seeds' single-table queue on one
+//     shard (database bench_naive, same table and indexes): one autocommit
+//     INSERT per item; per item SELECT ... ORDER BY priority, deliver_after,
+//     id LIMIT 1 FOR UPDATE SKIP LOCKED + UPDATE in a transaction and a later
+//     DELETE. Same concurrency as the matching Triage scenario: each client
+//     or consumer count Triage is measured with, best of them.
+//   - triage-enqueue-batch1, -batch100: closed-loop Enqueue RPCs over gRPC
+//     (four client connections), COMMITTED durability; single items from
+//     64, 256 and 512 clients (best reported: the router coalesces
+//     concurrent requests, so more clients batch better), or 100 items from
+//     32 clients. Shards' items tables are emptied first.
+//   - triage-enqueue-json: as -batch100 through the JSON gateway (POST
+//     /v1/namespaces/default/topics/{topic}/items, base64 payloads).
+//   - triage-dequeue-ack: consumers Dequeue (count 100) and Ack the batch,
+//     from a backlog of 5M items (quick: 200k) written straight into the
+//     shards' items tables, rows shaped as the enqueuer writes them, with
+//     keys from a node number the bench claims in NATS KV as a router does.
+//     Best of 8, 16 and 32 consumers.
+//   - triage-mixed: first a closed-loop probe (single-item producers and
+//     the consumers at once) measures the sustainable rate of the mix,
+//     since enqueue and dequeue share the box; then producers offer half
+//     that rate open loop: each item has an intended send time, a pool of
+//     senders sends it then, and latency counts from the intended time, so
+//     a slow server cannot slow the load and hide its latency. The payload
+//     carries the item's sequence number. 16 consumers Dequeue (count 10)
+//     and Ack. Reported: end-to-end latency (intended send to the Dequeue
+//     answer carrying the item) as p50/p99/p99.9, enqueue p99 (intended
+//     send to the committed answer), dequeue p99 (non-waiting Dequeue
+//     calls; a consumer that finds nothing parks in a 250 ms long poll,
+//     whose waiting is not service time), and priority inversions.
+//   - triage-backlog: the same consumer load (8 consumers, count 10, ack)
+//     with 10k items waiting and with 5M waiting (quick: 200k); a round
+//     consumes 5k items, the shallow topic is topped up between rounds, a
+//     warm-up round is not recorded. Reported: dequeue latency with the deep
+//     backlog, the shallow one's p99 and the ratio in notes.
+//   - triage-enqueue-3region: needs the three-region bed, which does not
+//     exist yet; reported as skipped with zeros, never estimated.
+//
+// At the end of the run each baseline is measured once more at its best
+// configuration and the better of its two measurements is reported: other
+// work on a shared box can depress a baseline during its one window, which
+// would flatter Triage's ratios.
+//
+// Every scenario's notes end with where the box's CPU went while it ran:
+// this process (Triage node, NATS, load generators), the mariadbd
+// processes, other processes, idle and iowait — the first thing to read
+// when asking what limited a number.
+//
+// ratio_vs_naive and ratio_vs_ceiling compare items/s with the matching
+// baselines: enqueue scenarios with naive-enqueue and ceiling-insert,
+// dequeue scenarios with naive-dequeue-ack and ceiling-lease-ack. The run
+// checks the issue's targets and prints each as met or MISSED.
+//
+// # Priority inversions
+//
+// A delivery of item d counts as an inversion when a more urgent item u
+// had been ready for at least 5 ms when d's Dequeue was sent, and u was
+// still waiting when d's answer arrived. Ready counts from u's enqueue
+// answer (u was committed before it) and waiting lasts until the Dequeue
+// that delivered u was sent, and only if that was after d's answer: both
+// bounds err towards not counting, so each inversion counted is real.
+//
+// # Reading the numbers
+//
+// Everything shares one box: the shards' mariadbd processes, the embedded
+// NATS server, the Triage node and the load generators. On two cores the
+// Triage numbers are CPU-bound (gRPC, JetStream publish/ack and the
+// service's SQL share the cores with MariaDB), the baselines are bound by
+// MariaDB's CPU and by fsync per commit (group commit helps the batched
+// ones), and the naive dequeue by row locks and one commit per item. The
+// run records the box's load average at its start and end: other work on
+// the box shows there, and moves every number.
+//
+// Config.ProfileDir writes a CPU profile of this process (load generators,
+// Triage node, NATS; not mariadbd) per scenario, for tuning hot paths.
+package bench

@@ -1,0 +1,167 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// kind says which baselines a scenario compares with.
+var kind = map[string]string{
+	CeilingInsert: "enqueue", NaiveEnqueue: "enqueue", EnqueueBatch1: "enqueue", EnqueueBatch100: "enqueue",
+	EnqueueJSON: "enqueue", Enqueue3Region: "enqueue",
+	CeilingLeaseAck: "dequeue", NaiveDequeueAck: "dequeue", DequeueAck: "dequeue", Backlog: "dequeue",
+}
+
+func find(ss []Scenario, name string) *Scenario {
+	for i := range ss {
+		if ss[i].Name == name {
+			return &ss[i]
+		}
+	}
+	return nil
+}
+
+func ratio(a, b float64) float64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// applyRatios fills RatioVsNaive and RatioVsCeiling from the matching
+// baselines: enqueue scenarios against naive-enqueue and ceiling-insert,
+// dequeue scenarios against naive-dequeue-ack and ceiling-lease-ack.
+func applyRatios(ss []Scenario) {
+	base := map[string][2]string{
+		"enqueue": {NaiveEnqueue, CeilingInsert},
+		"dequeue": {NaiveDequeueAck, CeilingLeaseAck},
+	}
+	for i := range ss {
+		s := &ss[i]
+		b, ok := base[kind[s.Name]]
+		if !ok || s.Skipped || s.Error != "" {
+			continue
+		}
+		if n := find(ss, b[0]); n != nil {
+			s.RatioVsNaive = ratio(s.ItemsPerSec, n.ItemsPerSec)
+		}
+		if c := find(ss, b[1]); c != nil {
+			s.RatioVsCeiling = ratio(s.ItemsPerSec, c.ItemsPerSec)
+		}
+	}
+}
+
+// applyTargets records the issue's targets and whether the run met them.
+func applyTargets(ss []Scenario) {
+	ok := func(name string) *Scenario {
+		s := find(ss, name)
+		if s == nil || s.Skipped || s.Error != "" || s.ItemsPerSec == 0 {
+			return nil
+		}
+		return s
+	}
+	atLeast := func(s *Scenario, goal string, v, want float64) {
+		if v > 0 {
+			s.Targets = append(s.Targets, Target{Goal: goal, Measured: fmt.Sprintf("%.3fx", v), Met: v >= want})
+		}
+	}
+	if s := ok(EnqueueBatch100); s != nil {
+		atLeast(s, ">= 0.40x ceiling-insert", s.RatioVsCeiling, 0.40)
+		atLeast(s, ">= 5x naive-enqueue", s.RatioVsNaive, 5)
+	}
+	if s := ok(EnqueueBatch1); s != nil {
+		atLeast(s, ">= 2x naive-enqueue", s.RatioVsNaive, 2)
+	}
+	if s := ok(DequeueAck); s != nil {
+		atLeast(s, ">= 0.50x ceiling-lease-ack", s.RatioVsCeiling, 0.50)
+		atLeast(s, ">= 10x naive-dequeue-ack", s.RatioVsNaive, 10)
+	}
+	if s := ok(Mixed); s != nil {
+		d, e, inv := s.Metrics["dequeue_p99_ms"], s.Metrics["enqueue_p99_ms"], s.Metrics["priority_inversions"]
+		s.Targets = append(s.Targets,
+			Target{Goal: "dequeue p99 <= 10 ms", Measured: fmt.Sprintf("%.2f ms", d), Met: d <= 10},
+			Target{Goal: "enqueue p99 <= 25 ms", Measured: fmt.Sprintf("%.2f ms", e), Met: e <= 25},
+			Target{Goal: "zero priority inversions (more urgent item ready >= 5 ms)", Measured: fmt.Sprintf("%.0f", inv), Met: inv == 0})
+	}
+	if s := ok(Backlog); s != nil {
+		r := s.Metrics["p99_ratio"]
+		s.Targets = append(s.Targets, Target{Goal: "dequeue p99 with the deep backlog <= 2x the shallow one",
+			Measured: fmt.Sprintf("%.2fx (%.2f vs %.2f ms)", r, s.Metrics["deep_dequeue_p99_ms"], s.Metrics["shallow_dequeue_p99_ms"]), Met: r > 0 && r <= 2})
+	}
+}
+
+func fmtRatio(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", v)
+}
+
+func fmtMS(v float64, s Scenario) string {
+	if s.Skipped || s.Error != "" {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// printTable writes the results table, then targets and notes.
+func printTable(out io.Writer, rep *Report) {
+	mode := "full"
+	if rep.Run.Quick {
+		mode = "quick (smoke test: short runs, small backlogs; do not quote these numbers)"
+	}
+	m := rep.Machine
+	fmt.Fprintf(out, "\nResults — %s run, %d shards, %d-byte payloads; %d cores (%s), %s, MariaDB %s; "+
+		"innodb_flush_log_at_trx_commit=%s sync_binlog=%s binlog_format=%s; load average %.1f at start, %.1f at end\n\n",
+		mode, rep.Run.Shards, rep.Run.PayloadBytes, m.Cores, m.CPU, m.GoVersion, m.MariaDBVersion,
+		m.Durability["innodb_flush_log_at_trx_commit"], m.Durability["sync_binlog"], m.Durability["binlog_format"],
+		rep.Run.LoadAvgStart, rep.Run.LoadAvgEnd)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\titems/s\tp50 ms\tp99 ms\tp99.9 ms\tvs naive\tvs ceiling\t")
+	for _, s := range rep.Scenarios {
+		rate := human(s.ItemsPerSec)
+		switch {
+		case s.Error != "":
+			rate = "FAILED"
+		case s.Skipped:
+			rate = "skipped"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Name, rate, fmtMS(s.P50MS, s), fmtMS(s.P99MS, s), fmtMS(s.P999MS, s),
+			fmtRatio(s.RatioVsNaive), fmtRatio(s.RatioVsCeiling))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(out, "\nTargets (issue 5):")
+	any := false
+	for _, s := range rep.Scenarios {
+		for _, t := range s.Targets {
+			any = true
+			mark := "met   "
+			if !t.Met {
+				mark = "MISSED"
+			}
+			fmt.Fprintf(out, "  %s %s: %s (measured %s)\n", mark, s.Name, t.Goal, t.Measured)
+		}
+	}
+	if !any {
+		fmt.Fprintln(out, "  none could be evaluated")
+	}
+
+	fmt.Fprintln(out, "\nWhat each row measures:")
+	for _, s := range rep.Scenarios {
+		var parts []string
+		if s.Latency != "" {
+			parts = append(parts, "latency = "+s.Latency)
+		}
+		if s.Notes != "" {
+			parts = append(parts, s.Notes)
+		}
+		if s.Error != "" {
+			parts = append(parts, "error: "+s.Error)
+		}
+		fmt.Fprintf(out, "  %s (%.0fs): %s\n", s.Name, s.Seconds, strings.Join(parts, "; "))
+	}
+	fmt.Fprintln(out)
+}

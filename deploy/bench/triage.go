@@ -1,0 +1,325 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+)
+
+// Topics of the Triage scenarios; each scenario has its own, so one's
+// leftovers never change another's ready head.
+const (
+	readyTopic   = "bench-ready"
+	b1Topic      = "bench-enqueue-b1"
+	b100Topic    = "bench-enqueue-b100"
+	jsonTopic    = "bench-enqueue-json"
+	shallowTopic = "bench-shallow"
+	deepTopic    = "bench-deep"
+	mixedTopic   = "bench-mixed"
+)
+
+// rpcTimeout bounds every RPC, so a stuck call ends a worker instead of a
+// run.
+const rpcTimeout = 30 * time.Second
+
+// waitReady polls the router until an enqueue commits and a dequeue is
+// served: the dequeuer must own the shards and the router must have seen it.
+func (r *runner) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var err error
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = r.client(0).Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: readyTopic,
+			Items: []*triagev1.NewItem{{Payload: []byte("ready?")}}})
+		if err == nil {
+			var resp *triagev1.DequeueResponse
+			resp, err = r.client(0).Dequeue(cctx, &triagev1.DequeueRequest{Namespace: namespace,
+				Topics: []*triagev1.TopicCount{{Topic: readyTopic, Count: 10}}, Wait: durationpb.New(time.Second)})
+			if err == nil && len(resp.Items) > 0 {
+				_, err = r.client(0).Ack(cctx, &triagev1.AckRequest{Namespace: namespace, Acks: refs(resp.Items)})
+				cancel()
+				if err == nil {
+					return nil
+				}
+			} else if err == nil {
+				err = fmt.Errorf("dequeue returned nothing")
+			}
+		}
+		cancel()
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+	return fmt.Errorf("router at %s not ready: %v", r.bed.Layout.Regions[0].GRPC, err)
+}
+
+func refs(items []*triagev1.LeasedItem) []*triagev1.LeaseRef {
+	out := make([]*triagev1.LeaseRef, len(items))
+	for i, it := range items {
+		out[i] = &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken}
+	}
+	return out
+}
+
+func (r *runner) enqueueBatch1(ctx context.Context) (Scenario, error) {
+	return r.enqueueGRPC(ctx, EnqueueBatch1, b1Topic, r.p.enqueue1Clients, 1)
+}
+
+func (r *runner) enqueueBatch100(ctx context.Context) (Scenario, error) {
+	return r.enqueueGRPC(ctx, EnqueueBatch100, b100Topic, []int{r.p.enqueue100Clients}, 100)
+}
+
+// truncate empties the items and enqueue_batches tables of dbs, so that
+// every enqueue measurement starts from the same empty table: a table that
+// outgrows the buffer pool costs page flushes that an earlier trial did
+// not pay. Nothing is in flight between scenarios (every enqueue measured
+// was answered, so committed).
+func truncate(ctx context.Context, dbs []*sql.DB) error {
+	for _, db := range dbs {
+		for _, table := range []string{"items", "enqueue_batches"} {
+			if _, err := db.ExecContext(ctx, "TRUNCATE TABLE "+table); err != nil {
+				return fmt.Errorf("truncate %s: %w", table, err)
+			}
+		}
+	}
+	return nil
+}
+
+// enqueueGRPC: closed-loop Enqueue RPCs of batch items each, committed
+// durability, best of the client counts given.
+func (r *runner) enqueueGRPC(ctx context.Context, name, topic string, clientCounts []int, batch int) (Scenario, error) {
+	var best *sampler
+	var bestClients int
+	var trials []string
+	for _, clients := range clientCounts {
+		if err := truncate(ctx, r.shardDBs()); err != nil {
+			return Scenario{}, err
+		}
+		reqs := make([]*triagev1.EnqueueRequest, clients)
+		for i := range reqs {
+			items := make([]*triagev1.NewItem, batch)
+			for j := range items {
+				items[j] = &triagev1.NewItem{Payload: r.payload, Priority: int32((i + j) % 10)}
+			}
+			reqs[i] = &triagev1.EnqueueRequest{Namespace: namespace, Topic: topic, Items: items, Durability: triagev1.Durability_COMMITTED}
+		}
+		prog := r.progress(fmt.Sprintf("%s (%d clients)", name, clients))
+		s := runLoad(ctx, loadSpec{workers: clients, warmup: r.p.warmup, measure: r.p.measure,
+			op: func(ctx context.Context, w int, _ *sampler) (int, error) {
+				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+				defer cancel()
+				resp, err := r.client(w).Enqueue(cctx, reqs[w])
+				if err != nil {
+					return 0, err
+				}
+				if len(resp.Results) != batch {
+					return 0, fmt.Errorf("enqueue of %d items returned %d results", batch, len(resp.Results))
+				}
+				return batch, nil
+			}}, prog)
+		prog.close()
+		trials = append(trials, fmt.Sprintf("%d clients: %s", clients, human(s.rate())))
+		if best == nil || s.rate() > best.rate() {
+			best, bestClients = s, clients
+		}
+		if ctx.Err() != nil {
+			return Scenario{}, ctx.Err()
+		}
+	}
+	if best.items == 0 {
+		return Scenario{}, fmt.Errorf("no enqueue succeeded: %s", best.errNote())
+	}
+	note := fmt.Sprintf("gRPC, %d concurrent clients over %d connections, %d item(s) per request, COMMITTED, empty items table at start",
+		bestClients, len(r.clients), batch)
+	if len(trials) > 1 {
+		note += "; best of " + strings.Join(trials, ", ")
+	}
+	return Scenario{
+		ItemsPerSec: best.rate(),
+		P50MS:       best.pct("op", 50), P99MS: best.pct("op", 99), P999MS: best.pct("op", 99.9),
+		Latency: fmt.Sprintf("Enqueue RPC of %d item(s), until committed on the shard", batch),
+		Notes:   note + errSuffix(best),
+	}, nil
+}
+
+// enqueueJSON: as triage-enqueue-batch100, through the JSON gateway.
+func (r *runner) enqueueJSON(ctx context.Context) (Scenario, error) {
+	const batch = 100
+	clients := r.p.jsonClients
+	hc := &http.Client{Timeout: rpcTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: clients}}
+	defer hc.CloseIdleConnections()
+	url := r.httpBase + "/v1/namespaces/" + namespace + "/topics/" + jsonTopic + "/items"
+	payload := base64.StdEncoding.EncodeToString(r.payload)
+	if err := truncate(ctx, r.shardDBs()); err != nil {
+		return Scenario{}, err
+	}
+	bodies := make([][]byte, clients)
+	for i := range bodies {
+		var b strings.Builder
+		b.WriteString(`{"durability":"COMMITTED","items":[`)
+		for j := range batch {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`{"payload":"` + payload + `","priority":` + strconv.Itoa((i+j)%10) + `}`)
+		}
+		b.WriteString(`]}`)
+		bodies[i] = []byte(b.String())
+	}
+	prog := r.progress(EnqueueJSON)
+	s := runLoad(ctx, loadSpec{workers: clients, warmup: r.p.warmup, measure: r.p.measure,
+		op: func(ctx context.Context, w int, _ *sampler) (int, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[w]))
+			if err != nil {
+				return 0, err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+				return 0, fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+			}
+			var out struct {
+				Results []struct {
+					ID string `json:"id"`
+				} `json:"results"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				return 0, err
+			}
+			if len(out.Results) != batch {
+				return 0, fmt.Errorf("enqueue of %d items returned %d results", batch, len(out.Results))
+			}
+			return batch, nil
+		}}, prog)
+	prog.close()
+	if s.items == 0 {
+		return Scenario{}, fmt.Errorf("no enqueue succeeded: %s", s.errNote())
+	}
+	return Scenario{
+		ItemsPerSec: s.rate(),
+		P50MS:       s.pct("op", 50), P99MS: s.pct("op", 99), P999MS: s.pct("op", 99.9),
+		Latency: fmt.Sprintf("POST of %d items, until committed on the shard", batch),
+		Notes: fmt.Sprintf("JSON gateway, %d concurrent HTTP/1.1 clients, %d items per request (base64 payloads), COMMITTED, empty items table at start",
+			clients, batch) + errSuffix(s),
+	}, nil
+}
+
+// dequeueAck is one consumer step: Dequeue up to count items of topic,
+// then Ack them all in one call. It returns the items acked.
+func (r *runner) dequeueAck(ctx context.Context, c triagev1.QueueClient, topic string, count int, wait time.Duration, s *sampler) (int, error) {
+	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := c.Dequeue(cctx, &triagev1.DequeueRequest{Namespace: namespace,
+		Topics: []*triagev1.TopicCount{{Topic: topic, Count: int32(count)}}, Wait: durationpb.New(wait)})
+	if err != nil {
+		return 0, fmt.Errorf("dequeue: %w", err)
+	}
+	t1 := time.Now()
+	s.observe("dequeue", t1, t1.Sub(t0))
+	if len(resp.Items) == 0 {
+		return 0, nil
+	}
+	// Ack even when the run is being cancelled, so no lease is left behind.
+	actx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), rpcTimeout)
+	defer cancel2()
+	ar, err := c.Ack(actx, &triagev1.AckRequest{Namespace: namespace, Acks: refs(resp.Items)})
+	if err != nil {
+		return 0, fmt.Errorf("ack: %w", err)
+	}
+	t2 := time.Now()
+	s.observe("ack", t2, t2.Sub(t1))
+	ok := 0
+	var bad string
+	for _, res := range ar.Results {
+		if res.Ok {
+			ok++
+		} else if bad == "" {
+			bad = res.Id + ": " + res.Error
+		}
+	}
+	if bad != "" {
+		return ok, fmt.Errorf("%d of %d acks refused (first %s)", len(ar.Results)-ok, len(ar.Results), bad)
+	}
+	return ok, nil
+}
+
+// dequeueAckScenario: consumers lease and ack from the deep backlog, best
+// of a few consumer counts and batch sizes.
+func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
+	var need int64
+	for range r.p.dequeueTrials {
+		// At up to 40k/s, the deep backlog stays deep for every trial.
+		need += int64(40_000 * (r.p.warmup + r.p.measure).Seconds())
+	}
+	need = max(need, int64(r.p.deepBacklog))
+	if d := r.deepDepth.Load(); d < need {
+		if err := r.fill(ctx, r.shardDBs(), deepTopic, int(need-d), r.label(DequeueAck)); err != nil {
+			return Scenario{}, err
+		}
+		r.deepDepth.Add(need - d)
+	}
+	depth := r.deepDepth.Load()
+	var best *sampler
+	var bestTrial dequeueTrial
+	var trials []string
+	var errs []string
+	for _, t := range r.p.dequeueTrials {
+		prog := r.progress(fmt.Sprintf("%s (%d consumers, count %d)", DequeueAck, t.consumers, t.count))
+		s := runLoad(ctx, loadSpec{workers: t.consumers, warmup: r.p.warmup, measure: r.p.measure,
+			op: func(ctx context.Context, w int, s *sampler) (int, error) {
+				n, err := r.dequeueAck(ctx, r.client(w), deepTopic, t.count, 500*time.Millisecond, s)
+				r.deepDepth.Add(-int64(n))
+				return n, err
+			}}, prog)
+		prog.close()
+		trials = append(trials, fmt.Sprintf("%dx%d: %s", t.consumers, t.count, human(s.rate())))
+		if e := s.errNote(); e != "" {
+			errs = append(errs, fmt.Sprintf("%dx%d: %s", t.consumers, t.count, e))
+		}
+		if best == nil || s.rate() > best.rate() {
+			best, bestTrial = s, t
+		}
+		if ctx.Err() != nil {
+			return Scenario{}, ctx.Err()
+		}
+	}
+	if best.items == 0 {
+		return Scenario{}, fmt.Errorf("no dequeue+ack succeeded: %s", best.errNote())
+	}
+	note := fmt.Sprintf("gRPC, best: %d consumers x Dequeue(count %d) + Ack of the batch; all (consumers x count): %s; backlog %s items over %d shards; ack p99 %.2f ms",
+		bestTrial.consumers, bestTrial.count, strings.Join(trials, ", "), human(float64(depth)), len(r.shardIDs), best.pct("ack", 99))
+	if len(errs) > 0 {
+		note += "; " + strings.Join(errs, "; ")
+	}
+	return Scenario{
+		ItemsPerSec: best.rate(),
+		P50MS:       best.pct("dequeue", 50), P99MS: best.pct("dequeue", 99), P999MS: best.pct("dequeue", 99.9),
+		Latency: fmt.Sprintf("Dequeue RPC (count %d)", bestTrial.count),
+		Notes:   note,
+		Metrics: map[string]float64{"ack_p50_ms": best.pct("ack", 50), "ack_p99_ms": best.pct("ack", 99), "backlog_items": float64(depth)},
+	}, nil
+}
+
+func (r *runner) shardDBs() []*sql.DB {
+	out := make([]*sql.DB, 0, len(r.shardIDs))
+	for _, id := range r.shardIDs {
+		out = append(out, r.shardDB[id])
+	}
+	return out
+}
