@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,11 +19,13 @@ import (
 const OwnersBucket = "triage_owners"
 
 // OpenOwners creates or opens the ownership bucket.
-func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (jetstream.KeyValue, error) {
+// replicas copies survive the loss of a region in a cluster.
+func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:  OwnersBucket,
-		TTL:     ttl,
-		Storage: jetstream.MemoryStorage,
+		Bucket:   OwnersBucket,
+		TTL:      ttl,
+		Storage:  jetstream.MemoryStorage,
+		Replicas: max(replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open kv bucket %s: %w", OwnersBucket, err)
@@ -32,7 +35,20 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration) 
 
 func ownerKey(shard uint32) string { return "shard." + strconv.FormatUint(uint64(shard), 10) }
 
-// ownership claims and keeps this dequeuer's shards. One owner per shard
+// PresenceKey is the key a role's processes of region refresh in the
+// ownership bucket (its TTL expires it when they are all gone).
+func PresenceKey(role, region string) string { return "present." + role + "." + region }
+
+// Present reports whether region has live processes of role.
+func Present(ctx context.Context, kv jetstream.KeyValue, role, region string) bool {
+	_, err := kv.Get(ctx, PresenceKey(role, region))
+	return err == nil
+}
+
+// ownership claims and keeps this dequeuer's shards: those of its region,
+// and, when a region has no dequeuer left (region down), that region's
+// shards after they stayed unowned for a TTL, handed back when the
+// region's dequeuers return. One owner per shard
 // keeps dequeuers from fighting over the same rows (correctness does not
 // depend on it: every lease is a conditional UPDATE), which is worth 2x on
 // the lease path.
@@ -71,7 +87,43 @@ func (o *ownership) owned() []uint32 {
 // claim refreshes owned shards and tries to take unowned shards of the
 // region. It runs every OwnerTTL/4.
 func (o *ownership) claim(ctx context.Context) {
-	want := o.s.cfg.Maps.Current().RegionShards(o.s.cfg.Region)
+	// Announce this region's dequeuers, so adopters of its shards hand
+	// them back.
+	_, _ = o.kv.Put(ctx, PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID))
+	m := o.s.cfg.Maps.Current()
+	home := m.RegionShards(o.s.cfg.Region)
+	want := slices.Clone(home)
+	for _, region := range m.Regions {
+		if region == o.s.cfg.Region {
+			continue
+		}
+		present := Present(ctx, o.kv, "dequeuers", region)
+		for _, id := range m.RegionShards(region) {
+			o.mu.Lock()
+			_, mine := o.revs[id]
+			o.mu.Unlock()
+			switch {
+			case mine && present:
+				// Its home region has dequeuers again: hand the shard back.
+				o.s.log.Info("handing adopted shard back to its home region", "shard", id, "home", region)
+				o.mu.Lock()
+				rev := o.revs[id]
+				delete(o.revs, id)
+				o.mu.Unlock()
+				o.s.dropShard(ctx, id)
+				_ = o.kv.Delete(ctx, ownerKey(id), jetstream.LastRevision(rev))
+			case mine:
+				want = append(want, id)
+			case !present:
+				// Adopt a shard whose home region has no dequeuer left
+				// (its presence key expired: none refreshed it for a
+				// TTL) once its owner's claim expired too.
+				if _, err := o.kv.Get(ctx, ownerKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) {
+					want = append(want, id)
+				}
+			}
+		}
+	}
 	for _, id := range want {
 		o.mu.Lock()
 		rev, mine := o.revs[id]
@@ -86,7 +138,7 @@ func (o *ownership) claim(ctx context.Context) {
 		switch {
 		case err == nil:
 			if !mine {
-				o.s.log.Info("took shard ownership", "shard", id)
+				o.s.log.Info("took shard ownership", "shard", id, "adopted", !slices.Contains(home, id))
 			}
 			o.revs[id] = rev
 			o.sureAt[id] = time.Now()
@@ -146,6 +198,9 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 		for e := range w.Updates() {
 			if e == nil {
 				once()
+				continue
+			}
+			if !strings.HasPrefix(e.Key(), "shard.") {
 				continue
 			}
 			id, err := strconv.ParseUint(strings.TrimPrefix(e.Key(), "shard."), 10, 32)

@@ -38,6 +38,8 @@ type Config struct {
 	// OwnerTTL is how long a shard ownership outlives its owner. A killed
 	// dequeuer's shards are taken over after at most this long. Default 10s.
 	OwnerTTL time.Duration
+	// KVReplicas of the ownership bucket. Default 1.
+	KVReplicas int
 	// IdleRelease hands a topic's buffered leases back after this long
 	// without a dequeue. Default 2s.
 	IdleRelease time.Duration
@@ -99,7 +101,7 @@ func UnbufferSubject(id string) string { return "triage.dqu." + id }
 
 // Start claims shards and begins serving.
 func (s *Service) Start(ctx context.Context) error {
-	kv, err := OpenOwners(ctx, s.cfg.JS, s.cfg.OwnerTTL)
+	kv, err := OpenOwners(ctx, s.cfg.JS, s.cfg.OwnerTTL, s.cfg.KVReplicas)
 	if err != nil {
 		return err
 	}

@@ -38,17 +38,28 @@ type Config struct {
 	// AckWait is how long JetStream waits for an ack before redelivering a
 	// batch to another enqueuer. Default 30s.
 	AckWait time.Duration
+	// Presence, when set, is a KV bucket with a TTL where enqueuers
+	// announce their region; a region with no enqueuer left has its
+	// buffer drained by the others. Nil: only the region's own shards.
+	Presence jetstream.KeyValue
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
+// AdoptAfter is how long a region must have shown no enqueuer before
+// others drain its buffer.
+const AdoptAfter = 3 * time.Second
+
+// PresenceKey is where a region's enqueuers announce themselves.
+func PresenceKey(region string) string { return "present.enqueuers." + region }
+
 // Service runs one worker per shard homed in the region.
 type Service struct {
-	cfg    Config
-	stream string
+	cfg Config
 
 	mu      sync.Mutex
 	workers map[uint32]context.CancelFunc
+	absent  map[string]time.Time // regions seen without enqueuers since (reconcile only)
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc
 }
@@ -71,7 +82,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Logger = cfg.Logger.With("role", "enqueuer", "region", cfg.Region)
-	return &Service{cfg: cfg, stream: StreamName(cfg.Region), workers: map[uint32]context.CancelFunc{}}, nil
+	return &Service{cfg: cfg, workers: map[uint32]context.CancelFunc{}, absent: map[string]time.Time{}}, nil
 }
 
 // Start creates the stream and starts the workers. They follow the shard
@@ -109,25 +120,56 @@ func (s *Service) Stop() {
 }
 
 func (s *Service) reconcile(ctx context.Context) {
-	want := map[uint32]bool{}
-	for _, id := range s.cfg.Maps.Current().RegionShards(s.cfg.Region) {
-		want[id] = true
+	m := s.cfg.Maps.Current()
+	want := map[uint32]string{} // shard -> home region
+	for _, id := range m.RegionShards(s.cfg.Region) {
+		want[id] = s.cfg.Region
+	}
+	if s.cfg.Presence != nil {
+		// Announce this region's enqueuers; drain the buffers of regions
+		// that have none left (region down), so their items still reach
+		// their shards' primaries. The home region's enqueuers take over
+		// again once they are back.
+		_, _ = s.cfg.Presence.Put(ctx, PresenceKey(s.cfg.Region), []byte("1"))
+		for _, region := range m.Regions {
+			if region == s.cfg.Region {
+				continue
+			}
+			_, err := s.cfg.Presence.Get(ctx, PresenceKey(region))
+			if !errors.Is(err, jetstream.ErrKeyNotFound) {
+				delete(s.absent, region)
+				continue
+			}
+			// Absent for a while, not just starting up.
+			if s.absent[region].IsZero() {
+				s.absent[region] = time.Now()
+			}
+			if time.Since(s.absent[region]) < AdoptAfter {
+				continue
+			}
+			for _, id := range m.RegionShards(region) {
+				want[id] = region
+			}
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, cancel := range s.workers {
-		if !want[id] {
+		if _, ok := want[id]; !ok {
 			cancel()
 			delete(s.workers, id)
 		}
 	}
-	for id := range want {
+	for id, home := range want {
 		if _, ok := s.workers[id]; ok {
 			continue
 		}
+		if home != s.cfg.Region {
+			s.cfg.Logger.Warn("adopting the enqueue buffer of a region without enqueuers", "shard", id, "home", home)
+		}
 		wctx, cancel := context.WithCancel(ctx)
 		s.workers[id] = cancel
-		w := &worker{svc: s, shard: id, log: s.cfg.Logger.With("shard", id)}
+		w := &worker{svc: s, shard: id, home: home, log: s.cfg.Logger.With("shard", id)}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -139,6 +181,7 @@ func (s *Service) reconcile(ctx context.Context) {
 type worker struct {
 	svc   *Service
 	shard uint32
+	home  string // the shard's home region: whose stream it drains
 	log   *slog.Logger
 }
 
@@ -155,9 +198,9 @@ func (w *worker) run(ctx context.Context) {
 
 func (w *worker) consume(ctx context.Context) error {
 	cfg := w.svc.cfg
-	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, w.svc.stream, jetstream.ConsumerConfig{
+	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, StreamName(w.home), jetstream.ConsumerConfig{
 		Durable:       fmt.Sprintf("enq-%d", w.shard),
-		FilterSubject: Subject(cfg.Region, w.shard),
+		FilterSubject: Subject(w.home, w.shard),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait,
 		MaxAckPending: 20000,

@@ -31,8 +31,9 @@ type NodeClaim struct {
 // The bucket's TTL (one minute) frees the number of a process that died;
 // the claim is refreshed every 10 s. If a refresh finds the claim taken,
 // lost is called: the router must stop allocating.
-func ClaimNode(ctx context.Context, js jetstream.JetStream, owner string, lost func(error)) (*NodeClaim, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: NodesBucket, TTL: time.Minute, Storage: jetstream.FileStorage})
+func ClaimNode(ctx context.Context, js jetstream.JetStream, owner string, replicas int, lost func(error)) (*NodeClaim, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: NodesBucket, TTL: time.Minute,
+		Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
 	if err != nil {
 		return nil, fmt.Errorf("open kv bucket %s: %w", NodesBucket, err)
 	}

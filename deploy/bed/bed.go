@@ -231,7 +231,9 @@ func (c *Config) fill() {
 		c.WANLatency = 0
 	}
 	c.SemiSyncTimeout = cmp.Or(c.SemiSyncTimeout, 2500*time.Millisecond)
-	c.OwnerTTL = cmp.Or(c.OwnerTTL, 10*time.Second)
+	// Several regions: a shorter ownership TTL, so another region adopts a
+	// dead region's shards sooner (region-down RTO).
+	c.OwnerTTL = cmp.Or(c.OwnerTTL, map[bool]time.Duration{true: 10 * time.Second, false: 5 * time.Second}[len(c.Regions) == 1])
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +20,9 @@ func (r *runner) backlog(ctx context.Context) (Scenario, error) {
 		return Scenario{}, err
 	}
 	r.settle(ctx, dbs, r.label(Backlog))
+	smallReads := statusSum(ctx, dbs, "Innodb_buffer_pool_reads")
 	small, err := r.backlogPhase(ctx, shallowTopic, r.p.shallowBacklog)
+	smallReads = statusSum(ctx, dbs, "Innodb_buffer_pool_reads") - smallReads
 	if err != nil {
 		return Scenario{}, fmt.Errorf("%s items waiting: %w", human(float64(r.p.shallowBacklog)), err)
 	}
@@ -32,7 +36,10 @@ func (r *runner) backlog(ctx context.Context) (Scenario, error) {
 	r.settle(ctx, dbs, r.label(Backlog))
 	r.deepDepth.Add(int64(r.p.deepBacklog))
 	deepAt := r.deepDepth.Load()
+	tableMB := tableMB(ctx, dbs, "items")
+	bigReads := statusSum(ctx, dbs, "Innodb_buffer_pool_reads")
 	big, err := r.backlogPhase(ctx, deepTopic, 0)
+	bigReads = statusSum(ctx, dbs, "Innodb_buffer_pool_reads") - bigReads
 	if err != nil {
 		return Scenario{}, fmt.Errorf("%s items waiting: %w", human(float64(deepAt)), err)
 	}
@@ -53,11 +60,16 @@ func (r *runner) backlog(ctx context.Context) (Scenario, error) {
 			"at %s rows/s",
 			bigP99, human(float64(deepAt)), smallP99, human(float64(r.p.shallowBacklog)), ratio, big.pct("dequeue", 50), small.pct("dequeue", 50), r.p.settleWait,
 			r.p.backlogConsumers, r.p.backlogCount, r.p.backlogRounds, human(float64(r.p.backlogRoundItems)),
-			human(float64(r.p.deepBacklog)/fillSecs)) + errSuffix(big) + errSuffix(small),
+			human(float64(r.p.deepBacklog)/fillSecs)) +
+			fmt.Sprintf("; with the deep backlog the items table is %.0f MB per shard (buffer pool %s MB); InnoDB read %.0f pages from disk "+
+				"while serving the deep backlog and %.0f while serving the shallow one; ratios n/a: a latency test at a light fixed load",
+				tableMB/float64(len(dbs)), r.bufferPoolMB(), bigReads, smallReads) +
+			errSuffix(big) + errSuffix(small),
 		Metrics: map[string]float64{
 			"deep_items": float64(deepAt), "shallow_items": float64(r.p.shallowBacklog),
 			"deep_dequeue_p99_ms": bigP99, "shallow_dequeue_p99_ms": smallP99, "p99_ratio": ratio,
-			"shallow_items_per_sec": small.rate(),
+			"shallow_items_per_sec": small.rate(), "deep_disk_page_reads": bigReads, "shallow_disk_page_reads": smallReads,
+			"items_table_mb_per_shard": tableMB / float64(len(dbs)),
 		},
 	}, nil
 }
@@ -148,4 +160,44 @@ func (r *runner) consumeN(ctx context.Context, topic string, n int) ([]*sampler,
 		}
 	}
 	return ss, took, int(acked.Load()), err
+}
+
+// statusSum adds up a numeric global status variable over dbs.
+func statusSum(ctx context.Context, dbs []*sql.DB, name string) float64 {
+	sum := 0.0
+	for _, db := range dbs {
+		var k string
+		var v float64
+		if db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE ?", name).Scan(&k, &v) == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// tableMB adds up the data and index size of table in the current
+// database of dbs, from InnoDB's (estimated) statistics.
+func tableMB(ctx context.Context, dbs []*sql.DB, table string) float64 {
+	sum := 0.0
+	for _, db := range dbs {
+		var n sql.NullFloat64
+		if db.QueryRowContext(ctx, "SELECT data_length + index_length FROM information_schema.TABLES WHERE table_schema = DATABASE() AND table_name = ?",
+			table).Scan(&n) == nil {
+			sum += n.Float64
+		}
+	}
+	return sum / (1 << 20)
+}
+
+// bufferPoolMB is innodb_buffer_pool_size of the first shard in MB.
+func (r *runner) bufferPoolMB() string {
+	var k, v string
+	if r.shardDB[r.shardIDs[0]].QueryRow("SHOW GLOBAL VARIABLES LIKE 'innodb_buffer_pool_size'").Scan(&k, &v) != nil {
+		return "?"
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return v
+	}
+	return strconv.FormatInt(n>>20, 10)
 }

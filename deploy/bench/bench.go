@@ -307,7 +307,7 @@ func newRunner(ctx context.Context, cfg Config, out io.Writer, b *bed.Bed) (r *r
 	if err != nil {
 		return nil, err
 	}
-	if r.claim, err = routing.ClaimNode(ctx, js, "bench", func(error) {}); err != nil {
+	if r.claim, err = routing.ClaimNode(ctx, js, "bench", 1, func(error) {}); err != nil {
 		return nil, err
 	}
 	if r.ids, err = itemid.NewGenerator(r.claim.Node); err != nil {

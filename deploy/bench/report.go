@@ -11,7 +11,9 @@ import (
 var kind = map[string]string{
 	CeilingInsert: "enqueue", NaiveEnqueue: "enqueue", EnqueueBatch1: "enqueue", EnqueueBatch100: "enqueue",
 	EnqueueJSON: "enqueue", Enqueue3Region: "enqueue",
-	CeilingLeaseAck: "dequeue", NaiveDequeueAck: "dequeue", DequeueAck: "dequeue", Backlog: "dequeue",
+	CeilingLeaseAck: "dequeue", NaiveDequeueAck: "dequeue", DequeueAck: "dequeue",
+	// triage-mixed and triage-backlog measure latency at a light fixed load;
+	// their items/s is not a throughput to compare with a baseline.
 }
 
 func find(ss []Scenario, name string) *Scenario {
@@ -32,7 +34,8 @@ func ratio(a, b float64) float64 {
 
 // applyRatios fills RatioVsNaive and RatioVsCeiling from the matching
 // baselines: enqueue scenarios against naive-enqueue and ceiling-insert,
-// dequeue scenarios against naive-dequeue-ack and ceiling-lease-ack.
+// dequeue scenarios against naive-dequeue-ack and ceiling-lease-ack. The
+// latency scenarios (triage-mixed, triage-backlog) get none.
 func applyRatios(ss []Scenario) {
 	base := map[string][2]string{
 		"enqueue": {NaiveEnqueue, CeilingInsert},

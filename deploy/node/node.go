@@ -127,6 +127,7 @@ type Node struct {
 	router *routing.Router
 	claim  *routing.NodeClaim
 	kv     jetstream.KeyValue
+	owners jetstream.KeyValue
 	maps   *shardmap.Holder
 	grpc   *grpc.Server
 	http   *http.Server
@@ -216,9 +217,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		}
 		n.Controller = ctl
 	}
+	// The ownership bucket also carries the roles' presence per region.
+	if n.owners, err = dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
+		return nil, err
+	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			Stream:  enqueuer.StreamConfig{Replicas: cfg.StreamReplicas},
+			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners,
 			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger})
 		if err != nil {
 			return nil, err
@@ -229,7 +234,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), Logger: logger}
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return nil, err
@@ -271,15 +276,11 @@ func (n *Node) migrate(ctx context.Context, m *shardmap.Map) error {
 }
 
 func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, maps *shardmap.Holder) error {
-	okv, err := dequeuer.OpenOwners(ctx, js, time.Duration(n.cfg.OwnerTTL))
+	owners, err := dequeuer.WatchOwners(runCtx, n.owners)
 	if err != nil {
 		return err
 	}
-	owners, err := dequeuer.WatchOwners(runCtx, okv)
-	if err != nil {
-		return err
-	}
-	n.claim, err = routing.ClaimNode(ctx, js, "router-"+n.cfg.Region, func(err error) {
+	n.claim, err = routing.ClaimNode(ctx, js, "router-"+n.cfg.Region, n.cfg.KVReplicas, func(err error) {
 		n.log.Error("item id node lost; stopping the router so no id is reused", "err", err)
 		go n.Stop()
 	})
