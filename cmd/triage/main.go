@@ -132,8 +132,13 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	wanLatency := fs.Duration("wan-latency", 20*time.Millisecond, "one-way latency between regions (0 for none)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6060)")
+	freePorts := fs.Bool("free-ports", false, "pick free ports instead of 808x/909x/4222 (tests, or beside another bed)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	httpBase, grpcBase, natsPort := 8080, 9090, 0
+	if *freePorts {
+		httpBase, grpcBase, natsPort = 0, 0, -1
 	}
 	regionList := strings.Split(*regions, ",")
 	if *multi {
@@ -147,7 +152,7 @@ func up(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	start := time.Now()
 	fmt.Fprintf(stdout, "starting the Triage bed: regions %s (MariaDB shards, NATS, Triage roles)...\n", strings.Join(regionList, ", "))
 	b, err := bed.Start(ctx, bed.Config{Dir: *dir, Regions: regionList, ShardsPerRegion: *shards, WANLatency: latency,
-		HTTPBase: 8080, GRPCBase: 9090, Pprof: *pprofAddr, Logger: log,
+		HTTPBase: httpBase, GRPCBase: grpcBase, NATSPort: natsPort, Pprof: *pprofAddr, Logger: log,
 		Progress: func(line string) { fmt.Fprintln(stdout, "  "+line) }})
 	if err != nil {
 		fmt.Fprintln(stderr, "triage up:", err)
