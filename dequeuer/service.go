@@ -149,13 +149,7 @@ func (s *Service) Start(ctx context.Context) error {
 // Stop stops serving, hands buffered leases back and gives up ownership so
 // another dequeuer takes the shards at once.
 func (s *Service) Stop() {
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
-	if s.cancel != nil {
-		s.cancel()
-	}
-	s.wg.Wait()
+	s.halt()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.releaseAll(ctx, func(*topicBuf) bool { return true })
@@ -169,6 +163,14 @@ func (s *Service) Stop() {
 // the ownership TTL and the prefetched items for their leases to lapse.
 // Drills use it.
 func (s *Service) Crash() {
+	s.halt()
+	if s.owner != nil {
+		s.owner.forget()
+	}
+}
+
+// halt stops taking requests and notices and ends the background loops.
+func (s *Service) halt() {
 	for _, sub := range s.subs {
 		_ = sub.Unsubscribe()
 	}
@@ -176,9 +178,6 @@ func (s *Service) Crash() {
 		s.cancel()
 	}
 	s.wg.Wait()
-	if s.owner != nil {
-		s.owner.forget()
-	}
 }
 
 func (s *Service) loop(ctx context.Context, every time.Duration, fn func(context.Context)) {
