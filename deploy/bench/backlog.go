@@ -176,10 +176,14 @@ func statusSum(ctx context.Context, dbs []*sql.DB, name string) float64 {
 }
 
 // tableMB adds up the data and index size of table in the current
-// database of dbs, from InnoDB's (estimated) statistics.
+// database of dbs, from InnoDB's statistics (estimates). table must be a
+// plain identifier.
 func tableMB(ctx context.Context, dbs []*sql.DB, table string) float64 {
 	sum := 0.0
 	for _, db := range dbs {
+		// Statistics lag a bulk fill until they are recomputed (sampled, so
+		// cheap).
+		_, _ = db.ExecContext(ctx, "ANALYZE TABLE "+table)
 		var n sql.NullFloat64
 		if db.QueryRowContext(ctx, "SELECT data_length + index_length FROM information_schema.TABLES WHERE table_schema = DATABASE() AND table_name = ?",
 			table).Scan(&n) == nil {

@@ -3,9 +3,10 @@
 // hand on a SQL table, all measured in one run on one box.
 //
 // Run starts a private bed (bed.Start in a temp dir, free ports, so a bed
-// from `make up` is left alone), runs the scenarios below, prints progress
-// and a table, writes <Dir>/bench.json ({"machine": ..., "run": ...,
-// "scenarios": [...]}) and stops everything it started. Quick mode runs
+// from `make up` is left alone), runs the scenarios below (the last on a
+// private three-region bed started once the first is stopped), prints
+// progress and a table, writes <Dir>/bench.json ({"machine": ..., "run":
+// ..., "scenarios": [...]}) and stops everything it started. Quick mode runs
 // every scenario for a second or two on small backlogs: a CI smoke test
 // whose numbers mean little.
 //
@@ -66,8 +67,16 @@
 //     consumes 5k items, the shallow topic is topped up between rounds, a
 //     warm-up round is not recorded. Reported: dequeue latency with the deep
 //     backlog, the shallow one's p99 and the ratio in notes.
-//   - triage-enqueue-3region: needs the three-region bed, which does not
-//     exist yet; reported as skipped with zeros, never estimated.
+//   - triage-enqueue-3region: -batch100 and -batch1 (its largest client
+//     count) on the three-region bed, started after the one-region bed is
+//     stopped: region us-east's shards (as many as Config.Shards; one in
+//     quick mode) each have a replica in eu-west behind the bed's WAN link
+//     (20 ms one way), commits wait for the replica's semi-sync
+//     acknowledgement (AFTER_SYNC), and the enqueue stream is replicated
+//     across the regions' NATS servers. items/s and latencies are
+//     batch 100's; batch 1's and both ratios to one region are in notes, as
+//     are the commits the replica acknowledged and those that fell back to
+//     async (which would not be zero-RPO).
 //
 // At the end of the run each baseline is measured once more at its best
 // configuration and the better of its two measurements is reported: other

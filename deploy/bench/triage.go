@@ -95,15 +95,15 @@ func truncate(ctx context.Context, dbs []*sql.DB) error {
 	return nil
 }
 
-// enqueueGRPC: closed-loop Enqueue RPCs of batch items each, committed
-// durability, best of the client counts given.
-func (r *runner) enqueueGRPC(ctx context.Context, name, topic string, clientCounts []int, batch int) (Scenario, error) {
-	var best *sampler
-	var bestClients int
-	var trials []string
+// enqueueTrials runs closed-loop Enqueue RPCs of batch items each,
+// committed durability, once per client count, and returns the best run.
+// With empty set the shards' tables are emptied before each run.
+func (r *runner) enqueueTrials(ctx context.Context, name, topic string, clientCounts []int, batch int, empty bool) (best *sampler, bestClients int, trials []string, err error) {
 	for _, clients := range clientCounts {
-		if err := truncate(ctx, r.shardDBs()); err != nil {
-			return Scenario{}, err
+		if empty {
+			if err := truncate(ctx, r.shardDBs()); err != nil {
+				return nil, 0, nil, err
+			}
 		}
 		reqs := make([]*triagev1.EnqueueRequest, clients)
 		for i := range reqs {
@@ -113,7 +113,7 @@ func (r *runner) enqueueGRPC(ctx context.Context, name, topic string, clientCoun
 			}
 			reqs[i] = &triagev1.EnqueueRequest{Namespace: namespace, Topic: topic, Items: items, Durability: triagev1.Durability_COMMITTED}
 		}
-		prog := r.progress(fmt.Sprintf("%s (%d clients)", name, clients))
+		prog := r.progress(fmt.Sprintf("%s (%d clients x %d items)", name, clients, batch))
 		s := runLoad(ctx, loadSpec{workers: clients, warmup: r.p.warmup, measure: r.p.measure,
 			op: func(ctx context.Context, w int, _ *sampler) (int, error) {
 				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -133,11 +133,21 @@ func (r *runner) enqueueGRPC(ctx context.Context, name, topic string, clientCoun
 			best, bestClients = s, clients
 		}
 		if ctx.Err() != nil {
-			return Scenario{}, ctx.Err()
+			return nil, 0, nil, ctx.Err()
 		}
 	}
 	if best.items == 0 {
-		return Scenario{}, fmt.Errorf("no enqueue succeeded: %s", best.errNote())
+		return nil, 0, nil, fmt.Errorf("no enqueue succeeded: %s", best.errNote())
+	}
+	return best, bestClients, trials, nil
+}
+
+// enqueueGRPC: closed-loop Enqueue RPCs of batch items each, committed
+// durability, best of the client counts given, each on empty tables.
+func (r *runner) enqueueGRPC(ctx context.Context, name, topic string, clientCounts []int, batch int) (Scenario, error) {
+	best, bestClients, trials, err := r.enqueueTrials(ctx, name, topic, clientCounts, batch, true)
+	if err != nil {
+		return Scenario{}, err
 	}
 	note := fmt.Sprintf("gRPC, %d concurrent clients over %d connections, %d item(s) per request, COMMITTED, empty items table at start",
 		bestClients, len(r.clients), batch)
