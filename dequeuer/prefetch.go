@@ -39,6 +39,8 @@ type shardQueue struct {
 	checkedAt time.Time
 	exhausted bool          // last fetch returned fewer rows than asked
 	dirty     bool          // ItemsReady arrived since the last fetch
+	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
+	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
 }
 
@@ -158,6 +160,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			case !q.fresh(now):
 				stale = append(stale, id)
 				q.fetching = make(chan struct{})
+				q.fetchedAt = q.notices
 			}
 		}
 		if len(lapsed) > 0 {
@@ -290,7 +293,9 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 		// (new arrivals); merge to keep delivery order.
 		q.items = mergeSorted(q.items, results[i])
 		q.exhausted = errs[i] != nil || !fulls[i]
-		q.dirty = false
+		// A notice that arrived while the fetch ran may be about rows it
+		// did not see: keep the queue dirty for another look.
+		q.dirty = q.notices != q.fetchedAt
 		q.checkedAt = now
 		close(q.fetching)
 		q.fetching = nil

@@ -244,8 +244,10 @@ func (s *Service) Ready(r *peerv1.ItemsReady) {
 		q := b.queue(r.Shard)
 		// An empty or short-read queue must look again; a buffered queue
 		// only when the new items may sort before what it holds.
-		if len(q.items) == 0 || r.MinPriority <= q.items[len(q.items)-1].Priority {
+		// Same priority sorts after the buffered ones (later deliver_after).
+		if len(q.items) == 0 || r.MinPriority < q.items[len(q.items)-1].Priority {
 			q.dirty = true
+			q.notices++
 		}
 		b.mu.Unlock()
 		b.wake(int(max(r.Count, 1)))
