@@ -3,8 +3,9 @@
 //
 // # Buffer
 //
-// Routers publish one EnqueueBatch message per (request, shard) to the
-// region's stream (EnsureStream), on subject triage.enq.<region>.<shard>.
+// Routers publish EnqueueEnvelope messages — the (request, shard) batches
+// of concurrent requests bound for one shard, coalesced — to the region's
+// stream (EnsureStream), on subject triage.enq.<region>.<shard>.
 // The stream is a work queue: a message is deleted once an enqueuer acks it.
 // It has hard limits with DiscardNew, so a full buffer refuses the publish
 // (the router answers RESOURCE_EXHAUSTED) instead of dropping anything.
@@ -12,10 +13,11 @@
 // # Workers
 //
 // One worker per shard homed in the region holds a pull consumer on the
-// shard's subject. It takes the first waiting message, then everything else
-// already buffered (up to a size cap), and writes them all with one
-// multi-row INSERT in one transaction: group commit, so one fsync covers
-// many requests. After COMMIT it acks the messages, answers each waiting
+// shard's subject, with four insert loops in flight. A loop takes the first
+// waiting message, then everything else already buffered (up to a size
+// cap), and writes them all with one multi-row INSERT in one transaction:
+// group commit, so one fsync covers many requests. When a region has no
+// enqueuer left, the others drain its stream too (Presence). After COMMIT it acks the messages, answers each waiting
 // router on the batch's reply subject, and tells dequeuers which topics got
 // new items (ItemsReady).
 //
@@ -30,7 +32,8 @@
 //
 // # Failures
 //
-// When a shard's inserts fail, the worker naks the messages with a delay and
-// backs off (a per-shard circuit breaker): the items wait in the buffer and
+// When a shard's inserts fail, or the shard is not writable (fenced for a
+// failover, or the shard map is stale), the worker naks the messages with a
+// delay and backs off up to a second (a per-shard circuit breaker): the items wait in the buffer and
 // drain once the shard, or its new primary after a failover, accepts writes.
 package enqueuer
