@@ -51,7 +51,7 @@ func TestMergeTakeOrdersAcrossShards(t *testing.T) {
 	b := newTopicBuf(bufKey{ns: "n", topic: "t", band: allPriorities})
 	b.queue(1).items = []bufItem{item(1, 1, 0, 5), item(1, 3, 1, 1)}
 	b.queue(2).items = []bufItem{item(2, 2, 0, 7), item(2, 4, 2, 0)}
-	got := mergeTake(b, []uint32{1, 2}, 10, time.Time{})
+	got := mergeTake(b, []uint32{1, 2}, 10, time.Time{}, nil)
 	var ids []uint64
 	for _, it := range got {
 		ids = append(ids, it.ID)

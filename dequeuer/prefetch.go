@@ -144,6 +144,11 @@ func (b *topicBuf) unwait(ch chan struct{}) {
 // across shards.
 func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int) ([]bufItem, error) {
 	var out []bufItem
+	// A queue read during this call counts as fresh for the rest of it,
+	// even if notices made it dirty again meanwhile: under a steady flood
+	// of enqueues there is always a newer notice, and re-reading forever
+	// would serve nothing.
+	read := map[uint32]bool{}
 	for len(out) < n {
 		now := s.cfg.Now()
 		b.mu.Lock()
@@ -157,8 +162,9 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			switch {
 			case q.fetching != nil:
 				inflight = append(inflight, q.fetching)
-			case !q.fresh(now):
+			case !q.fresh(now) && !(read[id] && len(q.items) > 0):
 				stale = append(stale, id)
+				read[id] = true
 				q.fetching = make(chan struct{})
 				q.fetchedAt = q.notices
 			}
@@ -169,7 +175,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			go s.releaseItems(context.WithoutCancel(ctx), lapsed)
 		}
 		if len(stale) == 0 && len(inflight) == 0 {
-			got := mergeTake(b, shards, n-len(out), now)
+			got := mergeTake(b, shards, n-len(out), now, read)
 			out = append(out, got...)
 			if len(got) > 0 {
 				b.observe(len(got), now)
@@ -201,13 +207,13 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 
 // mergeTake pops up to n items while every queue is fresh. Caller holds
 // b.mu.
-func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time) []bufItem {
+func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint32]bool) []bufItem {
 	var out []bufItem
 	for len(out) < n {
 		var best *shardQueue
 		for _, id := range shards {
 			q := b.queues[id]
-			if !q.fresh(now) {
+			if !q.fresh(now) && !(read[id] && len(q.items) > 0) {
 				return out // refill before comparing further
 			}
 			if len(q.items) > 0 && (best == nil || q.items[0].less(&best.items[0].Row)) {
