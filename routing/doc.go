@@ -16,11 +16,14 @@
 // in NATS KV by ClaimNode), before anything is stored. Items with a dedup
 // key go to the shard the (topic, key) hashes to, so that shard's unique
 // index sees every copy; the rest of a request goes to one shard picked
-// round-robin. Each (request, shard) group is one JetStream message on the
-// region's enqueue stream, with Nats-Msg-Id set to the batch ID so a
-// retried publish is stored once. With COMMITTED durability (default) the
-// router then waits on its inbox for the enqueuer's EnqueueCommitted; with
-// BUFFERED it answers once JetStream stored the batch. A full stream is
+// round-robin. Each (request, shard) group is a batch; a per-shard
+// publisher (publish.go) puts the batches of concurrent requests into one
+// JetStream message (an envelope) on the region's enqueue stream, with
+// Nats-Msg-Id set to its first batch ID so a retried publish is stored
+// once. With COMMITTED durability (default) the router then waits on its
+// inbox for the enqueuer's EnqueueCommitted, tells the dequeuers about the
+// new items, and answers; with BUFFERED it answers once JetStream stored
+// the envelope. Quotas (quota.go) are checked before any of this. A full stream is
 // RESOURCE_EXHAUSTED; a commit not confirmed in time is DEADLINE_EXCEEDED
 // with a message saying the batch is still buffered.
 //
@@ -32,6 +35,14 @@
 // the shards it asks each for the full counts, merges by (priority,
 // deliver_after, id), keeps the most urgent and nacks the surplus back
 // with no delay.
+//
+// # Writes and failover
+//
+// Every write to a shard goes through shardmap.Pool.Writer (refused while
+// the shard is fenced or the map is stale) and is re-checked after it
+// committed (afterWrite): a write that landed on a primary deposed
+// meanwhile is reported as unknown, never as done. Admin.Failover forwards
+// to the controller leader (package regions).
 //
 // # Errors
 //
