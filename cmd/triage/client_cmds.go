@@ -617,6 +617,21 @@ func dequeueCmd(fs *flag.FlagSet) clientRun {
 
 // printItemResults prints one line per ref, ok or the server's reason, and
 // reports errItemsFailed if any item failed or got no result.
+// reportItemResults prints an ack or nack answer (as JSON with --json) and
+// fails with errItemsFailed when an item was refused.
+func reportItemResults(e *clientEnv, resp proto.Message, ids []string, results []*triagev1.ItemResult) error {
+	if !e.json {
+		return printItemResults(e, ids, results)
+	}
+	if err := printJSON(e.stdout, resp); err != nil {
+		return err
+	}
+	if itemResultsFailed(len(ids), results) {
+		return errItemsFailed
+	}
+	return nil
+}
+
 func printItemResults(e *clientEnv, ids []string, results []*triagev1.ItemResult) error {
 	failed := false
 	tw := newTable(e.stdout)
@@ -674,16 +689,7 @@ func ackCmd(_ *flag.FlagSet) clientRun {
 		if err != nil {
 			return err
 		}
-		if e.json {
-			if err := printJSON(e.stdout, resp); err != nil {
-				return err
-			}
-			if itemResultsFailed(len(ids), resp.GetResults()) {
-				return errItemsFailed
-			}
-			return nil
-		}
-		return printItemResults(e, ids, resp.GetResults())
+		return reportItemResults(e, resp, ids, resp.GetResults())
 	}
 }
 
@@ -722,16 +728,7 @@ func nackCmd(fs *flag.FlagSet) clientRun {
 		if err != nil {
 			return err
 		}
-		if e.json {
-			if err := printJSON(e.stdout, resp); err != nil {
-				return err
-			}
-			if itemResultsFailed(len(ids), resp.GetResults()) {
-				return errItemsFailed
-			}
-			return nil
-		}
-		return printItemResults(e, ids, resp.GetResults())
+		return reportItemResults(e, resp, ids, resp.GetResults())
 	}
 }
 
