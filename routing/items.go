@@ -290,16 +290,8 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic}
 	byPrio := map[int32]int64{}
 	oldest := int64(0)
-	groups := map[uint32][]int{}
-	for i, id := range shards {
-		groups[id] = []int{i}
-	}
 	var mu sync.Mutex
-	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, _ []int) error {
-		db, _, err := r.cfg.Pool.Primary(m, shard)
-		if err != nil {
-			return err
-		}
+	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		var ps []prio
 		if err := db.SelectContext(ctx, &ps, `SELECT priority, COUNT(*) AS ready, MIN(deliver_after) AS oldest FROM items
 			WHERE namespace = ? AND topic = ? AND deliver_after <= ? GROUP BY priority`, req.Namespace, req.Topic, nowUS); err != nil {
@@ -367,15 +359,7 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 	}
 	counts := map[string]int64{}
 	var mu sync.Mutex
-	groups := map[uint32][]int{}
-	for i, id := range shards {
-		groups[id] = []int{i}
-	}
-	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, _ []int) error {
-		db, _, err := r.cfg.Pool.Primary(m, shard)
-		if err != nil {
-			return err
-		}
+	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		var rows []struct {
 			Topic string `db:"topic"`
 			N     int64  `db:"n"`
