@@ -119,33 +119,12 @@ func leaseHead(ctx context.Context, db *sqlx.DB, namespace, topic string, b band
 	if err != nil {
 		return nil, 0, false, err
 	}
-	var affected int64
-	err = schema.Retry(ctx, func() error {
-		res, err := db.ExecContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		affected, err = res.RowsAffected()
-		return err
-	})
+	mine, err := updateHeld(ctx, db, q, args, ids, token, nowUS)
 	if err != nil {
 		return nil, 0, false, fmt.Errorf("lease rows: %w", err)
 	}
-	if int(affected) < len(rows) {
-		// Some rows changed between the read and the update; keep the ones
-		// that carry our token.
-		q, args, err := sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ?", ids, token)
-		if err != nil {
-			return nil, 0, false, err
-		}
-		var got []uint64
-		if err := db.SelectContext(ctx, &got, q, args...); err != nil {
-			return nil, 0, false, fmt.Errorf("lease rows: %w", err)
-		}
-		mine := make(map[uint64]bool, len(got))
-		for _, id := range got {
-			mine[id] = true
-		}
+	if len(mine) < len(rows) {
+		// Some rows changed between the read and the update.
 		kept := rows[:0]
 		for _, r := range rows {
 			if mine[r.ID] {
@@ -169,24 +148,37 @@ func restamp(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, until
 	if err != nil {
 		return nil, err
 	}
+	ok, err := updateHeld(ctx, db, q, args, ids, token, nowUS)
+	if err != nil {
+		return nil, fmt.Errorf("restamp leases: %w", err)
+	}
+	return ok, nil
+}
+
+// updateHeld runs a conditional UPDATE of ids (retried on deadlock) and
+// returns the ids that carry token, unexpired, afterwards: all of them
+// without a second round trip when every row was updated, else the ones a
+// follow-up SELECT finds (the others changed under us: acked, deleted,
+// leased again).
+func updateHeld(ctx context.Context, db *sqlx.DB, q string, args []any, ids []uint64, token uint64, nowUS int64) (map[uint64]bool, error) {
 	var affected int64
-	err = schema.Retry(ctx, func() error {
+	err := schema.Retry(ctx, func() error {
 		res, err := db.ExecContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
-		affected, _ = res.RowsAffected()
-		return nil
+		affected, err = res.RowsAffected()
+		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("restamp leases: %w", err)
+		return nil, err
 	}
-	ok := make(map[uint64]bool, len(ids))
+	held := make(map[uint64]bool, len(ids))
 	if int(affected) == len(ids) {
 		for _, id := range ids {
-			ok[id] = true
+			held[id] = true
 		}
-		return ok, nil
+		return held, nil
 	}
 	q, args, err = sqlx.In("SELECT id FROM items WHERE id IN (?) AND lease_token = ? AND (expires_at IS NULL OR expires_at > ?)",
 		ids, token, nowUS)
@@ -198,9 +190,9 @@ func restamp(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, until
 		return nil, err
 	}
 	for _, id := range got {
-		ok[id] = true
+		held[id] = true
 	}
-	return ok, nil
+	return held, nil
 }
 
 // release hands prefetched, never-served rows back: ready at their old
