@@ -274,6 +274,9 @@ func (r *Router) announceBatch(b *peerv1.EnqueueBatch) {
 	}
 	if r.cfg.Local != nil {
 		r.cfg.Local.Ready(ready)
+		if owner, ok := r.cfg.Owners.Owner(b.Shard); ok && owner == r.cfg.Local.ID() {
+			return // the shard's owner is the one just told; no NATS round trip
+		}
 	}
 	if data, err := proto.Marshal(ready); err == nil {
 		_ = r.cfg.NC.Publish(enqueuer.ReadySubject(b.Namespace), data)
