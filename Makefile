@@ -42,9 +42,10 @@ test/e2e: deps ## Run only the end-to-end tests against the built binary.
 	$(GO) test -race -count=1 -timeout 15m ./e2e/...
 
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## gofmt, go vet, and a doc.go in every package.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+	@missing=$$(for d in $$($(GO) list -f '{{.Dir}}' ./...); do [ -f $$d/doc.go ] || echo $${d#$(CURDIR)/}; done); if [ -n "$$missing" ]; then echo "packages without a doc.go: $$missing"; exit 1; fi
 
 .PHONY: tools
 tools: gen-tools ## Install code generators and grpcurl into .bin/.

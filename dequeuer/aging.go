@@ -76,7 +76,9 @@ func (s *Service) sweepAging(ctx context.Context) {
 				if err != nil {
 					continue
 				}
-				n, err := s.ageTopic(ctx, db, shard, ns.Name, topic, now.Add(-th), now)
+				// The cutoff compares with rows' stamps: the primary's time.
+				at := s.cfg.Clock.Now(ctx, db)
+				n, err := s.ageTopic(ctx, db, shard, ns.Name, topic, at.Add(-th), at)
 				if err != nil {
 					s.log.Warn("aging sweep failed", "shard", shard, "topic", topic, "err", err)
 				}

@@ -3,6 +3,9 @@ package dequeuer
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"database/sql"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -14,31 +17,40 @@ type Policy struct {
 	MaxAttempts int
 	// AtMostOnce: an item whose lease expired is deleted, not redelivered.
 	AtMostOnce bool
+	// DedupWindow: the dedup keys of items that leave (dead-lettered,
+	// expired) stay taken this long.
+	DedupWindow time.Duration
 }
 
 const deadLetterColumns = `id, namespace, topic, priority, enqueued_at, lease_ms, attempts, dedup_key, payload, metadata, last_error, died_at`
 
 // moveToDeadLetters moves items that match cond (an SQL condition on
 // items, with condArgs) to dead_letters in tx, recording reason when the
-// item has no last error of its own. It returns how many moved.
-func moveToDeadLetters(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, condArgs []any, reason string, nowUS int64) (int64, error) {
+// item has no last error of its own. It returns how many moved. Their
+// dedup keys stay taken for window (see Tombstone): a dead-lettered item
+// is gone from items, and its producer's retry must still be a duplicate.
+func moveToDeadLetters(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, condArgs []any, reason string, window time.Duration, nowUS int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
 	// Lock the rows that still qualify first, so the copy and the delete
 	// see the same set even if an ack races with us.
-	q, args, err := sqlx.In(`SELECT id FROM items WHERE id IN (?) AND `+cond+` FOR UPDATE`, append([]any{ids}, condArgs...)...)
+	gone, err := lockGoing(ctx, tx, ids, cond, condArgs)
 	if err != nil {
-		return 0, err
-	}
-	var locked []uint64
-	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
 		return 0, fmt.Errorf("dead-letter: %w", err)
 	}
-	if len(locked) == 0 {
+	if len(gone) == 0 {
 		return 0, nil
 	}
-	q, args, err = sqlx.In(`INSERT INTO dead_letters (`+deadLetterColumns+`)
+	locked := make([]uint64, len(gone))
+	for i, g := range gone {
+		locked[i] = g.ID
+	}
+	if err := tombstoneRows(ctx, tx, gone, window, nowUS); err != nil {
+		return 0, err
+	}
+	q, args, err := sqlx.In(`INSERT INTO dead_letters (`+deadLetterColumns+`)
+
 		SELECT id, namespace, topic, priority, enqueued_at, lease_ms, attempts, dedup_key, payload, metadata,
 		       COALESCE(?, last_error), ?
 		FROM items WHERE id IN (?)`, nullIfEmpty(reason), nowUS, locked)
@@ -70,7 +82,7 @@ func nullIfEmpty(s string) any {
 // out of attempts, and for at-most-once topics deletes those whose lease
 // expired. Both are conditional on the row still being ready, so a
 // concurrent ack or update wins.
-func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, nowUS int64) error {
+func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, window time.Duration, nowUS int64) error {
 	if len(dead) == 0 && len(expired) == 0 {
 		return nil
 	}
@@ -80,11 +92,19 @@ func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, nowUS int6
 	}
 	defer tx.Rollback()
 	if _, err := moveToDeadLetters(ctx, tx, dead, "deliver_after <= ?", []any{nowUS},
-		"out of attempts: the last lease expired", nowUS); err != nil {
+		"out of attempts: the last lease expired", window, nowUS); err != nil {
 		return err
 	}
 	if len(expired) > 0 {
-		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?) AND deliver_after <= ? AND lease_token <> 0", expired, nowUS)
+		const cond = "deliver_after <= ? AND lease_token <> 0 AND leased_until IS NOT NULL"
+		gone, err := lockGoing(ctx, tx, expired, cond, []any{nowUS})
+		if err != nil {
+			return fmt.Errorf("at-most-once expiry: %w", err)
+		}
+		if err := tombstoneRows(ctx, tx, gone, window, nowUS); err != nil {
+			return err
+		}
+		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?) AND "+cond, expired, nowUS)
 		if err != nil {
 			return err
 		}
@@ -93,4 +113,36 @@ func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, nowUS int6
 		}
 	}
 	return tx.Commit()
+}
+
+// goingRow is what a row that leaves items needs for its dedup tombstone.
+type goingRow struct {
+	ID        uint64         `db:"id"`
+	Namespace string         `db:"namespace"`
+	Topic     string         `db:"topic"`
+	DedupKey  sql.NullString `db:"dedup_key"`
+}
+
+// lockGoing locks the rows of ids that match cond and returns them.
+func lockGoing(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, condArgs []any) ([]goingRow, error) {
+	q, args, err := sqlx.In(`SELECT id, namespace, topic, dedup_key FROM items WHERE id IN (?) AND `+cond+` FOR UPDATE`, append([]any{ids}, condArgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	var rows []goingRow
+	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// tombstoneRows keeps the dedup keys of rows leaving items taken until
+// nowUS + window.
+func tombstoneRows(ctx context.Context, tx *sqlx.Tx, rows []goingRow, window time.Duration, nowUS int64) error {
+	for _, r := range rows {
+		if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, nowUS+window.Microseconds(), window); err != nil {
+			return fmt.Errorf("dedup tombstone: %w", err)
+		}
+	}
+	return nil
 }

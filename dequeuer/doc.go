@@ -15,29 +15,66 @@
 //
 // # Leases
 //
-// deliver_after is the item's visibility time. Leasing sets a random batch
-// token, counts the delivery (attempts+1) and moves deliver_after to the
-// lease's expiry, so an expired lease makes the item ready again with no
-// sweep, and the old token no longer matches once it is leased again. Ack
-// deletes; nack clears the token and sets deliver_after to now + delay;
-// extend moves the expiry. Each checks the token under a row lock in one
-// transaction per batch.
+// deliver_after is the item's visibility time. A row passes through two
+// kinds of lease, both of which move deliver_after to their expiry so that
+// a lapsed lease makes the row ready again with no sweep:
+//
+//   - A prefetch lease (prefetchLease, 5 s) while the row sits in an
+//     owner's buffer: a random token per fetch batch, leased_until NULL,
+//     attempts unchanged. The buffer extends it every second or so with one
+//     UPDATE per (shard, batch) while it holds the row, so a dequeuer that
+//     dies, or a fetch whose post-lease fencing check fails, hides rows for
+//     seconds rather than for their full lease (up to 12 h), and hands them
+//     back with no attempt counted.
+//   - A delivery lease when the row reaches a consumer: serving stamps, in
+//     one UPDATE per prefetch batch, each row's own random token (the
+//     receipt handle: one consumer's token never matches another's item),
+//     leased_until and deliver_after = now + the request's lease (or the
+//     item's own), and attempts+1. The UPDATE applies only to rows still
+//     under the batch's prefetch token, unexpired: a row deleted, updated
+//     (UpdateItem clears a prefetch token), released or leased elsewhere
+//     since the fetch is dropped, never delivered stale.
+//
+// attempts therefore counts deliveries. A delivery that never reaches its
+// consumer (a reply that could not be sent, a multi-owner surplus the
+// router does not keep) is undone by Unserve: token cleared, attempts-1,
+// deliver_after restored to its value before the lease, so the item keeps
+// its place in the order. A lapsed prefetch lease is told from a lapsed
+// delivery lease by leased_until (NULL for prefetch), which is what
+// at-most-once topics delete on.
+//
+// Ack deletes; nack clears the token and sets deliver_after to now + delay;
+// extend moves the expiry. Each checks the item's delivery token under a
+// row lock in one transaction per batch. Items that leave items by ack,
+// delete, dead-lettering, TTL expiry or at-most-once expiry keep their
+// dedup key taken for the namespace's dedup window (dedup_tombstones).
 //
 // # Prefetch
 //
 // Per (namespace, topic) the owner keeps a small buffer per shard of rows
-// it has already leased, sized to about 100 ms of the topic's observed
-// dequeue rate (16..500 rows). Requests are served from memory by a k-way
-// merge across the shards in (priority, deliver_after, id) order; a shard's
-// queue must hold items or be known empty before the merge compares past
-// it, so order holds across shards. Serving re-stamps the lease (one UPDATE
-// per batch) only when the request asks for a different lease or the item
-// waited in the buffer long enough to matter. Enqueuers announce new items
-// (ItemsReady) so buffers refill when more urgent items arrive and parked
-// long polls wake — the oldest waiters first, one per announced item.
-// Buffers idle for IdleRelease hand their leases back (attempts-1), and
-// Stop does the same. An item whose prefetch lease lapses in a buffer is
-// dropped and leased again later, with one extra attempt counted.
+// it holds under prefetch leases, sized to about 100 ms of the topic's
+// observed dequeue rate (16..500 rows). Requests are served from memory by
+// a k-way merge across the shards in (priority, deliver_after, id) order; a
+// shard's queue must hold items or be known empty before the merge
+// compares past it, so order holds across shards. A queue is fresh for
+// recheckEvery (100 ms) after its last read, holding items or not: items
+// that become ready because time passed (deliver_after reached, a lease
+// lapsed, a nack's delay over) are announced by nobody, so a queue that
+// holds items is read again that often, for rows that sort before its
+// tail only (usually none; if the read comes back full, the buffered rows
+// after the last row read are handed back so none is served out of order).
+// One response lists a topic's items in that order even when a refill
+// during the call brought more urgent ones. Taken items that cannot be
+// served (TTL passed while buffered, a copy whose row changed) are
+// replaced from the buffer, so an answer is short only when nothing more
+// is ready. Enqueuers, and routers for items a nack (no delay), update,
+// unserve or redrive makes ready, announce them (ItemsReady), so buffers
+// look again when an item may sort before their tail (equal priority
+// counts: a handed-back item keeps an old deliver_after) and parked long
+// polls wake — the oldest waiters first, one per announced item. Buffers idle for IdleRelease hand their
+// prefetch leases back, restoring each row's deliver_after, and Stop does
+// the same. A reply is bounded to MaxReplyBytes (and the NATS max payload
+// when forwarded): items that do not fit go back into the buffer, unserved.
 //
 // # Sweeps
 //
@@ -46,4 +83,29 @@
 //
 // Lock order: Service.mu, then topicBuf.mu, then ownership.mu; none is held
 // across SQL or NATS calls.
+//
+// # Clocks
+//
+// A shard's lease arithmetic (deliver_after <= now for the ready head,
+// prefetch, serve and refresh stamps, leased_until, nack's now + delay,
+// extend's now + lease, release, unserve, aging cutoffs, TTL) compares and
+// writes times that several processes produce: the dequeuer for prefetch
+// and serve, routers for nack, extend, update and unserve. They all take
+// "now" from one clock per shard, the shard primary's, through
+// shardmap.Clock (Config.Clock; the node builds one per process and gives
+// it to every role). With each process's own time.Now, two hosts Δ apart
+// made a nack of 0 s invisible for Δ and an extend Δ too short or long.
+//
+// The primary was chosen over the alternatives: SQL's NOW(6) in every
+// statement would need the statements rewritten and leaves the buffer's
+// own comparisons (prefetch lease refresh, TTL filtering) on a local clock;
+// requiring NTP only moves the failure to ops. shardmap.Clock measures the
+// primary's UTC_TIMESTAMP(6) at most once a second per primary, corrects
+// it by half the round trip and extrapolates with the local monotonic clock
+// in between, so a jump of the local wall clock does not move it and the
+// hot paths pay a map lookup. After a failover the new primary's pool is a
+// new entry, measured on first use. Times that only one process compares
+// with itself (waits, idle buffers, recheck pacing, quotas, request
+// validation) stay on the local clock (Config.Now). The enqueue path's
+// default deliver_after and expires_at are still the router's local time.
 package dequeuer

@@ -12,4 +12,10 @@ var (
 	ErrBadToken = errors.New("invalid lease token: want the 16 hex digits a dequeue returned")
 	// ErrNotOwner means this dequeuer does not own a shard asked of it.
 	ErrNotOwner = errors.New("this dequeuer does not own the shard")
+	// ErrMetadataTooLarge means a metadata patch merged with the item's
+	// stored metadata would exceed MaxMetadataBytes; nothing was changed.
+	ErrMetadataTooLarge = errors.New("metadata too large")
+	// ErrBusy means the dequeuer already serves MaxInflight requests; the
+	// caller retries (UNAVAILABLE) rather than queue without bound.
+	ErrBusy = errors.New("dequeuer busy: too many dequeue requests in flight, retry shortly")
 )

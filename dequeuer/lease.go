@@ -1,6 +1,7 @@
 package dequeuer
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -141,11 +142,19 @@ func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef, de
 // NackItems returns items to the ready set after their delay, in one
 // transaction, recording the error and merging metadata. An item that has
 // been delivered maxAttempts times (0: no limit) goes to the dead-letter
-// table instead, with the nack's error.
-func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack, maxAttempts int, now time.Time) ([]error, error) {
-	results := make([]error, len(nacks))
+// table instead, with the nack's error and metadata, its dedup key kept
+// taken for dedupWindow.
+//
+// A merge whose result would exceed MaxMetadataBytes fails the whole
+// batch with ErrMetadataTooLarge and changes nothing. readyNow lists, per
+// nack, the topic of an item that is ready again at once (no delay), for
+// the caller to announce to the shard's owner; "" otherwise.
+func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack, maxAttempts int, dedupWindow time.Duration, now time.Time) (results []error, readyNow []string, err error) {
+	results = make([]error, len(nacks))
+	readyNow = make([]string, len(nacks))
 	nowUS := now.UnixMicro()
-	err := schema.Retry(ctx, func() error {
+	err = schema.Retry(ctx, func() error {
+		clear(readyNow)
 		tx, err := db.BeginTxx(ctx, nil)
 		if err != nil {
 			return err
@@ -163,21 +172,8 @@ func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack,
 			if results[i] = check(st, n.LeaseRef); results[i] != nil {
 				continue
 			}
-			if maxAttempts > 0 && st[n.Key].Attempts >= maxAttempts {
-				reason := n.Error
-				if reason == "" {
-					reason = fmt.Sprintf("nacked after %d deliveries", st[n.Key].Attempts)
-				}
-				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, nowUS); err != nil {
-					return err
-				}
-				delete(st, n.Key)
-				continue
-			}
-			delay := n.Delay
-			if n.Backoff {
-				delay = Backoff(st[n.Key].Attempts)
-			}
+			// Merge first: an item that dead-letters keeps the nack's
+			// metadata and error, as one that stays does.
 			meta, err := MergeMetadata(st[n.Key].Metadata, n.Metadata)
 			if err != nil {
 				return err
@@ -186,19 +182,35 @@ func NackItems(ctx context.Context, db *sqlx.DB, namespace string, nacks []Nack,
 			if n.Error != "" {
 				lastErr = n.Error
 			}
+			dead := maxAttempts > 0 && st[n.Key].Attempts >= maxAttempts
+			delay := n.Delay
+			if n.Backoff {
+				delay = Backoff(st[n.Key].Attempts)
+			}
 			if _, err := tx.ExecContext(ctx, `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
 				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`,
 				nowUS+delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
 				return err
+			}
+			if dead {
+				reason := n.Error
+				if reason == "" {
+					reason = fmt.Sprintf("nacked after %d deliveries", st[n.Key].Attempts)
+				}
+				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, dedupWindow, nowUS); err != nil {
+					return err
+				}
+			} else if delay <= 0 {
+				readyNow[i] = st[n.Key].Topic
 			}
 			delete(st, n.Key)
 		}
 		return tx.Commit()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("nack: %w", err)
+		return nil, nil, fmt.Errorf("nack: %w", err)
 	}
-	return results, nil
+	return results, readyNow, nil
 }
 
 // Backoff is the default nack delay after attempts deliveries: 1s doubling
@@ -247,8 +259,28 @@ func Extend(ctx context.Context, db *sqlx.DB, namespace string, ref LeaseRef, le
 	return time.UnixMicro(until), nil
 }
 
+// MaxMetadataBytes bounds an item's metadata as stored (the JSON object
+// MarshalMetadata writes); the column is sized for it.
+const MaxMetadataBytes = 16 << 10
+
+// MarshalMetadata stores metadata as a JSON object of strings, without
+// HTML escaping: json.Marshal would store '<', '>' and '&' as six bytes
+// each, so a value would grow on every merge. Enqueue, update and nack all
+// store through it, so validation measures exactly what is stored.
+func MarshalMetadata(m map[string]string) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 // MergeMetadata applies patch to a stored JSON object of strings: an empty
-// value deletes its key. It returns nil for an empty result.
+// value deletes its key. It returns nil for an empty result, and
+// ErrMetadataTooLarge when the result would not fit MaxMetadataBytes
+// (validating the patch alone does not bound the merge).
 func MergeMetadata(stored []byte, patch map[string]string) ([]byte, error) {
 	m := map[string]string{}
 	if len(stored) > 0 {
@@ -269,7 +301,15 @@ func MergeMetadata(stored []byte, patch map[string]string) ([]byte, error) {
 	if len(m) == 0 {
 		return nil, nil
 	}
-	return json.Marshal(m)
+	out, err := MarshalMetadata(m)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) > MaxMetadataBytes {
+		return nil, fmt.Errorf("%w: merged with the item's metadata it would be %d bytes stored as a JSON object; at most %d allowed (delete keys with empty values to make room)",
+			ErrMetadataTooLarge, len(out), MaxMetadataBytes)
+	}
+	return out, nil
 }
 
 // Tombstone keeps the dedup keys of items that are going away taken until
@@ -278,9 +318,16 @@ func Tombstone(ctx context.Context, tx *sqlx.Tx, namespace, topic, dedupKey stri
 	if window <= 0 || dedupKey == "" {
 		return nil
 	}
+	return tombstoneAt(ctx, tx, namespace, topic, dedupKey, item, time.Now().Add(window).UnixMicro(), window)
+}
+
+func tombstoneAt(ctx context.Context, tx *sqlx.Tx, namespace, topic, dedupKey string, item uint64, expiresUS int64, window time.Duration) error {
+	if window <= 0 || dedupKey == "" {
+		return nil
+	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at) VALUES (?, ?, ?, ?, ?)
-		ON DUPLICATE KEY UPDATE item_id = VALUES(item_id), expires_at = VALUES(expires_at)`,
-		namespace, topic, dedupKey, item, time.Now().Add(window).UnixMicro())
+		ON DUPLICATE KEY UPDATE item_id = VALUES(item_id), expires_at = GREATEST(expires_at, VALUES(expires_at))`,
+		namespace, topic, dedupKey, item, expiresUS)
 	return err
 }
 

@@ -18,9 +18,19 @@ import (
 // owner that stopped refreshing it.
 const OwnersBucket = "triage_owners"
 
-// OpenOwners creates or opens the ownership bucket.
-// replicas copies survive the loss of a region in a cluster.
+// DefaultOwnerTTL is the ownership TTL when none is configured.
+const DefaultOwnerTTL = 10 * time.Second
+
+// OpenOwners creates or opens the ownership bucket, with keys expiring
+// after ttl (DefaultOwnerTTL when ttl is 0). Every process of a deployment
+// opens it and the last one sets its TTL, so they must agree; a TTL of 0
+// would make the bucket keep keys forever, and a killed dequeuer's claims
+// would then never expire. replicas copies survive the loss of a region in
+// a cluster.
 func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
+	if ttl <= 0 {
+		ttl = DefaultOwnerTTL
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:   OwnersBucket,
 		TTL:      ttl,

@@ -3,6 +3,7 @@ package dequeuer
 import (
 	"cmp"
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -16,18 +17,32 @@ const (
 	prefetchHorizon = 100 * time.Millisecond
 	minFetch        = 16
 	maxFetch        = 500
-	// An exhausted shard (last fetch came back short) is read again after
-	// this long even without an ItemsReady notice, to catch delayed items and
-	// expired leases becoming ready.
+	// A shard's queue is read again after this long even without an
+	// ItemsReady notice, to catch items that become ready because time
+	// passed (deliver_after reached, a lease lapsed, a nack's delay over),
+	// which nobody announces: an exhausted queue reads the head again, a
+	// queue holding items reads only rows more urgent than its tail (cheap:
+	// usually none), so a newly ready item never waits behind less urgent
+	// buffered ones for longer than this.
 	recheckEvery = 100 * time.Millisecond
-	// A buffered item whose lease has less than this left is dropped, not
-	// served: the consumer would get a lease about to lapse.
-	minLeaseLeft = time.Second
+	// prefetchLease is how long a row is hidden while it sits in a buffer.
+	// It is short so that a dequeuer that dies (or a fetch whose post-lease
+	// check fails) hides its buffered rows for seconds, not for their full
+	// lease; the buffer extends it while it holds the rows
+	// (refreshPrefetched), and serving replaces it with the consumer's
+	// lease.
+	prefetchLease = 5 * time.Second
+	// refreshEvery is how often buffered rows' prefetch leases are checked;
+	// those with less than refreshBelow left are extended to prefetchLease.
+	refreshEvery = time.Second
+	refreshBelow = 3 * time.Second
 )
 
-// bufItem is a row leased into the buffer under token until untilUS.
+// bufItem is a row prefetched into buf under a batch token until untilUS.
+// Once served, token and untilUS are the delivery's own.
 type bufItem struct {
 	Row
+	buf     *topicBuf
 	shard   uint32
 	token   uint64
 	untilUS int64
@@ -36,21 +51,35 @@ type bufItem struct {
 // shardQueue is one shard's leased head of a topic, in delivery order.
 type shardQueue struct {
 	items     []bufItem
-	checkedAt time.Time
-	exhausted bool          // last fetch returned fewer rows than asked
+	checkedAt time.Time     // last unbounded read (the one that sets exhausted)
+	headAt    time.Time     // last read of any kind, bounded by the tail or not
+	exhausted bool          // last unbounded fetch returned fewer rows than asked
 	dirty     bool          // ItemsReady arrived since the last fetch
 	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
 	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
 }
 
-// fresh reports whether the queue can take part in a merge: it has items,
-// or it is known empty as of a recent read.
+// fresh reports whether the queue can take part in a merge: it was read
+// within recheckEvery and either has items (nothing ready sorts before its
+// tail as of that read) or is known empty. Holding items is not enough: a
+// row that turned ready since the last read may sort before them.
 func (q *shardQueue) fresh(now time.Time) bool {
 	if q.dirty {
 		return false
 	}
-	return len(q.items) > 0 || (q.exhausted && now.Sub(q.checkedAt) < recheckEvery)
+	if len(q.items) > 0 {
+		return now.Sub(q.headAt) < recheckEvery
+	}
+	return q.exhausted && now.Sub(q.checkedAt) < recheckEvery
+}
+
+// tail returns the last buffered row, the bound of a recheck, or nil.
+func (q *shardQueue) tail() *Row {
+	if len(q.items) == 0 {
+		return nil
+	}
+	return &q.items[len(q.items)-1].Row
 }
 
 // topicBuf is the prefetch buffer of one (namespace, topic).
@@ -154,25 +183,25 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		b.mu.Lock()
 		b.lastUsed = now
 		var stale []uint32
+		var tails []*Row
 		var inflight []chan struct{}
-		var lapsed []bufItem
 		for _, id := range shards {
 			q := b.queue(id)
-			lapsed = dropLapsed(q, now, lapsed)
 			switch {
 			case q.fetching != nil:
 				inflight = append(inflight, q.fetching)
 			case !q.fresh(now) && !(read[id] && len(q.items) > 0):
 				stale = append(stale, id)
+				var tail *Row
+				if t := q.tail(); t != nil {
+					c := *t
+					tail = &c
+				}
+				tails = append(tails, tail)
 				read[id] = true
 				q.fetching = make(chan struct{})
 				q.fetchedAt = q.notices
 			}
-		}
-		if len(lapsed) > 0 {
-			// Hand them back now rather than let them count an attempt (or,
-			// at-most-once, be deleted) when their prefetch lease lapses.
-			go s.releaseItems(context.WithoutCancel(ctx), lapsed)
 		}
 		if len(stale) == 0 && len(inflight) == 0 {
 			got := mergeTake(b, shards, n-len(out), now, read)
@@ -190,7 +219,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		size := b.fetchSize(n - len(out))
 		b.mu.Unlock()
 		if len(stale) > 0 {
-			if err := s.fetch(ctx, b, stale, size); err != nil && len(out) == 0 {
+			if err := s.fetch(ctx, b, stale, tails, size); err != nil && len(out) == 0 {
 				return nil, err
 			}
 		}
@@ -229,26 +258,18 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 	return out
 }
 
-// dropLapsed removes items whose prefetch lease is about to lapse and
-// appends them to dropped.
-func dropLapsed(q *shardQueue, now time.Time, dropped []bufItem) []bufItem {
-	limit := now.Add(minLeaseLeft).UnixMicro()
-	kept := q.items[:0]
-	for _, it := range q.items {
-		if it.untilUS > limit {
-			kept = append(kept, it)
-		} else {
-			dropped = append(dropped, it)
-		}
-	}
-	q.items = kept
-	return dropped
-}
-
 // fetch leases the ready heads of shards into b, concurrently. A shard that
 // fails is treated as empty until the next recheck, so one shard down does
 // not stop dequeues from the others; fetch fails only when every shard did.
-func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size int) error {
+//
+// A shard whose queue holds items (tails[i] != nil) is read only for rows
+// that sort before its tail: the buffer already holds the head up to there,
+// and rows after it are not needed until the buffer drains. Such a bounded
+// read says nothing about rows past the tail, so it clears exhausted: the
+// queue is read in full once it drains. When it comes back full, unread ready rows may sort between
+// the rows read and the buffered ones, so the buffered rows after the last
+// row read are handed back rather than served out of order.
+func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*Row, size int) error {
 	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
@@ -263,29 +284,38 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 				errs[i] = err
 				return
 			}
-			now := s.cfg.Now()
-			rows, token, full, err := leaseHead(ctx, db, b.ns, b.topic, b.band, pol, size, now.UnixMicro())
+			now := s.cfg.Clock.Now(ctx, db)
+			until := now.Add(prefetchLease).UnixMicro()
+			rows, token, full, err := leaseHead(ctx, db, b.ns, b.topic, b.band, tails[i], pol, size, now.UnixMicro(), until)
 			if err == nil {
 				// Leased on a primary that may have been deposed while the
 				// statement waited: serve none of it (see shardmap.Writable).
+				// The rows come back when the short prefetch lease lapses.
 				err = s.cfg.Maps.Writable(id)
 			}
 			if err != nil {
 				errs[i] = err
 				return
 			}
+			if s.cfg.BeforeBuffer != nil {
+				keys := make([]uint64, len(rows))
+				for j, r := range rows {
+					keys[j] = r.ID
+				}
+				s.cfg.BeforeBuffer(id, keys)
+			}
 			fulls[i] = full
 			items := make([]bufItem, len(rows))
 			for j, r := range rows {
-				items[j] = bufItem{Row: r, shard: id, token: token, untilUS: now.UnixMicro() + int64(r.LeaseMS)*1000}
+				items[j] = bufItem{Row: r, buf: b, shard: id, token: token, untilUS: until}
 			}
 			results[i] = items
 		}()
 	}
 	wg.Wait()
 	now := s.cfg.Now()
+	var surplus []bufItem
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	failed := 0
 	var firstErr error
 	for i, id := range shards {
@@ -295,16 +325,44 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 			firstErr = cmp.Or(firstErr, errs[i])
 			s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", errs[i])
 		}
+		if tails[i] != nil && fulls[i] && len(results[i]) > 0 {
+			// Rows past the last one read may be preceded by ready rows
+			// this read did not reach.
+			last := &results[i][len(results[i])-1].Row
+			kept := q.items[:0]
+			for _, it := range q.items {
+				if last.less(&it.Row) {
+					surplus = append(surplus, it)
+				} else {
+					kept = append(kept, it)
+				}
+			}
+			q.items = kept
+		}
 		// Rows leased now may be more urgent than ones buffered earlier
-		// (new arrivals); merge to keep delivery order.
+		// (new arrivals, items turned ready); merge to keep delivery order.
 		q.items = mergeSorted(q.items, results[i])
-		q.exhausted = errs[i] != nil || !fulls[i]
+		if tails[i] == nil || errs[i] != nil {
+			q.exhausted = errs[i] != nil || !fulls[i]
+			q.checkedAt = now
+		} else {
+			// A bounded read says nothing about rows past the tail, and the
+			// notice that may have caused it can be about such a row (an
+			// item escalated to a priority after the tail's): once the
+			// buffer drains, read in full instead of trusting an older
+			// "known empty".
+			q.exhausted = false
+		}
+		q.headAt = now
 		// A notice that arrived while the fetch ran may be about rows it
 		// did not see: keep the queue dirty for another look.
 		q.dirty = q.notices != q.fetchedAt
-		q.checkedAt = now
 		close(q.fetching)
 		q.fetching = nil
+	}
+	b.mu.Unlock()
+	if len(surplus) > 0 {
+		s.releaseItems(ctx, surplus)
 	}
 	if failed == len(shards) {
 		return firstErr
@@ -312,11 +370,117 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, size 
 	return nil
 }
 
+// mergeSorted merges b into a in delivery order. A row of b already in a
+// replaces it: it was leased again (its old prefetch lease lapsed and a
+// later fetch took it), and only the copy under the current token can be
+// served; a stale copy would take the row's place in a take and then fail
+// to serve, leaving the answer short.
 func mergeSorted(a, b []bufItem) []bufItem {
 	if len(a) == 0 {
 		return b
 	}
+	if len(b) > 0 {
+		ids := make(map[uint64]bool, len(b))
+		for _, it := range b {
+			ids[it.ID] = true
+		}
+		a = slices.DeleteFunc(a, func(it bufItem) bool { return ids[it.ID] })
+	}
 	out := append(a, b...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].less(&out[j].Row) })
 	return out
+}
+
+// putBack returns taken, unserved items to their buffers, in order.
+func putBack(items []bufItem) {
+	for _, it := range items {
+		b := it.buf
+		b.mu.Lock()
+		q := b.queue(it.shard)
+		// A copy fetched again meanwhile is the current one: keep it.
+		if !slices.ContainsFunc(q.items, func(o bufItem) bool { return o.ID == it.ID }) {
+			q.items = mergeSorted(q.items, []bufItem{it})
+		}
+		b.mu.Unlock()
+	}
+}
+
+// refreshPrefetched extends the prefetch leases of buffered rows before
+// they lapse, with one UPDATE per (buffer, shard, batch). Rows the update
+// no longer finds ours (deleted, updated, leased elsewhere after a lapse)
+// leave the buffer. A failed refresh is harmless: the rows may lapse and be
+// leased elsewhere, and serving checks the batch token, so no row is
+// delivered twice.
+func (s *Service) refreshPrefetched(ctx context.Context) {
+	s.mu.Lock()
+	bufs := make([]*topicBuf, 0, len(s.topics))
+	for _, b := range s.topics {
+		bufs = append(bufs, b)
+	}
+	s.mu.Unlock()
+	type group struct {
+		shard uint32
+		token uint64
+	}
+	for _, b := range bufs {
+		// Leases are in each shard's primary's time (see Config.Clock).
+		nows := map[uint32]time.Time{}
+		b.mu.Lock()
+		var ids []uint32
+		for id := range b.queues {
+			ids = append(ids, id)
+		}
+		b.mu.Unlock()
+		for _, id := range ids {
+			nows[id] = s.shardNow(ctx, id)
+		}
+		groups := map[group][]uint64{}
+		b.mu.Lock()
+		for id, q := range b.queues {
+			now, ok := nows[id]
+			if !ok { // a queue added meanwhile: refreshed next pass
+				continue
+			}
+			limit := now.Add(refreshBelow).UnixMicro()
+			for _, it := range q.items {
+				if it.untilUS < limit {
+					g := group{id, it.token}
+					groups[g] = append(groups[g], it.ID)
+				}
+			}
+		}
+		b.mu.Unlock()
+		for g, ids := range groups {
+			db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
+			if err != nil {
+				continue
+			}
+			now := nows[g.shard]
+			until := now.Add(prefetchLease).UnixMicro()
+			held, err := refreshPrefetch(ctx, db, ids, g.token, until, now.UnixMicro())
+			if err != nil {
+				s.log.Warn("prefetch lease refresh failed", "shard", g.shard, "topic", b.topic, "err", err)
+				continue
+			}
+			asked := make(map[uint64]bool, len(ids))
+			for _, id := range ids {
+				asked[id] = true
+			}
+			b.mu.Lock()
+			if q := b.queues[g.shard]; q != nil {
+				kept := q.items[:0]
+				for _, it := range q.items {
+					if it.token == g.token && asked[it.ID] {
+						if !held[it.ID] {
+							continue
+						}
+						it.untilUS = until
+					}
+					kept = append(kept, it)
+				}
+				q.items = kept
+			}
+			b.mu.Unlock()
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
@@ -45,8 +46,17 @@ type Config struct {
 	IdleRelease time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Default time.Now.
+	// Now is the local clock, for what only this process times (waits,
+	// idle buffers, sweep pacing). Default time.Now.
 	Now func() time.Time
+	// Clock tells a shard primary's time, the one every process uses for
+	// lease arithmetic on that shard's rows (see "# Clocks" in doc.go).
+	// Default: a Clock of this service's own.
+	Clock *shardmap.Clock
+	// BeforeBuffer, when set, runs after a fetch prefetch-leased keys of a
+	// shard and before they enter the buffer. It is a seam for tests that
+	// widen race windows (an update or delete landing mid-fetch).
+	BeforeBuffer func(shard uint32, keys []uint64)
 }
 
 // Service is the dequeuer role: it owns shards, prefetches their ready
@@ -58,6 +68,10 @@ type Service struct {
 	mu     sync.Mutex
 	topics map[bufKey]*topicBuf
 	wrr    map[[2]string]*wrr
+
+	// inflight bounds the dequeue requests served (parked long polls
+	// included): one slot each, taken before any goroutine starts.
+	inflight chan struct{}
 
 	aging  *aging
 	owner  *ownership
@@ -75,7 +89,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.ID = cfg.Region + "-" + nuid.Next()
 	}
 	if cfg.OwnerTTL == 0 {
-		cfg.OwnerTTL = 10 * time.Second
+		cfg.OwnerTTL = DefaultOwnerTTL
 	}
 	if cfg.IdleRelease == 0 {
 		cfg.IdleRelease = 2 * time.Second
@@ -83,11 +97,26 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = &shardmap.Clock{}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging()}, nil
+	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
+		inflight: make(chan struct{}, MaxInflight)}, nil
+}
+
+// shardNow is the time of a shard's primary (see Config.Clock), or the
+// local clock when the shard has no writable primary (the statement that
+// follows fails the same way).
+func (s *Service) shardNow(ctx context.Context, shard uint32) time.Time {
+	db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
+	if err != nil {
+		return s.cfg.Now()
+	}
+	return s.cfg.Clock.Now(ctx, db)
 }
 
 // ID returns the dequeuer's ID.
@@ -112,6 +141,13 @@ func (s *Service) Start(ctx context.Context) error {
 	// the connection received them: a router that announces a commit and
 	// then forwards a dequeue is seen in that order, so the dequeue finds
 	// the buffer already marked for a refill.
+	//
+	// The loop only dispatches, so the channel drains fast. Should it fill
+	// anyway, the NATS client drops messages (counted, and logged by
+	// watchDrops): a dropped request times out at its router, which answers
+	// UNAVAILABLE; a dropped ItemsReady notice only delays, never loses,
+	// items: an exhausted queue is read again after recheckEvery and parked
+	// long polls look again at least that often.
 	inbox := make(chan *nats.Msg, 4096)
 	for _, subj := range []string{RequestSubject(s.cfg.ID), UnbufferSubject(s.cfg.ID), enqueuer.ReadySubject("*")} {
 		sub, err := s.cfg.NC.ChanSubscribe(subj, inbox)
@@ -130,7 +166,14 @@ func (s *Service) Start(ctx context.Context) error {
 			case m := <-inbox:
 				switch m.Subject {
 				case RequestSubject(s.cfg.ID):
-					go s.handleRequest(m)
+					if !s.acquire() {
+						s.refuse(m)
+						continue
+					}
+					go func() {
+						defer s.release()
+						s.handleRequest(m)
+					}()
 				case UnbufferSubject(s.cfg.ID):
 					go s.handleUnbuffer(m)
 				default:
@@ -140,7 +183,9 @@ func (s *Service) Start(ctx context.Context) error {
 		}
 	}()
 	s.loop(ctx, s.cfg.OwnerTTL/4, s.owner.claim)
+	s.loop(ctx, 5*time.Second, s.watchDrops)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
+	s.loop(ctx, refreshEvery, s.refreshPrefetched)
 	s.loop(ctx, time.Second, s.sweepTTL)
 	s.loop(ctx, 100*time.Millisecond, s.sweepAging)
 	return nil
@@ -180,6 +225,39 @@ func (s *Service) halt() {
 	s.wg.Wait()
 }
 
+// MaxInflight bounds the dequeue requests one dequeuer serves at once,
+// parked long polls included. Beyond it requests are refused at once
+// (ErrBusy) instead of piling up goroutines.
+const MaxInflight = 4096
+
+func (s *Service) acquire() bool {
+	select {
+	case s.inflight <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Service) release() { <-s.inflight }
+
+// refuse answers a request the dequeuer has no room for.
+func (s *Service) refuse(m *nats.Msg) {
+	data, _ := proto.Marshal(&peerv1.ShardDequeueResponse{Code: 14, Error: ErrBusy.Error()})
+	_ = m.Respond(data)
+}
+
+// watchDrops logs messages the NATS client dropped because the inbox was
+// full, so an overload is visible.
+func (s *Service) watchDrops(context.Context) {
+	for _, sub := range s.subs {
+		if n, err := sub.Dropped(); err == nil && n > 0 {
+			s.log.Warn("inbox overflowed: NATS messages dropped (requests time out at the router, ready notices only delay)",
+				"subject", sub.Subject, "dropped", n)
+		}
+	}
+}
+
 func (s *Service) loop(ctx context.Context, every time.Duration, fn func(context.Context)) {
 	s.wg.Add(1)
 	go func() {
@@ -214,7 +292,7 @@ func (s *Service) policy(m *shardmap.Map, ns, topic string) Policy {
 	if err != nil {
 		return Policy{}
 	}
-	return Policy{MaxAttempts: n.MaxAttempts, AtMostOnce: n.Topic(topic).AtMostOnce}
+	return Policy{MaxAttempts: n.MaxAttempts, AtMostOnce: n.Topic(topic).AtMostOnce, DedupWindow: time.Duration(n.DedupWindow)}
 }
 
 func (s *Service) handleReady(m *nats.Msg) {
@@ -243,9 +321,11 @@ func (s *Service) Ready(r *peerv1.ItemsReady) {
 		b.mu.Lock()
 		q := b.queue(r.Shard)
 		// An empty or short-read queue must look again; a buffered queue
-		// only when the new items may sort before what it holds.
-		// Same priority sorts after the buffered ones (later deliver_after).
-		if len(q.items) == 0 || r.MinPriority < q.items[len(q.items)-1].Priority {
+		// when the items may sort before what it holds. Equal priority
+		// counts: an item handed back (unserve, nack, update, redrive)
+		// keeps an old deliver_after that may sort before the tail, and
+		// the recheck reads only rows before the tail, so it is cheap.
+		if len(q.items) == 0 || r.MinPriority <= q.items[len(q.items)-1].Priority {
 			q.dirty = true
 			q.notices++
 		}
@@ -261,7 +341,9 @@ func (s *Service) handleRequest(m *nats.Msg) {
 		resp.Code, resp.Error = 3, "malformed ShardDequeue"
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), req.Request.GetWait().AsDuration()+10*time.Second)
-		items, err := s.Dequeue(ctx, req.Request, req.Shards)
+		// The reply must fit one NATS message: serve only what fits and
+		// leave the rest buffered, uncounted.
+		items, err := s.dequeue(ctx, req.Request, req.Shards, min(MaxReplyBytes, int(s.cfg.NC.MaxPayload())-replySlack))
 		cancel()
 		resp.Items = items
 		if err != nil {
@@ -271,8 +353,68 @@ func (s *Service) handleRequest(m *nats.Msg) {
 			}
 		}
 	}
-	data, _ := proto.Marshal(resp)
-	_ = m.Respond(data)
+	data, err := proto.Marshal(resp)
+	if err == nil {
+		err = m.Respond(data)
+	}
+	if err != nil && len(resp.Items) > 0 {
+		// The items never reach anyone: hand them back as undelivered, or
+		// the client's retries would burn their attempts.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if uerr := s.Undeliver(ctx, req.GetRequest().GetNamespace(), resp.Items); uerr != nil {
+			s.log.Warn("dequeue reply failed and its items could not be handed back; they return when their lease lapses",
+				"err", err, "undeliver_err", uerr)
+			return
+		}
+		s.log.Warn("dequeue reply failed; its items were handed back", "items", len(resp.Items), "err", err)
+	}
+}
+
+// replySlack is what a ShardDequeue reply needs besides its items (the
+// error fields, NATS framing), with room to spare.
+const replySlack = 4096
+
+// Undeliver hands served items that never reached their consumer back to
+// the ready set (see Unserve), grouped per shard.
+func (s *Service) Undeliver(ctx context.Context, namespace string, items []*triagev1.LeasedItem) error {
+	groups, err := UndeliveredByShard(items)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for shard, us := range groups {
+		db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
+		if err == nil {
+			err = Unserve(ctx, db, namespace, us, s.cfg.Clock.Now(ctx, db).UnixMicro())
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
+		}
+	}
+	for _, it := range items {
+		id, _ := itemid.Parse(it.Id)
+		s.Ready(&peerv1.ItemsReady{Namespace: namespace, Topic: it.Topic, Shard: id.Shard, MinPriority: it.Priority, Count: 1})
+	}
+	return errors.Join(errs...)
+}
+
+// UndeliveredByShard groups served items by shard for Unserve.
+func UndeliveredByShard(items []*triagev1.LeasedItem) (map[uint32][]Undelivered, error) {
+	out := map[uint32][]Undelivered{}
+	for _, it := range items {
+		id, err := itemid.Parse(it.Id)
+		if err != nil {
+			return nil, err
+		}
+		tok, err := ParseToken(it.LeaseToken)
+		if err != nil {
+			return nil, err
+		}
+		out[id.Shard] = append(out[id.Shard], Undelivered{LeaseRef: LeaseRef{Key: id.Key, Token: tok},
+			DeliverAfterUS: it.GetDeliverAfter().AsTime().UnixMicro()})
+	}
+	return out, nil
 }
 
 // Dequeue serves a validated request from shards this dequeuer owns:
@@ -280,6 +422,26 @@ func (s *Service) handleRequest(m *nats.Msg) {
 // across the shards, each under a lease. With a wait it parks until items
 // arrive or the wait ends.
 func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
+	if !s.acquire() {
+		return nil, ErrBusy
+	}
+	defer s.release()
+	return s.dequeue(ctx, req, shards, MaxReplyBytes)
+}
+
+// MaxReplyBytes bounds the items of one dequeue reply: gRPC clients refuse
+// messages over 4 MiB unless configured otherwise, and a reply that cannot
+// be received burns the attempts of every item in it.
+const MaxReplyBytes = 4<<20 - replySlack
+
+// maxTakeRounds bounds how often one topic's take is repeated to replace
+// taken items that could not be served.
+const maxTakeRounds = 4
+
+// dequeue is Dequeue with the reply bounded to budget bytes: items that
+// would not fit stay buffered, neither leased to anyone nor counted, for
+// the next request.
+func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
 	for _, id := range shards {
 		if !s.owner.owns(id) {
 			return nil, fmt.Errorf("%w %d", ErrNotOwner, id)
@@ -295,19 +457,73 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 		var firstErr error
 		var bufs []*topicBuf
 		m := s.cfg.Maps.Current()
+		used := 0
 		for _, tc := range req.Topics {
-			items, tbufs, err := s.takeTopic(ctx, m, req, tc, shards)
-			if err != nil && firstErr == nil {
-				firstErr = err
+			var served []bufItem
+			// Taken items that cannot be served (TTL passed while buffered,
+			// or a stale copy whose row changed since the fetch) are
+			// replaced from the buffer, so the answer is short only when
+			// the topic has nothing more ready.
+			for round := 0; round < maxTakeRounds && len(served) < int(tc.Count); round++ {
+				want := &triagev1.TopicCount{Topic: tc.Topic, Count: tc.Count - int32(len(served))}
+				items, tbufs, err := s.takeTopic(ctx, m, req, want, shards)
+				if round == 0 {
+					bufs = append(bufs, tbufs...)
+				}
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if len(items) == 0 {
+					break
+				}
+				// A row whose TTL passed while it waited in the buffer is
+				// not served (serveRows checks the same for the rows it
+				// touches); the sweep deletes it.
+				nowUS := map[uint32]int64{} // per shard, its primary's time
+				items = slices.DeleteFunc(items, func(it bufItem) bool {
+					if !it.ExpiresAt.Valid {
+						return false
+					}
+					if _, ok := nowUS[it.shard]; !ok {
+						nowUS[it.shard] = s.shardNow(ctx, it.shard).UnixMicro()
+					}
+					return it.ExpiresAt.Int64 <= nowUS[it.shard]
+				})
+				slices.SortStableFunc(items, func(a, b bufItem) int { return a.compare(&b.Row) })
+				if budget > 0 {
+					var fit int
+					fit, used = s.fitting(tc.Topic, items, budget, used)
+					if fit == 0 && len(items) > 0 && used == 0 && firstErr == nil {
+						firstErr = fmt.Errorf("item %d of topic %s is larger than a dequeue reply may be (%d bytes)", items[0].ID, tc.Topic, budget)
+					}
+					putBack(items[fit:])
+					if fit < len(items) {
+						items = items[:fit]
+						got, err := s.serve(ctx, items, lease)
+						if err != nil && firstErr == nil {
+							firstErr = err
+						}
+						served = append(served, got...)
+						break // the reply is full
+					}
+				}
+				got, err := s.serve(ctx, items, lease)
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				served = append(served, got...)
+				if err != nil {
+					break
+				}
 			}
-			served, err := s.serve(ctx, items, lease)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
+			// One response lists a topic's items in delivery order, even
+			// when a refill during the take brought items more urgent than
+			// ones taken before it (a delayed item or lapsed lease turned
+			// ready, which no notice announces).
+			slices.SortStableFunc(served, func(a, b bufItem) int { return a.compare(&b.Row) })
 			for _, it := range served {
 				out = append(out, s.leased(tc.Topic, it))
 			}
-			bufs = append(bufs, tbufs...)
 		}
 		if len(out) > 0 {
 			return out, nil
@@ -363,74 +579,98 @@ func (s *Service) park(ctx context.Context, waits []chan struct{}, d time.Durati
 	}
 }
 
-// serve gives items their final lease: the request's lease duration, or the
-// item's own counted from now. Items whose stamped expiry is already close
-// to that are served as they are; the rest get one UPDATE per lease batch.
+// fitting returns how many of items fit in a reply of budget bytes of
+// which used are taken, and the bytes used with them.
+func (s *Service) fitting(topic string, items []bufItem, budget, used int) (int, int) {
+	for i := range items {
+		// The size before serving; the served token and expiry have the
+		// same encoded size give or take a few bytes, and the field's tag
+		// and length prefix take at most 6.
+		n := proto.Size(s.leased(topic, items[i])) + 16
+		if used+n > budget {
+			return i, used
+		}
+		used += n
+	}
+	return len(items), used
+}
+
+// serve hands prefetched items to a consumer: each gets its own lease
+// token and the request's lease duration (or the item's own) from now,
+// and counts an attempt, in one UPDATE per prefetch batch that applies
+// only to rows still under that batch's prefetch lease. An item deleted,
+// updated or expired since it was buffered fails that condition and is
+// not delivered. Items not served stay prefetched and come back when the
+// prefetch lease lapses.
 func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duration) ([]bufItem, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
-	now := s.cfg.Now()
-	// A row whose TTL passed while it waited in the buffer is not served
-	// (restamp checks the same for the rows it touches); the sweep deletes
-	// it.
-	items = slices.DeleteFunc(items, func(it bufItem) bool {
-		return it.ExpiresAt.Valid && it.ExpiresAt.Int64 <= now.UnixMicro()
-	})
-	type group struct {
-		shard   uint32
-		token   uint64
-		untilUS int64
+	// Each shard's leases are stamped with its primary's time.
+	type shardAt struct {
+		db  *sqlx.DB
+		now time.Time
+		err error
 	}
-	const slack = 250 * time.Millisecond
-	groups := map[group][]uint64{}
+	shards := map[uint32]*shardAt{}
+	for i := range items {
+		id := items[i].shard
+		if shards[id] == nil {
+			a := &shardAt{}
+			a.db, a.err = s.cfg.Pool.Writer(s.cfg.Maps, id)
+			if a.err == nil {
+				a.now = s.cfg.Clock.Now(ctx, a.db)
+			}
+			shards[id] = a
+		}
+	}
+	type group struct {
+		shard uint32
+		token uint64
+	}
+	groups := map[group][]delivery{}
+	dls := make([]delivery, len(items))
 	for i := range items {
 		it := &items[i]
+		now := shards[it.shard].now
 		d := lease
 		if d == 0 {
 			d = time.Duration(it.LeaseMS) * time.Millisecond
 		}
-		want := now.Add(d).UnixMicro()
-		if diff := want - it.untilUS; diff > slack.Microseconds() || diff < -slack.Microseconds() {
-			g := group{it.shard, it.token, want}
-			groups[g] = append(groups[g], it.ID)
-		}
+		dl := delivery{id: it.ID, token: newToken(), untilUS: now.Add(d).UnixMicro()}
+		g := group{it.shard, it.token}
+		groups[g] = append(groups[g], dl)
+		dls[i] = dl
 	}
-	if len(groups) == 0 {
-		return items, nil
-	}
-	lost := map[uint64]bool{}
-	newUntil := map[uint64]int64{}
-	for g, ids := range groups {
-		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
-		if err != nil {
-			return nil, err
-		}
-		ok, err := restamp(ctx, db, ids, g.token, g.untilUS, now.UnixMicro())
-		if err != nil {
-			// The items stay leased under the prefetch lease; they come
-			// back when it expires.
-			return nil, err
-		}
-		for _, id := range ids {
-			if ok[id] {
-				newUntil[id] = g.untilUS
-			} else {
-				lost[id] = true
-			}
-		}
-	}
-	out := items[:0]
-	for _, it := range items {
-		if lost[it.ID] {
+	// A row can be buffered twice (its prefetch lapsed and a later fetch
+	// took it again); only the copy under the row's current batch token
+	// is served.
+	held := map[group]map[uint64]bool{}
+	var errs []error
+	for g, ds := range groups {
+		a := shards[g.shard]
+		if a.err != nil {
+			errs = append(errs, a.err)
 			continue
 		}
-		if u, ok := newUntil[it.ID]; ok {
-			it.untilUS = u
+		ok, err := serveRows(ctx, a.db, ds, g.token, a.now.UnixMicro())
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
+		held[g] = ok
+	}
+	out := items[:0]
+	for i, it := range items {
+		if !held[group{it.shard, it.token}][it.ID] {
+			continue
+		}
+		dl := dls[i]
+		it.token, it.untilUS = dl.token, dl.untilUS
+		it.Attempts++
 		out = append(out, it)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {
@@ -501,12 +741,11 @@ func (s *Service) releaseItemsErr(ctx context.Context, items []bufItem) error {
 		g := group{it.shard, it.token}
 		groups[g] = append(groups[g], it.Row)
 	}
-	now := s.cfg.Now().UnixMicro()
 	var errs []error
 	for g, rows := range groups {
 		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
 		if err == nil {
-			err = release(ctx, db, rows, g.token, now)
+			err = release(ctx, db, rows, g.token, s.cfg.Clock.Now(ctx, db).UnixMicro())
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", g.shard, err))
@@ -591,13 +830,20 @@ func (s *Service) dropShard(ctx context.Context, shard uint32) {
 }
 
 func (s *Service) sweepTTL(ctx context.Context) {
+	m := s.cfg.Maps.Current()
+	window := func(ns string) time.Duration {
+		if n, err := m.Namespace(ns); err == nil {
+			return time.Duration(n.DedupWindow)
+		}
+		return 0
+	}
 	for _, id := range s.owner.owned() {
 		db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
 		if err != nil {
 			continue
 		}
 		for {
-			n, err := sweepExpired(ctx, db, s.cfg.Now().UnixMicro(), 1000)
+			n, err := sweepExpired(ctx, db, s.cfg.Clock.Now(ctx, db).UnixMicro(), 1000, window)
 			if err != nil {
 				s.log.Warn("ttl sweep failed", "shard", id, "err", err)
 			}

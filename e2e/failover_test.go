@@ -1,41 +1,65 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/regions/drill"
 )
 
-// RTOBound is the recovery time these drills must meet. The failover
-// itself takes detection (observers in two regions, 2 s) plus the fence
-// wait (shardmap.MaxStaleness 2 s + semi-sync timeout 2.5 s) plus
-// promotion, about 9 s; the rest is work resuming: enqueuers' retry
-// backoff (up to 1 s), a region's dequeuers and enqueuers adopted by
-// another region after the ownership TTL (5 s) for region-down, and the
-// race detector on two cores. 25 s is inside the anchors (orchestrator
-// 10-13 s, MHA 10-30 s); README lists the figures of real runs.
-const RTOBound = 25 * time.Second
+// RTO bounds the drills assert: fault to the first enqueue and the first
+// dequeue (with its ack) of the faulted shard through every surviving
+// router.
+//
+// Issue 8's targets are 5 s for a kill -9 of one primary and 10 s for a
+// region down or a partition. They are met in some runs and not in others
+// (README, Drills: an intermittent stall of dequeues on the new primary for
+// up to ~7 s, and the NATS stream-leader election after a cut region held
+// the control stream's leader), so asserting them would make a flaky test.
+// These bounds sit above every run measured since the fixes (worst: 11.8 s,
+// 14.7 s, 14.7 s; before them the bound was 25 s for all three); tighten
+// them to the targets once the stall is found. The safety assertions (nothing lost,
+// nothing resurrected after ack, no nack undone, no isolated write after
+// publication) are exact.
+const (
+	primaryKillRTO = 15 * time.Second
+	regionDownRTO  = 20 * time.Second
+	partitionRTO   = 20 * time.Second
+)
+
+// logTail is how many lines of the bed's log a failing test prints.
+const logTail = 150
 
 // multiBed runs `triage up --multi-region` as a user would and stops it at
-// cleanup with `triage down`.
+// cleanup with `triage down`. Its output (log level info) goes to
+// bed.log in the test's artifact directory (kept with go test -artifacts);
+// a failing test prints its tail.
 func multiBed(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	var out bytes.Buffer
+	logPath := filepath.Join(t.ArtifactDir(), "bed.log")
+	logf, err := os.Create(logPath)
+	require.NoError(t, err)
 	// Free ports: the developer's own bed may be running on the defaults.
-	up := exec.Command(binary, "up", "--multi-region", "--free-ports", "--dir", dir)
-	up.Stdout, up.Stderr = &out, &out
+	up := exec.Command(binary, "up", "--multi-region", "--free-ports", "--log-level", "info", "--dir", dir)
+	up.Stdout, up.Stderr = logf, logf
 	require.NoError(t, up.Start())
 	done := make(chan struct{})
-	go func() { _ = up.Wait(); close(done) }()
+	go func() { _ = up.Wait(); logf.Close(); close(done) }()
 	t.Cleanup(func() {
 		down := exec.Command(binary, "down", "--dir", dir)
 		_ = down.Run()
@@ -46,61 +70,143 @@ func multiBed(t *testing.T) string {
 			<-done
 		}
 		if t.Failed() {
-			t.Logf("--- triage up output ---\n%s", out.String())
+			t.Logf("--- last %d lines of the bed's log (%s) ---\n%s", logTail, logPath, tail(logPath, logTail))
 		}
 	})
-	require.Eventually(t, func() bool {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := bed.ReadLayout(dir); err == nil {
+			return dir
+		}
 		select {
 		case <-done:
-			t.Fatalf("triage up exited:\n%s", out.String())
+			t.Fatalf("triage up exited")
 		default:
 		}
-		_, err := bed.ReadLayout(dir)
-		return err == nil
-	}, 2*time.Minute, 200*time.Millisecond)
-	return dir
+		if time.Now().After(deadline) {
+			t.Fatalf("the bed did not come up within 2 minutes")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > 2*n {
+			lines = append(lines[:0], lines[len(lines)-n:]...)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// runDrill runs `triage drill --json` against the bed in dir. The drill's
+// report (JSON and human), its progress and exit status are written to
+// the artifact directory; when the test fails, the report and the
+// progress are printed. The drill gets a deadline well inside the test's,
+// so a hung drill is killed and reported instead of the whole test binary
+// timing out with nothing printed.
 func runDrill(t *testing.T, dir, scenario string, hold time.Duration) *drill.Report {
 	t.Helper()
-	cmd := exec.Command(binary, "drill", "--dir", dir, "--region", "us-east", "--hold", hold.String(), "--json", scenario)
+	limit := time.Now().Add(4 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(limit) {
+		limit = d.Add(-time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "drill", "--dir", dir, "--region", "us-east", "--hold", hold.String(),
+		"--drain", "30s", "--json", scenario)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	start := time.Now()
+	runErr := cmd.Run()
+	art := t.ArtifactDir()
+	_ = os.WriteFile(filepath.Join(art, "drill-"+scenario+".json"), stdout.Bytes(), 0o644)
+	_ = os.WriteFile(filepath.Join(art, "drill-"+scenario+".progress"), stderr.Bytes(), 0o644)
 	var rep drill.Report
-	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), "drill output: %s\n%s", stdout.String(), stderr.String())
-	t.Logf("%s: dequeue RTO %d ms, enqueue RTO %d ms, acknowledged %d, lost %d, duplicates %v, early %d, inversions %d, old primary: %s",
-		scenario, rep.DequeueRTOMS, rep.EnqueueRTOMS, rep.Acknowledged, rep.Lost, rep.Duplicates, rep.EarlyDeliveries, rep.PriorityInversions, rep.OldPrimary)
-	require.NoError(t, err, "drill exit status (violations: %v)\n%s", rep.Violations, stderr.String())
+	jsonErr := json.Unmarshal(stdout.Bytes(), &rep)
+	var human bytes.Buffer
+	if jsonErr == nil {
+		rep.Print(&human)
+		_ = os.WriteFile(filepath.Join(art, "drill-"+scenario+".txt"), human.Bytes(), 0o644)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- drill %s (took %s, exit: %v) progress ---\n%s", scenario, time.Since(start).Round(time.Second), runErr, stderr.String())
+			if jsonErr == nil {
+				t.Logf("--- drill %s report ---\n%s", scenario, human.String())
+			} else {
+				t.Logf("--- drill %s stdout (not a report: %v) ---\n%s", scenario, jsonErr, stdout.String())
+			}
+		}
+	})
+	require.NoError(t, ctx.Err(), "the drill did not finish by %s", limit.Format(time.TimeOnly))
+	require.NoError(t, jsonErr, "the drill printed no report")
+	t.Logf("%s (%s): %s", scenario, time.Since(start).Round(time.Second), summary(&rep))
 	return &rep
 }
 
-func checkDrill(t *testing.T, rep *drill.Report) {
-	t.Helper()
-	require.Zero(t, rep.Lost, "acknowledged items lost: %v", rep.LostIDs)
-	require.Zero(t, rep.EarlyDeliveries)
-	require.Positive(t, rep.Acknowledged)
-	require.GreaterOrEqual(t, rep.Delivered, rep.Acknowledged)
-	require.Empty(t, rep.Violations)
-	for name, ms := range map[string]int64{"dequeue": rep.DequeueRTOMS, "enqueue": rep.EnqueueRTOMS} {
-		require.GreaterOrEqual(t, ms, int64(0), "%s never resumed", name)
-		require.Less(t, time.Duration(ms)*time.Millisecond, RTOBound, "%s RTO", name)
+// summary is the report's figures on one line, logged by every run.
+func summary(r *drill.Report) string {
+	s := fmt.Sprintf("RTO dequeue %d ms, enqueue %d ms (by router %v), failover published at %d ms; acknowledged %d, lost %d, "+
+		"resurrected after ack %d (items %d), nacks undone %d, early %d, duplicates %v, inversions %d, old primary: %s",
+		r.DequeueRTOMS, r.EnqueueRTOMS, r.RTOByRouter, r.FailoverMS, r.Acknowledged, r.Lost,
+		r.ResurrectedAfterAck, r.ResurrectedItems, r.NacksUndone, r.EarlyDeliveries, r.Duplicates, r.PriorityInversions, r.OldPrimary)
+	if i := r.Isolated; i != nil {
+		s += fmt.Sprintf("; isolated %s acknowledged %d writes after publication (enqueues %d, acks %d, nacks %d; %d deliveries), "+
+			"%d sent after the cut (%+v)", i.Region, i.Total(), i.Enqueues, i.Acks, i.Nacks, i.Deliveries, i.SentAfterCut.Total(), i.SentAfterCut)
 	}
-	require.NotEqual(t, rep.MapBefore, rep.MapAfter, "the shard failed over")
-	require.Contains(t, rep.OldPrimary, "rejoined as a read-only replica")
+	return s
+}
+
+// checkDrill asserts what every failover drill must show. Each figure is
+// its own assertion, so one run reports every one that is off.
+func checkDrill(t *testing.T, rep *drill.Report, rtoBound time.Duration) {
+	t.Helper()
+	assert.Zero(t, rep.Lost, "acknowledged items lost: %v", rep.LostIDs)
+	assert.Zero(t, rep.ResurrectedAfterAck, "deliveries after an ack answered ok: %v", rep.ResurrectedExamples)
+	assert.Zero(t, rep.NacksUndone, "nacks answered ok and undone: %v", rep.NacksUndoneExamples)
+	assert.Zero(t, rep.EarlyDeliveries, "early deliveries: %v", rep.EarlyExamples)
+	assert.Positive(t, rep.Acknowledged)
+	assert.Positive(t, rep.AcksOK)
+	assert.GreaterOrEqual(t, rep.Delivered, rep.Acknowledged)
+	assert.GreaterOrEqual(t, rep.FailoverMS, int64(0), "no new primary was published during the fault")
+	for name, ms := range map[string]int64{"dequeue": rep.DequeueRTOMS, "enqueue": rep.EnqueueRTOMS} {
+		if assert.GreaterOrEqual(t, ms, int64(0), "%s never resumed through a surviving router (by router: %v)", name, rep.RTOByRouter) {
+			assert.LessOrEqual(t, time.Duration(ms)*time.Millisecond, rtoBound, "%s RTO (by router: %v)", name, rep.RTOByRouter)
+		}
+	}
+	assert.NotEqual(t, rep.MapBefore, rep.MapAfter, "the shard failed over")
+	assert.Contains(t, rep.OldPrimary, "rejoined as a read-only replica")
+	assert.Empty(t, rep.HealError, "the bed could not heal the fault")
+	assert.Empty(t, rep.Violations)
 }
 
 // TestDrillPrimaryKill: kill -9 of a shard primary on the three-region
-// bed; the shard fails over to its replica in another region, no
-// acknowledged item is lost, and the old primary rejoins as a replica.
+// bed, with clients on all three routers; the shard fails over to its
+// replica in another region within 5 s for enqueues and dequeues, no
+// acknowledged item is lost, no ack or nack is undone, and the old primary
+// rejoins as a replica.
 func TestDrillPrimaryKill(t *testing.T) {
-	checkDrill(t, runDrill(t, multiBed(t), "primary-kill", 10*time.Second))
+	checkDrill(t, runDrill(t, multiBed(t), "primary-kill", 10*time.Second), primaryKillRTO)
 }
 
 // TestDrillRegionDown: every process of us-east dies; its shard fails over
-// and other regions' enqueuers and dequeuers adopt its work. The fault is
-// held 20 s: when the controller leader dies with the region, a new one is
-// elected after the leader lease (5 s) before detection starts.
+// and other regions' enqueuers and dequeuers adopt its work within 10 s.
+// The fault is held 20 s: when the controller leader dies with the region,
+// a new one is elected after the leader lease before detection starts.
 func TestDrillRegionDown(t *testing.T) {
-	checkDrill(t, runDrill(t, multiBed(t), "region-down", 20*time.Second))
+	checkDrill(t, runDrill(t, multiBed(t), "region-down", 20*time.Second), regionDownRTO)
 }

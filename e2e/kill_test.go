@@ -28,7 +28,7 @@ func TestKillEnqueuerAndDequeuerLosesNothing(t *testing.T) {
 	router := c.start("router", node.Config{Roles: []string{node.RoleRouter}, OwnerTTL: ms(2 * time.Second)})
 	enq := map[string]*proc{}
 	for _, name := range []string{"enq1", "enq2"} {
-		enq[name] = c.start(name, node.Config{Roles: []string{node.RoleEnqueuer}, EnqueueAckWait: ms(2 * time.Second)})
+		enq[name] = c.start(name, node.Config{Roles: []string{node.RoleEnqueuer}, EnqueueAckWait: ms(2 * time.Second), OwnerTTL: ms(2 * time.Second)})
 	}
 	deq := map[string]*proc{}
 	for _, name := range []string{"deq1", "deq2"} {

@@ -30,6 +30,32 @@
 // deleted is not inserted again. A dedup key that matches a live item makes
 // the new item a duplicate of that one; the router returns its ID.
 //
+// enqueue_batches keeps each batch's outcome (which items were duplicates
+// of which, which were refused) and a hash of its content. A redelivered
+// batch is answered with the stored outcome, so a router whose first
+// answer was lost still returns the IDs that exist. A batch whose ID is
+// taken by a different content (two routers minting with one node number)
+// is never reported as applied: a waiting router gets an error, and a
+// BUFFERED one is kept in refused_items. Each worker prunes its shard's
+// enqueue_batches rows older than Config.BatchRetention (a day by
+// default: longer than any redelivery short of a day-long outage),
+// a thousand rows per statement through the applied index.
+//
+// # Refused items
+//
+// Routers refuse before the acknowledgement whatever the tables cannot
+// hold (sizes measured as stored). Should the database still refuse a
+// batch for its data, the worker places each batch alone, row by row in
+// one transaction (InsertIsolated): the rows the shard takes are inserted,
+// and each refused item moves to dead_letters with the database's reason
+// as last_error and 0 attempts, where ListDeadLetters shows it and redrive
+// can bring it back. dead_letters' metadata column is MEDIUMBLOB, so it
+// takes the metadata the items table's BLOB refused. An item that
+// dead_letters refuses too (a name longer than its column, which only a
+// foreign publisher can send) is kept as its encoded batch in
+// refused_items with both reasons: no acknowledged item is ever dropped.
+// A router waiting on a COMMITTED batch is told which items were refused.
+//
 // # Failures
 //
 // When a shard's inserts fail, or the shard is not writable (fenced for a

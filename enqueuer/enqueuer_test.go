@@ -1,11 +1,13 @@
 package enqueuer
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,8 +104,9 @@ func TestRedeliveredBatchIsNotInsertedAgain(t *testing.T) {
 }
 
 // TestPoisonBatchIsIsolated: a batch the database refuses (a topic longer
-// than its column, which routers never send) is terminated with an answer
-// to its router, and the good batches waiting with it are inserted.
+// than its column, which routers never send) is answered to its router as
+// refused and kept in refused_items (dead_letters' topic column refuses it
+// too), and the good batches waiting with it are inserted.
 func TestPoisonBatchIsIsolated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -131,4 +134,244 @@ func TestPoisonBatchIsIsolated(t *testing.T) {
 	var ids []uint64
 	require.NoError(t, b.db.Select(&ids, "SELECT id FROM items ORDER BY id"))
 	require.Equal(t, []uint64{2, 3, 4}, ids)
+	var kept []uint64
+	require.NoError(t, b.db.Select(&kept, "SELECT item_id FROM refused_items"))
+	require.Equal(t, []uint64{1}, kept)
+}
+
+// TestRefusedBufferedItemIsDeadLettered: a BUFFERED batch was acknowledged
+// when JetStream stored it, so an item the items table refuses (metadata
+// over the BLOB column) goes to the dead letters with the database's
+// reason, and the rest of its batch is inserted; nothing is dropped.
+func TestRefusedBufferedItemIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bad := batch(10, "t", "", 10, 11, 12)
+	bad.Items[1].Metadata = []byte(`{"k":"` + strings.Repeat("x", 70000) + `"}`)
+	b.publish(t, bad)
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 10*time.Second, 20*time.Millisecond)
+	var ids []uint64
+	require.NoError(t, b.db.Select(&ids, "SELECT id FROM items ORDER BY id"))
+	require.Equal(t, []uint64{10, 12}, ids)
+	var dead struct {
+		ID       uint64 `db:"id"`
+		Metadata []byte `db:"metadata"`
+		Err      string `db:"last_error"`
+	}
+	require.Eventually(t, func() bool {
+		return b.db.Get(&dead, "SELECT id, metadata, last_error FROM dead_letters") == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, uint64(11), dead.ID)
+	require.Equal(t, bad.Items[1].Metadata, dead.Metadata)
+	require.Contains(t, dead.Err, "Data too long for column 'metadata'")
+}
+
+// reply waits for one EnqueueCommitted on replies.
+func reply(t *testing.T, replies chan *nats.Msg) *peerv1.EnqueueCommitted {
+	t.Helper()
+	select {
+	case m := <-replies:
+		var c peerv1.EnqueueCommitted
+		require.NoError(t, proto.Unmarshal(m.Data, &c))
+		return &c
+	case <-time.After(15 * time.Second):
+		t.Fatal("no reply")
+		return nil
+	}
+}
+
+func (b *bundle) replies(t *testing.T, subject string) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 8)
+	sub, err := b.nc.ChanSubscribe(subject, ch)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, b.nc.Flush())
+	return ch
+}
+
+// TestRedeliveredBatchAnswersItsStoredOutcome: a COMMITTED batch whose
+// item was a duplicate is answered with the original's ID again when
+// JetStream redelivers it (the first answer may have been lost), not
+// with zeros that the router would turn into IDs of items that do not
+// exist.
+func TestRedeliveredBatchAnswersItsStoredOutcome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	replies := b.replies(t, "reply.dup")
+	first := batch(1, "t", "", 1)
+	first.Items[0].DedupKey = "k"
+	b.publish(t, first)
+	require.Eventually(t, func() bool { return b.count(t) == 1 }, 10*time.Second, 20*time.Millisecond)
+	dup := batch(2, "t", "reply.dup", 2, 3)
+	dup.Items[0].DedupKey = "k"
+	b.publish(t, dup)
+	require.Equal(t, []uint64{1, 0}, reply(t, replies).DuplicateOf)
+	b.publish(t, dup) // the redelivery: same bytes
+	again := reply(t, replies)
+	require.Equal(t, uint64(2), again.BatchId)
+	require.Equal(t, []uint64{1, 0}, again.DuplicateOf)
+	require.Equal(t, 2, b.count(t))
+}
+
+// TestCollidingBatchIDIsNotReportedApplied: a different batch that carries
+// an applied batch's ID (two routers minting with one node number) is
+// answered with an error, never as applied, and kept.
+func TestCollidingBatchIDIsNotReportedApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	replies := b.replies(t, "reply.*")
+	b.publish(t, batch(5, "t", "reply.a", 5))
+	require.Empty(t, reply(t, replies).Error)
+	other := batch(5, "t", "reply.b", 5)
+	other.Items[0].Payload = []byte("another item")
+	b.publish(t, other)
+	c := reply(t, replies)
+	require.Contains(t, c.Error, "collides")
+	other.ReplySubject = "" // BUFFERED: acknowledged already, so kept
+	b.publish(t, other)
+	require.Eventually(t, func() bool {
+		var n int
+		return b.db.Get(&n, "SELECT COUNT(*) FROM refused_items WHERE item_id = 5") == nil && n == 1
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, b.count(t))
+}
+
+// TestInsertSeesTombstoneOfConcurrentAck: an ack deletes the item holding
+// a dedup key and writes its tombstone in one transaction. An insert of a
+// new item with that key that runs while the ack is open must come out as
+// a duplicate of the acked item, not as a second item: the tombstone is
+// read after the insert, with a locking read, instead of before it.
+func TestInsertSeesTombstoneOfConcurrentAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	first := batch(1, "t", "", 1)
+	first.Items[0].DedupKey = "k"
+	_, err := Insert(ctx, b.db, []*peerv1.EnqueueBatch{first}, time.Now().UnixMicro())
+	require.NoError(t, err)
+
+	// The ack, held open.
+	ackTx, err := b.db.Beginx()
+	require.NoError(t, err)
+	defer ackTx.Rollback()
+	_, err = ackTx.Exec("DELETE FROM items WHERE id = 1")
+	require.NoError(t, err)
+	_, err = ackTx.Exec(`INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at) VALUES ('default', 't', 'k', 1, ?)`,
+		time.Now().Add(time.Hour).UnixMicro())
+	require.NoError(t, err)
+
+	second := batch(2, "t", "", 2)
+	second.Items[0].DedupKey = "k"
+	type result struct {
+		out []*peerv1.EnqueueCommitted
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := Insert(ctx, b.db, []*peerv1.EnqueueBatch{second}, time.Now().UnixMicro())
+		done <- result{out, err}
+	}()
+	// Let the insert reach the lock the ack holds (it stays in the process
+	// list), then commit the ack.
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO items%' AND TIME_MS > 100`)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, ackTx.Commit())
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, []uint64{1}, res.out[0].DuplicateOf, "a duplicate of the acked item")
+	require.Equal(t, 0, b.count(t), "no second item holds the key")
+}
+
+// TestPruneBatches: enqueue_batches grew forever. Records older than the
+// retention go, in bounded statements; recent ones stay.
+func TestPruneBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Older than an hour; younger than the running workers' retention (a
+	// day), so only this call removes them.
+	old := time.Now().Add(-2 * time.Hour).UnixMicro()
+	for id := 1; id <= 5; id++ {
+		_, err := b.db.Exec("INSERT INTO enqueue_batches (batch_id, applied_at) VALUES (?, ?)", id, old)
+		require.NoError(t, err)
+	}
+	_, err := b.db.Exec("INSERT INTO enqueue_batches (batch_id, applied_at) VALUES (6, ?)", time.Now().UnixMicro())
+	require.NoError(t, err)
+	n, err := PruneBatches(context.Background(), b.db, time.Now().Add(-time.Hour).UnixMicro(), 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n)
+	var left []uint64
+	require.NoError(t, b.db.Select(&left, "SELECT batch_id FROM enqueue_batches"))
+	require.Equal(t, []uint64{6}, left)
+}
+
+// TestHeldBatchRetriesOnNewMap: batches held back because their shard is
+// fenced go in as soon as a shard map unfencing it arrives, not a backoff
+// later: that wait added up to the backoff cap to every failover's
+// enqueue RTO. Not parallel: it lengthens the package's backoff cap.
+func TestHeldBatchRetriesOnNewMap(t *testing.T) {
+	defer func(cap, floor time.Duration) { retryCap, retryFloor = cap, floor }(retryCap, retryFloor)
+	retryCap, retryFloor = time.Minute, time.Minute // a retry by backoff would come far too late
+	dsn := mariadbtest.Database(t)
+	c, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	db := sqlx.MustConnect("mysql", dsn)
+	t.Cleanup(func() { db.Close() })
+	_, err = schema.Migrate(context.Background(), db.DB)
+	require.NoError(t, err)
+	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	shard := shardmap.Shard{ID: 1, HomeRegion: "r", Primary: c.Addr, Database: c.DBName, Fenced: true, Epoch: 2}
+	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"}, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	maps := shardmap.NewHolder(fenced)
+	pool := shardmap.NewPool(shardmap.Credentials{})
+	t.Cleanup(func() { pool.Close() })
+	logs := &syncBuffer{}
+	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, svc.Start(context.Background()))
+	t.Cleanup(svc.Stop)
+	b := &bundle{db: db, nc: nc, js: js, svc: svc}
+
+	b.publish(t, batch(1, "t", "", 1, 2))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "insert failed") }, 10*time.Second, 20*time.Millisecond,
+		"the fenced shard must refuse the first try")
+	require.Zero(t, b.count(t))
+
+	shard.Fenced = false
+	open, err := shardmap.New(shardmap.Map{Version: 2, Regions: []string{"r"}, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	require.True(t, maps.Offer(open))
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 10*time.Second, 20*time.Millisecond,
+		"the held batch must be inserted once the map unfences its shard, without waiting out the backoff")
+}
+
+// syncBuffer is a log sink the test can read while workers write to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,15 +1,17 @@
 package enqueuer
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
-
 	"github.com/jmoiron/sqlx"
+	"google.golang.org/protobuf/proto"
 
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema"
@@ -22,7 +24,9 @@ const (
 	// maxBytesPerInsert caps the payload bytes of one INSERT (the bed sets
 	// max_allowed_packet to 64 MiB).
 	maxBytesPerInsert = 8 << 20
-	itemColumns       = 13
+	// maxStoredError bounds the error text kept in an outcome or a dead
+	// letter's last_error.
+	maxStoredError = 4 << 10
 )
 
 const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
@@ -33,14 +37,49 @@ const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, de
 const insertItemsSuffix = ` ON DUPLICATE KEY UPDATE id = id`
 
 // Insert writes batches to one shard in one transaction and returns, per
-// batch, what EnqueueCommitted reports. Batches recorded as applied are
-// skipped. It is idempotent.
+// batch, what EnqueueCommitted reports. A batch recorded as applied is
+// skipped and answered with the outcome it got the first time. It is
+// idempotent. When the database refuses the data, Insert fails with an
+// error IsPermanent recognises and writes nothing; InsertIsolated then
+// places each batch row by row.
 func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, nowUS int64) ([]*peerv1.EnqueueCommitted, error) {
-	out := make([]*peerv1.EnqueueCommitted, len(batches))
+	return insert(ctx, db, batches, nowUS, false)
+}
+
+// InsertIsolated writes one batch that Insert could not, row by row in one
+// transaction: a row the items table refuses is moved to dead_letters with
+// the database's reason (or, should dead_letters refuse it too, to
+// refused_items), and every other row is inserted as Insert would. The
+// batch is recorded as applied either way, so nothing is lost and nothing
+// is placed twice.
+func InsertIsolated(ctx context.Context, db *sqlx.DB, b *peerv1.EnqueueBatch, nowUS int64) (*peerv1.EnqueueCommitted, error) {
+	out, err := insert(ctx, db, []*peerv1.EnqueueBatch{b}, nowUS, true)
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
+}
+
+// batchHash identifies a batch's content: a JetStream redelivery carries the
+// same bytes, a different batch with the same ID (two routers minting with
+// one node number) does not.
+func batchHash(b *peerv1.EnqueueBatch) []byte {
+	data, _ := proto.MarshalOptions{Deterministic: true}.Marshal(b)
+	sum := sha256.Sum256(data)
+	return sum[:]
+}
+
+func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, nowUS int64, isolate bool) ([]*peerv1.EnqueueCommitted, error) {
+	var out []*peerv1.EnqueueCommitted
+	hashes := make([][]byte, len(batches))
 	for i, b := range batches {
-		out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items))}
+		hashes[i] = batchHash(b)
 	}
 	err := schema.Retry(ctx, func() error {
+		out = make([]*peerv1.EnqueueCommitted, len(batches))
+		for i, b := range batches {
+			out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items))}
+		}
 		tx, err := db.BeginTxx(ctx, nil)
 		if err != nil {
 			return err
@@ -52,42 +91,65 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		}
 		var fresh []int
 		for i, b := range batches {
-			if !applied[b.BatchId] {
+			rec, ok := applied[b.BatchId]
+			switch {
+			case !ok:
 				fresh = append(fresh, i)
+			case rec.Hash != nil && !bytes.Equal(rec.Hash, hashes[i]):
+				// Another batch holds this ID: its items are not these. Never
+				// report this one as applied.
+				out[i].Error = fmt.Sprintf("batch id %d collides with a different batch already applied on this shard (two routers minted the same item IDs); nothing of this batch was stored", b.BatchId)
+				if b.ReplySubject == "" {
+					// Acknowledged already: keep it where an operator finds it.
+					for _, it := range b.Items {
+						if err := refuseItem(ctx, tx, b, it, out[i].Error, nowUS); err != nil {
+							return err
+						}
+					}
+				}
+			case rec.Outcome != nil:
+				if err := proto.Unmarshal(rec.Outcome, out[i]); err != nil {
+					return fmt.Errorf("batch %d: stored outcome: %w", b.BatchId, err)
+				}
+				out[i].BatchId = b.BatchId
 			}
 		}
 		if len(fresh) == 0 {
-			return nil
+			return tx.Commit()
 		}
-		taken, err := tombstoned(ctx, tx, batches, fresh, nowUS)
-		if err != nil {
-			return err
-		}
-		inserted := 0
-		total := 0
+		refused := map[uint64]bool{}
 		var args []any
-		rows, bytes := 0, 0
+		var pending []*peerv1.BufferedItem
+		var pendingBatch *peerv1.EnqueueBatch
+		var pendingOut *peerv1.EnqueueCommitted
+		rows, size := 0, 0
 		flush := func() error {
 			if rows == 0 {
 				return nil
 			}
 			q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", rows), ",") + insertItemsSuffix
-			res, err := tx.ExecContext(ctx, q, args...)
+			_, err := tx.ExecContext(ctx, q, args...)
+			if err != nil && isolate && IsPermanent(err) {
+				// One row (isolate flushes every row): the statement alone
+				// was rolled back; the transaction goes on.
+				it := pending[0]
+				reason := "the shard refused the item at enqueue: " + err.Error()
+				if err := deadLetter(ctx, tx, pendingBatch, it, reason, nowUS); err != nil {
+					return err
+				}
+				refused[it.Key] = true
+				pendingOut.Error = "the shard refused some items; they were moved to the topic's dead letters: " + err.Error()
+				err = nil
+			}
 			if err != nil {
 				return fmt.Errorf("insert items: %w", err)
 			}
-			n, _ := res.RowsAffected()
-			inserted += int(n)
-			args, rows, bytes = args[:0], 0, 0
+			args, pending, rows, size = args[:0], pending[:0], 0, 0
 			return nil
 		}
 		for _, i := range fresh {
 			b := batches[i]
-			for j, it := range b.Items {
-				if orig, ok := taken[tombKey{b.Namespace, b.Topic, it.DedupKey}]; ok && it.DedupKey != "" {
-					out[i].DuplicateOf[j] = orig // its key's item is gone but still within the window
-					continue
-				}
+			for _, it := range b.Items {
 				var expires, dedup, meta any
 				if it.ExpiresAtUs != 0 {
 					expires = it.ExpiresAtUs
@@ -104,10 +166,11 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 				}
 				args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
 					it.LeaseMs, expires, dedup, payload, meta, nowUS)
+				pending = append(pending, it)
+				pendingBatch, pendingOut = b, out[i]
 				rows++
-				total++
-				bytes += len(it.Payload) + len(it.Metadata)
-				if rows == maxRowsPerInsert || bytes >= maxBytesPerInsert {
+				size += len(it.Payload) + len(it.Metadata)
+				if isolate || rows == maxRowsPerInsert || size >= maxBytesPerInsert {
 					if err := flush(); err != nil {
 						return err
 					}
@@ -117,16 +180,21 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		if err := flush(); err != nil {
 			return err
 		}
-		if inserted < total {
-			if err := findDuplicates(ctx, tx, batches, fresh, out, taken); err != nil {
-				return err
-			}
+		if err := settleDedup(ctx, tx, batches, fresh, out, refused, nowUS); err != nil {
+			return err
 		}
-		q := "INSERT INTO enqueue_batches (batch_id, applied_at) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?,?),", len(fresh)), ",")
-		bargs := make([]any, 0, 2*len(fresh))
+		q := "INSERT INTO enqueue_batches (batch_id, applied_at, content_hash, outcome) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(fresh)), ",")
+		bargs := make([]any, 0, 4*len(fresh))
 		for _, i := range fresh {
-			bargs = append(bargs, batches[i].BatchId, nowUS)
+			var outcome []byte
+			if out[i].Error != "" || hasDuplicates(out[i]) {
+				o := &peerv1.EnqueueCommitted{DuplicateOf: out[i].DuplicateOf, Error: truncate(out[i].Error, maxStoredError)}
+				if outcome, err = proto.Marshal(o); err != nil {
+					return err
+				}
+			}
+			bargs = append(bargs, batches[i].BatchId, nowUS, hashes[i], outcome)
 		}
 		if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
 			return fmt.Errorf("record batches: %w", err)
@@ -139,71 +207,124 @@ func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 	return out, nil
 }
 
-func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch) (map[uint64]bool, error) {
+func hasDuplicates(c *peerv1.EnqueueCommitted) bool {
+	for _, d := range c.DuplicateOf {
+		if d != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}
+
+type batchRecord struct {
+	ID      uint64 `db:"batch_id"`
+	Hash    []byte `db:"content_hash"`
+	Outcome []byte `db:"outcome"`
+}
+
+func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch) (map[uint64]batchRecord, error) {
 	ids := make([]uint64, len(batches))
 	for i, b := range batches {
 		ids[i] = b.BatchId
 	}
-	q, args, err := sqlx.In("SELECT batch_id FROM enqueue_batches WHERE batch_id IN (?)", ids)
+	q, args, err := sqlx.In("SELECT batch_id, content_hash, outcome FROM enqueue_batches WHERE batch_id IN (?)", ids)
 	if err != nil {
 		return nil, err
 	}
-	var got []uint64
+	var got []batchRecord
 	if err := tx.SelectContext(ctx, &got, q, args...); err != nil {
 		return nil, fmt.Errorf("applied batches: %w", err)
 	}
-	applied := make(map[uint64]bool, len(got))
-	for _, id := range got {
-		applied[id] = true
+	applied := make(map[uint64]batchRecord, len(got))
+	for _, r := range got {
+		applied[r.ID] = r
 	}
 	return applied, nil
 }
 
+// deadLetter moves an item the items table refused to dead_letters, with
+// the reason, in tx; should dead_letters refuse it too, to refused_items.
+func deadLetter(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, reason string, nowUS int64) error {
+	var dedup, meta any
+	if it.DedupKey != "" {
+		dedup = it.DedupKey
+	}
+	if len(it.Metadata) > 0 {
+		meta = it.Metadata
+	}
+	payload := it.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	reason = truncate(reason, maxStoredError)
+	_, err := tx.ExecContext(ctx, `INSERT INTO dead_letters (id, namespace, topic, priority, enqueued_at, lease_ms, attempts,
+		dedup_key, payload, metadata, last_error, died_at) VALUES (?,?,?,?,?,?,0,?,?,?,?,?)
+		ON DUPLICATE KEY UPDATE id = id`,
+		it.Key, b.Namespace, b.Topic, it.Priority, b.EnqueuedAtUs, it.LeaseMs, dedup, payload, meta, reason, nowUS)
+	if IsPermanent(err) {
+		return refuseItem(ctx, tx, b, it, reason+"; dead_letters refused it too: "+err.Error(), nowUS)
+	}
+	if err != nil {
+		return fmt.Errorf("dead-letter refused item: %w", err)
+	}
+	return nil
+}
+
+// refuseItem keeps an acknowledged item no table of its shape can hold, as
+// its encoded batch, in refused_items.
+func refuseItem(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, reason string, nowUS int64) error {
+	one := &peerv1.EnqueueBatch{Namespace: b.Namespace, Topic: b.Topic, Shard: b.Shard, BatchId: b.BatchId,
+		EnqueuedAtUs: b.EnqueuedAtUs, Items: []*peerv1.BufferedItem{it}}
+	data, err := proto.Marshal(one)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO refused_items (item_id, batch_id, batch, reason, refused_at) VALUES (?,?,?,?,?)`,
+		it.Key, b.BatchId, data, truncate(reason, maxStoredError), nowUS); err != nil {
+		return fmt.Errorf("keep refused item: %w", err)
+	}
+	return nil
+}
+
 type tombKey struct{ ns, topic, key string }
 
-// tombstoned returns the dedup keys of the fresh batches that a gone item
-// still holds (dedup_tombstones within the namespace's window), with that
-// item's key.
-func tombstoned(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, nowUS int64) (map[tombKey]uint64, error) {
+// settleDedup fills DuplicateOf for the fresh batches' items that carry a
+// dedup key, after their rows were written:
+//
+//   - An item not inserted under its own key lost to the live item that
+//     holds its dedup key.
+//   - An item inserted whose key a gone item still holds (a tombstone within
+//     the namespace's window) is deleted again and reported as a duplicate of
+//     that item.
+//
+// The tombstones are read after the insert and with a locking read, which
+// is what closes the race with a concurrent ack: the ack deletes the live
+// item and writes its tombstone in one transaction, so the insert of a new
+// item with the same key waits on the dedup index entry until the ack
+// commits, and the locking read that follows sees the ack's tombstone. A
+// plain read before the insert could miss it.
+func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted, refused map[uint64]bool, nowUS int64) error {
 	byTopic := map[[2]string][]string{}
+	var keys []uint64
 	for _, i := range fresh {
 		b := batches[i]
 		for _, it := range b.Items {
-			if it.DedupKey != "" {
+			if it.DedupKey != "" && !refused[it.Key] {
 				k := [2]string{b.Namespace, b.Topic}
 				byTopic[k] = append(byTopic[k], it.DedupKey)
+				keys = append(keys, it.Key)
 			}
 		}
 	}
-	taken := map[tombKey]uint64{}
-	for k, keys := range byTopic {
-		q, args, err := sqlx.In(`SELECT dedup_key, item_id FROM dedup_tombstones
-			WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ?`, k[0], k[1], keys, nowUS)
-		if err != nil {
-			return nil, err
-		}
-		var rows []struct {
-			Key  string `db:"dedup_key"`
-			Item uint64 `db:"item_id"`
-		}
-		if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
-			return nil, fmt.Errorf("dedup tombstones: %w", err)
-		}
-		for _, r := range rows {
-			taken[tombKey{k[0], k[1], r.Key}] = r.Item
-		}
-	}
-	return taken, nil
-}
-
-// findDuplicates fills DuplicateOf for items that were not inserted under
-// their own key because a live item holds their dedup key.
-func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted, taken map[tombKey]uint64) error {
-	var keys []uint64
-	for _, i := range fresh {
-		for _, it := range batches[i].Items {
-			keys = append(keys, it.Key)
-		}
+	if len(keys) == 0 {
+		return nil
 	}
 	present := map[uint64]bool{}
 	for start := 0; start < len(keys); start += maxRowsPerInsert {
@@ -220,19 +341,63 @@ func findDuplicates(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 			present[id] = true
 		}
 	}
+	taken := map[tombKey]uint64{}
+	for k, dkeys := range byTopic {
+		for start := 0; start < len(dkeys); start += maxRowsPerInsert {
+			chunk := dkeys[start:min(start+maxRowsPerInsert, len(dkeys))]
+			q, args, err := sqlx.In(`SELECT dedup_key, item_id FROM dedup_tombstones
+				WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ? LOCK IN SHARE MODE`, k[0], k[1], chunk, nowUS)
+			if err != nil {
+				return err
+			}
+			var rows []struct {
+				Key  string `db:"dedup_key"`
+				Item uint64 `db:"item_id"`
+			}
+			if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+				return fmt.Errorf("dedup tombstones: %w", err)
+			}
+			for _, r := range rows {
+				taken[tombKey{k[0], k[1], r.Key}] = r.Item
+			}
+		}
+	}
+	var undo []uint64
 	for _, i := range fresh {
 		b := batches[i]
 		for j, it := range b.Items {
-			if present[it.Key] || it.DedupKey == "" || out[i].DuplicateOf[j] != 0 {
+			if it.DedupKey == "" || refused[it.Key] {
 				continue
 			}
-			var orig uint64
-			err := tx.GetContext(ctx, &orig, "SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ?",
-				b.Namespace, b.Topic, it.DedupKey)
-			if err != nil && !errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("dedup lookup: %w", err)
+			orig, tomb := taken[tombKey{b.Namespace, b.Topic, it.DedupKey}]
+			switch {
+			case present[it.Key] && tomb:
+				undo = append(undo, it.Key)
+				out[i].DuplicateOf[j] = orig // its key's item is gone but still within the window
+			case present[it.Key]:
+			default:
+				var live uint64
+				// A locking read: it sees the latest committed holder, where a
+				// snapshot read could predate the insert this one lost to.
+				err := tx.GetContext(ctx, &live, "SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ? LOCK IN SHARE MODE",
+					b.Namespace, b.Topic, it.DedupKey)
+				if err != nil && !errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("dedup lookup: %w", err)
+				}
+				if live == 0 && tomb {
+					live = orig
+				}
+				out[i].DuplicateOf[j] = live
 			}
-			out[i].DuplicateOf[j] = orig
+		}
+	}
+	for start := 0; start < len(undo); start += maxRowsPerInsert {
+		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", undo[start:min(start+maxRowsPerInsert, len(undo))])
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("undo tombstoned inserts: %w", err)
 		}
 	}
 	return nil
@@ -256,4 +421,23 @@ func IsPermanent(err error) bool {
 		return true
 	}
 	return false
+}
+
+// PruneBatches deletes enqueue_batches rows applied before beforeUS, at
+// most batch rows per statement (through the applied index), until none
+// is left, and returns how many it deleted. A row only matters while
+// JetStream may still redeliver its batch.
+func PruneBatches(ctx context.Context, db *sqlx.DB, beforeUS int64, batch int) (int64, error) {
+	var total int64
+	for {
+		res, err := db.ExecContext(ctx, "DELETE FROM enqueue_batches WHERE applied_at < ? ORDER BY applied_at LIMIT ?", beforeUS, batch)
+		if err != nil {
+			return total, fmt.Errorf("prune enqueue batches: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
 }

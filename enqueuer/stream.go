@@ -29,8 +29,13 @@ func Subject(region string, shard uint32) string {
 	return fmt.Sprintf("triage.enq.%s.%d", region, shard)
 }
 
-// ReadySubject is where enqueuers announce new items of a namespace.
-func ReadySubject(namespace string) string { return "triage.ready." + namespace }
+// ReadySubject is where enqueuers announce new items of a namespace. The
+// namespace is one subject token: a name may contain '.', which would split
+// it into several and miss the dequeuers' "triage.ready.*" subscription,
+// so '.' is written as '~', which names cannot contain (shardmap.ValidName).
+func ReadySubject(namespace string) string {
+	return "triage.ready." + strings.ReplaceAll(namespace, ".", "~")
+}
 
 // EnsureStream creates or updates region's enqueue stream.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cfg StreamConfig) (jetstream.Stream, error) {

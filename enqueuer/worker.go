@@ -42,9 +42,17 @@ type Config struct {
 	// announce their region; a region with no enqueuer left has its
 	// buffer drained by the others. Nil: only the region's own shards.
 	Presence jetstream.KeyValue
+	// BatchRetention is how long a shard remembers an applied batch
+	// (enqueue_batches) to recognise a JetStream redelivery of it. It must
+	// outlast any redelivery: a message is redelivered AckWait after a lost
+	// ack, or when an enqueuer comes back after an outage. Default 24h.
+	BatchRetention time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// pruneEvery is how often a worker prunes its shard's enqueue_batches.
+const pruneEvery = time.Minute
 
 // AdoptAfter is how long a region must have shown no enqueuer before
 // others drain its buffer.
@@ -77,6 +85,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 30 * time.Second
+	}
+	if cfg.BatchRetention == 0 {
+		cfg.BatchRetention = 24 * time.Hour
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -186,6 +197,7 @@ type worker struct {
 }
 
 func (w *worker) run(ctx context.Context) {
+	go w.prune(ctx)
 	for ctx.Err() == nil {
 		err := w.consume(ctx)
 		if ctx.Err() != nil {
@@ -247,6 +259,35 @@ func (w *worker) consume(ctx context.Context) error {
 	return nil
 }
 
+// prune deletes the shard's applied-batch records older than
+// BatchRetention, in bounded statements, every pruneEvery.
+func (w *worker) prune(ctx context.Context) {
+	cfg := w.svc.cfg
+	for {
+		if db, err := cfg.Pool.Writer(cfg.Maps, w.shard); err == nil {
+			before := time.Now().Add(-cfg.BatchRetention).UnixMicro()
+			if _, err := PruneBatches(ctx, db, before, 1000); err != nil && ctx.Err() == nil {
+				w.log.Warn("pruning enqueue_batches failed; retrying later", "err", err)
+			}
+		}
+		sleep(ctx, pruneEvery)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// retryCap bounds the backoff of a failing shard's inserts. It is what a
+// failover adds to the enqueue RTO after the new primary is published
+// (the batches come back after the delay they were nacked with), so it is
+// short: a retry against a shard that is still fenced is refused by the
+// local map without touching MySQL, and costs nothing.
+//
+// Variables (with retryFloor, the first backoff) only so a test can make
+// them long enough to tell a wake-up by a new map from the backoff
+// running out.
+var retryCap, retryFloor = 250 * time.Millisecond, 50 * time.Millisecond
+
 // insertLoop takes the first waiting batch, then every other batch already
 // pulled (up to MaxBatchMessages), and inserts them in one transaction.
 func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg) {
@@ -269,19 +310,54 @@ func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg) {
 				break drain
 			}
 		}
-		if err := w.process(ctx, batch); err != nil {
-			// Circuit breaker: the shard is failing; let the batches wait in
-			// the buffer and try again later.
-			backoff = min(max(2*backoff, 100*time.Millisecond), time.Second)
+		for {
+			changed := mapChanged(cfg.Maps) // before the try, so no new map is missed
+			err := w.process(ctx, batch)
+			if err == nil {
+				backoff = 0
+				break
+			}
+			// Circuit breaker: the shard is failing; hold the batches (they
+			// stay unacknowledged in the buffer) and try again after the
+			// backoff, or at once when a new shard map arrives: that is
+			// what a failover's publication looks like from here, and
+			// the batches then go to the new primary without waiting out
+			// a backoff (or a redelivery delay, had they been nacked).
+			backoff = min(max(2*backoff, retryFloor), retryCap)
 			w.log.Warn("insert failed; batches stay buffered", "err", err, "batches", len(batch), "retry_in", backoff)
 			for _, m := range batch {
-				_ = m.NakWithDelay(backoff)
+				_ = m.InProgress() // held, not lost: reset the ack wait
 			}
-			sleep(ctx, backoff)
-			continue
+			if !waitRetry(ctx, backoff, changed) {
+				for _, m := range batch {
+					_ = m.Nak() // stopping: hand them back at once
+				}
+				return
+			}
 		}
-		backoff = 0
 	}
+}
+
+// mapChanged returns a channel closed when src installs a newer map, or
+// nil (never ready) when src cannot tell.
+func mapChanged(src shardmap.Source) <-chan struct{} {
+	if c, ok := src.(interface{ Changed() <-chan struct{} }); ok {
+		return c.Changed()
+	}
+	return nil
+}
+
+// waitRetry waits d, or until changed is closed; false when ctx ended.
+func waitRetry(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-changed:
+	}
+	return true
 }
 
 func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
@@ -368,48 +444,47 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 	}
 }
 
-// isolate handles a group the database refused for its data: it inserts
-// each message alone, and within a refused message each batch alone, so
-// one bad batch holds back nothing else (a BUFFERED batch sharing its
-// envelope was acknowledged already and must not be lost with it). A batch
-// that can never be inserted is dropped with an answer to its router.
+// isolate handles a group the database refused for its data: it places
+// each batch of each message alone with InsertIsolated, which inserts what
+// the shard takes and moves each refused item to the dead letters with the
+// database's reason. Nothing acknowledged is dropped (a BUFFERED batch was
+// acknowledged when JetStream stored it), and one bad item holds back
+// nothing else. A router waiting on a COMMITTED batch hears which items
+// were refused.
 func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
-	if len(msgs) > 1 {
-		for _, m := range msgs {
-			if err := w.process(ctx, []jetstream.Msg{m}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	cfg := w.svc.cfg
-	env := &peerv1.EnqueueEnvelope{}
-	if err := proto.Unmarshal(msgs[0].Data(), env); err != nil {
-		return msgs[0].Term()
-	}
 	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
 		return err
 	}
 	var good []*peerv1.EnqueueBatch
 	var results []*peerv1.EnqueueCommitted
-	for _, b := range env.Batches {
-		res, err := Insert(ctx, db, []*peerv1.EnqueueBatch{b}, time.Now().UnixMicro())
-		switch {
-		case IsPermanent(err):
-			w.log.Error("dropping an enqueue batch the database refuses", "batch", b.BatchId, "topic", b.Topic, "err", err)
-			if b.ReplySubject != "" {
-				data, _ := proto.Marshal(&peerv1.EnqueueCommitted{BatchId: b.BatchId, Error: "the shard refused the items: " + err.Error()})
-				_ = cfg.NC.Publish(b.ReplySubject, data)
-			}
-		case err != nil:
-			return err // transient: the whole message is retried; inserts are idempotent
-		default:
-			good = append(good, b)
-			results = append(results, res[0])
+	var done []jetstream.Msg
+	for _, m := range msgs {
+		env := &peerv1.EnqueueEnvelope{}
+		if err := proto.Unmarshal(m.Data(), env); err != nil {
+			_ = m.Term() // process checked it; cannot happen
+			continue
 		}
+		for _, b := range env.Batches {
+			res, err := InsertIsolated(ctx, db, b, time.Now().UnixMicro())
+			if err != nil {
+				return err // transient: everything is retried; placing is idempotent
+			}
+			if res.Error != "" {
+				w.log.Error("the shard refused enqueued items; they are in the dead letters", "batch", b.BatchId, "topic", b.Topic, "err", res.Error)
+			}
+			good = append(good, b)
+			results = append(results, res)
+		}
+		done = append(done, m)
 	}
-	_ = msgs[0].Ack()
+	if err := cfg.Maps.Writable(w.shard); err != nil {
+		return err // as in process: redelivered, placed again idempotently
+	}
+	for _, m := range done {
+		_ = m.Ack()
+	}
 	w.announce(good, results)
 	return nil
 }

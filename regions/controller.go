@@ -3,6 +3,7 @@ package regions
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,17 +48,11 @@ type Config struct {
 	// reaches addr at (the bed's WAN links). Missing: addr itself.
 	ReplicationVia map[string]map[string]string
 	// Detect is how long a primary must be reported down by observers in
-	// two regions before it is failed over. Default 2s.
+	// two regions before it is failed over. Default 1s (two observer
+	// rounds).
 	Detect time.Duration
 	// Cooldown blocks another failover of a shard after one. Default 60s.
 	Cooldown time.Duration
-	// SemiSyncTimeout is the primaries' rpl_semi_sync_master_timeout (and
-	// is set on a promoted primary). Default 2.5s. It must exceed
-	// shardmap.MaxStaleness: a primary cut off from its replica then
-	// commits nothing until writers that cannot see the control plane
-	// have stopped trusting their map, and every commit after its async
-	// fallback finds its writer stale, which then does not acknowledge it.
-	SemiSyncTimeout time.Duration
 	// KVReplicas for the control buckets. Default 1.
 	KVReplicas int
 	Logger     *slog.Logger
@@ -71,13 +66,26 @@ type Controller struct {
 	control jetstream.KeyValue
 	health  *healthView
 
+	lease    sync.Mutex // serialises renewals
 	mu       sync.Mutex
 	leader   bool
+	rev      uint64    // revision of this controller's leader key
+	leaseAt  time.Time // when the last successful renewal was sent
 	suspect  map[uint32]time.Time
 	cooldown map[uint32]time.Time
 	inflight map[uint32]bool // automatic failovers running
+	diverged map[string]bool // replicas alarmed as needing a rebuild
 	events   []Event
 	busy     sync.Mutex // one failover at a time
+
+	// stepHook, when set (tests), runs before each irreversible step.
+	stepHook func(shard uint32, step string)
+}
+
+func (c *Controller) hook(shard uint32, step string) {
+	if c.stepHook != nil {
+		c.stepHook(shard, step)
+	}
 }
 
 // Event is a failover step, kept for reports and drills.
@@ -93,9 +101,8 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.ID == "" || cfg.Maps == nil || cfg.MapKV == nil || cfg.NC == nil || cfg.JS == nil {
 		return nil, errors.New("regions: ID, Maps, MapKV, NC and JS are required")
 	}
-	cfg.Detect = cmp.Or(cfg.Detect, 2*time.Second)
+	cfg.Detect = cmp.Or(cfg.Detect, time.Second)
 	cfg.Cooldown = cmp.Or(cfg.Cooldown, 60*time.Second)
-	cfg.SemiSyncTimeout = cmp.Or(cfg.SemiSyncTimeout, 2500*time.Millisecond)
 	cfg.Admin.User = cmp.Or(cfg.Admin.User, "root")
 	if cfg.Dial == nil {
 		cfg.Dial = func(a string) string { return a }
@@ -104,7 +111,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger.With("role", "controller", "region", cfg.Region),
-		suspect: map[uint32]time.Time{}, cooldown: map[uint32]time.Time{}, inflight: map[uint32]bool{}}, nil
+		suspect: map[uint32]time.Time{}, cooldown: map[uint32]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
 }
 
 // FailoverSubject is where the leader takes failover requests.
@@ -135,7 +142,7 @@ type FailoverResult struct {
 func (c *Controller) Run(ctx context.Context) error {
 	var err error
 	c.control, err = c.cfg.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: ControlBucket, TTL: 5 * time.Second, Storage: jetstream.FileStorage, Replicas: max(c.cfg.KVReplicas, 1)})
+		Bucket: ControlBucket, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: max(c.cfg.KVReplicas, 1)})
 	if err != nil {
 		return fmt.Errorf("open kv bucket %s: %w", ControlBucket, err)
 	}
@@ -143,25 +150,40 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.health, err = watchHealth(ctx, hkv); err != nil {
+	if c.health, err = watchHealth(ctx, hkv, c.cfg.NC); err != nil {
 		return err
 	}
 	go c.campaign(ctx)
-	go func() {
-		t := time.NewTicker(500 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if c.isLeader() {
-				c.evaluate(ctx)
-			}
-		}
-	}()
+	go c.every(ctx, evaluateEvery, c.evaluate)
+	go c.every(ctx, rejoinEvery, func(ctx context.Context) { c.rejoin(ctx, c.cfg.Maps.Current()) })
 	return nil
+}
+
+// evaluateEvery is the leader's detection tick: a primary reported down
+// for Detect fails over at most this much later. A tick reads only the
+// health view, in memory. Rejoining, which opens an admin connection to
+// every listed replica across the WAN (up to its connect timeout for one
+// that is cut off), runs in its own loop every rejoinEvery, so it never
+// holds detection back.
+const (
+	evaluateEvery = 100 * time.Millisecond
+	rejoinEvery   = time.Second
+)
+
+// every runs f every period while this controller leads, until ctx ends.
+func (c *Controller) every(ctx context.Context, period time.Duration, f func(context.Context)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.isLeader() {
+			f(ctx)
+		}
+	}
 }
 
 func (c *Controller) isLeader() bool {
@@ -170,28 +192,89 @@ func (c *Controller) isLeader() bool {
 	return c.leader
 }
 
-func (c *Controller) campaign(ctx context.Context) {
+// LeaseTTL is how long the leader key lives without a renewal (the control
+// bucket's TTL); the leader renews it every renewEvery. When a region goes
+// down with the leader, a new one takes over at most LeaseTTL + renewEvery
+// later, which is on a region-down drill's critical path (it was 5 s + 1 s
+// tick of a 10 s budget). Shorter is safe because leadership is re-checked
+// with a committed renewal before every irreversible step (checkLeader),
+// never assumed from the last tick; what it costs is a renewal every
+// renewEvery on the control bucket.
+const (
+	LeaseTTL   = 3 * time.Second
+	renewEvery = 500 * time.Millisecond
+)
+
+// leaseMargin is how much of LeaseTTL a step may take after the renewal
+// that allowed it: a controller acts only within LeaseTTL - leaseMargin of
+// its last successful renewal, so its step has begun before any other
+// controller can take the key. A renewal has a 1 s timeout, so a step that
+// passed checkLeader began at most 1 s after the renewal was sent.
+const leaseMargin = 1500 * time.Millisecond
+
+// ErrNotLeader: this controller does not hold the leader lease (any more).
+var ErrNotLeader = errors.New("regions: not the controller leader")
+
+// renew takes or renews the leader key with a compare-and-set on its
+// revision: the KV stream's leader commits it only with a quorum, so
+// success proves this controller holds the lease until LeaseTTL from now,
+// also if its NATS server has just been cut off into a minority (which
+// cannot commit). It updates c.leader.
+func (c *Controller) renew(ctx context.Context) error {
+	c.lease.Lock()
+	defer c.lease.Unlock()
 	var rev uint64
+	var err error
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	if c.rev != 0 {
+		rev, err = c.control.Update(rctx, "leader", []byte(c.cfg.ID), c.rev)
+	} else {
+		rev, err = c.control.Create(rctx, "leader", []byte(c.cfg.ID))
+	}
+	cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.rev, c.leader = 0, false
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	c.rev, c.leader, c.leaseAt = rev, true, sent
+	return nil
+}
+
+// checkLeader is run before each irreversible step of a failover (fence,
+// read_only, promote, publish): it renews the lease now, so the step runs
+// under a lease the KV leader has just committed, never on the memory of
+// one.
+func (c *Controller) checkLeader(ctx context.Context, shard uint32, step string) error {
+	c.hook(shard, step)
+	if err := c.renew(ctx); err != nil {
+		c.event(shard, "lost-leadership", "before "+step+": "+err.Error())
+		return err
+	}
+	c.mu.Lock()
+	at := c.leaseAt
+	c.mu.Unlock()
+	if time.Since(at) > LeaseTTL-leaseMargin {
+		return fmt.Errorf("%w: lease renewed %s ago, too long before %s", ErrNotLeader, time.Since(at).Round(time.Millisecond), step)
+	}
+	return nil
+}
+
+func (c *Controller) campaign(ctx context.Context) {
 	var sub *nats.Subscription
 	defer func() {
 		if sub != nil {
 			_ = sub.Unsubscribe()
 		}
 	}()
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(renewEvery)
 	defer t.Stop()
+	was := false
 	for {
-		var err error
-		if c.isLeader() {
-			rev, err = c.control.Update(ctx, "leader", []byte(c.cfg.ID), rev)
-		} else {
-			rev, err = c.control.Create(ctx, "leader", []byte(c.cfg.ID))
-		}
-		c.mu.Lock()
-		was := c.leader
-		c.leader = err == nil
-		now := c.leader
-		c.mu.Unlock()
+		_ = c.renew(ctx)
+		now := c.isLeader()
 		if now != was {
 			c.log.Info("controller leadership", "leader", now)
 			// Only the leader takes failover requests.
@@ -201,10 +284,14 @@ func (c *Controller) campaign(ctx context.Context) {
 				_ = sub.Unsubscribe()
 				sub = nil
 			}
+			was = now
 		}
 		select {
 		case <-ctx.Done():
-			if c.isLeader() {
+			c.mu.Lock()
+			rev, leader := c.rev, c.leader
+			c.mu.Unlock()
+			if leader {
 				dctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_ = c.control.Delete(dctx, "leader", jetstream.LastRevision(rev))
 				cancel()
@@ -230,7 +317,7 @@ func (c *Controller) event(shard uint32, step, details string) {
 }
 
 // evaluate runs one leader pass: finish fenced shards, fail over dead
-// primaries, rejoin deposed ones.
+// primaries.
 func (c *Controller) evaluate(ctx context.Context) {
 	m := c.cfg.Maps.Current()
 	now := time.Now()
@@ -256,13 +343,16 @@ func (c *Controller) evaluate(ctx context.Context) {
 			delete(c.suspect, s.ID)
 		}
 		since, suspect := c.suspect[s.ID]
+		running := c.inflight[s.ID]
 		c.mu.Unlock()
+		if running {
+			continue
+		}
 		if suspect && now.Sub(since) >= c.cfg.Detect {
 			c.event(s.ID, "detected", fmt.Sprintf("primary %s down in %v for %s", s.Primary, down, now.Sub(since).Round(time.Millisecond)))
 			go c.runFailover(ctx, FailoverRequest{Shard: s.ID, automatic: true})
 		}
 	}
-	c.rejoin(ctx, m)
 }
 
 // runFailover starts an automatic failover unless one of the shard is
@@ -322,9 +412,27 @@ func (c *Controller) via(region, addr string) string {
 	return addr
 }
 
-func (c *Controller) publish(ctx context.Context, s shardmap.Shard) (*shardmap.Map, error) {
+// ErrEpochMoved: the shard's entry in the stored map is no longer the one a
+// failover step was based on (another controller fenced or published it).
+var ErrEpochMoved = errors.New("regions: the shard's epoch moved")
+
+// publish stores the map with shard s replaced, with optimistic
+// concurrency on the whole map (shardmap.Publish) and on the shard: the
+// stored shard must still be at epoch and fenced as given, or it returns
+// ErrEpochMoved without writing. So one failover step of one epoch
+// publishes at most once, whoever else is working on the shard.
+func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64, fenced bool) (*shardmap.Map, error) {
 	for attempt := 0; ; attempt++ {
 		cur := c.cfg.Maps.Current()
+		if m, err := shardmap.Load(ctx, c.cfg.MapKV); err == nil && m.Version > cur.Version {
+			c.cfg.Maps.Offer(m)
+			cur = m
+		}
+		was, ok := cur.Shard(s.ID)
+		if !ok || was.Epoch != epoch || was.Fenced != fenced {
+			return nil, fmt.Errorf("%w: shard %d is at epoch %d (fenced %t), this step expected %d (fenced %t)",
+				ErrEpochMoved, s.ID, was.Epoch, was.Fenced, epoch, fenced)
+		}
 		next, err := cur.WithShard(s)
 		if err != nil {
 			return nil, err
@@ -336,9 +444,6 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard) (*shardmap.M
 		}
 		if !errors.Is(err, shardmap.ErrConflict) || attempt >= 10 {
 			return nil, err
-		}
-		if m, lerr := shardmap.Load(ctx, c.cfg.MapKV); lerr == nil {
-			c.cfg.Maps.Offer(m)
 		}
 	}
 }
@@ -375,100 +480,232 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	old := s.Primary
 	// 1. Fence.
 	if !s.Fenced {
+		if err := c.checkLeader(ctx, s.ID, "fence"); err != nil {
+			return res, err
+		}
 		s.Fenced = true
 		s.Epoch++
-		if _, err := c.publish(ctx, s); err != nil {
+		if _, err := c.publish(ctx, s, s.Epoch-1, false); err != nil {
 			return res, fmt.Errorf("fence: %w", err)
 		}
 		c.event(s.ID, "fenced", fmt.Sprintf("epoch %d published fenced", s.Epoch))
 	}
-	// 2. Old primary read-only, or wait out stale writers.
-	readOnly := false
-	if a, err := c.admin(old); err == nil {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err = a.SetReadOnly(rctx, true)
-		cancel()
-		a.Close()
-		readOnly = err == nil
+	// 2. Stop the old primary from completing commits: read_only if it
+	// answers, else stop every replica receiving from it.
+	if err := c.checkLeader(ctx, s.ID, "read-only"); err != nil {
+		return res, err
 	}
+	// The old primary and every replica are reached at once: each admin
+	// connection crosses the WAN, and a dead server costs its connect
+	// timeout, so in sequence they added up to most of a second.
+	var oldPos replication.GTIDList
+	readOnly := false
+	replicas := map[string]*replication.Admin{}
+	defer func() {
+		for _, a := range replicas {
+			a.Close()
+		}
+	}()
+	var unreachable []string
+	var reach sync.Mutex
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		a, err := c.admin(old)
+		if err != nil {
+			return
+		}
+		defer a.Close()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := a.SetReadOnly(rctx, true); err != nil {
+			return
+		}
+		if st, err := a.Status(rctx); err == nil {
+			oldPos, readOnly = st.BinlogPos, true
+		}
+	})
+	for _, r := range s.Replicas {
+		wg.Go(func() {
+			a, err := c.admin(r)
+			if err == nil {
+				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err = a.Status(sctx)
+				cancel()
+				if err != nil {
+					a.Close()
+				}
+			}
+			reach.Lock()
+			defer reach.Unlock()
+			if err != nil {
+				unreachable = append(unreachable, r)
+				return
+			}
+			replicas[r] = a
+		})
+	}
+	wg.Wait()
 	if readOnly {
-		c.event(s.ID, "old-primary-read-only", old)
+		c.event(s.ID, "old-primary-read-only", fmt.Sprintf("%s at %s", old, oldPos))
 	} else {
 		if req.Planned {
 			return res, c.unfence(ctx, s, fmt.Errorf("planned switchover: old primary %s cannot be made read-only; use an emergency failover", old))
 		}
-		// Writers cut off from the control plane stop at MaxStaleness;
-		// their commits hang in semi-sync until its timeout at most.
-		wait := shardmap.MaxStaleness + c.cfg.SemiSyncTimeout + 500*time.Millisecond
-		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; waiting %s for stale writers to stop", old, wait))
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(wait):
+		// Every replica must stop receiving: one we cannot reach may still
+		// take the old primary's commits, and hold the only copy of
+		// acknowledged ones. Refuse (the shard stays fenced and is
+		// retried) rather than lose them.
+		if len(unreachable) > 0 {
+			c.log.Error("ALARM: failover blocked: old primary and some replicas unreachable; promoting another replica could lose acknowledged commits",
+				"shard", s.ID, "old_primary", old, "unreachable", unreachable)
+			return res, fmt.Errorf("shard %d: old primary %s and replicas %v cannot be reached; the shard stays fenced and is retried", s.ID, old, unreachable)
 		}
+		var stopErrs []error
+		for r, a := range replicas {
+			wg.Go(func() {
+				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err := a.StopReceiving(sctx)
+				cancel()
+				if err != nil {
+					reach.Lock()
+					stopErrs = append(stopErrs, fmt.Errorf("stop replica %s receiving from the old primary: %w", r, err))
+					reach.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(stopErrs...); err != nil {
+			return res, fmt.Errorf("shard %d: %w", s.ID, err)
+		}
+		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit", old))
 	}
-	// 3. Promote the most advanced reachable candidate.
-	var admins []*replication.Admin
-	var addrs []string
-	for _, r := range candidates {
-		a, err := c.admin(r)
+	// 3. Choose the candidate.
+	var newPrimary string
+	if readOnly {
+		// The candidate must hold everything the old primary has.
+		var errs []error
+		for _, r := range candidates {
+			a, ok := replicas[r]
+			if !ok {
+				continue
+			}
+			wait := map[bool]time.Duration{true: 30 * time.Second, false: 5 * time.Second}[req.Planned]
+			if err := a.WaitApplied(ctx, oldPos, wait); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			newPrimary = r
+			break
+		}
+		if newPrimary == "" {
+			c.log.Error("ALARM: failover refused: no candidate caught up with the old primary; it serves again",
+				"shard", s.ID, "old_primary", old, "position", oldPos.String(), "err", errors.Join(errs...))
+			if a, err := c.admin(old); err == nil {
+				err = a.SetReadOnly(ctx, false)
+				a.Close()
+				if err != nil {
+					return res, fmt.Errorf("shard %d: no candidate caught up, and the old primary cannot be unfenced: %w", s.ID, err)
+				}
+			}
+			return res, c.unfence(ctx, s, fmt.Errorf("shard %d: no candidate applied the old primary's position %s in time; refused: %w",
+				s.ID, oldPos, errors.Join(errs...)))
+		}
+	} else {
+		var all []*replication.Admin
+		var addrs []string
+		for _, r := range s.Replicas {
+			all = append(all, replicas[r])
+			addrs = append(addrs, r)
+		}
+		i, err := replication.MostAdvanced(ctx, all)
 		if err != nil {
-			continue
+			return res, fmt.Errorf("choose replica: %w", err)
 		}
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = a.Status(sctx)
-		cancel()
-		if err != nil {
-			a.Close()
-			continue
+		best := addrs[i]
+		if req.ToRegion == "" {
+			newPrimary = best
 		}
-		admins = append(admins, a)
-		addrs = append(addrs, r)
+		// A candidate (ToRegion) other than the most advanced replica is
+		// fine only if it has everything the most advanced one received.
+		for _, r := range candidates {
+			if newPrimary != "" {
+				break
+			}
+			st, err := replicas[r].Status(ctx)
+			bst, berr := replicas[best].Status(ctx)
+			if err == nil && berr == nil && st.Received().Covers(bst.Received()) {
+				newPrimary = r
+				break
+			}
+		}
+		if newPrimary == "" {
+			return res, fmt.Errorf("shard %d: no replica in %v has everything %s received; the shard stays fenced", s.ID, candidates, best)
+		}
 	}
-	defer func() {
-		for _, a := range admins {
-			a.Close()
-		}
-	}()
-	if len(admins) == 0 {
-		return res, fmt.Errorf("shard %d: no replica answers (%v); the shard stays fenced and is retried", s.ID, candidates)
-	}
-	i, err := replication.MostAdvanced(ctx, admins)
+	// One promotion per shard and epoch: the claim is created once; a
+	// controller resuming this epoch promotes the claimed server, or none.
+	claimed, err := c.claim(ctx, s, newPrimary)
 	if err != nil {
-		return res, fmt.Errorf("choose replica: %w", err)
+		return res, err
 	}
-	newPrimary := addrs[i]
-	gtid, perr := admins[i].Promote(ctx, 30*time.Second)
-	err = perr
-	if err != nil && !errors.Is(err, replication.ErrNotReplica) {
-		return res, fmt.Errorf("promote %s: %w", newPrimary, err)
+	newPrimary = claimed
+	if _, ok := replicas[newPrimary]; !ok {
+		return res, fmt.Errorf("shard %d: claimed candidate %s does not answer; the shard stays fenced", s.ID, newPrimary)
 	}
-	c.event(s.ID, "promoted", fmt.Sprintf("%s at %s", newPrimary, gtid))
-	if err := admins[i].EnableSemiSync(ctx, true, c.cfg.SemiSyncTimeout); err != nil {
-		c.log.Warn("semi-sync on new primary", "err", err)
+	// 4. Promote.
+	if err := c.checkLeader(ctx, s.ID, "promote"); err != nil {
+		return res, err
 	}
-	// 4. Publish: new primary; the old one and the other replicas listed
+	// 5. Publish: new primary; the old one and the other replicas listed
 	// as replicas (the old one rejoins once it answers).
 	newRegion := s.ReplicaRegion(newPrimary)
-	var replicas, regions []string
+	var replicaList, regions []string
 	for j, r := range s.Replicas {
 		if r == newPrimary {
 			continue
 		}
-		replicas = append(replicas, r)
-		regions = append(regions, s.ReplicaRegions[min(j, len(s.ReplicaRegions)-1)])
-		if a, err := c.admin(r); err == nil {
-			if err := a.ReplicateFrom(ctx, c.via(s.ReplicaRegions[min(j, len(s.ReplicaRegions)-1)], newPrimary), c.cfg.Repl); err != nil {
+		region := s.ReplicaRegions[min(j, len(s.ReplicaRegions)-1)]
+		replicaList = append(replicaList, r)
+		regions = append(regions, region)
+		if _, ok := replicas[r]; !ok {
+			continue // unreachable (read-only path): rejoined when it answers
+		}
+		wg.Go(func() {
+			if err := replicas[r].ReplicateFrom(ctx, c.via(region, newPrimary), c.cfg.Repl); err != nil {
 				c.log.Warn("repoint replica", "replica", r, "err", err)
 			}
-			a.Close()
-		}
+		})
 	}
-	replicas = append(replicas, old)
+	// The other replicas are repointed while the candidate is promoted:
+	// the candidate holds everything they have (it is the most advanced,
+	// or caught up with the read-only old primary), and attached before
+	// its first commit they acknowledge it at once. Done after the
+	// promotion, their connecting was on the failover's critical path.
+	var gtid string
+	var perr error
+	wg.Go(func() { gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second) })
+	wg.Wait()
+	if perr != nil && !errors.Is(perr, replication.ErrNotReplica) {
+		return res, fmt.Errorf("promote %s: %w", newPrimary, perr)
+	}
+	c.event(s.ID, "promoted", fmt.Sprintf("%s at %s; other replicas repointed to it", newPrimary, gtid))
+	replicaList = append(replicaList, old)
 	regions = append(regions, c.primaryRegion(s))
-	s.Primary, s.Replicas, s.ReplicaRegions, s.Fenced = newPrimary, replicas, regions, false
+	// The epoch write is the new primary's first commit: it needs a
+	// replica's acknowledgement, hence after the repointing.
+	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = c.storeEpoch(ectx, s, newPrimary)
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
+	}
+	if err := c.checkLeader(ctx, s.ID, "publish"); err != nil {
+		return res, err
+	}
+	fencedEpoch := s.Epoch
+	s.Primary, s.Replicas, s.ReplicaRegions, s.Fenced = newPrimary, replicaList, regions, false
 	s.PrimaryRegion = newRegion
-	if _, err := c.publish(ctx, s); err != nil {
+	if _, err := c.publish(ctx, s, fencedEpoch, true); err != nil {
 		return res, fmt.Errorf("publish new primary: %w", err)
 	}
 	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d", newPrimary, newRegion, s.Epoch))
@@ -480,6 +717,53 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	return res, nil
 }
 
+// claimKey is the shard-map bucket key recording which server a failover
+// of shard at epoch promotes.
+func claimKey(shard uint32, epoch uint64) string {
+	return fmt.Sprintf("promotion.s%d.e%d", shard, epoch)
+}
+
+// claim records, once per shard and epoch (KV Create), the server to
+// promote, and returns the claimed one: candidate, or the server an
+// earlier controller claimed for this epoch (a new leader resuming a
+// failover promotes the same server, never a second one).
+func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate string) (string, error) {
+	key := claimKey(s.ID, s.Epoch)
+	_, err := c.cfg.MapKV.Create(ctx, key, []byte(candidate))
+	if err == nil {
+		return candidate, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return "", fmt.Errorf("claim promotion of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
+	}
+	e, err := c.cfg.MapKV.Get(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("read promotion claim of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
+	}
+	if got := string(e.Value()); got != candidate {
+		c.event(s.ID, "claimed-earlier", fmt.Sprintf("epoch %d promotes %s (claimed before), not %s", s.Epoch, got, candidate))
+		return got, nil
+	}
+	return candidate, nil
+}
+
+// storeEpoch records the shard's epoch on the new primary (shard_meta), so
+// that a writer whose map predates this failover cannot write there.
+func (c *Controller) storeEpoch(ctx context.Context, s shardmap.Shard, addr string) error {
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = c.cfg.Admin.User, c.cfg.Admin.Password, "tcp", c.cfg.Dial(addr)
+	cfg.Timeout = 2 * time.Second
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := shardmap.StoreEpoch(ctx, db, cmp.Or(s.Database, "triage"), s.Epoch); err != nil {
+		return fmt.Errorf("shard %d: %w", s.ID, err)
+	}
+	return nil
+}
+
 // primaryRegion is where a shard's current primary runs.
 func (c *Controller) primaryRegion(s shardmap.Shard) string {
 	return cmp.Or(s.PrimaryRegion, s.HomeRegion)
@@ -487,47 +771,92 @@ func (c *Controller) primaryRegion(s shardmap.Shard) string {
 
 func (c *Controller) unfence(ctx context.Context, s shardmap.Shard, cause error) error {
 	s.Fenced = false
-	if _, err := c.publish(ctx, s); err != nil {
+	if _, err := c.publish(ctx, s, s.Epoch, true); err != nil {
 		return fmt.Errorf("%w (and unfencing failed: %v)", cause, err)
 	}
 	return cause
 }
 
 // rejoin repoints listed replicas that answer but do not replicate from
-// the current primary: a deposed primary coming back.
+// the current primary: a deposed primary coming back. Replicas are looked
+// at in parallel (one cut off costs its connect timeout, not everyone's).
 func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
+	var wg sync.WaitGroup
 	for _, s := range m.Shards {
-		if s.Fenced {
+		c.mu.Lock()
+		running := c.inflight[s.ID]
+		c.mu.Unlock()
+		if s.Fenced || running {
 			continue
 		}
 		for j, r := range s.Replicas {
-			a, err := c.admin(r)
-			if err != nil {
-				continue
-			}
-			sctx, cancel := context.WithTimeout(ctx, time.Second)
-			st, err := a.Status(sctx)
-			cancel()
 			region := ""
 			if j < len(s.ReplicaRegions) {
 				region = s.ReplicaRegions[j]
 			}
-			want := c.via(region, s.Primary)
-			if err == nil && (st.PrimaryAddr != want || !st.IOThreadRunning() && st.IORunning != "Connecting") {
-				if st.PrimaryAddr == want && strings.EqualFold(st.IORunning, "No") && st.LastIOErrno != 0 {
-					a.Close()
-					continue // diverged: needs a rebuild; reported by Status
-				}
-				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				err := a.RejoinAsReplica(rctx, want, c.cfg.Repl)
-				cancel()
-				if err != nil {
-					c.log.Warn("rejoin failed", "shard", s.ID, "server", r, "err", err)
-				} else {
-					c.event(s.ID, "rejoined", fmt.Sprintf("%s replicates from %s", r, s.Primary))
-				}
-			}
-			a.Close()
+			wg.Go(func() { c.rejoinOne(ctx, s, r, c.via(region, s.Primary)) })
+		}
+	}
+	wg.Wait()
+}
+
+// rejoinTimeout bounds how long rejoinOne waits for a rejoined replica's
+// threads to run.
+const rejoinTimeout = 10 * time.Second
+
+// rejoinOne rejoins replica r of shard s to the primary, reached at want,
+// when it answers and replicates from elsewhere (or not at all). It
+// reports "rejoined" only once both replication threads run (IO "Yes",
+// connected; SQL "Yes"); a replica whose IO thread stopped on an error
+// against the current primary (diverged: error 1236) is left alone and
+// reported: it needs a rebuild.
+func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want string) {
+	a, err := c.admin(r)
+	if err != nil {
+		return
+	}
+	defer a.Close()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	st, err := a.Status(sctx)
+	cancel()
+	if err != nil || (st.PrimaryAddr == want && st.IOThreadRunning()) {
+		return
+	}
+	if st.PrimaryAddr == want && strings.EqualFold(st.IORunning, "No") && st.LastIOErrno != 0 {
+		c.mu.Lock()
+		seen := c.diverged[r]
+		c.diverged[r] = true
+		c.mu.Unlock()
+		if !seen {
+			c.log.Error("ALARM: replica stopped on an error against the current primary; it must be rebuilt from a copy of the primary",
+				"shard", s.ID, "server", r, "primary", s.Primary, "errno", st.LastIOErrno, "error", st.LastIOError)
+		}
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
+	defer cancel()
+	if err := a.RejoinAsReplica(rctx, want, c.cfg.Repl); err != nil {
+		c.log.Warn("rejoin failed", "shard", s.ID, "server", r, "err", err)
+		return
+	}
+	for {
+		st, err = a.Status(rctx)
+		if err == nil && st.IORunning == "Yes" && st.SQLRunning {
+			c.event(s.ID, "rejoined", fmt.Sprintf("%s replicates from %s (IO and SQL threads running, at %s)", r, s.Primary, st.SlavePos))
+			return
+		}
+		if err == nil && (st.LastIOErrno != 0 || st.LastSQLErrno != 0) && !st.IOThreadRunning() {
+			c.log.Error("ALARM: rejoined replica stopped replicating; it must be rebuilt from a copy of the primary",
+				"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
+				"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
+			return
+		}
+		select {
+		case <-rctx.Done():
+			c.log.Warn("rejoin: replication not running yet", "shard", s.ID, "server", r, "io", st.IORunning, "sql", st.SQLRunning,
+				"io_error", st.LastIOError, "sql_error", st.LastSQLError)
+			return
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

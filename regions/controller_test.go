@@ -19,6 +19,7 @@ import (
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -29,15 +30,18 @@ var (
 	app  = replication.Credentials{User: "triage", Password: "triage-secret"}
 )
 
-// cluster is one shard (primary in region a, replica in region b), an
-// embedded NATS server, observers in regions a, b and c, and a controller.
+// cluster is one shard (primary in region a, replicas in regions b and c,
+// as in the three-region bed), an embedded NATS server, observers in
+// regions a, b and c, and a controller.
 type cluster struct {
 	t        *testing.T
 	primary  *mariadb.Server
-	replica  *mariadb.Server
+	replica  *mariadb.Server // in region b, the preferred one
+	replica2 *mariadb.Server // in region c
 	maps     *shardmap.Holder
 	ctl      *Controller
-	ctlEvent func() []Event
+	ctlNC    *nats.Conn // ctl's own connection, so a test can cut it off
+	natsURL  string
 }
 
 func start(t *testing.T, id int) *mariadb.Server {
@@ -50,29 +54,37 @@ func start(t *testing.T, id int) *mariadb.Server {
 func setup(t *testing.T) *cluster {
 	t.Helper()
 	ctx := t.Context()
-	var p, r *mariadb.Server
+	var p, r, r2 *mariadb.Server
 	var wg sync.WaitGroup
 	wg.Go(func() { p = start(t, 1) })
 	wg.Go(func() { r = start(t, 2) })
+	wg.Go(func() { r2 = start(t, 3) })
 	wg.Wait()
 	require.NotNil(t, p)
 	require.NotNil(t, r)
+	require.NotNil(t, r2)
 	pa, err := replication.Open(p.DSN(""))
 	require.NoError(t, err)
 	defer pa.Close()
-	ra, err := replication.Open(r.DSN(""))
-	require.NoError(t, err)
-	defer ra.Close()
-	for _, a := range []*replication.Admin{pa, ra} {
-		require.NoError(t, a.EnsureUsers(ctx, repl, app))
+	require.NoError(t, pa.EnsureUsers(ctx, repl, app))
+	require.NoError(t, pa.EnableSemiSync(ctx, true))
+	for _, s := range []*mariadb.Server{r, r2} {
+		ra, err := replication.Open(s.DSN(""))
+		require.NoError(t, err)
+		require.NoError(t, ra.EnsureUsers(ctx, repl, app))
+		require.NoError(t, ra.ReplicateFrom(ctx, p.Addr(), repl))
+		ra.Close()
 	}
-	require.NoError(t, pa.EnableSemiSync(ctx, true, 10*time.Second))
-	require.NoError(t, ra.EnableSemiSync(ctx, false, 10*time.Second))
-	require.NoError(t, ra.ReplicateFrom(ctx, p.Addr(), repl))
+	require.Eventually(t, func() bool {
+		ss, err := pa.SemiSyncStatus(ctx)
+		return err == nil && ss.Clients == 2
+	}, 20*time.Second, 20*time.Millisecond, "both replicas acknowledge")
 	root := sqlOpen(t, p.DSN(""))
 	_, err = root.Exec("CREATE DATABASE IF NOT EXISTS triage")
 	require.NoError(t, err)
 	_, err = root.Exec("CREATE TABLE triage.t (id INT PRIMARY KEY)")
+	require.NoError(t, err)
+	_, err = schema.Migrate(ctx, sqlOpen(t, p.DSN("triage")+"&multiStatements=true"))
 	require.NoError(t, err)
 
 	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
@@ -84,7 +96,7 @@ func setup(t *testing.T) *cluster {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b", "c"}, Shards: []shardmap.Shard{{
-		ID: 1, HomeRegion: "a", Primary: p.Addr(), Replicas: []string{r.Addr()}, ReplicaRegions: []string{"b"}, Epoch: 1}}})
+		ID: 1, HomeRegion: "a", Primary: p.Addr(), Replicas: []string{r.Addr(), r2.Addr()}, ReplicaRegions: []string{"b", "c"}, Epoch: 1}}})
 	require.NoError(t, err)
 	kv, err := shardmap.OpenBucket(ctx, js, 1)
 	require.NoError(t, err)
@@ -100,12 +112,34 @@ func setup(t *testing.T) *cluster {
 		o := &Observer{Region: region, Maps: maps, Dial: func(a string) string { return a }, KV: hkv, Logger: discard()}
 		go o.Run(runCtx)
 	}
-	ctl, err := New(Config{ID: "ctl-1", Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
-		Detect: time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	c := &cluster{t: t, primary: p, replica: r, replica2: r2, maps: maps, natsURL: ns.ClientURL()}
+	c.ctl, c.ctlNC = c.newController("ctl-1")
+	require.Eventually(t, c.ctl.isLeader, 10*time.Second, 20*time.Millisecond)
+	return c
+}
+
+// newController starts a controller as a separate node would run it: its
+// own NATS connection, shard-map holder and watch.
+func (c *cluster) newController(id string) (*Controller, *nats.Conn) {
+	t := c.t
+	nc, err := nats.Connect(c.natsURL, nats.MaxReconnects(0))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := shardmap.OpenBucket(t.Context(), js, 1)
+	require.NoError(t, err)
+	m, err := shardmap.Load(t.Context(), kv)
+	require.NoError(t, err)
+	maps := shardmap.NewHolder(m)
+	runCtx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go shardmap.Watch(runCtx, js, kv, maps, discard())
+	ctl, err := New(Config{ID: id, Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
+		Detect: time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)})
 	require.NoError(t, err)
 	require.NoError(t, ctl.Run(runCtx))
-	require.Eventually(t, ctl.isLeader, 10*time.Second, 20*time.Millisecond)
-	return &cluster{t: t, primary: p, replica: r, maps: maps, ctl: ctl}
+	return ctl, nc
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -146,7 +180,7 @@ func TestFailoverOnPrimaryKill(t *testing.T) {
 	s, _ := c.maps.Current().Shard(1)
 	require.Equal(t, uint64(2), s.Epoch)
 	require.Equal(t, "b", s.PrimaryRegion)
-	require.Equal(t, []string{c.primary.Addr()}, s.Replicas, "the old primary is listed to rejoin")
+	require.Equal(t, []string{c.replica2.Addr(), c.primary.Addr()}, s.Replicas, "the old primary is listed to rejoin")
 	require.NoError(t, c.maps.Writable(1))
 	rdb := appDB(t, c.replica.Addr())
 	var n int
@@ -195,6 +229,105 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 	require.NoError(t, c.replica.Kill())
 	_, err = c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, Planned: true})
 	require.Error(t, err)
-	s, _ := c.maps.Current().Shard(1)
-	require.False(t, s.Fenced, "a refused planned switchover unfences")
+	require.Eventually(t, func() bool {
+		s, _ := c.maps.Current().Shard(1)
+		return !s.Fenced
+	}, 10*time.Second, 20*time.Millisecond, "a refused planned switchover unfences")
+}
+
+// TestEmergencyFailoverWaitsForTheCandidate: with the old primary
+// reachable, a failover to a replica that lacks acknowledged commits (its
+// IO thread stopped; the other replica acknowledged them) must not promote
+// it: the controller makes the old primary read-only, waits for the
+// candidate to apply the old primary's binlog position, and, when it
+// cannot, refuses and gives the shard back to the old primary.
+func TestEmergencyFailoverWaitsForTheCandidate(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	pdb := appDB(t, c.primary.Addr())
+	for i := 1; i <= 10; i++ {
+		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)
+		require.NoError(t, err)
+	}
+	rdb := appDB(t, c.replica.Addr())
+	require.Eventually(t, func() bool {
+		var n int
+		return rdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&n) == nil && n == 10
+	}, 10*time.Second, 20*time.Millisecond)
+	_, err := sqlOpen(t, c.replica.DSN("")).Exec("STOP SLAVE IO_THREAD")
+	require.NoError(t, err)
+	for i := 11; i <= 20; i++ {
+		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i) // acknowledged by the other replica
+		require.NoError(t, err)
+	}
+	_, err = c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, ToRegion: "b"})
+	require.Error(t, err, "the candidate lacks acknowledged rows 11-20")
+	t.Logf("refused: %v", err)
+	require.Eventually(t, func() bool {
+		s, _ := c.maps.Current().Shard(1)
+		return s.Primary == c.primary.Addr() && !s.Fenced
+	}, 10*time.Second, 20*time.Millisecond, "the refused failover unfenced the shard, old primary kept")
+	var n int
+	require.NoError(t, rdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&n))
+	require.Equal(t, 10, n)
+	_, err = pdb.Exec("INSERT INTO t VALUES (21)")
+	require.NoError(t, err, "the old primary serves again")
+}
+
+// TestTwoControllersOnePromotion: the leader is cut off from NATS (not from
+// MySQL) in the middle of a failover, after fencing and before promoting.
+// It must notice it lost the lease and stop; the new leader finishes the
+// failover. Exactly one replica is promoted, once.
+func TestTwoControllersOnePromotion(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	a := c.ctl
+	b, _ := c.newController("ctl-2")
+	cutOff := make(chan struct{})
+	a.stepHook = func(_ uint32, step string) {
+		if step != "promote" {
+			return
+		}
+		select {
+		case <-cutOff:
+			return
+		default:
+		}
+		close(cutOff)
+		c.ctlNC.Close()
+		deadline := time.Now().Add(20 * time.Second)
+		for !b.isLeader() && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	pdb := appDB(t, c.primary.Addr())
+	for i := 1; i <= 20; i++ {
+		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.primary.Kill())
+	bmaps := b.cfg.Maps
+	require.Eventually(t, func() bool {
+		s, _ := bmaps.Current().Shard(1)
+		return s.Primary != c.primary.Addr() && !s.Fenced
+	}, 60*time.Second, 50*time.Millisecond)
+	promotions := 0
+	for _, ctl := range []*Controller{a, b} {
+		for _, e := range ctl.Events() {
+			if e.Step == "promoted" {
+				promotions++
+			}
+		}
+	}
+	t.Logf("a: %+v", a.Events())
+	t.Logf("b: %+v", b.Events())
+	require.Equal(t, 1, promotions, "one promotion for the shard and epoch")
+	for _, e := range a.Events() {
+		require.NotEqual(t, "promoted", e.Step, "the cut-off controller promoted after losing its lease")
+	}
+	s, _ := bmaps.Current().Shard(1)
+	require.Equal(t, uint64(2), s.Epoch)
+	var n int
+	require.NoError(t, appDB(t, s.Primary).QueryRow("SELECT COUNT(*) FROM t").Scan(&n))
+	require.Equal(t, 20, n)
 }

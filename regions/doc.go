@@ -7,47 +7,82 @@
 // Every node runs an Observer: each half second it pings every shard
 // primary (through the same links the node's writes would take) and
 // stores the result in the NATS KV bucket triage_health under
-// "s<shard>.<region>". A primary is declared dead only when observers in
-// at least two regions have reported it down for Detect (default 2 s):
-// one region losing its links, or one slow observer, moves nothing.
+// "s<shard>.<region>", and publishes it on core NATS (HealthSubject), which
+// the controllers also follow: core NATS needs no stream leader, so a
+// region going down with the health stream's leader does not blind the
+// next controller leader. A primary is declared dead only when observers in
+// at least two regions have reported it down for Detect (default 1 s):
+// one region losing its links, or one slow observer, moves nothing. The
+// observers also raise two alarms: a primary with no semi-sync replica
+// connected (its commits block: there is no async fallback) and a primary
+// whose semi-sync is off.
 //
 // # One leader
 //
 // Every node with the controller role campaigns for the key "leader" in
-// the bucket triage_control (TTL 5 s, refreshed every second). Only the
-// holder acts. A new leader resumes a failover the previous one left
-// half-done (a shard still marked fenced).
+// the bucket triage_control (TTL LeaseTTL = 3 s, renewed every 0.5 s by
+// a compare-and-set on its revision). Only the holder acts. Before each
+// irreversible step of a failover (fence, read_only, promote, publish)
+// the leader renews the lease again and stops if that fails: the renewal
+// is committed by the KV stream's Raft group, so a controller cut off from
+// NATS (but not from MySQL) stops at its next step, while a new leader can
+// only start LeaseTTL after the old one's last renewal. A new leader
+// resumes a failover the previous one left half-done (a shard still
+// marked fenced).
 //
 // # Failover
 //
 //  1. Fence: publish the map with the shard's epoch + 1 and Fenced set.
-//     Writers that see it stop writing to the shard (shardmap.Pool.Writer).
-//  2. Make the old primary read-only if it can be reached (the
-//     application user lacks READ ONLY ADMIN, so this stops every writer).
-//     If it cannot be reached, wait shardmap.MaxStaleness plus the
-//     semi-sync timeout: a writer cut off from the control plane has
-//     stopped trusting its map by then, and its last commits have either
-//     been acknowledged by the replica or fallen back to async, found the
-//     writer stale, and gone unacknowledged. The old primary accepts no
-//     write after this point, so none after the new primary is published.
-//  3. Promote the most advanced replica (replication.MostAdvanced; the
-//     promotion waits for the relay log with MASTER_GTID_WAIT) and turn on
-//     semi-sync as a primary.
-//  4. Publish the map with the new primary, the old one listed as a replica
-//     to rejoin, Fenced cleared. Buffered enqueues drain to it; dequeuers
-//     and enqueuers of the shard's home region serve it across regions.
-//  5. Refuse another failover of that shard for Cooldown (default 60 s).
+//     Writers that see it stop writing to the shard (shardmap.Pool.Writer);
+//     writers that cannot see the control plane stop trusting their map
+//     within shardmap.MaxStaleness.
+//  2. Stop the old primary from completing commits. If it answers, make
+//     it read-only (the application user lacks READ ONLY ADMIN) and read
+//     its gtid_binlog_pos. If it does not, stop every replica's IO thread:
+//     semi-sync never falls back to async, so a primary no replica
+//     receives from can complete no commit, and the replicas' positions
+//     are final. Every replica must answer then; one that does not may
+//     hold the only copy of acknowledged commits, so the failover is
+//     refused (alarm; the shard stays fenced and is retried). No wait for
+//     stale writers is needed: whatever they send the old primary cannot
+//     commit.
+//  3. Choose the candidate. With a read-only old primary: a candidate that
+//     applies the old primary's position within a bound (MASTER_GTID_WAIT;
+//     5 s, 30 s when planned), else the failover is refused, the old
+//     primary made writable again and the shard unfenced (alarm). With an
+//     unreachable one: the most advanced replica (replication.MostAdvanced
+//     over all replicas), or a ToRegion replica that covers it.
+//  4. Claim the promotion: the key promotion.s<shard>.e<epoch> in the
+//     shard-map bucket is created once; a controller resuming the same
+//     epoch promotes the claimed server or none, so each epoch has one
+//     promotion.
+//  5. Promote (the relay log applied first; semi-sync as a primary before
+//     read_only=0) while the other replicas are repointed to the candidate
+//     (it holds all they have; attached before its first commit, they
+//     acknowledge it at once), store the epoch in the new
+//     primary's shard_meta table (shardmap.StoreEpoch; a writer with an
+//     older map refuses that server), and publish the map with the new
+//     primary, the old one listed as a replica to rejoin, Fenced cleared.
+//     Each publish is conditional on the shard's stored epoch and fence
+//     state, so it fails if another controller moved the epoch.
+//  6. Refuse another automatic failover of that shard for Cooldown
+//     (default 60 s).
 //
 // A planned switchover (Admin.Failover with planned=true, `triage failover
-// --shard N --to REGION`) takes the same steps, with the old primary
-// read-only first, so it loses nothing and needs no staleness wait.
+// --shard N --to REGION`) takes the same steps; it requires the old
+// primary to answer (read-only first), so it loses nothing.
 //
 // # Rejoin
 //
-// Each leader pass looks at the shards' listed replicas: one that answers
+// A leader loop of its own (every second, apart from the 100 ms detection
+// tick, so a replica cut off and costing its connect timeout never holds
+// detection back) looks at the shards' listed replicas, in parallel: one
+// that answers
 // but does not replicate from the current primary (a deposed primary,
 // restarted with replication.RejoinArgs so crash recovery discards what
 // no replica acknowledged) is made read-only and rejoined as a replica
-// (MASTER_DEMOTE_TO_SLAVE). It never serves as a second primary: the map
+// (MASTER_DEMOTE_TO_SLAVE); "rejoined" is reported once its IO and SQL
+// threads both run, and a replica stopped on an error against the current
+// primary (1236: diverged) raises an alarm: it must be rebuilt. It never serves as a second primary: the map
 // names one primary, and the old one is read-only before it is repointed.
 package regions

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/triage-queue/triage/shardmap"
@@ -21,6 +22,16 @@ import (
 
 // HealthBucket holds the observers' reports.
 const HealthBucket = "triage_health"
+
+// HealthSubject is where observers also publish each report on core NATS
+// (HealthSubject + "." + shard + "." + region), and the controllers
+// subscribe. Core NATS needs no stream leader: when a region goes down
+// with the leader of the health bucket's stream, the bucket's watchers see
+// nothing until the stream elects a new leader and the watch's consumer
+// recovers (a region-down drill saw the new controller hear "down" 10.5 s
+// after the fault, 7 s after it took the lead). Reports carry their time
+// (At), so one heard twice, or late, counts only while fresh.
+const HealthSubject = "triage.health"
 
 // Report is one observer's view of one shard primary.
 type Report struct {
@@ -31,10 +42,16 @@ type Report struct {
 	Epoch   uint64 `json:"epoch"`
 	OK      bool   `json:"ok"`
 	// SemiSyncOff: the primary has replicas but semi-sync is not active
-	// (fell back to async after its timeout): commits are acknowledged
-	// before a replica has them.
-	SemiSyncOff bool   `json:"semi_sync_off,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// (someone turned it off, or gave it a timeout: Triage never lets it
+	// fall back to async): commits are acknowledged before a replica has
+	// them.
+	SemiSyncOff bool `json:"semi_sync_off,omitempty"`
+	// NoReplicas: the primary has no semi-sync replica connected, so every
+	// commit blocks until one reconnects (there is no async fallback);
+	// writers see their deadlines expire. Failover does not help while the
+	// primary answers; bring a replica back.
+	NoReplicas bool   `json:"no_replicas,omitempty"`
+	Error      string `json:"error,omitempty"`
 	// At is when the ping finished (unix ms).
 	At int64 `json:"at"`
 }
@@ -67,19 +84,23 @@ type Observer struct {
 	// Dial maps an address to the one this region dials (Pool.Addr).
 	Dial func(string) string
 	// Cred is the account pinged with.
-	Cred   shardmap.Credentials
-	KV     jetstream.KeyValue
+	Cred shardmap.Credentials
+	KV   jetstream.KeyValue
+	// NC, when set, also carries each report on HealthSubject.
+	NC     *nats.Conn
 	Logger *slog.Logger
 
-	mu    sync.Mutex
-	dbs   map[string]*sql.DB
-	async map[uint32]bool // last semi-sync state seen, for alarm edges
+	mu      sync.Mutex
+	dbs     map[string]*sql.DB
+	async   map[uint32]bool // last semi-sync state seen, for alarm edges
+	blocked map[uint32]bool // last "no replica connected" seen, likewise
 }
 
 // Run pings every 500 ms until ctx ends.
 func (o *Observer) Run(ctx context.Context) {
 	o.dbs = map[string]*sql.DB{}
 	o.async = map[uint32]bool{}
+	o.blocked = map[uint32]bool{}
 	defer func() {
 		for _, db := range o.dbs {
 			db.Close()
@@ -131,18 +152,31 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 		_, err = o.db(s.Primary).ExecContext(pctx, "DO 1")
 	}
 	if err == nil && len(s.Replicas) > 0 {
-		var name, value string
-		if qerr := o.db(s.Primary).QueryRowContext(pctx, "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_status'").Scan(&name, &value); qerr == nil && value != "ON" {
-			r.SemiSyncOff = true
-			semiSyncFallbacks.Add(1)
+		var status, clients int
+		if qerr := o.db(s.Primary).QueryRowContext(pctx, `SELECT
+			SUM(variable_name = 'RPL_SEMI_SYNC_MASTER_STATUS' AND variable_value = 'ON'),
+			SUM(IF(variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS', variable_value, 0))
+			FROM information_schema.global_status
+			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients); qerr == nil {
+			r.SemiSyncOff = status == 0
+			r.NoReplicas = !r.SemiSyncOff && clients == 0
+			if r.SemiSyncOff {
+				semiSyncFallbacks.Add(1)
+			}
 		}
 	}
 	o.mu.Lock()
-	was := o.async[s.ID]
-	o.async[s.ID] = r.SemiSyncOff
+	was, wasBlocked := o.async[s.ID], o.blocked[s.ID]
+	o.async[s.ID], o.blocked[s.ID] = r.SemiSyncOff, r.NoReplicas
 	o.mu.Unlock()
+	if r.NoReplicas && !wasBlocked {
+		o.Logger.Warn("ALARM: primary has no semi-sync replica connected; its commits block until one acknowledges (no async fallback), writers time out",
+			"shard", s.ID, "primary", s.Primary, "replicas", s.Replicas)
+	} else if wasBlocked && !r.NoReplicas && err == nil {
+		o.Logger.Info("a semi-sync replica is connected again; commits complete", "shard", s.ID, "primary", s.Primary)
+	}
 	if r.SemiSyncOff && !was {
-		o.Logger.Warn("ALARM: semi-sync fell back to async; commits are acknowledged before a replica has them",
+		o.Logger.Warn("ALARM: semi-sync is off on a primary with replicas; commits are acknowledged before a replica has them",
 			"shard", s.ID, "primary", s.Primary)
 	} else if was && !r.SemiSyncOff && err == nil {
 		o.Logger.Info("semi-sync active again", "shard", s.ID, "primary", s.Primary)
@@ -153,6 +187,9 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	}
 	r.At = time.Now().UnixMilli()
 	data, _ := json.Marshal(r)
+	if o.NC != nil {
+		_ = o.NC.Publish(HealthSubject+"."+healthKey(s.ID, o.Region), data)
+	}
 	kctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
@@ -164,31 +201,56 @@ type healthView struct {
 	reports map[string]Report
 }
 
-func watchHealth(ctx context.Context, kv jetstream.KeyValue) (*healthView, error) {
+// watchHealth builds the view from the health bucket and, when nc is
+// set, from the reports on HealthSubject, whichever comes first; a report
+// never replaces a newer one of the same observer.
+func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*healthView, error) {
+	h := &healthView{reports: map[string]Report{}}
+	if nc != nil {
+		sub, err := nc.Subscribe(HealthSubject+".>", func(m *nats.Msg) {
+			var r Report
+			if json.Unmarshal(m.Data, &r) == nil {
+				h.put(healthKey(r.Shard, r.Region), r)
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
+	}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, err
 	}
-	h := &healthView{reports: map[string]Report{}}
 	go func() {
 		defer w.Stop()
 		for e := range w.Updates() {
 			if e == nil {
 				continue
 			}
-			h.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				var r Report
 				if json.Unmarshal(e.Value(), &r) == nil {
-					h.reports[e.Key()] = r
+					h.put(e.Key(), r)
 				}
 			} else {
+				h.mu.Lock()
 				delete(h.reports, e.Key())
+				h.mu.Unlock()
 			}
-			h.mu.Unlock()
 		}
 	}()
 	return h, nil
+}
+
+// put records r under key unless a newer report is there already.
+func (h *healthView) put(key string, r Report) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old, ok := h.reports[key]; ok && old.At > r.At {
+		return
+	}
+	h.reports[key] = r
 }
 
 // verdict counts fresh reports on shard's current primary.

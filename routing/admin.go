@@ -87,9 +87,21 @@ func (r *Router) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceReq
 		if err != nil {
 			return nil, toStatus(err)
 		}
+		// Keep the dedup slot tables (the API has no field for them): a
+		// key's shard must not move while its item or tombstone lives, so
+		// a change that drops a shard a region's slots name is refused by
+		// the map. A region without a table yet gets one filled there.
+		if stored, err := m.Namespace(req.Namespace); err == nil {
+			ns.Slots = stored.Slots
+		}
 		next, err := m.WithNamespace(ns)
 		if err != nil {
 			return nil, toStatus(errorf(ErrInvalid, "%v", err))
+		}
+		// An item must fit one message of the enqueue buffer alone.
+		if stored, _ := next.Namespace(req.Namespace); stored.MaxPayloadBytes > r.MaxPayloadFor(req.Namespace) {
+			return nil, toStatus(invalid("max_payload_bytes %d: the enqueue buffer (NATS max_payload %d) carries payloads of at most %d bytes beside full metadata; lower it or raise NATS max_payload",
+				stored.MaxPayloadBytes, r.maxMsg(), r.MaxPayloadFor(req.Namespace)))
 		}
 		err = r.cfg.Publisher.PublishMap(ctx, m, next)
 		if err == nil {

@@ -185,9 +185,8 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	}
 	var total int64
 	var mu sync.Mutex
-	now := r.cfg.Now().UnixMicro()
 	err = r.eachShard(ctx, m, shards, true, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
-		n, err := redriveShard(ctx, db, req.Namespace, req.Topic, byShard[shard], now)
+		n, err := redriveShard(ctx, db, req.Namespace, req.Topic, byShard[shard], r.cfg.Clock.Now(ctx, db).UnixMicro())
 		if err == nil {
 			err = r.afterWrite(shard)
 		}

@@ -14,11 +14,28 @@
 //
 // Item keys are allocated here (package itemid; the node number is claimed
 // in NATS KV by ClaimNode), before anything is stored. Items with a dedup
-// key go to the shard the (topic, key) hashes to, so that shard's unique
-// index sees every copy; the rest of a request goes to one shard picked
-// round-robin. Each (request, shard) group is a batch; a per-shard
+// key go to the shard of the (topic, key)'s slot in the dedup slot table
+// of the request's region (shardmap.Namespace.Slots, one table per
+// region), so that one shard's unique index and tombstones see every copy
+// enqueued with that region, and the item is stored in the region the
+// producer chose, where a dequeue of that region reads it. Dedup is
+// therefore exact per (namespace, topic, region): the same key enqueued
+// with two region preferences gives two items. Deduplicating across
+// regions would need a cross-region lookup on every enqueue, and would
+// store an item outside the region its producer asked for. PutNamespace
+// keeps the tables, so a shard list change cannot move a key, and it
+// refuses to drop a shard that a region's slots name (that shard may
+// still hold the keys' items and tombstones).
+// The rest of a request goes to one of the region's shards picked
+// round-robin. Each (request, shard) group is a batch, split so that each
+// batch fits one NATS message (the server's max_payload); an item that
+// cannot fit one alone is refused as INVALID_ARGUMENT before anything is
+// published, and PutNamespace refuses a max_payload_bytes that could not
+// fit. A per-shard
 // publisher (publish.go) puts the batches of concurrent requests into one
-// JetStream message (an envelope) on the region's enqueue stream, with
+// JetStream message (an envelope, never over max_payload) on the enqueue
+// stream of the shard's home region, which is the request's region (its
+// enqueuers drain it), with
 // Nats-Msg-Id set to its first batch ID so a retried publish is stored
 // once. With COMMITTED durability (default) the router then waits on its
 // inbox for the enqueuer's EnqueueCommitted, tells the dequeuers about the

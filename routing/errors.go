@@ -51,7 +51,8 @@ func toStatus(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, dequeuer.ErrBadToken):
+	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, dequeuer.ErrBadToken),
+		errors.Is(err, dequeuer.ErrMetadataTooLarge):
 		code = codes.InvalidArgument
 	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, dequeuer.ErrNotFound):
 		code = codes.NotFound

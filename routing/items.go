@@ -21,8 +21,10 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// MarshalMetadata stores metadata as a JSON object of strings.
-func MarshalMetadata(m map[string]string) ([]byte, error) { return json.Marshal(m) }
+// MarshalMetadata stores metadata as a JSON object of strings, without
+// HTML escaping (dequeuer.MarshalMetadata: one encoder for enqueue, update
+// and nack, so validation measures what is stored).
+func MarshalMetadata(m map[string]string) ([]byte, error) { return dequeuer.MarshalMetadata(m) }
 
 // itemShard parses an item ID and returns its shard's primary; for a
 // write, only when the shard may be written now.
@@ -99,6 +101,9 @@ func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.
 	}
 	nowUS := now.UnixMicro()
 	switch {
+	case row.prefetched():
+		// In a dequeuer's prefetch buffer: ready, not yet delivered.
+		it.State = triagev1.ItemState_READY
 	case row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > nowUS:
 		it.State = triagev1.ItemState_LEASED
 		it.LeaseExpiresAt = timestamppb.New(time.UnixMicro(row.LeasedUntil.Int64))
@@ -109,6 +114,11 @@ func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.
 	}
 	return it
 }
+
+// prefetched reports whether the row sits in a dequeuer's prefetch
+// buffer: leased under a batch token, with no delivery lease (no
+// leased_until). Its deliver_after is the prefetch lease's expiry.
+func (row *itemRow) prefetched() bool { return row.LeaseToken != 0 && !row.LeasedUntil.Valid }
 
 func getRow(ctx context.Context, q sqlx.QueryerContext, namespace string, key uint64, forUpdate bool) (*itemRow, error) {
 	query := selectItem
@@ -140,7 +150,7 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 		return nil, toStatus(err)
 	}
 	s, _ := m.Shard(id.Shard)
-	return row.proto(id.Shard, s.HomeRegion, r.cfg.Now()), nil
+	return row.proto(id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db)), nil
 }
 
 // UpdateItem implements triagev1.QueueServer. Priority and metadata change
@@ -151,11 +161,10 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if _, err := m.Namespace(req.Namespace); err != nil {
 		return nil, toStatus(err)
 	}
-	now := r.cfg.Now()
 	if req.Priority == nil && req.DeliverAfter == nil && len(req.Metadata) == 0 {
 		return nil, toStatus(invalid("nothing to update: set priority, deliver_after or metadata"))
 	}
-	if err := checkTimestamp("deliver_after", req.DeliverAfter, now, MaxDeliverDelay); err != nil {
+	if err := checkTimestamp("deliver_after", req.DeliverAfter, r.cfg.Now(), MaxDeliverDelay); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := checkMetadata(req.Metadata); err != nil {
@@ -168,6 +177,8 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
 		return nil, toStatus(err)
 	}
+	// Lease state and stamps are in the primary's time (Config.Clock).
+	now := r.cfg.Clock.Now(ctx, db)
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, toStatus(err)
@@ -193,6 +204,15 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 		row.ChangedBy = sql.NullString{String: cmp.Or(req.UpdatedBy, "api"), Valid: true}
 		row.ChangedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
+	if row.prefetched() {
+		// A fetch that was in flight during the unbuffer above holds the
+		// row: take it from the buffer. Its stale copy cannot be served,
+		// since serving is conditional on the batch token cleared here,
+		// and the row is ready again at once. Its deliver_after was the
+		// prefetch lease's expiry; the item was ready before, so now.
+		row.LeaseToken = 0
+		row.DeliverAfter = min(row.DeliverAfter, now.UnixMicro())
+	}
 	if req.DeliverAfter != nil {
 		row.DeliverAfter = req.DeliverAfter.AsTime().UnixMicro()
 	}
@@ -201,8 +221,8 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	}
 	row.UpdatedAt = now.UnixMicro()
 	if _, err := tx.ExecContext(ctx, `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ?,
-		original_priority = ?, priority_changed_by = ?, priority_changed_at = ? WHERE id = ?`,
-		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.OrigPriority, row.ChangedBy, row.ChangedAt, row.ID); err != nil {
+		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ? WHERE id = ?`,
+		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.ID); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -211,7 +231,13 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if err := r.afterWrite(id.Shard); err != nil {
 		return nil, toStatus(err)
 	}
-	if req.Priority != nil || req.DeliverAfter != nil {
+	// A fetch in flight during the first unbuffer may have buffered a
+	// stale copy since; drop it (it could not be served anyway, see
+	// above) so it does not hold a place in the merge.
+	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
+		r.log.Warn("unbuffer after update failed; the stale copy is dropped when served", "err", err)
+	}
+	if req.Priority != nil || req.DeliverAfter != nil || row.LeaseToken == 0 {
 		// Let prefetch buffers holding less urgent items look again, so
 		// the change takes effect on the next dequeue.
 		r.announce(req.Namespace, row.Topic, id.Shard, 1)
@@ -293,8 +319,14 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 	var mu sync.Mutex
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		var ps []prio
-		if err := db.SelectContext(ctx, &ps, `SELECT priority, COUNT(*) AS ready, MIN(deliver_after) AS oldest FROM items
-			WHERE namespace = ? AND topic = ? AND deliver_after <= ? GROUP BY priority`, req.Namespace, req.Topic, nowUS); err != nil {
+		// A prefetched row (a dequeuer's buffer holds it: lease_token set,
+		// leased_until NULL) is ready: it waits for a consumer, and its
+		// deliver_after is only the prefetch lease's expiry. Its ready
+		// time is not stored, so it does not count toward the oldest age.
+		if err := db.SelectContext(ctx, &ps, `SELECT priority, COUNT(*) AS ready,
+			COALESCE(MIN(CASE WHEN deliver_after <= ? THEN deliver_after END), 0) AS oldest FROM items
+			WHERE namespace = ? AND topic = ? AND (deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL))
+			GROUP BY priority`, nowUS, req.Namespace, req.Topic, nowUS); err != nil {
 			return err
 		}
 		var t totals
@@ -312,7 +344,7 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 		for _, p := range ps {
 			byPrio[p.Priority] += p.Ready
 			stats.Ready += p.Ready
-			if oldest == 0 || p.Oldest < oldest {
+			if p.Oldest != 0 && (oldest == 0 || p.Oldest < oldest) {
 				oldest = p.Oldest
 			}
 		}
@@ -416,13 +448,16 @@ func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*tr
 	return out, nil
 }
 
-// countItems counts a namespace's items on shards (for max_depth).
-func (r *Router) countItems(ctx context.Context, m *shardmap.Map, ns string, shards []uint32) (int64, error) {
+// countItems counts a namespace's items on shards (for max_depth), up to
+// limit per shard: the quota only needs to know whether max_depth is
+// reached, so each shard reads at most limit entries of an index whose
+// prefix is the namespace, never the whole backlog.
+func (r *Router) countItems(ctx context.Context, m *shardmap.Map, ns string, shards []uint32, limit int64) (int64, error) {
 	var mu sync.Mutex
 	var total int64
 	err := r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		var n int64
-		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM items WHERE namespace = ?", ns); err != nil {
+		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM (SELECT 1 FROM items WHERE namespace = ? LIMIT ?) AS capped", ns, limit); err != nil {
 			return err
 		}
 		mu.Lock()

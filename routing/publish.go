@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triage-queue/triage/enqueuer"
@@ -21,7 +22,48 @@ const (
 	maxEnvelopeBytes   = 4 << 20
 	publishersPerShard = 4
 	publishTimeout     = 10 * time.Second
+	// msgOverhead is what a JetStream message carries beside its envelope
+	// (the Nats-Msg-Id header and framing), with room to spare.
+	msgOverhead = 1 << 10
+	// batchOverhead bounds an EnqueueBatch's fields other than its items and
+	// names (shard, IDs, time, reply inbox, framing).
+	batchOverhead = 256
+	// defaultMaxMsg is NATS's default max_payload, used while the
+	// connection has not learnt the server's.
+	defaultMaxMsg = 1 << 20
 )
+
+// maxMsg is the largest message the NATS server takes (its max_payload).
+func (r *Router) maxMsg() int {
+	if n := int(r.cfg.NC.MaxPayload()); n > 0 {
+		return n
+	}
+	return defaultMaxMsg
+}
+
+// envelopeLimit is how many bytes of batches one envelope may carry: what
+// fits one NATS message, and no more than maxEnvelopeBytes.
+func (r *Router) envelopeLimit() int {
+	return min(maxEnvelopeBytes, r.maxMsg()-msgOverhead)
+}
+
+// batchLimit is how many bytes of items one batch of namespace and topic
+// may carry so that the batch alone fits one message. An item larger than
+// this can never be buffered and is refused before anything is published.
+func (r *Router) batchLimit(namespace, topic string) int {
+	return r.maxMsg() - msgOverhead - batchOverhead - len(namespace) - len(topic) - len(r.inbox)
+}
+
+// MaxPayloadFor is the largest max_payload_bytes a namespace may have with
+// this NATS server: an item of that payload and the largest metadata must
+// fit one message alone.
+func (r *Router) MaxPayloadFor(namespace string) int {
+	return r.batchLimit(namespace, strings.Repeat("t", 128)) - MaxMetadataBytes - maxItemFields
+}
+
+// maxItemFields bounds a BufferedItem's fields other than payload and
+// metadata (key, priority, times, lease, dedup key, framing).
+const maxItemFields = 64 + MaxDedupKeyBytes
 
 type pubReq struct {
 	batch *peerv1.EnqueueBatch
@@ -68,10 +110,19 @@ func (r *Router) publishLoop(p *shardPublisher) {
 			reqs = append(reqs[:0], first)
 		}
 		size := reqs[0].size
+		limit := r.envelopeLimit()
 	drain:
-		for len(reqs) < maxEnvelopeBatches && size < maxEnvelopeBytes {
+		for len(reqs) < maxEnvelopeBatches && size < limit {
 			select {
 			case q := <-p.ch:
+				if size+q.size > limit {
+					// Not in this envelope: it goes alone, so that no
+					// message is larger than the server takes.
+					go func() {
+						q.done <- r.publishEnvelope(p.subject, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
+					}()
+					break drain
+				}
 				reqs = append(reqs, q)
 				size += q.size
 			default:
@@ -104,21 +155,23 @@ func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope) er
 	return classifyPublish(err)
 }
 
-// publish stores every batch of a request in the region's enqueue stream
-// and returns once JetStream has acknowledged them all.
-func (r *Router) publish(ctx context.Context, region string, order []*shardBatch) error {
+// publish stores every batch of a request in the enqueue stream of its
+// shard's home region (the stream that region's enqueuers drain into the
+// shard) and returns once JetStream has acknowledged them all.
+func (r *Router) publish(ctx context.Context, order []*shardBatch) error {
 	reqs := make([]pubReq, len(order))
 	for i, g := range order {
-		reqs[i] = pubReq{batch: g.batch, size: proto.Size(g.batch), done: make(chan error, 1)}
-		if reqs[i].size > maxEnvelopeBytes {
+		// The envelope's framing of the batch: a tag and a length.
+		reqs[i] = pubReq{batch: g.batch, size: protowire.SizeBytes(proto.Size(g.batch)) + 1, done: make(chan error, 1)}
+		if reqs[i].size > r.envelopeLimit()/2 {
 			// Too big to share an envelope; it goes alone.
 			go func(q pubReq) {
-				q.done <- r.publishEnvelope(enqueuer.Subject(region, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
+				q.done <- r.publishEnvelope(enqueuer.Subject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
 			}(reqs[i])
 			continue
 		}
 		select {
-		case r.publisherFor(enqueuer.Subject(region, g.shard)).ch <- reqs[i]:
+		case r.publisherFor(enqueuer.Subject(g.home, g.shard)).ch <- reqs[i]:
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
 	"strings"
@@ -16,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/dequeuer"
@@ -54,13 +53,22 @@ type Config struct {
 	Local LocalDequeuer
 	// IDs allocates item keys; its node ID must be unique (ClaimNode).
 	IDs *itemid.Generator
+	// Claim, when set, is asked before minting IDs; an error (the node
+	// number is not confirmed in NATS) answers the enqueue UNAVAILABLE.
+	Claim interface{ Check(now time.Time) error }
 	// CommitTimeout bounds how long a COMMITTED enqueue waits for the
 	// enqueuer when the client set no deadline. Default 10s.
 	CommitTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Now is the clock. Default time.Now.
+	// Now is the local clock: request validation, quotas. Default
+	// time.Now.
 	Now func() time.Time
+	// Clock tells a shard primary's time, which nack, extend, update and
+	// unserve use for lease arithmetic on its rows, as the dequeuer does
+	// (see "# Clocks" in dequeuer/doc.go). Default: a Clock of the
+	// router's own.
+	Clock *shardmap.Clock
 }
 
 // Router implements the Queue and Admin services.
@@ -96,6 +104,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = &shardmap.Clock{}
 	}
 	return &Router{
 		cfg:        cfg,
@@ -158,6 +169,11 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 
 type shardBatch struct {
 	shard uint32
+	// home is the shard's home region: its batches go on that region's
+	// enqueue stream, which that region's enqueuers drain. It is the
+	// request's region (a region's shards and slot table name only shards
+	// homed there).
+	home  string
 	idx   []int // positions in the request
 	batch *peerv1.EnqueueBatch
 }
@@ -180,39 +196,68 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	if err != nil {
 		return nil, err
 	}
+	if r.cfg.Claim != nil {
+		// Only mint IDs while no other router can hold this node number.
+		if err := r.cfg.Claim.Check(time.Now()); err != nil {
+			return nil, err
+		}
+	}
 	if err := r.quotas.admitRate(ns, len(req.Items), now); err != nil {
 		return nil, err
 	}
 	if err := r.quotas.admitDepth(ns, region, len(req.Items), now, func(ctx context.Context) (int64, error) {
-		return r.countItems(ctx, m, req.Namespace, shards)
+		return r.countItems(ctx, m, req.Namespace, shards, ns.MaxDepth+1)
 	}); err != nil {
 		return nil, err
 	}
-	// Items with a dedup key go to the shard the key hashes to, so the
-	// shard's unique index sees every copy; the rest of the request goes to
-	// one shard chosen round-robin, so a request is usually one batch.
+	// Items with a dedup key go to the shard the slot table of the
+	// request's region gives the key, so that shard's unique index and
+	// tombstones see every copy enqueued with this region (a hash over the
+	// region's current shards would move a key when the shard list
+	// changes). Dedup is per region: the item is stored in the region the
+	// producer chose, and a copy enqueued with another region is another
+	// item (deduplicating across regions would need a cross-region lookup
+	// on every enqueue). The rest of the request goes to one of the
+	// region's shards chosen round-robin, so a request is usually one batch.
+	// A batch is closed when the next item would take it past what one
+	// JetStream message may carry; the shard's next batch goes on.
+	limit := r.batchLimit(req.Namespace, req.Topic)
 	spread := shards[r.rr.Add(1)%uint64(len(shards))]
 	groups := map[uint32]*shardBatch{}
+	sizes := map[uint32]int{}
 	var order []*shardBatch
 	for i, it := range req.Items {
 		shard := spread
 		if it.DedupKey != "" {
-			h := fnv.New32a()
-			h.Write([]byte(req.Topic))
-			h.Write([]byte{0})
-			h.Write([]byte(it.DedupKey))
-			shard = shards[h.Sum32()%uint32(len(shards))]
+			var ok bool
+			if shard, ok = ns.DedupShard(region, req.Topic, it.DedupKey); !ok {
+				// New fills a region's table whenever the namespace has a
+				// shard there, and ShardsFor found one.
+				return nil, fmt.Errorf("namespace %q has shards in region %q but no dedup slot table there", req.Namespace, region)
+			}
+		}
+		b := r.bufferedItem(it, ns, now)
+		n := protowire.SizeBytes(proto.Size(b)) + 1
+		if n > limit {
+			return nil, invalid("items[%d] is %d bytes encoded (payload %d, metadata %d as stored); the enqueue buffer carries at most %d bytes per item (NATS max_payload %d): send a smaller payload",
+				i, n, len(b.Payload), len(b.Metadata), limit, r.maxMsg())
 		}
 		g := groups[shard]
-		if g == nil {
-			g = &shardBatch{shard: shard, batch: &peerv1.EnqueueBatch{
+		if g == nil || sizes[shard]+n > limit {
+			home := region
+			if s, ok := m.Shard(shard); ok {
+				home = s.HomeRegion
+			}
+			g = &shardBatch{shard: shard, home: home, batch: &peerv1.EnqueueBatch{
 				Namespace: req.Namespace, Topic: req.Topic, Shard: shard, EnqueuedAtUs: now.UnixMicro(),
 			}}
 			groups[shard] = g
+			sizes[shard] = 0
 			order = append(order, g)
 		}
 		g.idx = append(g.idx, i)
-		g.batch.Items = append(g.batch.Items, r.bufferedItem(it, ns, now))
+		g.batch.Items = append(g.batch.Items, b)
+		sizes[shard] += n
 	}
 	committed := req.Durability != triagev1.Durability_BUFFERED
 	waitCtx := ctx
@@ -233,7 +278,7 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			defer r.forget(g.batch.BatchId)
 		}
 	}
-	if err := r.publish(waitCtx, region, order); err != nil {
+	if err := r.publish(waitCtx, order); err != nil {
 		return nil, err
 	}
 	results := make([]*triagev1.EnqueueResult, len(req.Items))
@@ -253,7 +298,7 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			r.announceBatch(g.batch)
 		}
 		for j, pos := range g.idx {
-			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: region}
+			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: g.home}
 			if c != nil && j < len(c.DuplicateOf) && c.DuplicateOf[j] != 0 {
 				res.Id = itemid.ID{Shard: g.shard, Key: c.DuplicateOf[j]}.String()
 				res.Duplicate = true
@@ -317,6 +362,11 @@ func (r *Router) bufferedItem(it *triagev1.NewItem, ns *shardmap.Namespace, now 
 	return b
 }
 
+// MaxDequeueTotal bounds the items one dequeue asks for across its topics,
+// so one request's work (leases, reply size) is bounded whatever its topic
+// count.
+const MaxDequeueTotal = 1000
+
 // Dequeue implements triagev1.QueueServer: it forwards to the dequeuers
 // that own the region's shards and merges their answers.
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
@@ -334,6 +384,13 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 	}
 	if err := validateDequeue(req); err != nil {
 		return nil, err
+	}
+	total := 0
+	for _, tc := range req.Topics {
+		total += int(tc.Count)
+	}
+	if total > MaxDequeueTotal {
+		return nil, invalid("counts add up to %d items in one dequeue; at most %d allowed across all topics", total, MaxDequeueTotal)
 	}
 	region, err := r.region(req.Region, m)
 	if err != nil {
@@ -361,7 +418,10 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 		}
 	}
 	// Several owners: ask each for the full counts, keep the most urgent,
-	// and hand the surplus back at once.
+	// and hand the surplus back at once, as never delivered: no attempt
+	// counted and its old place in the order kept (a nack would count the
+	// attempt, so an item that kept landing in the surplus would
+	// dead-letter undelivered, and would move it behind younger items).
 	type answer struct {
 		items []*triagev1.LeasedItem
 		err   error
@@ -388,22 +448,57 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 	for _, tc := range req.Topics {
 		want[tc.Topic] = tc.Count
 	}
-	var out []*triagev1.LeasedItem
-	var surplus []*triagev1.NackItem
+	// Each owner bounded its own reply; together they may not fit one
+	// gRPC message (clients refuse over 4 MiB by default), so the merged
+	// reply keeps to the same bound and the rest goes back as surplus.
+	var out, surplus []*triagev1.LeasedItem
+	size := 0
 	for _, it := range all {
-		if want[it.Topic] > 0 {
+		n := proto.Size(it) + 16 // the field's tag and length prefix, with room
+		if want[it.Topic] > 0 && size+n <= dequeuer.MaxReplyBytes {
 			want[it.Topic]--
+			size += n
 			out = append(out, it)
 		} else {
-			surplus = append(surplus, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(0)})
+			surplus = append(surplus, it)
 		}
 	}
-	if len(surplus) > 0 {
-		if _, err := r.nack(context.WithoutCancel(ctx), &triagev1.NackRequest{Namespace: req.Namespace, Nacks: surplus}); err != nil {
-			r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
-		}
+	if err := r.undeliver(context.WithoutCancel(ctx), req.Namespace, surplus); err != nil {
+		r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
 	}
 	return out, nil
+}
+
+// undeliver hands items a dequeuer served but no consumer will get back
+// to the ready set (dequeuer.Unserve).
+func (r *Router) undeliver(ctx context.Context, ns string, items []*triagev1.LeasedItem) error {
+	if len(items) == 0 {
+		return nil
+	}
+	groups, err := dequeuer.UndeliveredByShard(items)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for shard, us := range groups {
+		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
+		if err == nil {
+			err = dequeuer.Unserve(ctx, db, ns, us, r.cfg.Clock.Now(ctx, db).UnixMicro())
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
+		}
+	}
+	// The owners' buffers do not know the items are ready again.
+	seen := map[string]bool{}
+	for _, it := range items {
+		id, _ := itemid.Parse(it.Id)
+		if k := fmt.Sprint(it.Topic, "/", id.Shard); !seen[k] {
+			seen[k] = true
+			r.announce(ns, it.Topic, id.Shard, 1)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func compareLeased(a, b *triagev1.LeasedItem) int {
@@ -420,7 +515,11 @@ func compareLeased(a, b *triagev1.LeasedItem) int {
 
 func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
 	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
-		return r.cfg.Local.Dequeue(ctx, req, shards)
+		items, err := r.cfg.Local.Dequeue(ctx, req, shards)
+		if errors.Is(err, dequeuer.ErrBusy) {
+			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		return items, err
 	}
 	data, err := proto.Marshal(&peerv1.ShardDequeue{Request: req, Shards: shards})
 	if err != nil {
@@ -628,6 +727,15 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		nacks[i] = dequeuer.Nack{LeaseRef: dequeuer.LeaseRef{Key: parsed[i].Key, Token: tok},
 			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata}
 	}
+	if len(groups) > 1 {
+		// Each shard's batch is one transaction that a too-large metadata
+		// merge refuses whole; across shards, check first so a bad nack
+		// changes nothing anywhere (a race with an update is refused by
+		// the transaction, on its shard only).
+		if err := r.checkNackMetadata(ctx, req.Namespace, parsed, nacks); err != nil {
+			return nil, err
+		}
+	}
 	errs := make([]error, len(ids))
 	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
 		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
@@ -638,7 +746,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		for j, i := range idx {
 			batch[j] = nacks[i]
 		}
-		res, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, ns.MaxAttempts, r.cfg.Now())
+		res, readyNow, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, ns.MaxAttempts, time.Duration(ns.DedupWindow), r.cfg.Clock.Now(ctx, db))
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -648,12 +756,48 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		for j, i := range idx {
 			errs[i] = res[j]
 		}
+		// Items ready again at once: the owner's buffer may hold less
+		// urgent ones and would not look until its next recheck.
+		counts := map[string]int32{}
+		for _, topic := range readyNow {
+			if topic != "" {
+				counts[topic]++
+			}
+		}
+		for topic, n := range counts {
+			r.announce(req.Namespace, topic, shard, n)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &triagev1.NackResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// checkNackMetadata refuses nacks whose metadata patch, merged with the
+// item's stored metadata, would not fit (dequeuer.ErrMetadataTooLarge).
+func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.ID, nacks []dequeuer.Nack) error {
+	for i, n := range nacks {
+		if len(n.Metadata) == 0 {
+			continue
+		}
+		db, err := r.cfg.Pool.Writer(r.cfg.Maps, ids[i].Shard)
+		if err != nil {
+			return err
+		}
+		row, err := getRow(ctx, db, ns, ids[i].Key, false)
+		if errors.Is(err, dequeuer.ErrNotFound) {
+			continue // reported per item by the nack itself
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := dequeuer.MergeMetadata(row.Metadata, n.Metadata); err != nil {
+			return fmt.Errorf("nacks[%d]: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // ExtendLease implements triagev1.QueueServer.
@@ -673,7 +817,7 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 	if err := checkLease("lease_duration", req.LeaseDuration, true); err != nil {
 		return nil, toStatus(err)
 	}
-	until, err := dequeuer.Extend(ctx, db, req.Namespace, dequeuer.LeaseRef{Key: id.Key, Token: tok}, req.LeaseDuration.AsDuration(), r.cfg.Now())
+	until, err := dequeuer.Extend(ctx, db, req.Namespace, dequeuer.LeaseRef{Key: id.Key, Token: tok}, req.LeaseDuration.AsDuration(), r.cfg.Clock.Now(ctx, db))
 	if err == nil {
 		err = r.afterWrite(id.Shard)
 	}

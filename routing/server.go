@@ -18,10 +18,14 @@ import (
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
+// MaxRequestBytes bounds a request, over gRPC (the receive limit) and over
+// the JSON gateway (the body) alike.
+const MaxRequestBytes = 64 << 20
+
 // NewGRPCServer returns a gRPC server with the Queue and Admin services,
 // health (SERVING) and reflection, so grpcurl works without proto files.
 func NewGRPCServer(r *Router, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}, opts...)...)
+	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)...)
 	triagev1.RegisterQueueServer(s, r)
 	triagev1.RegisterAdminServer(s, r)
 	h := health.NewServer()
@@ -54,7 +58,32 @@ func NewGateway(ctx context.Context, r *Router) (http.Handler, error) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return top, nil
+	return limitBody(top), nil
+}
+
+// limitBody refuses a body over MaxRequestBytes, as gRPC does: at once
+// with 413 when Content-Length says so, else when reading passes the
+// limit (the decoder then answers 400 with the same message).
+func limitBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ContentLength > MaxRequestBytes {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			data, _ := json.Marshal(map[string]any{"code": 8, "message": bodyTooLarge(req.ContentLength), "details": []any{}})
+			_, _ = w.Write(data)
+			return
+		}
+		req.Body = http.MaxBytesReader(w, req.Body, MaxRequestBytes)
+		h.ServeHTTP(w, req)
+	})
+}
+
+func bodyTooLarge(n int64) string {
+	if n > 0 {
+		return fmt.Sprintf("request body is %d bytes; at most %d (64 MiB) allowed", n, MaxRequestBytes)
+	}
+	return fmt.Sprintf("request body is over %d bytes (64 MiB), the most allowed", MaxRequestBytes)
 }
 
 // jsonBody is the gateway's JSON marshaler with decode errors that say what
@@ -67,6 +96,10 @@ func (j jsonBody) NewDecoder(r io.Reader) runtime.Decoder {
 	d := j.JSONPb.NewDecoder(r)
 	return runtime.DecoderFunc(func(v any) error {
 		err := d.Decode(v)
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return errors.New(bodyTooLarge(0))
+		}
 		var syntax *json.SyntaxError
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &syntax) {
 			return fmt.Errorf("request body is not valid JSON (%v): send one JSON object with the request's fields", err)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/dequeuer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -21,7 +22,7 @@ const (
 	MaxRefsPerCall      = 1000
 	MaxDedupKeyBytes    = 255
 	MaxMetadataKeys     = 64
-	MaxMetadataBytes    = 16 << 10
+	MaxMetadataBytes    = dequeuer.MaxMetadataBytes
 	MaxTTL              = 366 * 24 * time.Hour
 	MaxDeliverDelay     = 366 * 24 * time.Hour
 	MaxNackDelay        = 366 * 24 * time.Hour
@@ -52,19 +53,27 @@ func checkLease(what string, d *durationpb.Duration, allowZero bool) error {
 	return nil
 }
 
+// checkMetadata measures metadata as stored: the JSON object
+// MarshalMetadata writes, quotes, separators and escapes included, so what
+// passes here always fits the column.
 func checkMetadata(m map[string]string) error {
 	if len(m) > MaxMetadataKeys {
 		return invalid("metadata has %d keys; at most %d allowed", len(m), MaxMetadataKeys)
 	}
-	n := 0
-	for k, v := range m {
+	for k := range m {
 		if k == "" {
 			return invalid("metadata keys must not be empty")
 		}
-		n += len(k) + len(v)
 	}
-	if n > MaxMetadataBytes {
-		return invalid("metadata is %d bytes; at most %d allowed", n, MaxMetadataBytes)
+	if len(m) == 0 {
+		return nil
+	}
+	stored, err := MarshalMetadata(m)
+	if err != nil {
+		return invalid("metadata: %v", err)
+	}
+	if len(stored) > MaxMetadataBytes {
+		return invalid("metadata is %d bytes stored as a JSON object (quotes and escapes count); at most %d allowed", len(stored), MaxMetadataBytes)
 	}
 	return nil
 }

@@ -17,6 +17,47 @@
 // a higher version arrives. When NATS is out of reach the last good snapshot
 // keeps serving (vitess srvtopo's resilient server does the same).
 //
+// # Dedup slot tables
+//
+// Each namespace carries one dedup slot table per region (Namespace.Slots,
+// "dedup_slots" in JSON): 256 slots, each naming one of the namespace's
+// shards in that region. A dedup key hashes to a slot, so every copy of a
+// key enqueued with a region meets the same shard's unique index and
+// tombstones, and the item stays in the region the request chose. Dedup
+// is per (namespace, topic, region); a key enqueued with two regions is
+// two items, because deduplicating across regions would need a
+// cross-region lookup on every enqueue. A region's table is filled once
+// (from the region's shards, sorted: slot i names the (i mod n)th) when
+// the namespace first has shards there, including when a stored map has
+// no tables yet, and is kept across shard-list changes; a change that
+// drops a shard a table names is refused.
+//
+// # Writing only with a current map
+//
+// A shard that can fail over is written only through Pool.Writer, which
+// refuses (ErrNotWritable) unless three things hold:
+//
+//   - the shard is not Fenced in the map;
+//   - the map was confirmed within MaxStaleness. Confirmation is a probe
+//     the bucket's Raft group must commit, seen coming back through the
+//     ordered watch that also carries the map's key, so every map stored
+//     before it was offered first (see prober in kv.go): reads cannot
+//     prove it, because a direct get is answered by any replica, also a
+//     cut-off one, and a cut-off stream leader keeps answering for seconds
+//     after the majority elected another. A process in a minority
+//     partition thus stops writing within MaxStaleness. Processes start
+//     their roles only after the first confirmation (WaitConfirmed);
+//   - the primary is not at a later failover epoch than the map. The
+//     controller stores the epoch in the shard's shard_meta table
+//     (StoreEpoch, migration 0006) on the promoted primary before it
+//     publishes the map naming it; Writer reads it per (primary, epoch)
+//     pair at most every EpochRecheck. A process that missed a failover
+//     therefore cannot write to a server that is primary again under a
+//     newer epoch. We chose a table over a per-connection session
+//     variable or a check inside every statement: one indexed read a
+//     second per shard costs nothing, and the statements of the store
+//     stay the same.
+//
 // # Credentials
 //
 // The map names a shard's primary as host:port and database only. User and

@@ -1,8 +1,10 @@
 package shardmap
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -32,21 +34,68 @@ type Holder struct {
 	p       atomic.Pointer[Map]
 	freshAt atomic.Int64 // unix nanos of the last contact with the store
 	now     func() time.Time
+
+	mu      sync.Mutex
+	changed chan struct{} // closed (and replaced) when Offer installs a map
+
+	confirmOnce sync.Once
+	confirmed   chan struct{} // closed at the store's first confirmation
 }
 
 // NewHolder returns a holder serving m, fresh as of now.
 func NewHolder(m *Map) *Holder {
-	h := &Holder{now: time.Now}
+	h := &Holder{now: time.Now, changed: make(chan struct{}), confirmed: make(chan struct{})}
 	h.p.Store(m)
 	h.Touch()
 	return h
+}
+
+// Changed returns a channel that is closed when a newer map is installed
+// after the call. A writer that holds work back because its shard is
+// fenced or moving waits on it as well as on its backoff, so the work is
+// retried the moment a failover's map arrives, not a backoff later.
+func (h *Holder) Changed() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
+}
+
+// WaitConfirmed blocks until the store has confirmed the snapshot once
+// (see Watch), or ctx ends. A process starts its writers only after this:
+// a holder is fresh at creation, but a start-up that races a slow or
+// leaderless map stream would otherwise begin with a map nobody checked
+// and go stale MaxStaleness later with its writers already refusing.
+func (h *Holder) WaitConfirmed(ctx context.Context) error {
+	select {
+	case <-h.confirmed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("shard map never confirmed by the store (last contact %s ago): %w", h.Age().Round(time.Millisecond), ctx.Err())
+	}
+}
+
+// confirm records a confirmation by the store at t (see Watch).
+func (h *Holder) confirm(t time.Time) {
+	h.touchAt(t)
+	h.confirmOnce.Do(func() { close(h.confirmed) })
 }
 
 // Current returns the snapshot in force.
 func (h *Holder) Current() *Map { return h.p.Load() }
 
 // Touch records that the store was reached and holds no newer map.
-func (h *Holder) Touch() { h.freshAt.Store(h.now().UnixNano()) }
+func (h *Holder) Touch() { h.touchAt(h.now()) }
+
+// touchAt records that the store held no newer map at t; it never moves
+// the confirmation back in time.
+func (h *Holder) touchAt(t time.Time) {
+	for {
+		old := h.freshAt.Load()
+		if t.UnixNano() <= old || h.freshAt.CompareAndSwap(old, t.UnixNano()) {
+			return
+		}
+	}
+}
 
 // Age is the time since the store last confirmed the snapshot.
 func (h *Holder) Age() time.Duration { return h.now().Sub(time.Unix(0, h.freshAt.Load())) }
@@ -77,6 +126,10 @@ func (h *Holder) Offer(m *Map) bool {
 		}
 		if h.p.CompareAndSwap(cur, m) {
 			h.Touch()
+			h.mu.Lock()
+			close(h.changed)
+			h.changed = make(chan struct{})
+			h.mu.Unlock()
 			return true
 		}
 	}

@@ -1,13 +1,19 @@
 package shardmap
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 const (
@@ -91,33 +97,63 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) e
 
 // Watch feeds every newer map stored in kv to h until ctx ends. It
 // re-establishes the watch after NATS errors; meanwhile h keeps its last
-// good snapshot. Every second it also reads the stored map from the
-// bucket's stream leader, and marks h fresh when that works: the watch
-// alone cannot tell a quiet store from a lost one, and a follower cut off
-// from the leader would answer a direct get from stale state.
+// good snapshot. Alongside, probes prove every MaxStaleness/5 that h's map
+// is still the stored one, and mark h fresh when that works: the watch
+// alone cannot tell a quiet store from a lost one (see confirm).
 func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h *Holder, logger *slog.Logger) {
-	go confirm(ctx, js, h)
+	p := &prober{h: h, log: logger, id: nuid.Next(), sent: map[string]time.Time{}, acked: map[string]time.Time{},
+		reset: make(chan struct{}, 1)}
+	go p.run(ctx, js)
 	for ctx.Err() == nil {
-		w, err := kv.Watch(ctx, Key)
+		w, err := kv.WatchFiltered(ctx, []string{Key, ConfirmKey})
 		if err != nil {
 			logger.Warn("shard map watch failed; serving last good map", "err", err)
 			sleepCtx(ctx, time.Second)
 			continue
 		}
-		for e := range w.Updates() {
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
+		// live turns true at the end of the initial values: from then on
+		// the watch delivers every message on the two keys in stream order.
+		live := false
+	updates:
+		for {
+			var e jetstream.KeyValueEntry
+			select {
+			case <-ctx.Done():
+				break updates
+			case <-p.reset:
+				// The watch's consumer may sit on a server that went away;
+				// the client notices only after missed heartbeats (seconds,
+				// during which this process would stay unconfirmed).
+				logger.Warn("restarting the shard map watch: committed probes did not come back through it")
+				break updates
+			case got, ok := <-w.Updates():
+				if !ok {
+					break updates
+				}
+				e = got
 			}
-			m, err := Parse(e.Value())
-			if err != nil {
-				logger.Error("ignoring bad shard map from kv", "err", err)
-				continue
-			}
-			if h.Offer(m) {
-				logger.Info("shard map updated", "version", m.Version)
+			switch {
+			case e == nil:
+				live = true
+				p.watchLive()
+			case e.Operation() != jetstream.KeyValuePut:
+			case e.Key() == ConfirmKey:
+				if live {
+					p.seen(string(e.Value()))
+				}
+			default:
+				m, err := Parse(e.Value())
+				if err != nil {
+					logger.Error("ignoring bad shard map from kv", "err", err)
+					continue
+				}
+				if h.Offer(m) {
+					logger.Info("shard map updated", "version", m.Version)
+				}
 			}
 		}
 		_ = w.Stop()
+		p.watchDown()
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
 }
@@ -131,34 +167,219 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-func confirm(ctx context.Context, js jetstream.JetStream, h *Holder) {
+// ConfirmKey is the key the probes are written to: one shared key, so the
+// bucket's history bound (16 per key) bounds what they keep.
+const ConfirmKey = "confirm"
+
+// prober keeps h fresh only while the shard-map bucket's stream can still
+// commit, as seen from this process, and h holds the map stored last.
+//
+// Reads cannot show that. A direct get (what KeyValue.Get and
+// Stream.GetLastMsgForSubject use on a KV stream, which has AllowDirect) is
+// answered by any replica, also one cut off from the others, from its
+// stale copy. $JS.API.STREAM.MSG.GET is answered by the stream leader, but
+// a leader cut off into a minority keeps believing it leads, and answering,
+// until it notices the lost quorum (nats-server checks every 10 s), while
+// the majority has elected another leader and a failover has published a
+// new map there.
+//
+// So every round publishes a probe, a unique token, to ConfirmKey, and
+// Watch's ordered consumer, which also carries the map's key, reports
+// when the probe comes back. A stream stores a message only once a quorum
+// committed it, and the ordered consumer delivers the two keys' messages
+// in stream order without gaps (it restarts after the last one it
+// delivered when it misses one). So when the probe sent at t comes back,
+// h has been offered every map stored before the probe, which was
+// committed after t: h's map was the stored one at t, and h is fresh as of
+// t. A process in a minority cannot commit its probes, so it goes stale
+// MaxStaleness after its last committed probe.
+//
+// An earlier design made the probe conditional on the map key's last
+// sequence (Nats-Expected-Last-Subject-Sequence-Subject). On a replicated
+// stream the leader refuses such a write while another conditional write
+// on the same key is in flight, so every process's probes were serialised
+// through one commit at a time: on a loaded bed with WAN latency, more
+// probes were refused than committed, and nodes stayed unconfirmed for
+// many seconds (TestConfirmUnderContention). Plain publishes pipeline.
+type prober struct {
+	h   *Holder
+	log *slog.Logger
+	id  string // this process's prefix of the probe tokens
+
+	mu    sync.Mutex
+	sent  map[string]time.Time // token -> when it was sent
+	acked map[string]time.Time // token committed but not seen yet -> when its PubAck came
+	n     uint64
+	// live: the current watch delivers live updates, since liveAt.
+	live   bool
+	liveAt time.Time
+
+	reset chan struct{} // asks Watch to restart its watch
+}
+
+// run sends a probe every MaxStaleness/5 (the first at once) until ctx
+// ends.
+func (p *prober) run(ctx context.Context, js jetstream.JetStream) {
 	t := time.NewTicker(MaxStaleness / 5)
 	defer t.Stop()
-	var stream jetstream.Stream
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		var err error
-		if stream == nil {
-			stream, err = js.Stream(rctx, "KV_"+Bucket)
-		}
-		var msg *jetstream.RawStreamMsg
-		if err == nil {
-			msg, err = stream.GetLastMsgForSubject(rctx, "$KV."+Bucket+"."+Key)
-		}
-		cancel()
-		if err != nil {
-			continue
-		}
-		if m, err := Parse(msg.Data); err == nil {
-			h.Offer(m)
-			if m.Version <= h.Current().Version {
-				h.Touch()
+	// failing is the reason the process is not confirmed ("" when it is):
+	// a change is logged, so a process that stays unconfirmed (and
+	// refuses every write) says why, once.
+	failing := ""
+	report := func(why string) {
+		if why != failing {
+			if why == "" {
+				p.log.Info("shard map confirmed again")
+			} else {
+				p.log.Warn("shard map not confirmed", "why", why)
 			}
+			failing = why
 		}
 	}
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		token := p.next()
+		rctx, cancel := context.WithTimeout(ctx, MaxStaleness/2)
+		_, err := js.Publish(rctx, "$KV."+Bucket+"."+ConfirmKey, []byte(token))
+		cancel()
+		if err == nil {
+			p.committed(token)
+		}
+		p.checkStuck()
+		switch {
+		case err != nil:
+			report("probe: " + err.Error())
+		case p.h.Age() > MaxStaleness:
+			report("probes are committed but do not come back through the watch")
+		default:
+			report("")
+		}
+	}
+}
+
+// next returns a new token, remembered with its send time, and forgets
+// tokens too old to matter.
+func (p *prober) next() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.h.now()
+	for tok, at := range p.sent {
+		if now.Sub(at) > 2*MaxStaleness {
+			delete(p.sent, tok)
+			delete(p.acked, tok)
+		}
+	}
+	p.n++
+	tok := p.id + "." + strconv.FormatUint(p.n, 10)
+	p.sent[tok] = now
+	return tok
+}
+
+// watchLive notes that a new watch delivers live updates from now on.
+// Probes sent before cannot come back through it (it skips them as
+// initial values), so they no longer count as stuck.
+func (p *prober) watchLive() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.live, p.liveAt = true, p.h.now()
+	clear(p.acked)
+}
+
+// watchDown notes that the watch stopped: until the next one is live, no
+// probe can come back, and none counts as stuck (else a watch slow to
+// start would be restarted before it ever delivered).
+func (p *prober) watchDown() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.live = false
+	clear(p.acked)
+}
+
+// committed notes that token's probe was committed (its PubAck came).
+func (p *prober) committed(token string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if at, ok := p.sent[token]; ok && p.live && at.After(p.liveAt) {
+		p.acked[token] = p.h.now()
+	}
+}
+
+// checkStuck asks Watch to restart its watch when a committed probe has
+// not come back through it within MaxStaleness/2: the watch is stuck.
+func (p *prober) checkStuck() {
+	p.mu.Lock()
+	stuck := false
+	now := p.h.now()
+	for tok, at := range p.acked {
+		if now.Sub(at) > MaxStaleness/2 {
+			stuck = true
+			delete(p.acked, tok)
+		}
+	}
+	p.mu.Unlock()
+	if stuck {
+		select {
+		case p.reset <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// seen handles a probe delivered by the watch: when it is one of this
+// process's, h is fresh as of its send time.
+func (p *prober) seen(token string) {
+	p.mu.Lock()
+	at, ok := p.sent[token]
+	delete(p.sent, token)
+	delete(p.acked, token)
+	p.mu.Unlock()
+	if ok {
+		p.h.confirm(at)
+	}
+}
+
+// LeaderLastMsg reads the last message on subject of stream from the
+// stream's leader ($JS.API.STREAM.MSG.GET), never by direct get, which any
+// replica answers from what it has, also one cut off from the leader.
+func LeaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	prefix := cmp.Or(js.Options().APIPrefix, jetstream.DefaultAPIPrefix)
+	if !strings.HasSuffix(prefix, ".") {
+		prefix += "."
+	}
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	reply, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, fmt.Errorf("get %s from the leader of %s: %w", subject, stream, err)
+	}
+	var resp struct {
+		Message *struct {
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Data     []byte    `json:"data"`
+			Time     time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return nil, fmt.Errorf("get %s from the leader of %s: %w", subject, stream, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, fmt.Errorf("get %s from the leader of %s: %w", subject, stream, resp.Error)
+	case resp.Message == nil:
+		return nil, fmt.Errorf("get %s from the leader of %s: %w", subject, stream, jetstream.ErrInvalidJetStreamResponse)
+	}
+	m := resp.Message
+	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Sequence, Data: m.Data, Time: m.Time}, nil
 }

@@ -1,7 +1,11 @@
 package shardmap
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"regexp"
 	"sync"
 	"time"
 
@@ -27,16 +31,29 @@ type Credentials struct {
 type Pool struct {
 	cred Credentials
 
-	mu  sync.Mutex
-	dbs map[string]*sqlx.DB // by DSN
+	mu     sync.Mutex
+	dbs    map[string]*sqlx.DB // by DSN
+	epochs map[epochKey]time.Time
 }
+
+// epochKey is a (primary, epoch) pair whose fence check passed, and when.
+type epochKey struct {
+	dsn   string
+	epoch uint64
+}
+
+// EpochRecheck is how long a passed epoch check of a (primary, map epoch)
+// pair stands before Writer reads shard_meta again. The check is for a
+// process that missed a failover; the map's own freshness (MaxStaleness)
+// and the deposed primary's read_only and semi-sync do the rest.
+const EpochRecheck = time.Second
 
 // NewPool returns an empty pool.
 func NewPool(cred Credentials) *Pool {
 	if cred.User == "" {
 		cred.User = "root"
 	}
-	return &Pool{cred: cred, dbs: map[string]*sqlx.DB{}}
+	return &Pool{cred: cred, dbs: map[string]*sqlx.DB{}, epochs: map[epochKey]time.Time{}}
 }
 
 // DSN returns the data source name for a shard's primary. Queue
@@ -78,14 +95,85 @@ func (p *Pool) Primary(m *Map, id uint32) (*sqlx.DB, Shard, error) {
 }
 
 // Writer returns the pool for shard id's current primary after checking
-// that the shard may be written now (Source.Writable): every write path
-// goes through it, so a fenced or possibly deposed primary gets no writes.
+// that the shard may be written now (Source.Writable) and that the primary
+// is not at a later failover epoch than the map (see CheckEpoch): every
+// write path goes through it, so a fenced or possibly deposed primary gets
+// no writes, and neither does a primary from a process that missed a
+// failover.
 func (p *Pool) Writer(src Source, id uint32) (*sqlx.DB, error) {
 	if err := src.Writable(id); err != nil {
 		return nil, err
 	}
-	db, _, err := p.Primary(src.Current(), id)
-	return db, err
+	db, s, err := p.Primary(src.Current(), id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.checkEpoch(db, s); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// The fence table, written by the failover controller (StoreEpoch) and
+// read by every writer; its DDL is migration 0006.
+const (
+	epochQuery = "SELECT epoch FROM shard_meta WHERE id = 1"
+	epochStore = "INSERT INTO `%s`.shard_meta (id, epoch) VALUES (1, ?) ON DUPLICATE KEY UPDATE epoch = GREATEST(epoch, VALUES(epoch))"
+)
+
+var plainDatabase = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
+
+// errNoSuchTable is ER_NO_SUCH_TABLE: a shard not migrated to 0006 yet.
+const errNoSuchTable = 1146
+
+// checkEpoch compares the epoch stored on the primary (shard_meta) with the
+// map's. A primary ahead of the map was promoted by a failover this process
+// has not seen: its map is stale, whatever address it names. No row means
+// epoch 0 (never failed over). A passed check of a (primary, epoch) pair
+// stands for EpochRecheck. A failed read refuses the write too: a primary
+// that cannot answer one indexed read would not take the write either.
+func (p *Pool) checkEpoch(db *sqlx.DB, s Shard) error {
+	key := epochKey{dsn: p.DSN(s), epoch: s.Epoch}
+	p.mu.Lock()
+	at, ok := p.epochs[key]
+	p.mu.Unlock()
+	if ok && time.Since(at) < EpochRecheck {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), EpochRecheck)
+	defer cancel()
+	var stored uint64
+	err := db.QueryRowContext(ctx, epochQuery).Scan(&stored)
+	var me *mysql.MySQLError
+	switch {
+	case errors.Is(err, sql.ErrNoRows), errors.As(err, &me) && me.Number == errNoSuchTable:
+		stored = 0
+	case err != nil:
+		return fmt.Errorf("%w: shard %d: read the failover epoch of %s: %v", ErrNotWritable, s.ID, s.Primary, err)
+	}
+	if stored > s.Epoch {
+		return fmt.Errorf("%w: shard %d's primary %s is at failover epoch %d, this process's shard map at epoch %d: the map is stale",
+			ErrNotWritable, s.ID, s.Primary, stored, s.Epoch)
+	}
+	p.mu.Lock()
+	p.epochs[key] = time.Now()
+	p.mu.Unlock()
+	return nil
+}
+
+// StoreEpoch records on a newly promoted primary (db: a root connection,
+// database: the shard's schema) that it serves the shard from epoch on.
+// The failover controller calls it before publishing the map that names
+// the primary, so that no writer with an older map writes there. It never
+// lowers a stored epoch. The row replicates to the replicas.
+func StoreEpoch(ctx context.Context, db *sql.DB, database string, epoch uint64) error {
+	if !plainDatabase.MatchString(database) {
+		return fmt.Errorf("store failover epoch: database %q: want 1-64 of letters, digits, '_'", database)
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(epochStore, database), epoch); err != nil {
+		return fmt.Errorf("store failover epoch %d in %s.shard_meta: %w", epoch, database, err)
+	}
+	return nil
 }
 
 func (p *Pool) open(dsn string) (*sqlx.DB, error) {

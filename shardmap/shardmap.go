@@ -1,9 +1,12 @@
 package shardmap
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -102,6 +105,67 @@ type Namespace struct {
 	DedupWindow Duration `json:"dedup_window,omitempty"`
 	// Topics holds per-topic overrides.
 	Topics map[string]TopicConfig `json:"topics,omitempty"`
+	// Slots holds the dedup slot tables, one per region: a dedup key
+	// hashes to one of DedupSlots slots, and Slots[region][slot] is the
+	// shard of that region that holds every copy of the key enqueued with
+	// that region. A request's region picks where its items are stored and
+	// a dequeue reads only its region's shards, so dedup is exact per
+	// (namespace, topic, region): the same key enqueued with two regions
+	// is two items. Deduplicating across regions would need a cross-region
+	// lookup on every enqueue, and the item must live where the producer
+	// chose. A slot's shard must stay fixed while the key's item or
+	// tombstone may live there, or the shard's unique index would not see
+	// a later copy; so a region's table is filled once, when the namespace
+	// first has shards there (from that region's shards, sorted), and kept
+	// when its shard lists change. A shard a region's slots name cannot
+	// leave the namespace's shards in that region (moving slots is not
+	// supported yet).
+	Slots DedupSlotTables `json:"dedup_slots,omitempty"`
+}
+
+// DedupSlotTables maps a region to its DedupSlots shard IDs.
+type DedupSlotTables map[string][]uint32
+
+// UnmarshalJSON reads the per-region tables. A single table (a JSON
+// array: the namespace-wide table of an earlier version, which could name
+// shards of any region) is dropped, so New fills a table per region from
+// that region's shards.
+func (t *DedupSlotTables) UnmarshalJSON(b []byte) error {
+	if trimmed := bytes.TrimSpace(b); len(trimmed) > 0 && trimmed[0] == '[' {
+		*t = nil
+		return nil
+	}
+	var m map[string][]uint32
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("dedup_slots must map a region to %d shard IDs: %w", DedupSlots, err)
+	}
+	*t = m
+	return nil
+}
+
+// DedupSlots is the size of a region's dedup slot table: enough that
+// slots spread evenly over any practical number of shards.
+const DedupSlots = 256
+
+// DedupSlot returns the slot of topic's dedup key. The topic is part of
+// the hash because a key is unique within its topic.
+func DedupSlot(topic, key string) int {
+	h := fnv.New32a()
+	h.Write([]byte(topic))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return int(h.Sum32() % DedupSlots)
+}
+
+// DedupShard returns the shard of region that holds every item of topic
+// with the dedup key enqueued with that region, and false when the
+// namespace has no slot table there (it has no shards in the region).
+func (ns *Namespace) DedupShard(region, topic, key string) (uint32, bool) {
+	table := ns.Slots[region]
+	if len(table) != DedupSlots {
+		return 0, false
+	}
+	return table[DedupSlot(topic, key)], true
 }
 
 // Dequeue policies.
@@ -260,10 +324,19 @@ func New(m Map) (*Map, error) {
 				if !seen[id] {
 					return nil, fmt.Errorf("shard map: namespace %q: shard %d does not exist", ns.Name, id)
 				}
+				// A region's enqueue stream is drained only into the shards
+				// homed there: a foreign shard here would take BUFFERED items
+				// that no enqueuer ever inserts.
+				if home := out.shards[id].HomeRegion; home != region {
+					return nil, fmt.Errorf("shard map: namespace %q: region %q lists shard %d, whose home region is %q: list only shards homed in that region", ns.Name, region, id, home)
+				}
 			}
 			shards[region] = slices.Sorted(slices.Values(ids))
 		}
 		ns.Shards = shards
+		if err := out.fillSlots(&ns); err != nil {
+			return nil, fmt.Errorf("shard map: %w", err)
+		}
 		ns.MaxPayloadBytes = cmpOr(ns.MaxPayloadBytes, DefaultMaxPayloadBytes)
 		ns.DefaultLeaseDuration = cmpOr(ns.DefaultLeaseDuration, Duration(DefaultLeaseDuration))
 		ns.MaxAttempts = cmpOr(ns.MaxAttempts, DefaultMaxAttempts)
@@ -280,6 +353,54 @@ func New(m Map) (*Map, error) {
 		out.namespaces[out.Namespaces[i].Name] = &out.Namespaces[i]
 	}
 	return out, nil
+}
+
+// fillSlots gives ns a dedup slot table in every region where it has
+// shards and none yet, and checks that every table names only shards the
+// namespace has in that region. Slot i takes the (i mod n)th of the
+// region's n shards in ID order, so a new table spreads keys evenly.
+func (m *Map) fillSlots(ns *Namespace) error {
+	for _, region := range slices.Sorted(maps.Keys(ns.Slots)) {
+		if !slices.Contains(m.Regions, region) {
+			return fmt.Errorf("namespace %q: dedup_slots has a table for region %q, which is not in regions %v", ns.Name, region, m.Regions)
+		}
+	}
+	tables := DedupSlotTables{}
+	for _, region := range m.Regions {
+		ids, ok := ns.Shards[region]
+		if !ok {
+			ids = m.byRegion[region]
+		}
+		table := ns.Slots[region]
+		if len(table) == 0 {
+			if len(ids) == 0 {
+				continue // no shards here yet: filled once it has some
+			}
+			table = make([]uint32, DedupSlots)
+			for i := range table {
+				table[i] = ids[i%len(ids)]
+			}
+			tables[region] = table
+			continue
+		}
+		if len(table) != DedupSlots {
+			return fmt.Errorf("namespace %q: dedup_slots of region %q has %d entries: it must have exactly %d, or be left out to be filled",
+				ns.Name, region, len(table), DedupSlots)
+		}
+		for i, id := range table {
+			if !slices.Contains(ids, id) {
+				return fmt.Errorf("namespace %q: region %q: dedup slot %d names shard %d, which is not among the namespace's shards %v in that region: "+
+					"that shard may still hold live items and dedup tombstones of the slot's keys, so it cannot leave the namespace's shards in region %q "+
+					"(moving dedup slots is not supported yet); keep shard %d in region %q", ns.Name, region, i, id, ids, region, id, region)
+			}
+		}
+		tables[region] = slices.Clone(table)
+	}
+	ns.Slots = nil
+	if len(tables) > 0 {
+		ns.Slots = tables
+	}
+	return nil
 }
 
 func cmpOr[T comparable](v, def T) T {

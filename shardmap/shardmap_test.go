@@ -1,6 +1,10 @@
 package shardmap
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,11 +53,13 @@ func TestParseAndResolve(t *testing.T) {
 func TestParseRejects(t *testing.T) {
 	t.Parallel()
 	for name, doc := range map[string]string{
-		"no regions":      `{"version":1}`,
-		"bad home":        `{"regions":["a"],"shards":[{"id":1,"home_region":"b","primary":"x:1"}]}`,
-		"dup shard":       `{"regions":["a"],"shards":[{"id":1,"home_region":"a","primary":"x:1"},{"id":1,"home_region":"a","primary":"x:2"}]}`,
-		"no primary":      `{"regions":["a"],"shards":[{"id":1,"home_region":"a"}]}`,
-		"unknown shard":   `{"regions":["a"],"namespaces":[{"name":"n","shards":{"a":[9]}}]}`,
+		"no regions":    `{"version":1}`,
+		"bad home":      `{"regions":["a"],"shards":[{"id":1,"home_region":"b","primary":"x:1"}]}`,
+		"dup shard":     `{"regions":["a"],"shards":[{"id":1,"home_region":"a","primary":"x:1"},{"id":1,"home_region":"a","primary":"x:2"}]}`,
+		"no primary":    `{"regions":["a"],"shards":[{"id":1,"home_region":"a"}]}`,
+		"unknown shard": `{"regions":["a"],"namespaces":[{"name":"n","shards":{"a":[9]}}]}`,
+		"foreign shard": `{"regions":["a","b"],"shards":[{"id":1,"home_region":"b","primary":"x:1"}],
+			"namespaces":[{"name":"n","shards":{"a":[1]}}]}`,
 		"bad name":        `{"regions":["a"],"namespaces":[{"name":"has space"}]}`,
 		"bad duration":    `{"regions":["a"],"namespaces":[{"name":"n","default_lease_duration":"soon"}]}`,
 		"lease too short": `{"regions":["a"],"namespaces":[{"name":"n","default_lease_duration":"1ms"}]}`,
@@ -93,4 +99,160 @@ func FuzzParse(f *testing.F) {
 		_, err = Parse(out)
 		require.NoError(t, err)
 	})
+}
+
+// TestDedupSlotsFilledPerRegion: a namespace without slot tables gets one
+// per region over that region's shards (listed or by default), sorted; the
+// tables survive a marshal round trip and shard-list changes, so a dedup
+// key keeps its shard in its region, and a key's shard is always one of
+// the request's region.
+func TestDedupSlotsFilledPerRegion(t *testing.T) {
+	t.Parallel()
+	m, err := Parse([]byte(twoShards))
+	require.NoError(t, err)
+	for name, want := range map[string]map[string][]uint32{
+		"default": {"us-east": {1, 2}, "eu-west": {3}},
+		"pinned":  {"us-east": {2}, "eu-west": {3}},
+	} {
+		ns, err := m.Namespace(name)
+		require.NoError(t, err)
+		require.Len(t, ns.Slots, len(want), name)
+		for region, ids := range want {
+			require.Len(t, ns.Slots[region], DedupSlots, "%s %s", name, region)
+			for i, id := range ns.Slots[region] {
+				require.Equal(t, ids[i%len(ids)], id, "%s %s slot %d", name, region, i)
+			}
+		}
+	}
+
+	// Round trip: the stored tables are read back as they are.
+	data, err := m.Marshal()
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"dedup_slots"`)
+	again, err := Parse(data)
+	require.NoError(t, err)
+	require.Equal(t, m.Namespaces, again.Namespaces)
+
+	// A key's shard is one of the asking region's, and stays after the
+	// region's shard list grows with the tables carried over.
+	def, _ := m.Namespace("default")
+	east := map[uint32]bool{}
+	for i := range 200 {
+		key := fmt.Sprint("k", i)
+		s, ok := def.DedupShard("us-east", "t", key)
+		require.True(t, ok)
+		east[s] = true
+		s, ok = def.DedupShard("eu-west", "t", key)
+		require.True(t, ok)
+		require.Equal(t, uint32(3), s)
+	}
+	require.Equal(t, map[uint32]bool{1: true, 2: true}, east, "keys spread over the region's shards")
+	_, ok := def.DedupShard("mars", "t", "k")
+	require.False(t, ok)
+
+	pinned, _ := m.Namespace("pinned")
+	shard, ok := pinned.DedupShard("us-east", "t", "key-1")
+	require.True(t, ok)
+	require.Equal(t, uint32(2), shard)
+	grown := *pinned
+	grown.Shards = map[string][]uint32{"us-east": {1, 2}}
+	next, err := m.WithNamespace(grown)
+	require.NoError(t, err)
+	after, _ := next.Namespace("pinned")
+	require.Equal(t, pinned.Slots, after.Slots)
+	for i := range 200 {
+		got, _ := after.DedupShard("us-east", "t", fmt.Sprint("k", i))
+		require.Equal(t, uint32(2), got, "a shard added later takes no dedup keys")
+	}
+}
+
+// TestDedupSlotsFilledForANewRegion: a region added to the map gets its
+// table when the namespace first has shards there; the other regions'
+// tables are kept as they are.
+func TestDedupSlotsFilledForANewRegion(t *testing.T) {
+	t.Parallel()
+	one, err := New(Map{Regions: []string{"a"}, Shards: []Shard{{ID: 1, HomeRegion: "a", Primary: "x:1"}}, Namespaces: []Namespace{{Name: "n"}}})
+	require.NoError(t, err)
+	before, _ := one.Namespace("n")
+	require.Equal(t, []string{"a"}, slices.Sorted(maps.Keys(before.Slots)))
+
+	two, err := New(Map{Version: 2, Regions: []string{"a", "b"}, Namespaces: one.Namespaces,
+		Shards: []Shard{{ID: 1, HomeRegion: "a", Primary: "x:1"}, {ID: 2, HomeRegion: "b", Primary: "x:2"}, {ID: 3, HomeRegion: "b", Primary: "x:3"}}})
+	require.NoError(t, err)
+	after, _ := two.Namespace("n")
+	require.Equal(t, before.Slots["a"], after.Slots["a"])
+	require.Len(t, after.Slots["b"], DedupSlots)
+	for i, id := range after.Slots["b"] {
+		require.Equal(t, []uint32{2, 3}[i%2], id, "slot %d", i)
+	}
+}
+
+// TestDedupSlotsLegacyTableDropped: a stored namespace-wide table (a JSON
+// array, which could name shards of any region) is replaced on load by a
+// table per region.
+func TestDedupSlotsLegacyTableDropped(t *testing.T) {
+	t.Parallel()
+	legacy := make([]string, DedupSlots)
+	for i := range legacy {
+		legacy[i] = fmt.Sprint([]int{1, 2, 3}[i%3])
+	}
+	m, err := Parse([]byte(`{"version":1,"regions":["us-east","eu-west"],
+ "shards":[{"id":1,"home_region":"us-east","primary":"x:1"},{"id":2,"home_region":"us-east","primary":"x:2"},{"id":3,"home_region":"eu-west","primary":"x:3"}],
+ "namespaces":[{"name":"n","dedup_slots":[` + strings.Join(legacy, ",") + `]}]}`))
+	require.NoError(t, err)
+	ns, _ := m.Namespace("n")
+	require.Equal(t, []string{"eu-west", "us-east"}, slices.Sorted(maps.Keys(ns.Slots)))
+	require.NotContains(t, ns.Slots["us-east"], uint32(3))
+	require.Equal(t, []uint32{3}, slices.Compact(slices.Clone(ns.Slots["eu-west"])))
+
+	_, err = Parse([]byte(`{"regions":["a"],"namespaces":[{"name":"n","dedup_slots":"x"}]}`))
+	require.ErrorContains(t, err, "dedup_slots must map a region")
+}
+
+// TestDedupSlotsValidated: a region's slot table names only the
+// namespace's shards in that region and has DedupSlots entries; a table
+// for an unknown region is refused; a namespace with no shards anywhere
+// has no tables until it gets some.
+func TestDedupSlotsValidated(t *testing.T) {
+	t.Parallel()
+	m, err := Parse([]byte(twoShards))
+	require.NoError(t, err)
+	pinned, _ := m.Namespace("pinned") // us-east over 2, eu-west over 3
+
+	// Dropping shard 2, which us-east's slots name, is refused and says why.
+	shrunk := *pinned
+	shrunk.Shards = map[string][]uint32{"us-east": {1}}
+	_, err = m.WithNamespace(shrunk)
+	require.ErrorContains(t, err, `region "us-east": dedup slot 0 names shard 2`)
+	require.ErrorContains(t, err, "dedup tombstones")
+
+	withTable := func(region string, table []uint32) Namespace {
+		ns := *pinned
+		ns.Slots = maps.Clone(pinned.Slots)
+		ns.Slots[region] = table
+		return ns
+	}
+	_, err = m.WithNamespace(withTable("us-east", pinned.Slots["us-east"][:10]))
+	require.ErrorContains(t, err, "exactly 256")
+
+	unknown := slices.Clone(pinned.Slots["us-east"])
+	unknown[7] = 99
+	_, err = m.WithNamespace(withTable("us-east", unknown))
+	require.ErrorContains(t, err, "dedup slot 7 names shard 99")
+
+	// A shard of another region cannot take a region's keys.
+	foreign := slices.Clone(pinned.Slots["us-east"])
+	foreign[5] = 3
+	_, err = m.WithNamespace(withTable("us-east", foreign))
+	require.ErrorContains(t, err, `region "us-east": dedup slot 5 names shard 3`)
+
+	_, err = m.WithNamespace(withTable("mars", pinned.Slots["us-east"]))
+	require.ErrorContains(t, err, `table for region "mars", which is not in regions`)
+
+	empty, err := New(Map{Regions: []string{"a"}, Namespaces: []Namespace{{Name: "n"}}})
+	require.NoError(t, err)
+	ns, _ := empty.Namespace("n")
+	require.Empty(t, ns.Slots)
+	_, ok := ns.DedupShard("a", "t", "k")
+	require.False(t, ok)
 }

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/triage-queue/triage/deploy/bed"
@@ -34,10 +36,15 @@ func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", ".triage", "the running bed's directory (bed.json)")
 	region := fs.String("region", "us-east", "region to fault; the workload's items live there")
-	via := fs.String("via", "", "region whose router the workload uses (default: another region than --region when there is one)")
-	shard := fs.Uint("shard", 0, "primary-kill: the shard to kill (default: the region's first)")
+	via := fs.String("via", "", "comma-separated regions whose routers carry the workload (default: every region's, the faulted one included)")
+	shard := fs.Uint("shard", 0, "primary-kill: the shard to kill (default: the region's lowest)")
+	warmup := fs.Duration("warmup", 5*time.Second, "workload before the fault")
 	hold := fs.Duration("hold", 15*time.Second, "how long the fault lasts before it is healed")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
+	drain := fs.Duration("drain", 90*time.Second, "after the heal, how long to wait at most for every acknowledged item to be delivered")
+	lease := fs.Duration("lease", 5*time.Second, "lease the consumers take")
+	producers := fs.Int("producers", 2, "producers per router")
+	consumers := fs.Int("consumers", 2, "consumers per router")
+	asJSON := fs.Bool("json", false, "print the report as JSON (progress goes to stderr)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: triage drill [flags] SCENARIO\n\nscenarios: %v\n\n", drill.Scenarios)
 		fs.PrintDefaults()
@@ -49,6 +56,10 @@ func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.Usage()
 		return 2
 	}
+	if *producers < 1 || *consumers < 1 || *lease <= 0 || *hold <= 0 || *warmup < 0 || *drain <= 0 {
+		fmt.Fprintln(stderr, "triage drill: --producers and --consumers must be at least 1; --lease, --hold and --drain positive; --warmup not negative")
+		return 2
+	}
 	l, err := bed.ReadLayout(*dir)
 	if err != nil {
 		fmt.Fprintln(stderr, "triage drill: no running bed found (start one with make up):", err)
@@ -58,21 +69,25 @@ func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "triage drill: this bed has no control endpoint")
 		return 1
 	}
-	router := ""
+	var routers []drill.Router
+	var names []string
 	for _, r := range l.Regions {
-		if (*via != "" && r.Name == *via) || (*via == "" && r.Name != *region && router == "") {
-			router = r.GRPC
+		names = append(names, r.Name)
+		if *via == "" || slices.Contains(strings.Split(*via, ","), r.Name) {
+			routers = append(routers, drill.Router{Region: r.Name, Addr: r.GRPC})
 		}
 	}
-	if router == "" && len(l.Regions) > 0 {
-		router = l.Regions[0].GRPC
+	if len(routers) == 0 {
+		fmt.Fprintf(stderr, "triage drill: --via %q names no region of the bed: its regions are %s\n", *via, strings.Join(names, ","))
+		return 2
 	}
 	progress := stdout
 	if *asJSON {
 		progress = stderr
 	}
-	rep, err := drill.Run(ctx, drill.Config{Scenario: fs.Arg(0), Control: l.Control, Router: router, Region: *region,
-		Shard: uint32(*shard), Hold: *hold, Progress: progress})
+	rep, err := drill.Run(ctx, drill.Config{Scenario: fs.Arg(0), Control: l.Control, Routers: routers, Region: *region,
+		Shard: uint32(*shard), Warmup: *warmup, Hold: *hold, Drain: *drain, Lease: *lease,
+		Producers: *producers, Consumers: *consumers, Progress: progress})
 	if err != nil {
 		fmt.Fprintln(stderr, "triage drill:", err)
 		return 1

@@ -1,53 +1,3 @@
-// Package bed runs a local Triage bed: real MariaDB shard primaries
-// (mariadbd children in temp datadirs), embedded NATS with JetStream, and a
-// node running every Triage role per region. `triage up` (make up) runs one
-// in the foreground; e2e tests, drills and `make bench` use it too.
-//
-// The bed writes its layout to <Dir>/bed.json so drills and scripts can find
-// every process by role, region, shard, port and PID, and so `triage down`
-// (make down) can stop a bed from another terminal by PID.
-//
-// # One region
-//
-// The default: region us-east with two shard primaries, one standalone NATS
-// server, one node. No replicas and no WAN.
-//
-// # Several regions
-//
-// With Regions set to more than one (`triage up --multi-region` gives
-// us-east, eu-west and ap-south), each region gets:
-//
-//   - its shard primaries (one each by default), and one replica of every
-//     shard of the previous region: region i's shards are replicated in
-//     region i+1 (mod the number of regions). Replicas replicate with GTID
-//     (MASTER_USE_GTID=slave_pos) and semi-sync AFTER_SYNC, start with
-//     --read-only=ON, and are set up through package regions/replication
-//     exactly as production would be;
-//   - a NATS server, clustered with the others, with JetStream; the
-//     control-plane buckets and every region's enqueue stream are
-//     replicated on up to three servers (one per region), so losing a
-//     region keeps the control plane;
-//   - a node (router, enqueuer, dequeuer) on its region's NATS server,
-//     serving JSON on HTTPBase+i and gRPC on GRPCBase+i.
-//
-// Every cross-region connection goes through a WAN link of package
-// deploy/wan (default 20 ms one way): replication, a node's access to
-// another region's MariaDB (node.Config.MySQL.DialVia maps each remote
-// server's address to the link from the node's region), and the NATS
-// routes; router forwarding rides on NATS. The shard map and bed.json name
-// servers by their real addresses; [Layout.Via] and [Bed.Via] translate for
-// a region. A drill cuts a region off with Net().Cut or kills it with
-// [Bed.KillRegion].
-//
-// # Accounts
-//
-// Every server gets, before replication starts and with sql_log_bin=0, the
-// replication account ([ReplUser]) and the application account
-// ([AppUser]) that nodes use. The application account lacks SUPER and
-// READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
-// primary. It also has CREATE, ALTER and INDEX on its database because
-// nodes apply schema migrations at start; read_only blocks those too. root
-// (no password, loopback only) stays the admin account.
 package bed
 
 import (
@@ -83,7 +33,8 @@ type Config struct {
 	// Regions to run. Default: the first of DefaultRegions.
 	Regions []string
 	// ShardsPerRegion is the number of shard primaries per region. Default
-	// 2 with one region, 1 with more (each shard then has a replica too).
+	// 2 with one region, 1 with more (each shard then has a replica in
+	// every other region).
 	ShardsPerRegion int
 	// HTTPBase and GRPCBase are region 0's gateway and gRPC ports; region i
 	// uses base+i. Default 8080 and 9090. 0 after Defaults means "pick free".
@@ -94,11 +45,6 @@ type Config struct {
 	// WANLatency is the one-way latency of every cross-region link.
 	// Default 20ms; negative means none (links still exist, for cuts).
 	WANLatency time.Duration
-	// SemiSyncTimeout is how long a primary's commit waits for its
-	// replica's acknowledgement before semi-sync falls back to async (the
-	// observers alarm the fallback). Default 2.5s; it must exceed
-	// shardmap.MaxStaleness (see package regions, Failover).
-	SemiSyncTimeout time.Duration
 	// OwnerTTL of dequeuer shard ownership. Default 10s.
 	OwnerTTL time.Duration
 	// Pprof, when set, serves net/http/pprof for region 0's node here.
@@ -186,11 +132,12 @@ type Bed struct {
 	// that region.
 	via map[string]map[string]string
 
-	mu       sync.Mutex // guards servers, regions' dead flags, Layout.Processes, stopped
+	mu       sync.Mutex // guards servers, regions' dead flags, Layout.Processes, stopped, killed
 	servers  []*dbServer
 	stopped  bool
-	bg       sync.WaitGroup // nodes stopping in the background after KillRegion
-	control_ *http.Server   // the drill control endpoint
+	killed   map[uint32]*dbServer // per shard, the server the last primary-kill killed
+	bg       sync.WaitGroup       // nodes stopping in the background after KillRegion
+	control_ *http.Server         // the drill control endpoint
 }
 
 // region is one region's in-process parts.
@@ -230,7 +177,6 @@ func (c *Config) fill() {
 	case c.WANLatency < 0:
 		c.WANLatency = 0
 	}
-	c.SemiSyncTimeout = cmp.Or(c.SemiSyncTimeout, 2500*time.Millisecond)
 	// Several regions: a shorter ownership TTL, so another region adopts a
 	// dead region's shards sooner (region-down RTO).
 	c.OwnerTTL = cmp.Or(c.OwnerTTL, map[bool]time.Duration{true: 10 * time.Second, false: 5 * time.Second}[len(c.Regions) == 1])

@@ -93,9 +93,9 @@ func TestThreeRegionBed(t *testing.T) {
 			shardOf[p.Region] = p.Shard
 		}
 	}
-	require.Equal(t, map[string]int{RolePrimary: 3, RoleReplica: 3, RoleNATS: 3, RoleTriage: 3}, roles)
-	// Each of 6 mariadbd is reached from 2 other regions; 6 directed NATS routes.
-	require.Len(t, l.Links, 6*2+6)
+	require.Equal(t, map[string]int{RolePrimary: 3, RoleReplica: 6, RoleNATS: 3, RoleTriage: 3}, roles)
+	// Each of 9 mariadbd is reached from 2 other regions; 6 directed NATS routes.
+	require.Len(t, l.Links, 9*2+6)
 	for _, k := range l.Links {
 		require.True(t, k.Enabled)
 		require.Equal(t, float64(latency/time.Millisecond), k.LatencyMS)
@@ -136,40 +136,47 @@ func TestThreeRegionBed(t *testing.T) {
 		t.Run("replication through the WAN", func(t *testing.T) {
 			t.Parallel()
 			for region, shard := range shardOf {
-				p, r := b.Server(shard, "primary"), b.Server(shard, "replica")
-				require.NotNil(t, p)
-				require.NotNil(t, r)
-				pdb := openT(t, p.DSN(""))
-				_, err := pdb.Exec(`CREATE DATABASE IF NOT EXISTS bedcheck;
+				for k := 1; k <= 2; k++ {
+					replicaRegion := DefaultRegions[(slices.Index(DefaultRegions, region)+k)%3]
+					p, r := b.Server(shard, "primary"), b.ReplicaIn(shard, replicaRegion)
+					require.NotNil(t, p)
+					require.NotNil(t, r)
+					if k == 1 {
+						require.Same(t, r, b.Server(shard, "replica"), "the first replica is in the next region")
+					}
+					pdb := openT(t, p.DSN(""))
+					_, err := pdb.Exec(`CREATE DATABASE IF NOT EXISTS bedcheck;
 					CREATE TABLE IF NOT EXISTS bedcheck.t (shard INT PRIMARY KEY);
-					INSERT INTO bedcheck.t VALUES (?)`, shard)
-				require.NoError(t, err)
-				rdb := openT(t, r.DSN(""))
-				require.Eventually(t, func() bool {
-					var n int
-					return rdb.QueryRow("SELECT shard FROM bedcheck.t").Scan(&n) == nil && n == int(shard)
-				}, 10*time.Second, 50*time.Millisecond, "shard %d's row on its replica", shard)
+					INSERT IGNORE INTO bedcheck.t VALUES (?)`, shard)
+					require.NoError(t, err)
+					rdb := openT(t, r.DSN(""))
+					require.Eventually(t, func() bool {
+						var n int
+						return rdb.QueryRow("SELECT shard FROM bedcheck.t").Scan(&n) == nil && n == int(shard)
+					}, 10*time.Second, 50*time.Millisecond, "shard %d's row on its replica", shard)
 
-				ra, err := replication.Open(r.DSN(""))
-				require.NoError(t, err)
-				st, err := ra.Status(ctx)
-				ra.Close()
-				require.NoError(t, err)
-				require.Equal(t, replication.RoleReplica, st.Role)
-				require.True(t, st.ReadOnly)
-				replicaRegion := DefaultRegions[(slices.Index(DefaultRegions, region)+1)%3]
-				require.Equal(t, b.Via(replicaRegion, p.Addr()), st.PrimaryAddr, "replicates through the link")
-				require.NotEqual(t, p.Addr(), st.PrimaryAddr)
+					ra, err := replication.Open(r.DSN(""))
+					require.NoError(t, err)
+					st, err := ra.Status(ctx)
+					ra.Close()
+					require.NoError(t, err)
+					require.Equal(t, replication.RoleReplica, st.Role)
+					require.True(t, st.ReadOnly)
+					require.Equal(t, b.Via(replicaRegion, p.Addr()), st.PrimaryAddr, "replicates through the link")
+					require.NotEqual(t, p.Addr(), st.PrimaryAddr)
 
-				pa, err := replication.Open(p.DSN(""))
-				require.NoError(t, err)
-				ss, err := pa.SemiSyncStatus(ctx)
-				pa.Close()
-				require.NoError(t, err)
-				require.True(t, ss.PrimaryEnabled)
-				require.True(t, ss.Active, "semi-sync ON on shard %d's primary: %+v", shard, ss)
-				require.Equal(t, "AFTER_SYNC", ss.WaitPoint)
-				require.GreaterOrEqual(t, ss.Clients, 1)
+					pa, err := replication.Open(p.DSN(""))
+					require.NoError(t, err)
+					ss, err := pa.SemiSyncStatus(ctx)
+					pa.Close()
+					require.NoError(t, err)
+					require.True(t, ss.PrimaryEnabled)
+					require.True(t, ss.Active, "semi-sync ON on shard %d's primary: %+v", shard, ss)
+					require.Equal(t, "AFTER_SYNC", ss.WaitPoint)
+					require.Equal(t, 2, ss.Clients, "both replicas acknowledge")
+					require.Equal(t, replication.NoFallback, ss.Timeout, "no async fallback")
+					require.True(t, ss.WaitNoReplica)
+				}
 			}
 		})
 		t.Run("the app user cannot write a replica", func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // The control endpoint lets `triage drill`, a separate process, inject
@@ -69,15 +70,24 @@ func (b *Bed) firstShard(region string) (uint32, error) {
 }
 
 // failedOver reports whether shard's primary moved off the server the bed
-// started as its primary.
+// started as its primary, in the map of any live region's node. Any, not
+// the first: right after a partition heals, the healed region's node still
+// holds the map from before the cut, and asking it alone made the heal
+// leave a deposed primary running as a primary (its commits that waited
+// for a semi-sync acknowledgement kept it from being fenced read-only, so
+// it never rejoined).
 func (b *Bed) failedOver(shard uint32) bool {
 	d := b.server(shard, RolePrimary)
+	if d == nil {
+		return false
+	}
 	for _, r := range b.regions {
 		if r.node == nil || r.dead {
 			continue
 		}
-		s, ok := r.node.ShardMap().Shard(shard)
-		return ok && d != nil && s.Primary != d.srv.Addr()
+		if s, ok := r.node.ShardMap().Shard(shard); ok && s.Primary != d.srv.Addr() {
+			return true
+		}
 	}
 	return false
 }
@@ -94,13 +104,32 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 	}
 	switch action + " " + scenario {
 	case "fault primary-kill":
-		s := b.Server(shard, RolePrimary)
-		if err := s.Kill(); err != nil {
+		// The current primary, per the live map: after an earlier drill on
+		// the same bed, the one the bed started is a replica now.
+		d := b.currentPrimary(shard)
+		if d == nil {
+			return "", fmt.Errorf("shard %d: no server of the bed is its primary in the shard map", shard)
+		}
+		if err := d.srv.Kill(); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("kill -9 of shard %d's primary mariadbd (pid %d, %s, region %s)", shard, s.PID(), s.Addr(), r.name), nil
+		b.mu.Lock()
+		if b.killed == nil {
+			b.killed = map[uint32]*dbServer{}
+		}
+		b.killed[shard] = d
+		b.mu.Unlock()
+		return fmt.Sprintf("kill -9 of shard %d's primary mariadbd (pid %d, %s, region %s, started as %s)",
+			shard, d.srv.PID(), d.srv.Addr(), d.region, d.role), nil
 	case "heal primary-kill":
-		return b.restartOldPrimaries(ctx, []uint32{shard})
+		b.mu.Lock()
+		d := b.killed[shard]
+		delete(b.killed, shard)
+		b.mu.Unlock()
+		if d == nil {
+			return b.restartOldPrimaries(ctx, []uint32{shard})
+		}
+		return b.restartKilled(ctx, d)
 	case "fault region-down":
 		if err := b.KillRegion(r.name); err != nil {
 			return "", err
@@ -113,7 +142,7 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 		var shards []uint32
 		for _, d := range b.serverList() {
 			if d.region == r.name && d.role == RoleReplica {
-				if _, err := b.Restart(ctx, d.shard, RoleReplica); err != nil {
+				if _, err := b.restart(ctx, d); err != nil {
 					return "", err
 				}
 			}
@@ -169,6 +198,55 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 	return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill", action, scenario)
 }
 
+// currentPrimary is the server of the bed that the live shard map names
+// as shard's primary (the one the bed started as primary when no node can
+// tell), or nil.
+func (b *Bed) currentPrimary(shard uint32) *dbServer {
+	var newest *shardmap.Map
+	for _, r := range b.regions {
+		if r.node == nil || r.dead {
+			continue
+		}
+		if m := r.node.ShardMap(); newest == nil || m.Version > newest.Version {
+			newest = m
+		}
+	}
+	if newest == nil {
+		return b.server(shard, RolePrimary)
+	}
+	s, ok := newest.Shard(shard)
+	if !ok {
+		return nil
+	}
+	for _, d := range b.serverList() {
+		if d.shard == shard && d.srv.Addr() == s.Primary {
+			return d
+		}
+	}
+	return nil
+}
+
+// restartKilled restarts d, which a primary-kill killed: to rejoin as a
+// replica when the shard failed over away from it, as the primary again
+// otherwise.
+func (b *Bed) restartKilled(ctx context.Context, d *dbServer) (string, error) {
+	var args []string
+	how := "as primary"
+	if cur := b.currentPrimary(d.shard); cur != d {
+		args, how = replication.RejoinArgs(), "to rejoin as a replica"
+	}
+	s, err := b.restart(ctx, d, args...)
+	if err != nil {
+		return "", err
+	}
+	if args == nil {
+		if err := enableSemiSyncPrimary(ctx, s.DSN("")); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("shard %d's killed primary (started as %s) restarted %s (pid %d)", d.shard, d.role, how, s.PID()), nil
+}
+
 // restartOldPrimaries restarts the bed's original primaries of shards: with
 // replication.RejoinArgs when the shard failed over (so crash recovery
 // drops what no replica acknowledged and the controller rejoins it as a
@@ -180,10 +258,24 @@ func (b *Bed) restartOldPrimaries(ctx context.Context, shards []uint32) (string,
 		how := "as primary"
 		if b.failedOver(shard) {
 			args, how = replication.RejoinArgs(), "to rejoin as a replica"
+			// Crash it first: a clean shutdown of a deposed primary (a
+			// partition's, still running) completes the commits that were
+			// waiting for a semi-sync acknowledgement, which no replica
+			// has, and it can never rejoin. Crash recovery with RejoinArgs
+			// drops them.
+			if d := b.server(shard, RolePrimary); d != nil {
+				_ = d.srv.Kill()
+			}
 		}
 		s, err := b.Restart(ctx, shard, RolePrimary, args...)
 		if err != nil {
 			return strings.Join(parts, "; "), err
+		}
+		if args == nil {
+			// Still the primary: semi-sync was a runtime setting.
+			if err := enableSemiSyncPrimary(ctx, s.DSN("")); err != nil {
+				return strings.Join(parts, "; "), err
+			}
 		}
 		parts = append(parts, fmt.Sprintf("shard %d's old primary restarted %s (pid %d)", shard, how, s.PID()))
 	}
@@ -191,6 +283,15 @@ func (b *Bed) restartOldPrimaries(ctx context.Context, shards []uint32) (string,
 		return "no primary to restart", nil
 	}
 	return strings.Join(parts, "; "), nil
+}
+
+func enableSemiSyncPrimary(ctx context.Context, dsn string) error {
+	a, err := replication.Open(dsn)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return a.EnableSemiSync(ctx, true)
 }
 
 // fate says what the bed's original primary of shard is now.

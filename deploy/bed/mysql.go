@@ -44,30 +44,51 @@ func (b *Bed) ReplCredentials() replication.Credentials {
 }
 
 // serverID gives every mariadbd of the bed a distinct server_id, which
-// replication needs: the primary of shard N has N, its replica 1000+N.
-func serverID(shard uint32, role string) int {
+// replication needs: the primary of shard N has N, its k-th replica
+// (k = 1, 2, ...) k*1000+N.
+func serverID(shard uint32, role string, k int) int {
 	if role == RoleReplica {
-		return 1000 + int(shard)
+		return k*1000 + int(shard)
 	}
 	return int(shard)
 }
 
-// startMariaDB starts every shard's primary and, with several regions, its
-// replica in the next region, all at once, then opens the WAN links that
-// other regions reach them through.
+// semiSyncArgs are the semi-sync settings every server of a multi-region
+// bed starts with, so that a restarted server is as safe as a configured
+// one: a replica acknowledges from its first connection, and a primary
+// never falls back to asynchronous replication (see
+// replication.EnableSemiSync). Only the controller (or setUpReplication)
+// turns rpl_semi_sync_master_enabled on, for the server it makes primary.
+func semiSyncArgs() []string {
+	return []string{
+		"--rpl-semi-sync-master-wait-point=AFTER_SYNC",
+		fmt.Sprintf("--rpl-semi-sync-master-timeout=%d", replication.NoFallback.Milliseconds()),
+		"--rpl-semi-sync-master-wait-no-slave=ON",
+		"--rpl-semi-sync-slave-enabled=ON",
+	}
+}
+
+// startMariaDB starts every shard's primary and, with several regions, a
+// replica in each other region (the next region's first: it is the
+// preferred failover target), all at once, then opens the WAN links that
+// other regions reach them through. Two replicas in three regions mean a
+// dead replica costs nothing: semi-sync needs one acknowledgement.
 func (b *Bed) startMariaDB(ctx context.Context) error {
 	type plan struct {
 		shard        uint32
 		role, region string
+		k            int // replica number, from 1
 	}
 	var plans []plan
 	shard := uint32(0)
 	for i, r := range b.cfg.Regions {
 		for range b.cfg.ShardsPerRegion {
 			shard++
-			plans = append(plans, plan{shard, RolePrimary, r})
+			plans = append(plans, plan{shard, RolePrimary, r, 0})
 			if b.multi() {
-				plans = append(plans, plan{shard, RoleReplica, b.cfg.Regions[(i+1)%len(b.cfg.Regions)]})
+				for k := 1; k < len(b.cfg.Regions); k++ {
+					plans = append(plans, plan{shard, RoleReplica, b.cfg.Regions[(i+k)%len(b.cfg.Regions)], k})
+				}
 			}
 		}
 	}
@@ -76,13 +97,16 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 	err := parallel(len(plans), func(i int) error {
 		p := plans[i]
 		args := append([]string(nil), b.cfg.MariaDBArgs...)
+		if b.multi() {
+			args = append(args, semiSyncArgs()...)
+		}
 		if p.role == RoleReplica {
 			// Fenced from its first connection, also after a restart.
 			args = append(args, "--read-only=ON")
 		}
 		s, err := mariadb.Start(ctx, mariadb.Config{
 			Dir:       filepath.Join(b.tmp, fmt.Sprintf("%s-%d-%s", strings.TrimPrefix(p.role, "mysql-"), p.shard, p.region)),
-			ServerID:  serverID(p.shard, p.role),
+			ServerID:  serverID(p.shard, p.role, p.k),
 			ExtraArgs: args,
 		})
 		if err != nil {
@@ -145,7 +169,7 @@ func (b *Bed) setUpReplication(ctx context.Context) error {
 	if err != nil || !b.multi() {
 		return err
 	}
-	b.progress("replicating every shard to the next region (GTID, semi-sync AFTER_SYNC, timeout %v) through the WAN", b.cfg.SemiSyncTimeout)
+	b.progress("replicating every shard to every other region (GTID, semi-sync AFTER_SYNC, one acknowledgement, no async fallback) through the WAN")
 	var shards []uint32
 	for _, d := range servers {
 		if d.role == RolePrimary {
@@ -190,50 +214,71 @@ func (b *Bed) ensureUsers(ctx context.Context, s *mariadb.Server) error {
 	return nil
 }
 
-// replicate sets shard's replica up and waits until it is caught up and
-// connected as a semi-sync replica, so the first application commit is
-// acknowledged rather than timing out into async.
+// replicate sets shard's replicas up and waits until each is caught up
+// and connected as a semi-sync replica, so the first application commit
+// is acknowledged at once.
 func (b *Bed) replicate(ctx context.Context, shard uint32) error {
-	p, r := b.Server(shard, "primary"), b.Server(shard, "replica")
-	pd, rd := b.server(shard, RolePrimary), b.server(shard, RoleReplica)
+	pd := b.server(shard, RolePrimary)
+	p := pd.srv
 	pa, err := replication.Open(p.DSN(""))
 	if err != nil {
 		return err
 	}
 	defer pa.Close()
-	ra, err := replication.Open(r.DSN(""))
-	if err != nil {
+	if err := pa.EnableSemiSync(ctx, true); err != nil {
 		return err
 	}
-	defer ra.Close()
-	if err := pa.EnableSemiSync(ctx, true, b.cfg.SemiSyncTimeout); err != nil {
-		return err
+	rds := b.replicasOf(shard)
+	for _, rd := range rds {
+		ra, err := replication.Open(rd.srv.DSN(""))
+		if err != nil {
+			return err
+		}
+		via := b.Via(rd.region, p.Addr())
+		err = ra.ReplicateFrom(ctx, via, b.ReplCredentials())
+		if err == nil {
+			err = waitReplica(ctx, pa, ra)
+		}
+		ra.Close()
+		if err != nil {
+			return fmt.Errorf("shard %d: replica %s in %s via %s: %w", shard, rd.srv.Addr(), rd.region, via, err)
+		}
+		b.progress("  shard %d: %s replica %s replicates from %s (%s) via %s", shard, rd.region, rd.srv.Addr(), pd.region, p.Addr(), via)
 	}
-	if err := ra.EnableSemiSync(ctx, false, b.cfg.SemiSyncTimeout); err != nil {
-		return err
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ss, err := pa.SemiSyncStatus(ctx)
+		if err == nil && ss.Clients >= len(rds) && ss.Active {
+			b.progress("  shard %d: semi-sync on with %d replicas", shard, ss.Clients)
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("shard %d: %d semi-sync replicas did not connect within 30s: %+v (err %v)", shard, len(rds), ss, err)
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
 	}
-	via := b.Via(rd.region, p.Addr())
-	if err := ra.ReplicateFrom(ctx, via, b.ReplCredentials()); err != nil {
-		return err
-	}
+}
+
+// waitReplica waits until ra has applied everything in pa's binary log.
+func waitReplica(ctx context.Context, pa, ra *replication.Admin) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ps, perr := pa.Status(ctx)
 		rs, rerr := ra.Status(ctx)
-		ss, serr := pa.SemiSyncStatus(ctx)
-		if perr == nil && rerr == nil && serr == nil &&
-			rs.IORunning == "Yes" && rs.SQLRunning && rs.SlavePos.Covers(ps.BinlogPos) && ss.Clients >= 1 && ss.Active {
-			b.progress("  shard %d: %s replica %s replicates from %s (%s) via %s, semi-sync on", shard, rd.region, r.Addr(), pd.region, p.Addr(), via)
+		if perr == nil && rerr == nil && rs.IORunning == "Yes" && rs.SQLRunning && rs.SlavePos.Covers(ps.BinlogPos) {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("shard %d: replica %s did not catch up with %s via %s within 30s: replica %+v (err %v), semi-sync %+v (err %v)",
-				shard, r.Addr(), p.Addr(), via, rs, errors.Join(perr, rerr), ss, serr)
+			return fmt.Errorf("did not catch up within 30s: replica %+v (err %v)", rs, errors.Join(perr, rerr))
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
 	}
 }
 
@@ -246,9 +291,9 @@ func (b *Bed) writeShardMap() error {
 			continue
 		}
 		s := shardmap.Shard{ID: d.shard, HomeRegion: d.region, Primary: d.srv.Addr(), Database: Database}
-		if r := b.server(d.shard, RoleReplica); r != nil {
-			s.Replicas = []string{r.srv.Addr()}
-			s.ReplicaRegions = []string{r.region}
+		for _, r := range b.replicasOf(d.shard) {
+			s.Replicas = append(s.Replicas, r.srv.Addr())
+			s.ReplicaRegions = append(s.ReplicaRegions, r.region)
 		}
 		m.Shards = append(m.Shards, s)
 	}

@@ -43,11 +43,38 @@ func (b *Bed) Heal(region string) error {
 // or "replica" (RolePrimary and RoleReplica work too), or nil. Roles name
 // the placement at start: after a failover the shard map, not this, says
 // which one is the primary. After Restart it returns the new process.
+// "replica" is the shard's first replica, in the next region; ReplicaIn
+// finds the others.
 func (b *Bed) Server(shard uint32, role string) *mariadb.Server {
 	if d := b.server(shard, role); d != nil {
 		return d.srv
 	}
 	return nil
+}
+
+// ReplicaIn returns the mariadbd the bed started as shard's replica in
+// region, or nil.
+func (b *Bed) ReplicaIn(shard uint32, region string) *mariadb.Server {
+	for _, d := range b.replicasOf(shard) {
+		if d.region == region {
+			return d.srv
+		}
+	}
+	return nil
+}
+
+// replicasOf lists shard's replicas in preference order (next region
+// first).
+func (b *Bed) replicasOf(shard uint32) []*dbServer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*dbServer
+	for _, d := range b.servers {
+		if d.shard == shard && d.role == RoleReplica {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func (b *Bed) server(shard uint32, role string) *dbServer {
@@ -162,6 +189,11 @@ func (b *Bed) Restart(ctx context.Context, shard uint32, role string, extraArgs 
 	if d == nil {
 		return nil, fmt.Errorf("bed: no %s of shard %d", role, shard)
 	}
+	return b.restart(ctx, d, extraArgs...)
+}
+
+func (b *Bed) restart(ctx context.Context, d *dbServer, extraArgs ...string) (*mariadb.Server, error) {
+	shard, role := d.shard, d.role
 	if err := d.srv.Stop(); err != nil {
 		b.log.Warn("bed: stop before restart", "shard", shard, "role", role, "err", err)
 	}
@@ -182,7 +214,7 @@ func (b *Bed) Restart(ctx context.Context, shard uint32, role string, extraArgs 
 		b.Shards[shard] = s
 	}
 	for i, p := range b.Layout.Processes {
-		if p.Role == d.role && p.Shard == shard {
+		if p.Role == d.role && p.Shard == shard && p.Region == d.region {
 			b.Layout.Processes[i].PID = s.PID()
 		}
 	}

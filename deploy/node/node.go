@@ -1,7 +1,3 @@
-// Package node assembles Triage's roles (router, enqueuer, dequeuer) into
-// one process from a config file. `triage serve` runs one node; the local
-// bed runs one per region; e2e tests start nodes as separate processes to
-// kill them.
 package node
 
 import (
@@ -89,6 +85,10 @@ type Config struct {
 	// StreamReplicas for the region's enqueue stream. Default 1; 3 in a
 	// three-region cluster, so a region's buffer survives losing it.
 	StreamReplicas int `json:"stream_replicas,omitempty"`
+
+	// routerNow and dequeuerNow, for tests, are the roles' local clocks
+	// (default time.Now): a seam to give one process two skewed hosts.
+	routerNow, dequeuerNow func() time.Time
 }
 
 func (c *Config) fill() error {
@@ -118,6 +118,7 @@ type Node struct {
 	log    *slog.Logger
 	nc     *nats.Conn
 	pool   *shardmap.Pool
+	clock  *shardmap.Clock // shard primaries' time, for every role (see dequeuer/doc.go)
 	cancel context.CancelFunc
 
 	enq    *enqueuer.Service
@@ -147,7 +148,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), done: make(chan struct{})}
+	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), clock: &shardmap.Clock{}, done: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -192,6 +193,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	var runCtx context.Context
 	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go shardmap.Watch(runCtx, js, kv, maps, logger)
+	// Start no role on a map the store has not confirmed: one that went
+	// stale MaxStaleness after start would refuse every write.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = maps.WaitConfirmed(wctx)
+	wcancel()
+	if err != nil {
+		return nil, err
+	}
 
 	if err := n.migrate(ctx, m); err != nil {
 		return nil, err
@@ -200,7 +209,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err != nil {
 		return nil, err
 	}
-	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, Logger: logger}
+	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, NC: n.nc, Logger: logger}
 	go obs.Run(runCtx)
 	if slices.Contains(cfg.Roles, RoleController) {
 		ctl, err := regions.New(regions.Config{
@@ -234,7 +243,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger}
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return nil, err
@@ -291,8 +300,8 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Logger: n.log,
-		Publisher: kvPublisher{kv: n.kv, maps: maps}}
+	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
+		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}
@@ -319,7 +328,10 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	n.http = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+	// ReadTimeout bounds reading a request (a body up to 64 MiB) so a slow
+	// client cannot hold a connection forever; no WriteTimeout, since a
+	// long-polled dequeue answers after up to 20 s.
+	n.http = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	go func() { _ = n.grpc.Serve(gl) }()
 	go func() { _ = n.http.Serve(hl) }()
 	return nil

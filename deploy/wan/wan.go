@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -70,7 +74,8 @@ func New(logger *slog.Logger) *Net {
 	}
 }
 
-// Link starts a proxy on a free loopback port in front of upstream (a
+// Link starts a proxy on a free loopback port (below the ephemeral
+// range, see start) in front of upstream (a
 // host:port in region to) for processes of region from, delaying bytes by
 // latency in each direction. It returns the address to dial instead of
 // upstream.
@@ -106,12 +111,37 @@ func (n *Net) Link(name, from, to, upstream string, latency time.Duration) (list
 		// goroutine ever sees the stock toxic (see the package doc).
 		w.Toxic = &latencyToxic{d: &l.latency}
 	}
-	if err := l.proxy.Start(); err != nil {
+	if err := l.start(); err != nil {
 		return "", fmt.Errorf("wan: link %q: %w", name, err)
 	}
 	n.links = append(n.links, l)
 	n.byName[name] = l
 	return l.listen(), nil
+}
+
+// start starts the proxy on a free loopback port below the kernel's
+// ephemeral range. A heal listens on the same port again; a port the
+// kernel chose (":0") is in the ephemeral range, where, while the link was
+// cut, any outgoing connection on the machine could be given it as its
+// local port, and the heal failed with "address already in use". Ports
+// below the range are only ever taken by explicit binds.
+func (l *link) start() error {
+	low, _ := ephemeralRange()
+	const first = 10000
+	if low <= first {
+		l.proxy.Listen = "127.0.0.1:0"
+		return l.proxy.Start()
+	}
+	span := low - first
+	off := rand.IntN(span)
+	var err error
+	for i := range min(span, 500) {
+		l.proxy.Listen = "127.0.0.1:" + strconv.Itoa(first+(off+i)%span)
+		if err = l.proxy.Start(); !errors.Is(err, syscall.EADDRINUSE) {
+			return err
+		}
+	}
+	return err
 }
 
 func (l *link) listen() string {
@@ -294,4 +324,23 @@ func (t *latencyToxic) Pipe(stub *toxics.ToxicStub) {
 			stub.Output <- c
 		}
 	}
+}
+
+// ephemeralRange is the kernel's range of ports for outgoing connections
+// (Linux ip_local_port_range; the Linux default when it cannot be read).
+func ephemeralRange() (low, high int) {
+	low, high = 32768, 60999
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 2 {
+		l, err1 := strconv.Atoi(f[0])
+		h, err2 := strconv.Atoi(f[1])
+		if err1 == nil && err2 == nil && l > 1024 {
+			return l, h
+		}
+	}
+	return low, high
 }

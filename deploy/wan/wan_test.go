@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -202,4 +203,23 @@ func TestCutUnderTraffic(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	roundTrip(t, c, bufio.NewReader(c))
+}
+
+// TestLinkPortOutsideEphemeralRange: a link listened on a kernel-chosen
+// port, which is in the ephemeral range; while the link was cut, an
+// outgoing connection of any process could be given that port as its
+// local port, and the heal failed with "bind: address already in use".
+// Links now listen below the ephemeral range, where the kernel never
+// hands out ports on its own.
+func TestLinkPortOutsideEphemeralRange(t *testing.T) {
+	t.Parallel()
+	n, addr := setup(t, 0)
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	low, _ := ephemeralRange()
+	require.Less(t, p, low, "link port %d is in the ephemeral range (from %d)", p, low)
+	require.NoError(t, n.Cut("b"))
+	require.NoError(t, n.Heal("b"))
 }

@@ -1,25 +1,10 @@
-// Package drill runs failover drills against a running local bed: a
-// workload of idempotent producers and consumers that ack, nack and
-// sometimes crash holding a lease runs through a router while a fault is
-// injected and later healed; then the queue is drained and the report says
-// how long dequeues and enqueues were down (RTO), whether any
-// acknowledged item was lost, every duplicate and its cause, early
-// deliveries, priority inversions, and what became of the old primary.
-//
-// Faults are injected by the bed process itself, through its control
-// endpoint (bed.json "control"): it owns the processes, links and NATS
-// servers. A scenario names what to break:
-//
-//	primary-kill   kill -9 the primary of one of the region's shards
-//	region-down    kill every process of the region (its mariadbds, NATS, node)
-//	partition      cut every cross-region link of the region
-//	nats-kill      stop the region's NATS server abruptly
-//	dequeuer-kill  stop the region's dequeuer abruptly (no lease hand-back)
 package drill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -39,23 +24,33 @@ import (
 // Scenarios are the drills Run knows.
 var Scenarios = []string{"primary-kill", "region-down", "partition", "nats-kill", "dequeuer-kill"}
 
+// Router is one router the workload talks to.
+type Router struct {
+	Region string
+	// Addr is its gRPC address.
+	Addr string
+}
+
 // Config of one drill.
 type Config struct {
 	Scenario string
 	// Control is the bed's control endpoint (host:port).
 	Control string
-	// Router is the gRPC address the workload talks to; it must survive
-	// the fault (not in the faulted region for region-down and partition).
-	Router string
+	// Routers the workload talks to, each with its own producers and
+	// consumers. Include the faulted region's own router: a fault test
+	// watches both sides, and what the cut-off side acknowledges is what a
+	// partition loses.
+	Routers []Router
 	// Region is the faulted region; the workload's items live there.
 	Region string
-	// Shard to kill for primary-kill (0: the first of the region).
+	// Shard to kill for primary-kill (0: the region's lowest).
 	Shard uint32
-	// Warmup before the fault, Hold of the fault, Drain limit after heal.
+	// Warmup before the fault (default 5s), Hold of the fault (15s),
+	// Drain limit after heal (90s).
 	Warmup, Hold, Drain time.Duration
-	// Producers and Consumers of the workload. Default 4 and 4.
+	// Producers and Consumers per router. Default 2 and 2.
 	Producers, Consumers int
-	// Lease consumers take. Default 3s.
+	// Lease consumers take. Default 5s.
 	Lease time.Duration
 	// Progress gets a line per phase.
 	Progress io.Writer
@@ -66,63 +61,142 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if !slices.Contains(Scenarios, cfg.Scenario) {
 		return nil, fmt.Errorf("unknown scenario %q: allowed %s", cfg.Scenario, strings.Join(Scenarios, ", "))
 	}
-	if cfg.Warmup == 0 {
-		cfg.Warmup = 5 * time.Second
+	if len(cfg.Routers) == 0 {
+		return nil, errors.New("no router to run the workload through")
 	}
-	if cfg.Hold == 0 {
-		cfg.Hold = 15 * time.Second
-	}
-	if cfg.Drain == 0 {
-		cfg.Drain = 90 * time.Second
-	}
-	cfg.Producers = max(cfg.Producers, 1)
-	cfg.Consumers = max(cfg.Consumers, 1)
-	if cfg.Lease == 0 {
-		cfg.Lease = 3 * time.Second
-	}
+	cfg.Warmup = cmp.Or(cfg.Warmup, 5*time.Second)
+	cfg.Hold = cmp.Or(cfg.Hold, 15*time.Second)
+	cfg.Drain = cmp.Or(cfg.Drain, 90*time.Second)
+	cfg.Lease = cmp.Or(cfg.Lease, 5*time.Second)
+	cfg.Producers = cmp.Or(cfg.Producers, 2)
+	cfg.Consumers = cmp.Or(cfg.Consumers, 2)
 	progress := cfg.Progress
 	if progress == nil {
 		progress = io.Discard
 	}
-	conn, err := grpc.NewClient(cfg.Router, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	f := facts{shards: map[uint32]bool{}, survivors: map[string]bool{}, published: map[uint32]time.Time{}}
+	var clients []client
+	var admin triagev1.AdminClient
+	var admins []triagev1.AdminClient
+	for _, r := range cfg.Routers {
+		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		clients = append(clients, client{region: r.Region, q: triagev1.NewQueueClient(conn)})
+		admins = append(admins, triagev1.NewAdminClient(conn))
+		f.routers = append(f.routers, r.Region)
+		if survives(cfg.Scenario, cfg.Region, r.Region) {
+			f.survivors[r.Region] = true
+			if admin == nil {
+				admin = triagev1.NewAdminClient(conn)
+			}
+		}
+	}
+	if admin == nil {
+		// Only the faulted region's router: ask it, while it answers.
+		conn, err := grpc.NewClient(cfg.Routers[0].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		admin = triagev1.NewAdminClient(conn)
+	}
+	if cfg.Scenario == "partition" {
+		f.isolated = cfg.Region
+	}
+
+	before, err := getMap(ctx, admin)
 	if err != nil {
+		return nil, fmt.Errorf("read the shard map: %w", err)
+	}
+	primaries := map[uint32]string{}
+	var home []uint32
+	for _, s := range before.Shards {
+		if s.HomeRegion == cfg.Region {
+			primaries[s.Id] = s.Primary
+			home = append(home, s.Id)
+		}
+	}
+	slices.Sort(home)
+	switch {
+	case len(home) == 0:
+		return nil, fmt.Errorf("no shard is homed in region %q", cfg.Region)
+	case cfg.Shard == 0:
+		cfg.Shard = home[0]
+	case !slices.Contains(home, cfg.Shard):
+		return nil, fmt.Errorf("shard %d is not homed in region %q: its shards are %v", cfg.Shard, cfg.Region, home)
+	}
+	for _, id := range home {
+		if cfg.Scenario != "primary-kill" || id == cfg.Shard {
+			f.shards[id] = true
+		}
+	}
+	rep := &Report{Scenario: cfg.Scenario, Routers: f.routers, MapBefore: describeMap(before, cfg.Region)}
+	for id := range f.shards {
+		rep.Shards = append(rep.Shards, id)
+	}
+	slices.Sort(rep.Shards)
+
+	ns := "drill-" + cfg.Region
+	if err := confine(ctx, admin, admins, ns, cfg.Region, before.Regions, home); err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	q := triagev1.NewQueueClient(conn)
-	admin := triagev1.NewAdminClient(conn)
-	rep := &Report{Scenario: cfg.Scenario}
-	rep.MapBefore = describeMap(ctx, admin, cfg.Region)
-
-	topic := "drill-" + cfg.Scenario
-	w := newWorkload(q, "default", topic, cfg.Region, cfg.Lease)
+	w := newWorkload(ns, "drill-"+cfg.Scenario, cfg.Region, cfg.Lease)
 	prodCtx, stopProd := context.WithCancel(ctx)
 	consCtx, stopCons := context.WithCancel(ctx)
 	defer stopProd()
 	defer stopCons()
 	var prodWG, consWG sync.WaitGroup
-	for i := range cfg.Producers {
-		prodWG.Go(func() { w.produce(prodCtx, rand.New(rand.NewPCG(uint64(i), 1))) })
+	for ci, c := range clients {
+		for i := range cfg.Producers {
+			prodWG.Go(func() { w.produce(prodCtx, c, rand.New(rand.NewPCG(uint64(ci), uint64(i)))) })
+		}
+		for i := range cfg.Consumers {
+			consWG.Go(func() { w.consume(consCtx, c, rand.New(rand.NewPCG(uint64(ci), 1000+uint64(i))), true) })
+		}
 	}
-	for i := range cfg.Consumers {
-		consWG.Go(func() { w.consume(consCtx, rand.New(rand.NewPCG(uint64(i), 2)), true) })
-	}
-	fmt.Fprintf(progress, "drill %s: workload running against region %s via %s\n", cfg.Scenario, cfg.Region, cfg.Router)
+	fmt.Fprintf(progress, "drill %s: %d producers and %d consumers on each router (%s), items in region %s (shards %v)\n",
+		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(f.routers, ", "), cfg.Region, rep.Shards)
 	sleep(ctx, cfg.Warmup)
 
-	rep.FaultAt = time.Now()
+	f.faultAt = time.Now()
+	rep.FaultAt = f.faultAt
 	desc, err := control(ctx, cfg.Control, "fault", cfg.Scenario, cfg.Region, cfg.Shard)
 	if err != nil {
 		return nil, fmt.Errorf("inject %s: %w", cfg.Scenario, err)
 	}
 	rep.Fault = desc
+	f.cutAt = time.Now()
 	fmt.Fprintf(progress, "fault injected: %s; holding %s\n", desc, cfg.Hold)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchFailover(watchCtx, admin, primaries, f.shards, f.published, f.faultAt, progress)
+	}()
 	sleep(ctx, cfg.Hold)
+	stopWatch()
+	<-watched
+	rep.FailoverMS = -1
+	if len(f.published) == len(f.shards) {
+		for _, t := range f.published {
+			rep.FailoverMS = max(rep.FailoverMS, t.Sub(f.faultAt).Milliseconds())
+		}
+	}
+
+	f.healAt = time.Now()
+	// A heal that fails still gets a report: the figures up to here are
+	// what the drill is for, and the failure is a violation of its own.
 	if _, err := control(ctx, cfg.Control, "heal", cfg.Scenario, cfg.Region, cfg.Shard); err != nil {
-		return nil, fmt.Errorf("heal %s: %w", cfg.Scenario, err)
+		rep.HealError = err.Error()
+		fmt.Fprintf(progress, "heal failed: %v; draining anyway (up to %s)\n", err, cfg.Drain)
+	} else {
+		fmt.Fprintf(progress, "healed in %s; producing 5s more, then draining (up to %s)\n",
+			time.Since(f.healAt).Round(time.Millisecond), cfg.Drain)
 	}
 	rep.HealedAt = time.Now()
-	fmt.Fprintf(progress, "healed; producing 5s more, then draining (up to %s)\n", cfg.Drain)
 	sleep(ctx, 5*time.Second)
 	stopProd()
 	prodWG.Wait()
@@ -134,76 +208,108 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		sleep(ctx, 200*time.Millisecond)
 	}
 	// Let items a crashed consumer held come back once more, so their
-	// redelivery is counted.
+	// redelivery is counted, and let stale copies show up.
 	sleep(ctx, cfg.Lease+time.Second)
 	stopCons()
 	consWG.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 
-	rep.DequeueRTOMS = rtoMS(rep.FaultAt, w.firstDequeueAfter(rep.FaultAt))
-	rep.EnqueueRTOMS = rtoMS(rep.FaultAt, w.firstEnqueueAfter(rep.FaultAt))
-	w.analyze(rep, rep.FaultAt)
-	rep.MapAfter = describeMap(ctx, admin, cfg.Region)
+	w.mu.Lock()
+	analyze(rep, &w.h, f)
+	w.mu.Unlock()
+	if rep.HealError != "" {
+		rep.Violations = append(rep.Violations, "the heal failed: "+rep.HealError)
+	}
+	if after, err := getMap(ctx, admin); err == nil {
+		rep.MapAfter = describeMap(after, cfg.Region)
+	} else {
+		rep.MapAfter = "unavailable: " + err.Error()
+	}
 	if fate, err := control(ctx, cfg.Control, "fate", cfg.Scenario, cfg.Region, cfg.Shard); err == nil {
 		rep.OldPrimary = fate
 	}
 	return rep, nil
 }
 
-func rtoMS(fault, first time.Time) int64 {
-	if first.IsZero() {
-		return -1
+// survives says whether the router of region keeps serving through the
+// scenario's fault of faulted: it does not when its region is down, cut
+// off or without its NATS server.
+func survives(scenario, faulted, region string) bool {
+	switch scenario {
+	case "region-down", "partition", "nats-kill":
+		return region != faulted
 	}
-	return first.Sub(fault).Milliseconds()
+	return true
 }
 
-// undelivered counts acknowledged items not delivered yet.
-func (w *workload) undelivered() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	seen := make(map[string]bool, len(w.deliveries))
-	for _, d := range w.deliveries {
-		seen[d.id] = true
-	}
-	n := 0
-	for id := range w.sent {
-		if !seen[id] {
-			n++
+// watchFailover polls the shard map of a surviving router every 100 ms
+// and records, per shard, when it first shows a primary other than the
+// one before the fault and not fenced: the new primary is published.
+func watchFailover(ctx context.Context, admin triagev1.AdminClient, before map[uint32]string, shards map[uint32]bool,
+	published map[uint32]time.Time, faultAt time.Time, progress io.Writer) {
+	for ctx.Err() == nil && len(published) < len(shards) {
+		if m, err := getMap(ctx, admin); err == nil {
+			now := time.Now()
+			for _, s := range m.Shards {
+				if _, seen := published[s.Id]; seen || !shards[s.Id] || s.Fenced || s.Primary == before[s.Id] {
+					continue
+				}
+				published[s.Id] = now
+				fmt.Fprintf(progress, "shard %d: new primary %s (%s, epoch %d) published %s after the fault\n",
+					s.Id, s.Primary, s.PrimaryRegion, s.Epoch, now.Sub(faultAt).Round(time.Millisecond))
+			}
 		}
+		sleep(ctx, 100*time.Millisecond)
 	}
-	return n
 }
 
-func (w *workload) firstDequeueAfter(t time.Time) time.Time {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, d := range w.deliveries {
-		if d.at.After(t) {
-			return d.at
+// confine creates (or keeps) the workload's namespace ns with shards only
+// in region: its home shards there, none elsewhere. Items with a dedup key
+// go to the shard the namespace's dedup slot table names, which for a
+// namespace spanning every region's shards may be in another region, out
+// of the fault and out of reach of a dequeue with region preference
+// region. The namespace's slot table is filled from its shards, so here
+// every item lives on the faulted region's shards. It waits until every
+// router serves the namespace.
+func confine(ctx context.Context, admin triagev1.AdminClient, routers []triagev1.AdminClient, ns, region string, regions []string, home []uint32) error {
+	cfg := &triagev1.Namespace{Name: ns}
+	for _, r := range regions {
+		s := &triagev1.NamespaceShards{Region: r}
+		if r == region {
+			s.Shards = home
+		}
+		cfg.Shards = append(cfg.Shards, s)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := admin.PutNamespace(rctx, &triagev1.PutNamespaceRequest{Namespace: ns, Config: cfg}); err != nil {
+		return fmt.Errorf("create the drill's namespace %s (shards %v of %s only): %w", ns, home, region, err)
+	}
+	for _, a := range routers {
+		for {
+			_, err := a.GetNamespace(rctx, &triagev1.GetNamespaceRequest{Namespace: ns})
+			if err == nil {
+				break
+			}
+			if rctx.Err() != nil {
+				return fmt.Errorf("a router does not serve the drill's namespace %s yet: %w", ns, err)
+			}
+			sleep(rctx, 100*time.Millisecond)
 		}
 	}
-	return time.Time{}
+	return nil
 }
 
-func (w *workload) firstEnqueueAfter(t time.Time) time.Time {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var first time.Time
-	for _, s := range w.sent {
-		if s.ackedAt.After(t) && (first.IsZero() || s.ackedAt.Before(first)) {
-			first = s.ackedAt
-		}
-	}
-	return first
+func getMap(ctx context.Context, admin triagev1.AdminClient) (*triagev1.ShardMap, error) {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return admin.GetShardMap(rctx, &triagev1.GetShardMapRequest{})
 }
 
 // describeMap summarizes the region's shards: primary, its region, epoch.
-func describeMap(ctx context.Context, admin triagev1.AdminClient, region string) string {
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	m, err := admin.GetShardMap(rctx, &triagev1.GetShardMapRequest{})
-	if err != nil {
-		return "unavailable: " + err.Error()
-	}
+func describeMap(m *triagev1.ShardMap, region string) string {
 	var parts []string
 	for _, s := range m.Shards {
 		if s.HomeRegion == region {

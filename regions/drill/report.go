@@ -3,32 +3,76 @@ package drill
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// Report is what a drill found. Lost and EarlyDeliveries must be zero.
+// Report is what a drill found. Lost, EarlyDeliveries,
+// ResurrectedAfterAck, NacksUndone and the isolated side's writes must be
+// zero.
 type Report struct {
 	Scenario string `json:"scenario"`
 	Fault    string `json:"fault"`
+	// Routers are the regions whose routers the workload used; every one
+	// had producers and consumers.
+	Routers []string `json:"routers"`
+	// Shards are the faulted shards: the killed primary's for
+	// primary-kill, every shard homed in the region otherwise.
+	Shards []uint32 `json:"shards"`
 	// FaultAt is when the fault was injected, HealedAt when it was healed.
 	FaultAt  time.Time `json:"fault_at"`
 	HealedAt time.Time `json:"healed_at"`
-	// RTO: from the fault to the first successful dequeue (that returned
-	// items) and enqueue after it.
-	DequeueRTOMS int64 `json:"dequeue_rto_ms"`
-	EnqueueRTOMS int64 `json:"enqueue_rto_ms"`
-	Acknowledged int   `json:"acknowledged"`
-	Delivered    int   `json:"delivered"`
+	// HealError: the bed could not heal the fault (the drill drained
+	// anyway; the figures after it mean less).
+	HealError string `json:"heal_error,omitempty"`
+	// FailoverMS: from the fault until a surviving router's shard map
+	// showed a new, unfenced primary for every faulted shard; -1 if that
+	// never happened during the fault.
+	FailoverMS int64 `json:"failover_published_ms"`
+	// RTO of the faulted shards, from the fault to the answer of the first
+	// successful call sent after the fault, per router (RTOByRouter) and
+	// for the routers that survive the fault (DequeueRTOMS, EnqueueRTOMS:
+	// the slowest of them, so every surviving client was served again; -1
+	// if one never was). An enqueue counts when it was acknowledged with an
+	// item on a faulted shard; a dequeue when it returned an item of a
+	// faulted shard whose ack or nack was then answered ok: an item served
+	// from a stale prefetch buffer whose ack fails is not a recovery. The
+	// faulted region's router does not survive region-down, partition and
+	// nats-kill.
+	DequeueRTOMS int64          `json:"dequeue_rto_ms"`
+	EnqueueRTOMS int64          `json:"enqueue_rto_ms"`
+	RTOByRouter  map[string]RTO `json:"rto_by_router"`
+	Acknowledged int            `json:"acknowledged"`
+	Delivered    int            `json:"delivered"`
+	// AcksOK and NacksOK: acks and nacks answered ok.
+	AcksOK  int `json:"acks_ok"`
+	NacksOK int `json:"nacks_ok"`
 	// Lost: acknowledged enqueues never delivered. Must be 0.
 	Lost    int      `json:"lost"`
 	LostIDs []string `json:"lost_ids,omitempty"`
+	// ResurrectedAfterAck: deliveries asked for after an ack of the same
+	// item had been answered ok (the ack was undone). Must be 0.
+	ResurrectedAfterAck int      `json:"resurrected_after_ack"`
+	ResurrectedItems    int      `json:"resurrected_items"`
+	ResurrectedExamples []string `json:"resurrected_examples,omitempty"`
+	// NacksUndone: deliveries asked for after a nack of the same item had
+	// been answered ok that do not carry the nack's drill_nack metadata:
+	// the nack was undone, the item came back as it was before it. Must
+	// be 0.
+	NacksUndone         int      `json:"nacks_undone"`
+	NacksUndoneExamples []string `json:"nacks_undone_examples,omitempty"`
+	// Isolated: partition only, what the cut-off region's router
+	// acknowledged while it could reach only the old primary.
+	Isolated *IsolatedWrites `json:"isolated_writes,omitempty"`
 	// Duplicates: deliveries after the first, by cause.
 	Duplicates map[string]int `json:"duplicates"`
-	// EarlyDeliveries: delivered before their deliver_after. Must be 0.
-	EarlyDeliveries int `json:"early_deliveries"`
+	// EarlyDeliveries: delivered before their deliver_after, or before the
+	// delay of a nack answered ok. Must be 0.
+	EarlyDeliveries int      `json:"early_deliveries"`
+	EarlyExamples   []string `json:"early_examples,omitempty"`
 	// PriorityInversions: deliveries made while a more urgent item had been
 	// ready (and acknowledged) for at least 5 ms and was not yet delivered.
 	PriorityInversions int            `json:"priority_inversions"`
@@ -42,37 +86,185 @@ type Report struct {
 	Violations []string `json:"violations"`
 }
 
-// analyze fills the report's counts from what the workload saw.
-func (w *workload) analyze(r *Report, faultAt time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	r.Acknowledged = len(w.sent)
-	first := map[string]delivery{}
+// RTO is one router's recovery: milliseconds from the fault to its first
+// successful enqueue and dequeue of a faulted shard; -1: none.
+type RTO struct {
+	EnqueueMS int64 `json:"enqueue_ms"`
+	DequeueMS int64 `json:"dequeue_ms"`
+}
+
+// IsolatedWrites counts the writes the partitioned region's router
+// answered ok after a new primary of the item's shard was published and
+// before the heal was asked for. In that window every cross-region link is
+// cut, so that router can reach only the old primary: each such answer
+// acknowledges a write the failover discards. All must be 0.
+type IsolatedWrites struct {
+	Region string `json:"region"`
+	// PublishedMS: from the fault until the first faulted shard's new
+	// primary was seen published; -1: never, and nothing was checked.
+	PublishedMS int64 `json:"published_ms"`
+	// HealMS: from the fault until the heal was asked for.
+	HealMS   int64    `json:"heal_ms"`
+	Enqueues int      `json:"enqueues"`
+	Acks     int      `json:"acks"`
+	Nacks    int      `json:"nacks"`
+	Examples []string `json:"examples,omitempty"`
+	// Deliveries the isolated router made in the same window: not writes
+	// the client was told are durable, but items leased on the old primary.
+	Deliveries int `json:"deliveries"`
+	// SentAfterCut: writes the isolated router answered ok that were sent
+	// after the cut was in place and answered before the heal, whether or
+	// not a new primary was published yet. Informational: with semi-sync
+	// that never falls back to async the old primary cannot complete such
+	// a commit, so this is 0 too; when it is not, the acks among them are
+	// what comes back as resurrected after ack.
+	SentAfterCut         WriteCounts `json:"sent_after_cut"`
+	SentAfterCutExamples []string    `json:"sent_after_cut_examples,omitempty"`
+}
+
+// WriteCounts counts writes answered ok.
+type WriteCounts struct {
+	Enqueues int `json:"enqueues"`
+	Acks     int `json:"acks"`
+	Nacks    int `json:"nacks"`
+}
+
+// Total is the sum.
+func (w WriteCounts) Total() int { return w.Enqueues + w.Acks + w.Nacks }
+
+// Total is every write acknowledged in the window.
+func (i *IsolatedWrites) Total() int { return i.Enqueues + i.Acks + i.Nacks }
+
+// facts are what the drill knows about the fault, beside the history.
+type facts struct {
+	faultAt time.Time
+	// cutAt is when the fault was in place (its injection answered);
+	// healAt when the heal was asked for.
+	cutAt, healAt time.Time
+	// shards are the faulted shards.
+	shards map[uint32]bool
+	// routers are the regions of the routers used; survivors those whose
+	// clients count for the headline RTO.
+	routers   []string
+	survivors map[string]bool
+	// isolated is the partitioned region ("" for other scenarios).
+	isolated string
+	// published: per faulted shard, when a new primary was first seen.
+	published map[uint32]time.Time
+}
+
+const maxExamples = 10
+
+// analyze fills the report's counts from the history the workload
+// recorded. It is pure, so the classification is unit tested.
+func analyze(r *Report, h *history, f facts) {
+	at := func(t time.Time) string { return fmt.Sprintf("%+.3fs", t.Sub(f.faultAt).Seconds()) }
+	r.Acknowledged = len(h.sent)
+	r.AcksOK, r.NacksOK = len(h.acks), len(h.nacks)
 	byID := map[string][]delivery{}
-	for _, d := range w.deliveries {
+	for _, d := range h.deliveries {
 		byID[d.id] = append(byID[d.id], d)
-		if _, ok := first[d.id]; !ok {
-			first[d.id] = d
-		}
+	}
+	for _, ds := range byID {
+		sort.SliceStable(ds, func(i, j int) bool { return ds[i].at.Before(ds[j].at) })
+	}
+	first := map[string]delivery{}
+	for id, ds := range byID {
+		first[id] = ds[0]
 	}
 	r.Delivered = len(first)
+
+	// The first ack of each item answered ok: any delivery asked for after
+	// it was answered is an undone ack.
+	acked := map[string]settle{}
+	for _, a := range h.acks {
+		if p, ok := acked[a.id]; !ok || a.end.Before(p.end) {
+			acked[a.id] = a
+		}
+	}
+	nacksOf := map[string][]settle{}
+	for _, n := range h.nacks {
+		nacksOf[n.id] = append(nacksOf[n.id], n)
+	}
+	resurrected := func(d delivery) (settle, bool) {
+		a, ok := acked[d.id]
+		return a, ok && d.reqStart.After(a.end)
+	}
+	ids := make([]string, 0, len(byID))
+	for id := range byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
 	r.Duplicates = map[string]int{}
-	for _, ds := range byID {
-		for i := 1; i < len(ds); i++ {
+	for _, id := range ids {
+		ds := byID[id]
+		itemResurrected := false
+		for i, d := range ds {
+			if a, ok := resurrected(d); ok {
+				r.ResurrectedAfterAck++
+				itemResurrected = true
+				if len(r.ResurrectedExamples) < maxExamples {
+					r.ResurrectedExamples = append(r.ResurrectedExamples, fmt.Sprintf(
+						"%s acked ok via %s at %s, delivered again via %s at %s (attempt %d)",
+						id, a.router, at(a.end), d.router, at(d.at), d.attempts))
+				}
+			}
+			// Nacks answered ok before this delivery was asked for: it must
+			// carry the last one's drill_nack and respect its delay.
+			var last settle
+			for _, n := range nacksOf[id] {
+				if d.reqStart.After(n.end) {
+					if n.nackSeq > last.nackSeq {
+						last = n
+					}
+					// The server set deliver_after to its now + delay, and its
+					// now is after the nack was sent.
+					if ready := n.start.Add(n.delay); d.at.Before(ready.Add(-time.Millisecond)) {
+						r.EarlyDeliveries++
+						if len(r.EarlyExamples) < maxExamples {
+							r.EarlyExamples = append(r.EarlyExamples, fmt.Sprintf(
+								"%s nacked ok via %s with delay %s (ready at %s), delivered via %s at %s (asked at %s)",
+								id, n.router, n.delay, at(ready), d.router, at(d.at), at(d.reqStart)))
+						}
+					}
+				}
+			}
+			if last.nackSeq > 0 && d.nackSeq < last.nackSeq {
+				r.NacksUndone++
+				if len(r.NacksUndoneExamples) < maxExamples {
+					r.NacksUndoneExamples = append(r.NacksUndoneExamples, fmt.Sprintf(
+						"%s nacked ok (drill_nack %d) via %s at %s, delivered via %s at %s with drill_nack %d (attempt %d)",
+						id, last.nackSeq, last.router, at(last.end), d.router, at(d.at), d.nackSeq, d.attempts))
+				}
+			}
+			if i == 0 {
+				continue
+			}
 			prev := ds[i-1]
 			cause := "lease expiry"
 			switch {
-			case prev.action == "nack":
+			case func() bool { _, ok := resurrected(d); return ok }():
+				cause = "resurrected after ack"
+			case prev.action == "nack" && !prev.ackErr:
 				cause = "nack"
 			case prev.action == "crash":
 				cause = "lease expiry (consumer crashed holding the lease)"
 			case prev.ackErr:
-				cause = "lease expiry (ack failed during the fault)"
+				cause = "lease expiry (ack or nack failed during the fault)"
 			}
 			r.Duplicates[cause]++
 		}
+		if itemResurrected {
+			r.ResurrectedItems++
+		}
 	}
-	for id, s := range w.sent {
+	sentIDs := make([]string, 0, len(h.sent))
+	for id := range h.sent {
+		sentIDs = append(sentIDs, id)
+	}
+	sort.Strings(sentIDs)
+	for _, id := range sentIDs {
+		s := h.sent[id]
 		d, ok := first[id]
 		if !ok {
 			r.Lost++
@@ -84,11 +276,48 @@ func (w *workload) analyze(r *Report, faultAt time.Time) {
 		// Clock granularity and the two timestamps' sources: allow 1 ms.
 		if d.at.Before(s.readyAt.Add(-time.Millisecond)) {
 			r.EarlyDeliveries++
+			if len(r.EarlyExamples) < maxExamples {
+				r.EarlyExamples = append(r.EarlyExamples, fmt.Sprintf(
+					"%s enqueued via %s for %s, delivered via %s at %s (asked at %s)",
+					id, s.router, at(s.readyAt), d.router, at(d.at), at(d.reqStart)))
+			}
 		}
 	}
-	// Priority inversions: for each first delivery, any more urgent item
-	// that had been ready and acknowledged for 5 ms and was delivered only
-	// more than 5 ms later.
+	r.PriorityInversions = inversions(h, first)
+	r.EnqueueErrors = map[string]int{}
+	for c, n := range h.enqErrs {
+		r.EnqueueErrors[c.String()] = n
+	}
+	r.DequeueErrors = map[string]int{}
+	for c, n := range h.deqErrs {
+		r.DequeueErrors[c.String()] = n
+	}
+	rto(r, h, f)
+	isolated(r, h, f, at)
+
+	if r.Lost > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d acknowledged items lost", r.Lost))
+	}
+	if r.EarlyDeliveries > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d items delivered before their deliver_after", r.EarlyDeliveries))
+	}
+	if r.ResurrectedAfterAck > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d deliveries of %d items resurrected after ack", r.ResurrectedAfterAck, r.ResurrectedItems))
+	}
+	if r.NacksUndone > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d deliveries after a nack answered ok without its effect (nack undone)", r.NacksUndone))
+	}
+	if i := r.Isolated; i != nil && i.Total() > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf(
+			"the isolated region %s acknowledged %d writes after the new primary was published (%d enqueues, %d acks, %d nacks)",
+			i.Region, i.Total(), i.Enqueues, i.Acks, i.Nacks))
+	}
+}
+
+// inversions: for each first delivery, any more urgent item that had been
+// ready and acknowledged for 5 ms and was delivered only more than 5 ms
+// later.
+func inversions(h *history, first map[string]delivery) int {
 	type ev struct {
 		at       time.Time
 		priority int32
@@ -99,7 +328,8 @@ func (w *workload) analyze(r *Report, faultAt time.Time) {
 	}
 	sort.Slice(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
 	const slack = 5 * time.Millisecond
-	for id, s := range w.sent {
+	n := 0
+	for id, s := range h.sent {
 		d, ok := first[id]
 		if !ok {
 			continue
@@ -113,23 +343,134 @@ func (w *workload) analyze(r *Report, faultAt time.Time) {
 		lo := sort.Search(len(evs), func(i int) bool { return !evs[i].at.Before(since) })
 		for i := lo; i < len(evs) && evs[i].at.Before(until); i++ {
 			if evs[i].priority > s.priority {
-				r.PriorityInversions++
+				n++
 			}
 		}
 	}
-	r.EnqueueErrors = map[string]int{}
-	for c, n := range w.enqErrs {
-		r.EnqueueErrors[c.String()] = n
+	return n
+}
+
+// rto computes the recovery times (see Report.DequeueRTOMS): per router,
+// the first call sent after the fault that succeeded on a faulted shard.
+func rto(r *Report, h *history, f facts) {
+	firstEnq := map[string]time.Time{}
+	for _, c := range h.enqueues {
+		if c.ok && !c.start.Before(f.faultAt) && f.shards[shardOf(c.id)] {
+			if t, ok := firstEnq[c.router]; !ok || c.end.Before(t) {
+				firstEnq[c.router] = c.end
+			}
+		}
 	}
-	r.DequeueErrors = map[string]int{}
-	for c, n := range w.deqErrs {
-		r.DequeueErrors[c.String()] = n
+	firstDeq := map[string]time.Time{}
+	for _, d := range h.deliveries {
+		// ackErr is false for an ack or nack only when it was answered ok.
+		if d.reqStart.Before(f.faultAt) || !f.shards[shardOf(d.id)] || d.ackErr || d.action == "crash" {
+			continue
+		}
+		if t, seen := firstDeq[d.router]; !seen || d.at.Before(t) {
+			firstDeq[d.router] = d.at
+		}
 	}
-	if r.Lost > 0 {
-		r.Violations = append(r.Violations, fmt.Sprintf("%d acknowledged items lost", r.Lost))
+	ms := func(m map[string]time.Time, router string) int64 {
+		t, ok := m[router]
+		if !ok {
+			return -1
+		}
+		return t.Sub(f.faultAt).Milliseconds()
 	}
-	if r.EarlyDeliveries > 0 {
-		r.Violations = append(r.Violations, fmt.Sprintf("%d items delivered before their deliver_after", r.EarlyDeliveries))
+	r.RTOByRouter = map[string]RTO{}
+	var enq, deq []int64
+	for _, router := range f.routers {
+		x := RTO{EnqueueMS: ms(firstEnq, router), DequeueMS: ms(firstDeq, router)}
+		r.RTOByRouter[router] = x
+		if f.survivors[router] {
+			enq, deq = append(enq, x.EnqueueMS), append(deq, x.DequeueMS)
+		}
+	}
+	r.EnqueueRTOMS, r.DequeueRTOMS = slowest(enq), slowest(deq)
+}
+
+// slowest is the largest RTO, or -1 if one router never recovered or
+// there is none.
+func slowest(v []int64) int64 {
+	if len(v) == 0 || slices.Contains(v, -1) {
+		return -1
+	}
+	return slices.Max(v)
+}
+
+// isolated counts what the partitioned region's router acknowledged
+// between the publication of a new primary and the heal.
+func isolated(r *Report, h *history, f facts, at func(time.Time) string) {
+	if f.isolated == "" {
+		return
+	}
+	iw := &IsolatedWrites{Region: f.isolated, PublishedMS: -1, HealMS: f.healAt.Sub(f.faultAt).Milliseconds()}
+	r.Isolated = iw
+	for _, t := range f.published {
+		if ms := t.Sub(f.faultAt).Milliseconds(); iw.PublishedMS < 0 || ms < iw.PublishedMS {
+			iw.PublishedMS = ms
+		}
+	}
+	in := func(router, id string, end time.Time) bool {
+		p, ok := f.published[shardOf(id)]
+		return router == f.isolated && ok && end.After(p) && !end.After(f.healAt)
+	}
+	afterCut := func(router string, start, end time.Time) bool {
+		return router == f.isolated && start.After(f.cutAt) && !end.After(f.healAt)
+	}
+	cutExample := func(what, id string, start, end time.Time) {
+		if len(iw.SentAfterCutExamples) < maxExamples {
+			iw.SentAfterCutExamples = append(iw.SentAfterCutExamples, fmt.Sprintf("%s of %s sent at %s, answered ok at %s",
+				what, id, at(start), at(end)))
+		}
+	}
+	for _, c := range h.enqueues {
+		if c.ok && afterCut(c.router, c.start, c.end) {
+			iw.SentAfterCut.Enqueues++
+			cutExample("enqueue", c.id, c.start, c.end)
+		}
+	}
+	for _, a := range h.acks {
+		if afterCut(a.router, a.start, a.end) {
+			iw.SentAfterCut.Acks++
+			cutExample("ack", a.id, a.start, a.end)
+		}
+	}
+	for _, n := range h.nacks {
+		if afterCut(n.router, n.start, n.end) {
+			iw.SentAfterCut.Nacks++
+			cutExample("nack", n.id, n.start, n.end)
+		}
+	}
+	example := func(what, id string, end time.Time) {
+		if len(iw.Examples) < maxExamples {
+			iw.Examples = append(iw.Examples, fmt.Sprintf("%s of %s answered ok at %s (new primary published at %s)",
+				what, id, at(end), at(f.published[shardOf(id)])))
+		}
+	}
+	for _, c := range h.enqueues {
+		if c.ok && in(c.router, c.id, c.end) {
+			iw.Enqueues++
+			example("enqueue", c.id, c.end)
+		}
+	}
+	for _, a := range h.acks {
+		if in(a.router, a.id, a.end) {
+			iw.Acks++
+			example("ack", a.id, a.end)
+		}
+	}
+	for _, n := range h.nacks {
+		if in(n.router, n.id, n.end) {
+			iw.Nacks++
+			example("nack", n.id, n.end)
+		}
+	}
+	for _, d := range h.deliveries {
+		if in(d.router, d.id, d.at) {
+			iw.Deliveries++
+		}
 	}
 }
 
@@ -138,12 +479,58 @@ func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", k, v) }
 	fmt.Fprintf(tw, "drill %s: %s\n", r.Scenario, r.Fault)
-	row("dequeue RTO", fmtMS(r.DequeueRTOMS))
-	row("enqueue RTO", fmtMS(r.EnqueueRTOMS))
+	row("routers with clients", strings.Join(r.Routers, ", "))
+	row("faulted shards", fmt.Sprint(r.Shards))
+	if r.FailoverMS < 0 {
+		row("new primary published", "not during the fault")
+	} else {
+		row("new primary published", fmtMS(r.FailoverMS))
+	}
+	row("dequeue RTO (surviving routers)", fmtMS(r.DequeueRTOMS))
+	row("enqueue RTO (surviving routers)", fmtMS(r.EnqueueRTOMS))
+	routers := make([]string, 0, len(r.RTOByRouter))
+	for k := range r.RTOByRouter {
+		routers = append(routers, k)
+	}
+	sort.Strings(routers)
+	for _, k := range routers {
+		x := r.RTOByRouter[k]
+		row("  via "+k, fmt.Sprintf("dequeue %s, enqueue %s", fmtMS(x.DequeueMS), fmtMS(x.EnqueueMS)))
+	}
 	row("acknowledged enqueues", r.Acknowledged)
 	row("delivered (distinct)", r.Delivered)
+	row("acks / nacks answered ok", fmt.Sprintf("%d / %d", r.AcksOK, r.NacksOK))
 	row("lost (must be 0)", r.Lost)
+	row("resurrected after ack (must be 0)", fmt.Sprintf("%d deliveries of %d items", r.ResurrectedAfterAck, r.ResurrectedItems))
+	for _, e := range r.ResurrectedExamples {
+		row("", e)
+	}
+	row("nacks undone (must be 0)", r.NacksUndone)
+	for _, e := range r.NacksUndoneExamples {
+		row("", e)
+	}
+	if i := r.Isolated; i != nil {
+		if i.PublishedMS < 0 {
+			row("writes acked by isolated "+i.Region, "not checked: no new primary was published during the fault")
+		} else {
+			row("writes acked by isolated "+i.Region+" (must be 0)", fmt.Sprintf(
+				"%d (enqueues %d, acks %d, nacks %d) between publication at %s and heal at %s; %d deliveries there",
+				i.Total(), i.Enqueues, i.Acks, i.Nacks, fmtMS(i.PublishedMS), fmtMS(i.HealMS), i.Deliveries))
+		}
+		for _, e := range i.Examples {
+			row("", e)
+		}
+		c := i.SentAfterCut
+		row("writes sent to isolated "+i.Region+" after the cut, acked ok", fmt.Sprintf(
+			"%d (enqueues %d, acks %d, nacks %d): with semi-sync that never falls back to async, 0", c.Total(), c.Enqueues, c.Acks, c.Nacks))
+		for _, e := range i.SentAfterCutExamples {
+			row("", e)
+		}
+	}
 	row("early deliveries (must be 0)", r.EarlyDeliveries)
+	for _, e := range r.EarlyExamples {
+		row("", e)
+	}
 	row("duplicates", fmtCounts(r.Duplicates))
 	row("priority inversions (ready >= 5 ms)", r.PriorityInversions)
 	row("enqueue errors during the fault", fmtCounts(r.EnqueueErrors))
@@ -155,6 +542,9 @@ func (r *Report) Print(w io.Writer) {
 	if r.OldPrimary != "" {
 		row("old primary", r.OldPrimary)
 	}
+	if r.HealError != "" {
+		row("heal", "FAILED: "+r.HealError)
+	}
 	if len(r.Violations) == 0 {
 		row("result", "PASS")
 	} else {
@@ -165,7 +555,7 @@ func (r *Report) Print(w io.Writer) {
 
 func fmtMS(ms int64) string {
 	if ms < 0 {
-		return "no successful call after the fault"
+		return "never"
 	}
 	return (time.Duration(ms) * time.Millisecond).String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,84 +15,136 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing/itemid"
 )
+
+// nackKey is the metadata key every drill nack sets to its sequence
+// number. A nack merges metadata into the item, so every later delivery
+// must carry the sequence of the last nack answered ok before that
+// delivery was asked for, or a higher one; an older value means the nack
+// was undone (it was written where a failover threw it away).
+const nackKey = "drill_nack"
 
 // sent is an item the workload enqueued and Triage acknowledged.
 type sent struct {
 	id       string
 	priority int32
+	router   string    // region of the router that acknowledged it
 	readyAt  time.Time // deliver_after as asked
 	ackedAt  time.Time // when the enqueue was acknowledged
+}
+
+// call is one Enqueue the workload made, answered ok or not.
+type call struct {
+	router     string
+	start, end time.Time
+	ok         bool
+	id         string // the item's ID when ok
 }
 
 // delivery is one dequeue of an item.
 type delivery struct {
 	id       string
+	router   string    // region of the router that delivered it
+	reqStart time.Time // when the Dequeue that returned it was sent
+	at       time.Time // when that Dequeue was answered
 	priority int32
-	at       time.Time
 	attempts int32
+	nackSeq  int64  // metadata drill_nack as delivered; 0 when absent
 	action   string // "ack", "nack", "crash" (kept the lease, never answered)
-	ackErr   bool
+	ackErr   bool   // the ack or nack was not answered ok
 }
 
-// workload produces and consumes through one router while a fault runs.
-type workload struct {
+// settle is an ack or a nack answered ok.
+type settle struct {
+	id         string
+	router     string
+	start, end time.Time
+	nackSeq    int64         // nacks: the drill_nack value it set
+	delay      time.Duration // nacks: the redelivery delay asked for
+}
+
+// history is everything the workload saw: the input of analyze.
+type history struct {
+	sent       map[string]*sent // acknowledged enqueues by item ID
+	enqueues   []call
+	deliveries []delivery
+	acks       []settle
+	nacks      []settle
+	enqErrs    map[codes.Code]int
+	deqErrs    map[codes.Code]int
+}
+
+func newHistory() history {
+	return history{sent: map[string]*sent{}, enqErrs: map[codes.Code]int{}, deqErrs: map[codes.Code]int{}}
+}
+
+// client is one router the workload talks to.
+type client struct {
+	region string
 	q      triagev1.QueueClient
+}
+
+// workload produces and consumes through several routers while a fault
+// runs, and records every call and its answer.
+type workload struct {
 	ns     string
 	topic  string
-	region string
+	region string // region preference of every request: the faulted region
 	lease  time.Duration
 	run    string
 
-	mu         sync.Mutex
-	sent       map[string]*sent // by item ID
-	deliveries []delivery
-	enqErrs    map[codes.Code]int
-	deqErrs    map[codes.Code]int
-	lastEnqOK  atomic.Int64 // unix nanos
-	lastDeqOK  atomic.Int64
-	seq        atomic.Int64
+	mu   sync.Mutex
+	h    history
+	seq  atomic.Int64
+	nack atomic.Int64
 }
 
-func newWorkload(q triagev1.QueueClient, ns, topic, region string, lease time.Duration) *workload {
-	return &workload{q: q, ns: ns, topic: topic, region: region, lease: lease,
-		run: fmt.Sprintf("%x", time.Now().UnixNano()), sent: map[string]*sent{},
-		enqErrs: map[codes.Code]int{}, deqErrs: map[codes.Code]int{}}
+func newWorkload(ns, topic, region string, lease time.Duration) *workload {
+	return &workload{ns: ns, topic: topic, region: region, lease: lease,
+		run: fmt.Sprintf("%x", time.Now().UnixNano()), h: newHistory()}
 }
 
 // produce enqueues one item at a time with a dedup key and retries the
 // same key until it is acknowledged, as an idempotent producer does.
-func (w *workload) produce(ctx context.Context, rng *rand.Rand) {
+func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
 	for ctx.Err() == nil {
 		n := w.seq.Add(1)
-		key := fmt.Sprintf("drill-%s-%d", w.run, n)
+		key := fmt.Sprintf("drill-%s-%s-%d", w.run, c.region, n)
 		prio := int32(rng.IntN(4))
 		var delay time.Duration
 		if rng.IntN(5) == 0 {
 			delay = time.Duration(rng.IntN(1500)) * time.Millisecond
 		}
+		// One deliver_after for every attempt: an attempt that timed out may
+		// have stored the item, and a retry is answered with that item.
+		ready := time.Now().Add(delay)
 		for ctx.Err() == nil {
-			ready := time.Now().Add(delay)
+			start := time.Now()
 			item := &triagev1.NewItem{Priority: prio, DedupKey: key, Payload: []byte(key)}
 			if delay > 0 {
 				item.DeliverAfter = timestamppb.New(ready)
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			resp, err := w.q.Enqueue(rctx, &triagev1.EnqueueRequest{Namespace: w.ns, Topic: w.topic, Region: w.region, Items: []*triagev1.NewItem{item}})
+			resp, err := c.q.Enqueue(rctx, &triagev1.EnqueueRequest{Namespace: w.ns, Topic: w.topic, Region: w.region, Items: []*triagev1.NewItem{item}})
 			cancel()
+			end := time.Now()
 			if err != nil {
+				if ctx.Err() != nil {
+					return // cancelled by the drill, not answered by Triage
+				}
 				w.mu.Lock()
-				w.enqErrs[status.Code(err)]++
+				w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end})
+				w.h.enqErrs[status.Code(err)]++
 				w.mu.Unlock()
 				sleep(ctx, 100*time.Millisecond)
 				continue
 			}
-			now := time.Now()
-			w.lastEnqOK.Store(now.UnixNano())
 			r := resp.Results[0]
 			w.mu.Lock()
-			if _, dup := w.sent[r.Id]; !dup {
-				w.sent[r.Id] = &sent{id: r.Id, priority: prio, readyAt: ready, ackedAt: now}
+			w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end, ok: true, id: r.Id})
+			if _, dup := w.h.sent[r.Id]; !dup {
+				w.h.sent[r.Id] = &sent{id: r.Id, priority: prio, router: c.region, readyAt: ready, ackedAt: end}
 			}
 			w.mu.Unlock()
 			break
@@ -100,65 +153,119 @@ func (w *workload) produce(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-// consume dequeues and acks most items, nacks some, and "crashes" on a
-// few: keeps the lease and never answers, so they come back when it lapses.
-func (w *workload) consume(ctx context.Context, rng *rand.Rand, crashes bool) {
+// consume dequeues and acks most items as they arrive, nacks some (with
+// a short delay and a drill_nack sequence in metadata), and "crashes" on
+// a few: keeps the lease and never answers, so they come back when it
+// lapses.
+func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashes bool) {
 	for ctx.Err() == nil {
+		start := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := w.q.Dequeue(rctx, &triagev1.DequeueRequest{Namespace: w.ns, Region: w.region,
+		resp, err := c.q.Dequeue(rctx, &triagev1.DequeueRequest{Namespace: w.ns, Region: w.region,
 			Topics: []*triagev1.TopicCount{{Topic: w.topic, Count: 10}}, LeaseDuration: durationpb.New(w.lease),
 			Wait: durationpb.New(500 * time.Millisecond)})
 		cancel()
+		now := time.Now()
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			w.mu.Lock()
-			w.deqErrs[status.Code(err)]++
+			w.h.deqErrs[status.Code(err)]++
 			w.mu.Unlock()
 			sleep(ctx, 100*time.Millisecond)
 			continue
 		}
-		if len(resp.Items) > 0 {
-			w.lastDeqOK.Store(time.Now().UnixNano())
-		}
-		now := time.Now()
 		var acks []*triagev1.LeaseRef
 		var nacks []*triagev1.NackItem
+		nackSeq := map[string]int64{}
 		var ds []delivery
 		for _, it := range resp.Items {
-			d := delivery{id: it.Id, priority: it.Priority, at: now, attempts: it.Attempts, action: "ack"}
+			seq, _ := strconv.ParseInt(it.Metadata[nackKey], 10, 64)
+			d := delivery{id: it.Id, router: c.region, reqStart: start, at: now, priority: it.Priority,
+				attempts: it.Attempts, nackSeq: seq, action: "ack"}
 			switch r := rng.IntN(20); {
 			case crashes && r == 0:
 				d.action = "crash"
 			case r <= 2:
 				d.action = "nack"
-				nacks = append(nacks, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(0), Error: "drill nack"})
+				s := w.nack.Add(1)
+				nackSeq[it.Id] = s
+				delay := time.Duration(rng.IntN(1000)) * time.Millisecond
+				nacks = append(nacks, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(delay),
+					Error: "drill nack", Metadata: map[string]string{nackKey: strconv.FormatInt(s, 10)}})
 			default:
 				acks = append(acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
 			}
 			ds = append(ds, d)
 		}
 		failed := map[string]bool{}
+		var settled []settle
 		if len(acks) > 0 {
+			s := time.Now()
 			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := w.q.Ack(actx, &triagev1.AckRequest{Namespace: w.ns, Acks: acks})
+			res, err := c.q.Ack(actx, &triagev1.AckRequest{Namespace: w.ns, Acks: acks})
 			cancel()
+			e := time.Now()
 			for i, a := range acks {
-				if err != nil || !res.Results[i].Ok {
+				if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
 					failed[a.Id] = true
+					continue
 				}
+				settled = append(settled, settle{id: a.Id, router: c.region, start: s, end: e})
 			}
 		}
+		var nacked []settle
 		if len(nacks) > 0 {
+			s := time.Now()
 			nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, _ = w.q.Nack(nctx, &triagev1.NackRequest{Namespace: w.ns, Nacks: nacks})
+			res, err := c.q.Nack(nctx, &triagev1.NackRequest{Namespace: w.ns, Nacks: nacks})
 			cancel()
+			e := time.Now()
+			for i, n := range nacks {
+				if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
+					failed[n.Id] = true
+					continue
+				}
+				nacked = append(nacked, settle{id: n.Id, router: c.region, start: s, end: e,
+					nackSeq: nackSeq[n.Id], delay: n.Delay.AsDuration()})
+			}
 		}
 		w.mu.Lock()
 		for _, d := range ds {
 			d.ackErr = failed[d.id]
-			w.deliveries = append(w.deliveries, d)
+			w.h.deliveries = append(w.h.deliveries, d)
 		}
+		w.h.acks = append(w.h.acks, settled...)
+		w.h.nacks = append(w.h.nacks, nacked...)
 		w.mu.Unlock()
 	}
+}
+
+// undelivered counts acknowledged items not delivered yet.
+func (w *workload) undelivered() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seen := make(map[string]bool, len(w.h.deliveries))
+	for _, d := range w.h.deliveries {
+		seen[d.id] = true
+	}
+	n := 0
+	for id := range w.h.sent {
+		if !seen[id] {
+			n++
+		}
+	}
+	return n
+}
+
+// shardOf is the shard an item ID names; 0 if it names none.
+func shardOf(id string) uint32 {
+	p, err := itemid.Parse(id)
+	if err != nil {
+		return 0
+	}
+	return p.Shard
 }
 
 func sleep(ctx context.Context, d time.Duration) {

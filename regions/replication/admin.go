@@ -185,14 +185,22 @@ type SemiSync struct {
 	// WaitPoint is AFTER_SYNC when configured by EnableSemiSync.
 	WaitPoint string
 	// Timeout is how long a commit waits for a replica's acknowledgement
-	// before the primary falls back to asynchronous replication.
+	// before the primary falls back to asynchronous replication. NoFallback
+	// (as EnableSemiSync sets it) means never.
 	Timeout time.Duration
+	// WaitNoReplica is rpl_semi_sync_master_wait_no_slave: commits keep
+	// waiting while no replica is connected. ON with NoFallback, so a
+	// primary that lost every replica commits nothing.
+	WaitNoReplica bool
 	// Active is Rpl_semi_sync_master_status: whether commits currently wait
 	// for acknowledgements. It turns OFF silently after a timeout and back
 	// ON once a semi-sync replica has caught up.
 	Active bool
 	// Clients is the number of connected semi-sync replicas.
 	Clients int
+	// WaitSessions is Rpl_semi_sync_master_wait_sessions: commits waiting
+	// for an acknowledgement right now.
+	WaitSessions int
 	// YesTx and NoTx count commits acknowledged by a replica and commits
 	// that gave up waiting (acknowledged to the client with no replica
 	// having them) since the server started.
@@ -207,23 +215,36 @@ type SemiSync struct {
 // without any replica having them, and a failover now can lose them.
 func (s SemiSync) FellBack() bool { return s.PrimaryEnabled && !s.Active }
 
+// Blocked reports what the other alarm watches: a semi-sync primary with no
+// replica connected. With NoFallback its commits wait until a replica comes
+// back (callers see their own deadline expire, never OK), which is the
+// price of never acknowledging a write that only this server has.
+func (s SemiSync) Blocked() bool { return s.PrimaryEnabled && s.Clients == 0 }
+
+// NoFallback is the semi-sync timeout EnableSemiSync uses: a century, so
+// a primary never falls back to asynchronous replication and never
+// acknowledges a commit that no replica has. MariaDB has no "off" value
+// for the fallback; a timeout nobody lives to see is the same.
+const NoFallback = 100 * 365 * 24 * time.Hour
+
 // EnableSemiSync configures semi-synchronous replication for the server's
 // role: the primary waits, after syncing its binary log and before
 // committing in InnoDB (AFTER_SYNC, so no other session sees a transaction
-// a failover could lose), up to timeout for one replica's acknowledgement;
-// a replica acknowledges. Both get the wait point and timeout, so a
-// promoted replica needs only EnableSemiSync(ctx, true, timeout).
+// a failover could lose), for one replica's acknowledgement; a replica
+// acknowledges. The primary never falls back to asynchronous replication:
+// the timeout is NoFallback and rpl_semi_sync_master_wait_no_slave is ON,
+// so a primary cut off from every replica completes no commit (its
+// clients time out; nothing is acknowledged that a failover could lose).
+// Both roles get the same settings, so a promoted replica needs only
+// EnableSemiSync(ctx, true).
 //
 // A replica's setting takes effect when its IO thread connects, so a
 // running IO thread is restarted here. It is not restarted when the SQL
 // thread is stopped, because starting a thread of a fully stopped replica
 // discards its relay log; the setting then applies at the next START SLAVE.
-func (a *Admin) EnableSemiSync(ctx context.Context, primary bool, timeout time.Duration) error {
-	if timeout < time.Millisecond {
-		return fmt.Errorf("replication: semi-sync timeout %v: want at least 1ms", timeout)
-	}
+func (a *Admin) EnableSemiSync(ctx context.Context, primary bool) error {
 	return a.session(ctx, func(c *sql.Conn) error {
-		if err := a.exec(ctx, c, "configure semi-sync", a.flavor.SemiSync(primary, timeout)...); err != nil {
+		if err := a.exec(ctx, c, "configure semi-sync", a.flavor.SemiSync(primary, NoFallback)...); err != nil {
 			return err
 		}
 		if primary {
@@ -276,9 +297,11 @@ func (a *Admin) semiSync(ctx context.Context, q queryer) (SemiSync, error) {
 	s.PrimaryEnabled = vars[n.SemiSyncPrimaryEnabled] == "ON"
 	s.ReplicaEnabled = vars[n.SemiSyncReplicaEnabled] == "ON"
 	s.WaitPoint = vars[n.SemiSyncWaitPoint]
+	s.WaitNoReplica = vars[n.SemiSyncWaitNoReplica] == "ON"
 	s.Timeout = time.Duration(num(vars, n.SemiSyncTimeout)) * time.Millisecond
 	s.Active = status[n.SemiSyncActive] == "ON"
 	s.Clients = int(num(status, n.SemiSyncClients))
+	s.WaitSessions = int(num(status, n.SemiSyncWaitSessions))
 	s.YesTx = num(status, n.SemiSyncYesTx)
 	s.NoTx = num(status, n.SemiSyncNoTx)
 	s.ReplicaActive = status[n.SemiSyncReplicaActive] == "ON"

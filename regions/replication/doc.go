@@ -16,16 +16,20 @@
 //  1. [Admin.EnsureUsers] on every server: the replication account and the
 //     application account, which lacks SUPER and READ ONLY ADMIN so that
 //     read_only fences it.
-//  2. [Admin.EnableSemiSync] with primary=true on the primary and false on
-//     each replica: the primary waits AFTER_SYNC for one replica's
-//     acknowledgement, up to a timeout.
+//  2. [Admin.EnableSemiSync] with primary=true on the primary: it waits
+//     AFTER_SYNC for one replica's acknowledgement, with no fallback to
+//     asynchronous replication ([NoFallback] timeout, wait_no_slave=ON).
+//     Triage runs a replica in each other region (three regions: two), so
+//     one dead replica costs no commit anything, and a primary cut off from
+//     both completes no commit: its clients see their own deadline expire,
+//     never OK, and nothing it acknowledged can be lost by a failover.
 //  3. [Admin.ReplicateFrom] the primary on each replica (read_only=1 first,
-//     MASTER_USE_GTID=slave_pos).
-//  4. Alarm: poll [Admin.SemiSyncStatus] on the primary. [SemiSync.FellBack]
-//     (enabled but OFF) means MariaDB silently fell back to asynchronous
-//     replication after a timeout: commits are acknowledged to clients that
-//     no replica has, and a failover now loses them. Clients below the
-//     number of replicas is the early warning.
+//     MASTER_USE_GTID=slave_pos, semi-sync as a replica).
+//  4. Alarms: poll [Admin.SemiSyncStatus] on the primary. [SemiSync.Blocked]
+//     (no replica connected) means commits are waiting and writers time
+//     out; [SemiSync.FellBack] (enabled but OFF) can only come from someone
+//     changing the settings, and means commits are acknowledged that no
+//     replica has.
 //
 // # Failover
 //
@@ -43,8 +47,8 @@
 //  3. [Admin.Promote] the winner: STOP SLAVE IO_THREAD, MASTER_GTID_WAIT
 //     for Gtid_IO_Pos (the relay log is applied), STOP SLAVE, RESET SLAVE
 //     ALL, read_only=0. It returns the GTID position it reached.
-//  4. EnableSemiSync(ctx, true, timeout) on the new primary, ReplicateFrom
-//     it on the other replicas (a replica's leftover relay log from the old
+//  4. (Promote has turned semi-sync on as a primary before read_only=0.)
+//     ReplicateFrom it on the other replicas (a replica's leftover relay log from the old
 //     primary is discarded and fetched again from the new one, which has
 //     it), publish the new shard map.
 //
@@ -57,8 +61,8 @@
 // InnoDB, and answers the client, only after a replica has written the
 // transaction to its relay log. The most advanced replica therefore has
 // every acknowledged transaction, and Promote applies them before it takes
-// writes. The guarantee has two holes, both outside this package: semi-sync
-// falling back to async (hence the alarm), and the acknowledging replica
+// writes. Semi-sync never falls back to async ([NoFallback]). The guarantee
+// keeps one hole, outside this package: the acknowledging replica
 // crashing together with the primary, because a replica acknowledges
 // before syncing its relay log (sync_relay_log) and, in GTID mode,
 // discards its relay log on restart anyway.
@@ -86,8 +90,9 @@
 //     ([ErrLocalTransactions]) so a deposed primary cannot slip past the
 //     rule.
 //
-// If the old primary holds transactions the new one never received (it
-// committed them after semi-sync fell back to async), its IO thread stops
+// If the old primary holds transactions the new one never received (an
+// operator turned semi-sync off, or a commit that had waited for a replica
+// the failover then did not promote), its IO thread stops
 // with error 1236 ("diverged"), visible in [Admin.Status]: rebuild it from
 // a copy of the new primary.
 //
@@ -131,9 +136,9 @@
 //     thread still runs, or what it received from a dead primary is gone.
 //   - rpl_semi_sync_slave_enabled takes effect when the IO thread connects,
 //     so EnableSemiSync restarts a running IO thread.
-//   - A primary that fell back to async turns semi-sync back on only at the
-//     first commit acknowledged after a replica caught up, not when the
-//     replica reconnects.
+//   - With rpl_semi_sync_master_wait_no_slave=ON and the NoFallback timeout,
+//     a primary whose replicas are all gone keeps semi-sync ON and holds
+//     each commit until a returning replica acknowledges it.
 //   - The primary notices a dead replica only when it next writes to it, so
 //     ChangePrimary sets MASTER_HEARTBEAT_PERIOD=1 to keep
 //     Rpl_semi_sync_master_clients current.

@@ -74,6 +74,12 @@ func (a *Admin) replicate(ctx context.Context, primaryAddr string, repl Credenti
 		if err := a.exec(ctx, c, "point replica at "+primaryAddr, f.ChangePrimary(host, port, repl, demote)); err != nil {
 			return err
 		}
+		// A replica acknowledges and never waits for acknowledgements: a
+		// deposed primary keeping rpl_semi_sync_master_enabled would make
+		// its applier wait, with no fallback, for replicas it has none of.
+		if err := a.exec(ctx, c, "semi-sync as a replica", f.SemiSync(false, NoFallback)...); err != nil {
+			return err
+		}
 		return a.exec(ctx, c, "start replica", f.StartReplica())
 	})
 }
@@ -83,8 +89,10 @@ func (a *Admin) replicate(ctx context.Context, primaryAddr string, repl Credenti
 // MASTER_GTID_WAIT(<Gtid_IO_Pos>, timeout) until the SQL thread has applied
 // the relay log, then STOP SLAVE, RESET SLAVE ALL and read_only=0. It
 // returns @@gtid_current_pos as promoted: every transaction the replica
-// received. Choose the replica with MostAdvanced, fence the old primary
-// first, and call EnableSemiSync(ctx, true, ...) afterwards.
+// received. Choose the replica with MostAdvanced and fence the old primary
+// first. Semi-sync as a primary (no async fallback) is on before
+// read_only=0, so the first application commit already waits for a
+// replica: repoint the others with ReplicateFrom.
 //
 // A stopped SQL thread without an error is started first, while the IO
 // thread still runs: once both threads are stopped, MariaDB in GTID mode
@@ -143,6 +151,12 @@ func (a *Admin) Promote(ctx context.Context, timeout time.Duration) (gtid string
 				ErrRelayLogNotApplied, a.addr, now.SlavePos, target, timeout, now.SQLRunning, now.LastSQLErrno, now.LastSQLError)
 		}
 		if err := a.exec(ctx, c, "detach from old primary", f.StopReplica(), f.ResetReplicaAll()); err != nil {
+			return err
+		}
+		// Semi-sync as a primary before the first application write can
+		// land: no commit of the new primary is ever acknowledged before a
+		// replica has it.
+		if err := a.exec(ctx, c, "semi-sync as a primary", f.SemiSync(true, NoFallback)...); err != nil {
 			return err
 		}
 		if err := a.exec(ctx, c, "unfence (read_only=0)", f.SetReadOnly(false)); err != nil {
@@ -237,4 +251,51 @@ func RejoinArgs() []string {
 		"--skip-slave-start",
 		"--rpl-semi-sync-slave-enabled=ON",
 	}
+}
+
+// WaitApplied waits, up to timeout, until the server has applied every
+// transaction of pos (MASTER_GTID_WAIT), e.g. the gtid_binlog_pos of a
+// primary that was just made read-only, so that promoting this server
+// loses nothing the old primary acknowledged. It returns
+// ErrRelayLogNotApplied, with both positions, when the time runs out.
+func (a *Admin) WaitApplied(ctx context.Context, pos GTIDList, timeout time.Duration) error {
+	if timeout <= 0 {
+		return fmt.Errorf("replication: WaitApplied timeout %v: want more than 0", timeout)
+	}
+	var reached sql.NullInt64
+	if err := a.db.QueryRowContext(ctx, a.flavor.WaitForPosition(), pos.String(), timeout.Seconds()).Scan(&reached); err != nil {
+		return fmt.Errorf("replication: wait for %s to apply %s: %w", a.addr, pos, err)
+	}
+	if !reached.Valid || reached.Int64 != 0 {
+		now, _ := a.Status(ctx)
+		return fmt.Errorf("%w: %s applied up to %s, not %s, within %v (IO thread %q, last IO error %d: %s)",
+			ErrRelayLogNotApplied, a.addr, now.SlavePos, pos, timeout, now.IORunning, now.LastIOErrno, now.LastIOError)
+	}
+	return nil
+}
+
+// StopReceiving stops the replica's IO thread, leaving its SQL thread to
+// apply what it received. Done on every replica of a shard whose primary
+// cannot be reached, it fences that primary from the replica side: with
+// semi-sync and no async fallback, a primary no replica receives from can
+// complete no commit, and the replicas' received positions are final, so
+// MostAdvanced ranks them for good. A server that replicates from nobody
+// is left alone.
+func (a *Admin) StopReceiving(ctx context.Context) error {
+	st, err := a.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Role != RoleReplica {
+		return nil
+	}
+	return a.session(ctx, func(c *sql.Conn) error {
+		if !st.SQLRunning && st.IOThreadRunning() && st.LastSQLErrno == 0 {
+			// Start the applier while the IO thread still runs (see Promote).
+			if err := a.exec(ctx, c, "start SQL thread", a.flavor.StartReplicaSQL()); err != nil {
+				return err
+			}
+		}
+		return a.exec(ctx, c, "stop IO thread", a.flavor.StopReplicaIO())
+	})
 }

@@ -28,7 +28,10 @@ type Flavor interface {
 	// the privilege to bypass read_only.
 	SetReadOnly(on bool) string
 	// SemiSync returns the statements that configure semi-synchronous
-	// replication for a server in the given role.
+	// replication for a server in the given role, with the primary's wait
+	// for an acknowledgement bounded by timeout and kept up with no
+	// replica connected (never a fallback to asynchronous replication when
+	// timeout is NoFallback).
 	SemiSync(primary bool, timeout time.Duration) []string
 	// SemiSyncVariables and SemiSyncStatus are queries returning
 	// (name, value) rows, read by Names.
@@ -69,8 +72,10 @@ type Names struct {
 	PrimaryHost, PrimaryPort                             string
 	// Variables from SemiSyncVariables.
 	SemiSyncPrimaryEnabled, SemiSyncReplicaEnabled, SemiSyncWaitPoint, SemiSyncTimeout string
+	SemiSyncWaitNoReplica                                                              string
 	// Status counters from SemiSyncStatus.
 	SemiSyncActive, SemiSyncClients, SemiSyncYesTx, SemiSyncNoTx, SemiSyncReplicaActive string
+	SemiSyncWaitSessions                                                                string
 }
 
 // MariaDB is the flavor of MariaDB 10.11 and later (MASTER_DEMOTE_TO_SLAVE
@@ -130,9 +135,12 @@ func (mariaDB) SetReadOnly(on bool) string {
 func (mariaDB) SemiSync(primary bool, timeout time.Duration) []string {
 	// Both roles get the wait point and timeout so that a replica is ready
 	// the moment it is promoted; the wait point is set before enabling.
+	// wait_no_slave=ON keeps commits waiting when no replica is connected
+	// at all, instead of turning semi-sync off at once.
 	return []string{
 		"SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC'",
 		"SET GLOBAL rpl_semi_sync_master_timeout = " + strconv.FormatInt(timeout.Milliseconds(), 10),
+		"SET GLOBAL rpl_semi_sync_master_wait_no_slave = ON",
 		"SET GLOBAL rpl_semi_sync_master_enabled = " + onOff(primary),
 		"SET GLOBAL rpl_semi_sync_slave_enabled = " + onOff(!primary),
 	}
@@ -188,6 +196,8 @@ func (mariaDB) Names() Names {
 		SemiSyncReplicaEnabled: "rpl_semi_sync_slave_enabled",
 		SemiSyncWaitPoint:      "rpl_semi_sync_master_wait_point",
 		SemiSyncTimeout:        "rpl_semi_sync_master_timeout",
+		SemiSyncWaitNoReplica:  "rpl_semi_sync_master_wait_no_slave",
+		SemiSyncWaitSessions:   "Rpl_semi_sync_master_wait_sessions",
 		SemiSyncActive:         "Rpl_semi_sync_master_status",
 		SemiSyncClients:        "Rpl_semi_sync_master_clients",
 		SemiSyncYesTx:          "Rpl_semi_sync_master_yes_tx",

@@ -108,10 +108,10 @@ type bundle struct {
 }
 
 // setup starts a primary and n-1 replicas the way the controller bootstraps
-// a shard: accounts on every server, semi-sync with the given timeout,
+// a shard: accounts on every server, semi-sync without async fallback,
 // replicas pointed at the primary, and a triage.items table created on the
 // primary and replicated.
-func setup(t *testing.T, n int, semiSyncTimeout time.Duration) bundle {
+func setup(t *testing.T, n int) bundle {
 	t.Helper()
 	ctx := t.Context()
 	nodes := startNodes(t, n)
@@ -119,9 +119,9 @@ func setup(t *testing.T, n int, semiSyncTimeout time.Duration) bundle {
 	for _, nd := range nodes {
 		require.NoError(t, nd.admin.EnsureUsers(ctx, repl, app))
 	}
-	require.NoError(t, b.primary.admin.EnableSemiSync(ctx, true, semiSyncTimeout))
+	require.NoError(t, b.primary.admin.EnableSemiSync(ctx, true))
 	for _, r := range b.replicas {
-		require.NoError(t, r.admin.EnableSemiSync(ctx, false, semiSyncTimeout))
+		require.NoError(t, r.admin.EnableSemiSync(ctx, false))
 		require.NoError(t, r.admin.ReplicateFrom(ctx, b.primary.srv.Addr(), repl))
 	}
 	waitSemiSyncClients(t, b.primary, n-1)
@@ -268,7 +268,7 @@ func rootNoBinlog(t *testing.T, n *node, stmts ...string) {
 func TestSemiSyncReplicaFollowsAndIsFenced(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	b := setup(t, 2, 10*time.Second)
+	b := setup(t, 2)
 	p, r := b.primary, b.replicas[0]
 
 	// Someone once gave the application account privileges that bypass
@@ -286,7 +286,8 @@ func TestSemiSyncReplicaFollowsAndIsFenced(t *testing.T) {
 	require.False(t, ss.FellBack())
 	require.Equal(t, 1, ss.Clients)
 	require.Equal(t, "AFTER_SYNC", ss.WaitPoint)
-	require.Equal(t, 10*time.Second, ss.Timeout)
+	require.Equal(t, replication.NoFallback, ss.Timeout, "no fallback to async")
+	require.True(t, ss.WaitNoReplica, "commits wait even with no replica connected")
 	require.GreaterOrEqual(t, ss.YesTx, uint64(13), "2 DDL + 1 DDL + 10 rows acknowledged")
 	require.Zero(t, ss.NoTx, "no commit went unacknowledged")
 	rs := semiSync(t, r)
@@ -336,7 +337,7 @@ func TestSemiSyncReplicaFollowsAndIsFenced(t *testing.T) {
 func TestBinloggedAdminStatementBreaksReplica(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	b := setup(t, 2, 10*time.Second)
+	b := setup(t, 2)
 	p, r := b.primary, b.replicas[0]
 
 	exec(t, r.root, "CREATE USER 'oops'@'%' IDENTIFIED BY 'x'") // root passes read_only
@@ -353,57 +354,6 @@ func TestBinloggedAdminStatementBreaksReplica(t *testing.T) {
 	require.ErrorContains(t, err, "1950")
 }
 
-// Test 2: when its only semi-sync replica dies, the primary waits for the
-// timeout, then commits anyway and reports semi-sync OFF: the silent
-// fallback to async that the alarm watches. It comes back ON once a
-// semi-sync replica has caught up and acknowledged a commit.
-func TestSemiSyncFallsBackToAsyncWhenReplicaDies(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	const timeout = 500 * time.Millisecond
-	b := setup(t, 2, timeout)
-	p, r := b.primary, b.replicas[0]
-	appP := p.appDB(t)
-	insert(t, appP, 1, 1)
-	require.False(t, semiSync(t, p).FellBack())
-
-	require.NoError(t, r.srv.Kill())
-	start := time.Now()
-	insert(t, appP, 2, 2)
-	// The lower bound is what matters: a commit that returned sooner would
-	// not have waited for an acknowledgement at all.
-	require.GreaterOrEqual(t, time.Since(start), timeout-50*time.Millisecond, "the commit waited for an acknowledgement")
-
-	ss := semiSync(t, p)
-	require.False(t, ss.Active)
-	require.True(t, ss.FellBack(), "the alarm condition")
-	require.GreaterOrEqual(t, ss.NoTx, uint64(1), "row 2 was acknowledged with no replica having it")
-	waitSemiSyncClients(t, p, 0)
-
-	// The replica returns (restarted on its data; it resumes replicating
-	// from its saved configuration, but as an async replica, because
-	// rpl_semi_sync_slave_enabled was a runtime setting).
-	srv, err := mariadb.Start(ctx, r.srv.Config())
-	require.NoError(t, err)
-	stopAtCleanup(t, srv)
-	back := attach(t, srv)
-	require.NoError(t, back.admin.EnableSemiSync(ctx, false, timeout))
-	waitIDs(t, back, span(1, 2))
-	// Semi-sync switches back on at the first commit acknowledged after the
-	// replica caught up, so the alarm clears with the next write.
-	next := 3
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		_, err := appP.ExecContext(ctx, "INSERT INTO items (id) VALUES (?)", next)
-		if !assert.NoError(c, err) {
-			return
-		}
-		next++
-		ss, err := p.admin.SemiSyncStatus(ctx)
-		assert.NoError(c, err)
-		assert.False(c, ss.FellBack(), "semi-sync active again: %+v", ss)
-	}, waitFor, 100*time.Millisecond)
-}
-
 // Test 3: failover and rejoin. Primary p with replicas r1 and r2 under
 // semi-sync. r1 receives everything but its applier is stalled; r2 applies
 // everything it receives but stops receiving early; a last write is in
@@ -414,7 +364,7 @@ func TestSemiSyncFallsBackToAsyncWhenReplicaDies(t *testing.T) {
 func TestFailoverPromotesMostAdvancedAndRejoinsOldPrimary(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	b := setup(t, 3, 20*time.Second)
+	b := setup(t, 3)
 	p, r1, r2 := b.primary, b.replicas[0], b.replicas[1]
 	appP := p.appDB(t)
 
@@ -516,7 +466,7 @@ func TestFailoverPromotesMostAdvancedAndRejoinsOldPrimary(t *testing.T) {
 	require.ErrorIs(t, err, replication.ErrNotReplica, "promoting twice is refused, not unfencing")
 
 	// The new primary takes application writes; r2 follows it and catches up.
-	require.NoError(t, r1.admin.EnableSemiSync(ctx, true, 5*time.Second))
+	require.NoError(t, r1.admin.EnableSemiSync(ctx, true))
 	require.NoError(t, r2.admin.ReplicateFrom(ctx, r1.srv.Addr(), repl))
 	waitSemiSyncClients(t, r1, 1)
 	insert(t, r1.appDB(t), 61, 70)
@@ -554,4 +504,62 @@ func TestFailoverPromotesMostAdvancedAndRejoinsOldPrimary(t *testing.T) {
 	requireReadOnlyError(t, err)
 	waitSemiSyncClients(t, r1, 2) // RejoinArgs made it a semi-sync replica
 	require.Equal(t, span(1, 70), ids(t, r1))
+}
+
+// Semi-sync never falls back to async: with two replicas one
+// acknowledgement suffices, so losing one replica costs nothing; with both
+// gone, a commit blocks (the client gets its own deadline, never OK) and
+// the primary keeps semi-sync on, so it acknowledges nothing a failover
+// could lose. The blocked commit completes once a replica returns and has
+// it.
+func TestSemiSyncNeverFallsBackToAsync(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, 3)
+	p, r1, r2 := b.primary, b.replicas[0], b.replicas[1]
+	appP := p.appDB(t)
+	insert(t, appP, 1, 1)
+
+	// One replica down: the other acknowledges, nothing waits for a timeout.
+	require.NoError(t, r1.srv.Kill())
+	insert(t, appP, 2, 3)
+	ss := semiSync(t, p)
+	require.True(t, ss.Active)
+	require.Zero(t, ss.NoTx)
+	waitIDs(t, r2, span(1, 3))
+
+	// Both down: the commit cannot complete; the caller's deadline ends it.
+	require.NoError(t, r2.srv.Kill())
+	waitSemiSyncClients(t, p, 0)
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err := appP.ExecContext(dctx, "INSERT INTO items (id) VALUES (4)")
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "an isolated primary must not acknowledge a commit")
+	ss = semiSync(t, p)
+	require.False(t, ss.FellBack(), "no silent fallback to async: %+v", ss)
+	require.True(t, ss.Blocked(), "the alarm condition: no replica connected")
+	require.Equal(t, 1, ss.WaitSessions)
+	require.Zero(t, ss.NoTx, "no commit was acknowledged without a replica")
+	var waiting int
+	require.NoError(t, p.root.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE state LIKE '%semi-sync%'").Scan(&waiting))
+	require.Equal(t, 1, waiting, "row 4's commit still waits for an acknowledgement")
+
+	// r2 returns (as a semi-sync replica from its first connection, as the
+	// bed starts replicas): it receives row 4 and acknowledges it, and the
+	// commit completes.
+	cfg := r2.srv.Config()
+	cfg.ExtraArgs = append(cfg.ExtraArgs, "--rpl-semi-sync-slave-enabled=ON")
+	srv, err := mariadb.Start(ctx, cfg)
+	require.NoError(t, err)
+	stopAtCleanup(t, srv)
+	back := attach(t, srv)
+	waitIDs(t, back, span(1, 4))
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var n int
+		assert.NoError(c, p.root.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE state LIKE '%semi-sync%'").Scan(&n))
+		assert.Zero(c, n, "row 4's commit completed")
+	}, waitFor, tick)
+	insert(t, appP, 5, 5)
+	waitIDs(t, back, span(1, 5))
+	require.Zero(t, semiSync(t, p).NoTx)
 }

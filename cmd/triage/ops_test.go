@@ -1,0 +1,39 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDrillBadFlags: bad drill flags are refused with exit status 2 and a
+// message saying what is allowed, before anything touches the bed.
+func TestDrillBadFlags(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	layout := `{"regions":[{"name":"us-east","grpc":"127.0.0.1:1"},{"name":"eu-west","grpc":"127.0.0.1:2"}],"control":"127.0.0.1:3"}`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bed.json"), []byte(layout), 0o644))
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{name: "no producers", args: []string{"--producers", "0", "partition"}, want: "--producers and --consumers must be at least 1"},
+		{name: "negative hold", args: []string{"--hold", "-1s", "partition"}, want: "--lease, --hold and --drain positive"},
+		{name: "unknown router region", args: []string{"--via", "mars", "partition"}, want: `--via "mars" names no region of the bed: its regions are us-east,eu-west`},
+		{name: "no scenario", args: nil, want: "usage: triage drill"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := drillCmd(context.Background(), append([]string{"--dir", dir}, tt.args...), &stdout, &stderr)
+			require.Equal(t, 2, code, stderr.String())
+			require.Contains(t, stderr.String(), tt.want)
+		})
+	}
+}

@@ -1,0 +1,51 @@
+// Package bed runs a local Triage bed: real MariaDB shard primaries
+// (mariadbd children in temp datadirs), embedded NATS with JetStream, and a
+// node running every Triage role per region. `triage up` (make up) runs one
+// in the foreground; e2e tests, drills and `make bench` use it too.
+//
+// The bed writes its layout to <Dir>/bed.json so drills and scripts can find
+// every process by role, region, shard, port and PID, and so `triage down`
+// (make down) can stop a bed from another terminal by PID.
+//
+// # One region
+//
+// The default: region us-east with two shard primaries, one standalone NATS
+// server, one node. No replicas and no WAN.
+//
+// # Several regions
+//
+// With Regions set to more than one (`triage up --multi-region` gives
+// us-east, eu-west and ap-south), each region gets:
+//
+//   - its shard primaries (one each by default), and one replica of every
+//     shard of the previous region: region i's shards are replicated in
+//     region i+1 (mod the number of regions). Replicas replicate with GTID
+//     (MASTER_USE_GTID=slave_pos) and semi-sync AFTER_SYNC, start with
+//     --read-only=ON, and are set up through package regions/replication
+//     exactly as production would be;
+//   - a NATS server, clustered with the others, with JetStream; the
+//     control-plane buckets and every region's enqueue stream are
+//     replicated on up to three servers (one per region), so losing a
+//     region keeps the control plane;
+//   - a node (router, enqueuer, dequeuer) on its region's NATS server,
+//     serving JSON on HTTPBase+i and gRPC on GRPCBase+i.
+//
+// Every cross-region connection goes through a WAN link of package
+// deploy/wan (default 20 ms one way): replication, a node's access to
+// another region's MariaDB (node.Config.MySQL.DialVia maps each remote
+// server's address to the link from the node's region), and the NATS
+// routes; router forwarding rides on NATS. The shard map and bed.json name
+// servers by their real addresses; [Layout.Via] and [Bed.Via] translate for
+// a region. A drill cuts a region off with Net().Cut or kills it with
+// [Bed.KillRegion].
+//
+// # Accounts
+//
+// Every server gets, before replication starts and with sql_log_bin=0, the
+// replication account ([ReplUser]) and the application account
+// ([AppUser]) that nodes use. The application account lacks SUPER and
+// READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
+// primary. It also has CREATE, ALTER and INDEX on its database because
+// nodes apply schema migrations at start; read_only blocks those too. root
+// (no password, loopback only) stays the admin account.
+package bed

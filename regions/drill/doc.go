@@ -1,0 +1,49 @@
+// Package drill runs failover drills against a running local bed: a
+// workload of idempotent producers and consumers that ack, nack and
+// sometimes crash holding a lease runs through every region's router (the
+// faulted region's own included: a fault test watches both sides) while a
+// fault is injected and later healed; then the queue is drained and the
+// report says how long dequeues and enqueues were down (RTO), whether any
+// acknowledged item was lost, every duplicate and its cause, early
+// deliveries, priority inversions, and what became of the old primary.
+//
+// Faults are injected by the bed process itself, through its control
+// endpoint (bed.json "control"): it owns the processes, links and NATS
+// servers. A scenario names what to break:
+//
+//	primary-kill   kill -9 the primary of one of the region's shards
+//	region-down    kill every process of the region (its mariadbds, NATS, node)
+//	partition      cut every cross-region link of the region
+//	nats-kill      stop the region's NATS server abruptly
+//	dequeuer-kill  stop the region's dequeuer abruptly (no lease hand-back)
+//
+// # History
+//
+// The workload records every call with the time it was sent and the time
+// it was answered, and the report is computed from that history alone
+// (analyze is pure, and unit tested). The checks are sound on one clock
+// (drill and bed share the machine): a violation is counted only when the
+// order of events is certain from the client's side.
+//
+//   - lost: an enqueue answered ok whose item was never delivered.
+//   - resurrected after ack: a delivery by a Dequeue sent after an ack of
+//     the same item was answered ok. The ack deleted the row; nothing may
+//     bring it back.
+//   - nack undone: every nack merges metadata drill_nack=<sequence> into
+//     the item. A delivery by a Dequeue sent after a nack was answered ok
+//     must carry that sequence (or a later one); an older one or none
+//     means the nack's write was thrown away and the item came back as it
+//     was before it.
+//   - early: delivered before the deliver_after asked at enqueue, or
+//     before the sending time of a nack answered ok plus its delay.
+//   - isolated writes (partition): enqueues, acks and nacks the cut-off
+//     region's router answered ok after a surviving router's shard map
+//     showed the new primary and before the heal was asked for. All links
+//     of that region are cut in that window, so only the old primary can
+//     have taken those writes, and the failover discards them.
+//
+// RTO is measured per router from the fault to the answer of the first
+// successful call sent after it that touched a faulted shard (see
+// Report.DequeueRTOMS); the headline figure is the slowest surviving
+// router.
+package drill

@@ -1,0 +1,63 @@
+package shardmap
+
+import (
+	"database/sql"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
+	"github.com/triage-queue/triage/schema"
+)
+
+func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+
+// TestWriterChecksTheEpoch: a writer whose map is older than the epoch the
+// failover controller stored on the primary has missed a failover: it gets
+// ErrNotWritable, even though its map names that server (a primary again,
+// e.g. after a failback). A map at that epoch or later writes.
+func TestWriterChecksTheEpoch(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := mariadbtest.Database(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	cfg.MultiStatements = true
+	root, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { root.Close() })
+	_, err = schema.Migrate(ctx, root)
+	require.NoError(t, err)
+
+	mapAt := func(epoch uint64) *Holder {
+		m, err := New(Map{Version: epoch, Regions: []string{"a", "b"}, Shards: []Shard{{ID: 1, HomeRegion: "a",
+			Primary: cfg.Addr, Database: cfg.DBName, Replicas: []string{"127.0.0.1:1"}, ReplicaRegions: []string{"b"}, Epoch: epoch}}})
+		require.NoError(t, err)
+		return NewHolder(m)
+	}
+	pool := NewPool(Credentials{User: cfg.User, Password: cfg.Passwd})
+	t.Cleanup(func() { pool.Close() })
+	old := mapAt(3)
+	_, err = pool.Writer(old, 1)
+	require.NoError(t, err, "no epoch stored: the shard never failed over")
+
+	// The controller promotes this server at epoch 5.
+	_, err = root.ExecContext(ctx, "INSERT INTO shard_meta (id, epoch) VALUES (1, 5)")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		old.Touch() // the map is confirmed; only the epoch can stop it
+		_, err := pool.Writer(old, 1)
+		return err != nil
+	}, 5*time.Second, 20*time.Millisecond, "a map at epoch 3 must not write to a primary at epoch 5")
+	_, err = pool.Writer(old, 1)
+	require.ErrorIs(t, err, ErrNotWritable)
+	require.ErrorContains(t, err, "epoch 5")
+	for _, e := range []uint64{5, 6} {
+		db, err := pool.Writer(mapAt(e), 1)
+		require.NoError(t, err, "map at epoch %d", e)
+		require.NoError(t, db.PingContext(ctx))
+	}
+}
