@@ -140,7 +140,7 @@ func (s *Service) ageTopic(ctx context.Context, db *sqlx.DB, shard uint32, ns, t
 		if len(ids) == 0 {
 			continue
 		}
-		q, args, err := sqlx.In(`UPDATE items SET original_priority = COALESCE(original_priority, priority), priority = priority - 1,
+		q, args, err := sqlx.In(`UPDATE items FORCE INDEX (PRIMARY) SET original_priority = COALESCE(original_priority, priority), priority = priority - 1,
 			priority_changed_by = 'aging', priority_changed_at = ?, updated_at = ?
 			WHERE id IN (?) AND priority = ? AND deliver_after <= ?`, nowUS, nowUS, ids, level, cutoffUS)
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"database/sql"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/triage-queue/triage/schema"
 )
 
 // Policy is what the lease path needs of a topic's configuration.
@@ -25,7 +27,7 @@ type Policy struct {
 const deadLetterColumns = `id, namespace, topic, priority, enqueued_at, lease_ms, attempts, dedup_key, payload, metadata, last_error, died_at`
 
 // moveToDeadLetters moves items that match cond (an SQL condition on
-// items, with condArgs) to dead_letters in tx, recording reason when the
+// items i, with condArgs) to dead_letters in tx, recording reason when the
 // item has no last error of its own. It returns how many moved. Their
 // dedup keys stay taken for window (see Tombstone): a dead-lettered item
 // is gone from items, and its producer's retry must still be a duplicate.
@@ -49,24 +51,32 @@ func moveToDeadLetters(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond stri
 	if err := tombstoneRows(ctx, tx, gone, window, nowUS); err != nil {
 		return 0, err
 	}
-	q, args, err := sqlx.In(`INSERT INTO dead_letters (`+deadLetterColumns+`)
+	k, args := schema.Keys("items", "i", locked)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO dead_letters (`+deadLetterColumns+`)
+		SELECT i.id, i.namespace, i.topic, i.priority, i.enqueued_at, i.lease_ms, i.attempts, i.dedup_key, i.payload, i.metadata,
+		       COALESCE(?, i.last_error), ?
+		FROM `+k+``, append([]any{nullIfEmpty(reason), nowUS}, args...)...); err != nil {
+		return 0, fmt.Errorf("dead-letter: %w", err)
+	}
+	n, err := deleteItems(ctx, tx, locked, "")
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter: %w", err)
+	}
+	return n, nil
+}
 
-		SELECT id, namespace, topic, priority, enqueued_at, lease_ms, attempts, dedup_key, payload, metadata,
-		       COALESCE(?, last_error), ?
-		FROM items WHERE id IN (?)`, nullIfEmpty(reason), nowUS, locked)
+// deleteItems deletes the rows of ids in tx, those matching cond (an SQL
+// condition on items i, with condArgs) if cond is set, by primary key
+// lookups only (schema.Keys), and returns how many it deleted.
+func deleteItems(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, condArgs ...any) (int64, error) {
+	k, args := schema.Keys("items", "i", ids)
+	q := "DELETE i FROM " + k
+	if cond != "" {
+		q += " WHERE " + cond
+	}
+	res, err := tx.ExecContext(ctx, q, append(args, condArgs...)...)
 	if err != nil {
 		return 0, err
-	}
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-		return 0, fmt.Errorf("dead-letter: %w", err)
-	}
-	q, args, err = sqlx.In(`DELETE FROM items WHERE id IN (?)`, locked)
-	if err != nil {
-		return 0, err
-	}
-	res, err := tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, fmt.Errorf("dead-letter: %w", err)
 	}
 	return res.RowsAffected()
 }
@@ -91,12 +101,12 @@ func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, window tim
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := moveToDeadLetters(ctx, tx, dead, "deliver_after <= ?", []any{nowUS},
+	if _, err := moveToDeadLetters(ctx, tx, dead, "i.deliver_after <= ?", []any{nowUS},
 		"out of attempts: the last lease expired", window, nowUS); err != nil {
 		return err
 	}
 	if len(expired) > 0 {
-		const cond = "deliver_after <= ? AND lease_token <> 0 AND leased_until IS NOT NULL"
+		const cond = "i.deliver_after <= ? AND i.lease_token <> 0 AND i.leased_until IS NOT NULL"
 		gone, err := lockGoing(ctx, tx, expired, cond, []any{nowUS})
 		if err != nil {
 			return fmt.Errorf("at-most-once expiry: %w", err)
@@ -104,11 +114,7 @@ func retire(ctx context.Context, db *sqlx.DB, dead, expired []uint64, window tim
 		if err := tombstoneRows(ctx, tx, gone, window, nowUS); err != nil {
 			return err
 		}
-		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?) AND "+cond, expired, nowUS)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		if _, err := deleteItems(ctx, tx, expired, cond, nowUS); err != nil {
 			return fmt.Errorf("at-most-once expiry: %w", err)
 		}
 	}
@@ -125,12 +131,10 @@ type goingRow struct {
 
 // lockGoing locks the rows of ids that match cond and returns them.
 func lockGoing(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, condArgs []any) ([]goingRow, error) {
-	q, args, err := sqlx.In(`SELECT id, namespace, topic, dedup_key FROM items WHERE id IN (?) AND `+cond+` FOR UPDATE`, append([]any{ids}, condArgs...)...)
-	if err != nil {
-		return nil, err
-	}
+	k, args := schema.Keys("items", "i", ids)
 	var rows []goingRow
-	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+	if err := tx.SelectContext(ctx, &rows, `SELECT i.id, i.namespace, i.topic, i.dedup_key
+		FROM `+k+` WHERE `+cond+` FOR UPDATE`, append(args, condArgs...)...); err != nil {
 		return nil, err
 	}
 	return rows, nil

@@ -63,12 +63,10 @@ type leaseState struct {
 // Items of other namespaces are invisible, so an ID cannot reach across
 // tenants.
 func lockLeases(ctx context.Context, tx *sqlx.Tx, namespace string, keys []uint64) (map[uint64]leaseState, error) {
-	q, args, err := sqlx.In("SELECT id, topic, attempts, lease_token, lease_ms, metadata, dedup_key FROM items WHERE id IN (?) AND namespace = ? FOR UPDATE", keys, namespace)
-	if err != nil {
-		return nil, err
-	}
+	k, args := schema.Keys("items", "i", keys)
 	var rows []leaseState
-	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+	if err := tx.SelectContext(ctx, &rows, `SELECT i.id, i.topic, i.attempts, i.lease_token, i.lease_ms, i.metadata, i.dedup_key
+		FROM `+k+` WHERE i.namespace = ? FOR UPDATE`, append(args, namespace)...); err != nil {
 		return nil, err
 	}
 	out := make(map[uint64]leaseState, len(rows))
@@ -123,11 +121,7 @@ func Ack(ctx context.Context, db *sqlx.DB, namespace string, refs []LeaseRef, de
 			return err
 		}
 		if len(del) > 0 {
-			q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", del)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			if _, err := deleteItems(ctx, tx, del, ""); err != nil {
 				return err
 			}
 		}

@@ -74,7 +74,7 @@ LIMIT ?`
 // ready. It counts no attempt and sets no leased_until: nothing has reached
 // a consumer yet. A dequeuer that dies with rows buffered leaves them
 // hidden for at most prefetchLease, and with their attempts unchanged.
-const prefetchRows = `UPDATE items
+const prefetchRows = `UPDATE items FORCE INDEX (PRIMARY)
 SET lease_token = ?, leased_until = NULL, deliver_after = ?, updated_at = ?
 WHERE id IN (?) AND deliver_after <= ?`
 
@@ -186,7 +186,7 @@ func serveRows(ctx context.Context, db *sqlx.DB, ds []delivery, prefetchToken ui
 	// Each expiry is spelled out rather than copied from another column:
 	// MariaDB evaluates SET left to right, and relying on that is fragile.
 	var q stmt
-	q.add("UPDATE items SET attempts = attempts + 1, updated_at = ?", nowUS)
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET attempts = attempts + 1, updated_at = ?", nowUS)
 	q.add(", lease_token = ").caseByID(ids, tokens, "lease_token")
 	q.add(", leased_until = ").caseByID(ids, untils, "leased_until")
 	q.add(", deliver_after = ").caseByID(ids, untils, "deliver_after")
@@ -238,7 +238,7 @@ func serveRows(ctx context.Context, db *sqlx.DB, ds []delivery, prefetchToken ui
 // token to untilUS, and returns those still held: the others were
 // deleted, updated, released or leased elsewhere and must leave the buffer.
 func refreshPrefetch(ctx context.Context, db *sqlx.DB, ids []uint64, token uint64, untilUS, nowUS int64) (map[uint64]bool, error) {
-	q, args, err := sqlx.In(`UPDATE items SET deliver_after = ?, updated_at = ?
+	q, args, err := sqlx.In(`UPDATE items FORCE INDEX (PRIMARY) SET deliver_after = ?, updated_at = ?
 		WHERE id IN (?) AND lease_token = ? AND leased_until IS NULL`, untilUS, nowUS, ids, token)
 	if err != nil {
 		return nil, err
@@ -303,7 +303,7 @@ func release(ctx context.Context, db *sqlx.DB, rows []Row, token uint64, nowUS i
 		ids[i], was[i] = r.ID, r.DeliverAfter
 	}
 	var q stmt
-	q.add("UPDATE items SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = ", nowUS).caseByID(ids, was, "deliver_after")
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = ", nowUS).caseByID(ids, was, "deliver_after")
 	q.add(" WHERE lease_token = ? AND leased_until IS NULL AND id", token).in(ids)
 	return schema.Retry(ctx, func() error {
 		_, err := db.ExecContext(ctx, q.sql.String(), q.args...)
@@ -339,7 +339,7 @@ func Unserve(ctx context.Context, db *sqlx.DB, namespace string, items []Undeliv
 		ids[i], was[i], tokens[i] = it.Key, it.DeliverAfterUS, it.Token
 	}
 	var q stmt
-	q.add("UPDATE items SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = ?, deliver_after = ", nowUS).caseByID(ids, was, "deliver_after")
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = ?, deliver_after = ", nowUS).caseByID(ids, was, "deliver_after")
 	q.add(" WHERE namespace = ? AND lease_token = ", namespace).caseByID(ids, tokens, "0")
 	q.add(" AND lease_token <> 0 AND leased_until IS NOT NULL AND id").in(ids)
 	err := schema.Retry(ctx, func() error {
@@ -382,15 +382,9 @@ func sweepExpired(ctx context.Context, db *sqlx.DB, nowUS int64, limit int, wind
 				}
 			}
 		}
-		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", ids)
-		if err != nil {
+		if n, err = deleteItems(ctx, tx, ids, ""); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		n, _ = res.RowsAffected()
 		return tx.Commit()
 	})
 	if err != nil {

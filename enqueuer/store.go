@@ -329,12 +329,9 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 	present := map[uint64]bool{}
 	for start := 0; start < len(keys); start += maxRowsPerInsert {
 		chunk := keys[start:min(start+maxRowsPerInsert, len(keys))]
-		q, args, err := sqlx.In("SELECT id FROM items WHERE id IN (?)", chunk)
-		if err != nil {
-			return err
-		}
+		k, args := schema.Keys("items", "i", chunk)
 		var got []uint64
-		if err := tx.SelectContext(ctx, &got, q, args...); err != nil {
+		if err := tx.SelectContext(ctx, &got, "SELECT i.id FROM "+k, args...); err != nil {
 			return err
 		}
 		for _, id := range got {
@@ -392,11 +389,8 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 		}
 	}
 	for start := 0; start < len(undo); start += maxRowsPerInsert {
-		q, args, err := sqlx.In("DELETE FROM items WHERE id IN (?)", undo[start:min(start+maxRowsPerInsert, len(undo))])
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		k, args := schema.Keys("items", "i", undo[start:min(start+maxRowsPerInsert, len(undo))])
+		if _, err := tx.ExecContext(ctx, "DELETE i FROM "+k, args...); err != nil {
 			return fmt.Errorf("undo tombstoned inserts: %w", err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -216,36 +217,25 @@ func redriveShard(ctx context.Context, db *sqlx.DB, ns, topic string, keys []uin
 		var ids []uint64
 		q, args := "SELECT id FROM dead_letters WHERE namespace = ? AND topic = ? ORDER BY died_at, id LIMIT 500 FOR UPDATE", []any{ns, topic}
 		if len(keys) > 0 {
-			q, args, err = sqlx.In("SELECT id FROM dead_letters WHERE namespace = ? AND topic = ? AND id IN (?) FOR UPDATE", ns, topic, keys)
-			if err != nil {
-				tx.Rollback()
-				return total, err
-			}
+			k, kargs := schema.Keys("dead_letters", "d", keys)
+			q = "SELECT d.id FROM " + k + " WHERE d.namespace = ? AND d.topic = ? FOR UPDATE"
+			args = append(kargs, ns, topic)
 		}
 		if err := tx.SelectContext(ctx, &ids, q, args...); err != nil || len(ids) == 0 {
 			tx.Rollback()
 			return total, err
 		}
-		q, args, err = sqlx.In(`INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, attempts,
+		k, kargs := schema.Keys("dead_letters", "d", ids)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, attempts,
 				dedup_key, payload, metadata, last_error, updated_at)
-			SELECT id, namespace, topic, priority, ?, enqueued_at, lease_ms, 0, dedup_key, payload, metadata, last_error, ?
-			FROM dead_letters WHERE id IN (?)
-			ON DUPLICATE KEY UPDATE id = items.id`, nowUS, nowUS, ids)
-		if err != nil {
-			tx.Rollback()
-			return total, err
-		}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			SELECT d.id, d.namespace, d.topic, d.priority, ?, d.enqueued_at, d.lease_ms, 0, d.dedup_key, d.payload, d.metadata, d.last_error, ?
+			FROM `+k+`
+			ON DUPLICATE KEY UPDATE id = items.id`, append([]any{nowUS, nowUS}, kargs...)...); err != nil {
 			tx.Rollback()
 			return total, err
 		}
 		// Only what landed in items leaves the dead-letter table.
-		q, args, err = sqlx.In(`DELETE d FROM dead_letters d JOIN items i ON i.id = d.id WHERE d.id IN (?)`, ids)
-		if err != nil {
-			tx.Rollback()
-			return total, err
-		}
-		res, err := tx.ExecContext(ctx, q, args...)
+		res, err := tx.ExecContext(ctx, `DELETE d FROM `+k+` STRAIGHT_JOIN items i FORCE INDEX (PRIMARY) ON i.id = d.id`, kargs...)
 		if err != nil {
 			tx.Rollback()
 			return total, err

@@ -1,0 +1,119 @@
+package dequeuer
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
+	"github.com/triage-queue/triage/schema"
+)
+
+func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+
+// TestByIDStatementsLockOnlyTheirRows: ack, nack, extend, unserve and the
+// dead-lettering of the lease path name their rows by id. Left to itself, the
+// optimizer reads such a statement through the ready index (namespace
+// prefix) or a full scan whenever the table is small, as a queue that keeps
+// up is, and then locks, and waits for, every row it scans. A
+// drill saw acks and unserves queue behind buffered rows for 10 s after
+// each failover that way. Each statement must go by primary key: with an
+// unrelated row of the same namespace locked by another transaction for
+// the whole test, every one of them completes.
+func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
+	ctx := t.Context()
+	dsn := mariadbtest.Database(t)
+	cfg, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	cfg.MultiStatements = true
+	cfg.Params = map[string]string{"tx_isolation": "'READ-COMMITTED'"}
+	root, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { root.Close() })
+	_, err = schema.Migrate(ctx, root)
+	require.NoError(t, err)
+	db := sqlx.NewDb(root, "mysql")
+
+	now := time.Now()
+	nowUS := now.UnixMicro()
+	const ns, topic = "ns", "t"
+	// Statistics taken while the table was empty, as they are on a queue
+	// that keeps up (and on a just-promoted primary): with a few dozen rows
+	// in it now, the optimizer reads a lookup of ten ids as a full scan.
+	_, err = db.ExecContext(ctx, "ANALYZE TABLE items")
+	require.NoError(t, err)
+	// Rows 1..39 are leased with token 100+id; row 40 is the unrelated one.
+	for id := uint64(1); id <= 40; id++ {
+		_, err := db.ExecContext(ctx, `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
+			attempts, lease_token, leased_until, payload, updated_at) VALUES (?, ?, ?, 0, ?, ?, 30000, 1, ?, ?, '', ?)`,
+			id, ns, topic, nowUS+30e6, nowUS, 100+id, nowUS+30e6, nowUS)
+		require.NoError(t, err)
+	}
+	// Rows 41..50 were delivered five times and their leases lapsed: the
+	// lease path dead-letters or (at-most-once) deletes such rows.
+	for id := uint64(41); id <= 50; id++ {
+		_, err := db.ExecContext(ctx, `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
+			attempts, lease_token, leased_until, payload, updated_at) VALUES (?, ?, ?, 0, ?, ?, 30000, 5, ?, ?, '', ?)`,
+			id, ns, topic, nowUS-1e6, nowUS, 100+id, nowUS-1e6, nowUS)
+		require.NoError(t, err)
+	}
+
+	holder, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { holder.Rollback() })
+	_, err = holder.ExecContext(ctx, "SELECT id FROM items WHERE id = 40 FOR UPDATE")
+	require.NoError(t, err)
+
+	// Each call gets far less than innodb_lock_wait_timeout (50 s): a
+	// statement that scans into row 9 waits until its context ends.
+	within := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	// Each call names ten rows: a single id is a const lookup, which the
+	// optimizer always takes by primary key.
+	refs := func(from uint64) []LeaseRef {
+		var out []LeaseRef
+		for id := from; id < from+10; id++ {
+			out = append(out, LeaseRef{Key: id, Token: 100 + id})
+		}
+		return out
+	}
+	res, err := Ack(within(), db, ns, refs(1), time.Minute)
+	require.NoError(t, err, "ack")
+	require.Equal(t, make([]error, 10), res)
+
+	var nacks []Nack
+	for _, r := range refs(11) {
+		nacks = append(nacks, Nack{LeaseRef: r, Delay: time.Second})
+	}
+	res, _, err = NackItems(within(), db, ns, nacks, 0, time.Minute, now)
+	require.NoError(t, err, "nack")
+	require.Equal(t, make([]error, 10), res)
+
+	var us []Undelivered
+	for _, r := range refs(21) {
+		us = append(us, Undelivered{LeaseRef: r, DeliverAfterUS: nowUS})
+	}
+	require.NoError(t, Unserve(within(), db, ns, us, nowUS), "unserve")
+	var leased int
+	require.NoError(t, db.GetContext(ctx, &leased, "SELECT COUNT(*) FROM items WHERE id BETWEEN 21 AND 30 AND lease_token <> 0"))
+	require.Zero(t, leased, "unserve hands the items back")
+
+	require.NoError(t, retire(within(), db, []uint64{41, 42, 43, 44, 45}, []uint64{46, 47, 48, 49, 50}, time.Minute, nowUS), "retire")
+	var dead, left int
+	require.NoError(t, db.GetContext(ctx, &dead, "SELECT COUNT(*) FROM dead_letters WHERE id BETWEEN 41 AND 45"))
+	require.NoError(t, db.GetContext(ctx, &left, "SELECT COUNT(*) FROM items WHERE id BETWEEN 41 AND 50"))
+	require.Equal(t, 5, dead, "out of attempts: dead-lettered")
+	require.Zero(t, left, "dead-lettered or expired at most once: gone from items")
+
+	_, err = Extend(within(), db, ns, LeaseRef{Key: 31, Token: 131}, time.Minute, now)
+	require.NoError(t, err, "extend")
+}
