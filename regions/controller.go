@@ -73,8 +73,9 @@ type Controller struct {
 	leaseAt  time.Time // when the last successful renewal was sent
 	suspect  map[uint32]time.Time
 	cooldown map[uint32]time.Time
-	inflight map[uint32]bool // automatic failovers running
-	diverged map[string]bool // replicas alarmed as needing a rebuild
+	blocked  map[uint32]time.Time // the cooldown end a "down but cooling" alarm was raised for
+	inflight map[uint32]bool      // automatic failovers running
+	diverged map[string]bool      // replicas alarmed as needing a rebuild
 	events   []Event
 	busy     sync.Mutex // one failover at a time
 
@@ -111,7 +112,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger.With("role", "controller", "region", cfg.Region),
-		suspect: map[uint32]time.Time{}, cooldown: map[uint32]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
+		suspect: map[uint32]time.Time{}, cooldown: map[uint32]time.Time{}, blocked: map[uint32]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
 }
 
 // FailoverSubject is where the leader takes failover requests.
@@ -341,6 +342,14 @@ func (c *Controller) evaluate(ctx context.Context) {
 			}
 		} else {
 			delete(c.suspect, s.ID)
+		}
+		if len(down) >= 2 && cooling && c.blocked[s.ID] != c.cooldown[s.ID] {
+			// The cooldown keeps a flapping shard from failing over back and
+			// forth; a second real failure inside it waits for an operator.
+			c.blocked[s.ID] = c.cooldown[s.ID]
+			c.log.Error("ALARM: primary down, automatic failover blocked by the cooldown after the last one; "+
+				"fail over by hand (triage failover --shard N) or wait", "shard", s.ID, "primary", s.Primary,
+				"down_in", down, "cooldown_until", c.cooldown[s.ID].Format(time.RFC3339))
 		}
 		since, suspect := c.suspect[s.ID]
 		running := c.inflight[s.ID]

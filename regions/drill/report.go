@@ -87,10 +87,14 @@ type Report struct {
 }
 
 // RTO is one router's recovery: milliseconds from the fault to its first
-// successful enqueue and dequeue of a faulted shard; -1: none.
+// successful enqueue and dequeue of a faulted shard; -1: none. ServedMS is
+// the first dequeue that returned an item of a faulted shard, whether or
+// not its ack or nack then succeeded: a gap between it and DequeueMS is
+// time lost to acks, not to serving.
 type RTO struct {
 	EnqueueMS int64 `json:"enqueue_ms"`
 	DequeueMS int64 `json:"dequeue_ms"`
+	ServedMS  int64 `json:"served_ms"`
 }
 
 // IsolatedWrites counts the writes the partitioned region's router
@@ -361,8 +365,13 @@ func rto(r *Report, h *history, f facts) {
 			}
 		}
 	}
-	firstDeq := map[string]time.Time{}
+	firstDeq, firstServed := map[string]time.Time{}, map[string]time.Time{}
 	for _, d := range h.deliveries {
+		if !d.reqStart.Before(f.faultAt) && f.shards[shardOf(d.id)] {
+			if t, seen := firstServed[d.router]; !seen || d.at.Before(t) {
+				firstServed[d.router] = d.at
+			}
+		}
 		// ackErr is false for an ack or nack only when it was answered ok.
 		if d.reqStart.Before(f.faultAt) || !f.shards[shardOf(d.id)] || d.ackErr || d.action == "crash" {
 			continue
@@ -381,7 +390,7 @@ func rto(r *Report, h *history, f facts) {
 	r.RTOByRouter = map[string]RTO{}
 	var enq, deq []int64
 	for _, router := range f.routers {
-		x := RTO{EnqueueMS: ms(firstEnq, router), DequeueMS: ms(firstDeq, router)}
+		x := RTO{EnqueueMS: ms(firstEnq, router), DequeueMS: ms(firstDeq, router), ServedMS: ms(firstServed, router)}
 		r.RTOByRouter[router] = x
 		if f.survivors[router] {
 			enq, deq = append(enq, x.EnqueueMS), append(deq, x.DequeueMS)
@@ -495,7 +504,7 @@ func (r *Report) Print(w io.Writer) {
 	sort.Strings(routers)
 	for _, k := range routers {
 		x := r.RTOByRouter[k]
-		row("  via "+k, fmt.Sprintf("dequeue %s, enqueue %s", fmtMS(x.DequeueMS), fmtMS(x.EnqueueMS)))
+		row("  via "+k, fmt.Sprintf("dequeue %s (first served %s), enqueue %s", fmtMS(x.DequeueMS), fmtMS(x.ServedMS), fmtMS(x.EnqueueMS)))
 	}
 	row("acknowledged enqueues", r.Acknowledged)
 	row("delivered (distinct)", r.Delivered)
