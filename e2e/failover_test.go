@@ -26,17 +26,19 @@ import (
 // router.
 //
 // Issue 8's targets are 5 s for a kill -9 of one primary and 10 s for a
-// region down or a partition. They are met in some runs and not in others
-// (README, Drills: an intermittent stall of dequeues on the new primary for
-// up to ~7 s, and the NATS stream-leader election after a cut region held
-// the control stream's leader), so asserting them would make a flaky test.
-// These bounds sit above every run measured since the fixes (worst: 11.8 s,
-// 14.7 s, 14.7 s; before them the bound was 25 s for all three); tighten
-// them to the targets once the stall is found. The safety assertions (nothing lost,
-// nothing resurrected after ack, no nack undone, no isolated write after
-// publication) are exact.
+// region down or a partition. The stall that used to hold dequeues on the
+// new primary for up to 10 s (acks and unserves read by a full scan and
+// queued behind every locked row: schema.Keys) is gone; what remains is
+// slower than the targets in some runs: primary-kill 3.9-6.5 s (publication
+// at ~3.5-3.9 s, then the owning dequeuer works the new primary across the
+// WAN), region-down 8.9-11.6 s and partition 12.2-13.2 s (NATS stream
+// leader elections and the ownership and presence TTLs). Asserting the
+// targets would make flaky tests, so the bounds sit above the worst run
+// measured since that fix with room for a loaded CI machine (README,
+// Drills). The safety assertions (nothing lost, nothing resurrected after
+// ack, no nack undone, no isolated write after publication) are exact.
 const (
-	primaryKillRTO = 15 * time.Second
+	primaryKillRTO = 10 * time.Second
 	regionDownRTO  = 20 * time.Second
 	partitionRTO   = 20 * time.Second
 )
