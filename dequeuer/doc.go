@@ -13,6 +13,16 @@
 // twice. A dequeuer that cannot refresh its claim for 3/4 of the TTL stops
 // serving the shard.
 //
+// A shard is owned in the region of its primary (Shard.PrimaryRegion, the
+// home region until a failover moves it): each prefetch, serve and
+// refresh is a round trip to the primary plus a semi-sync acknowledgement,
+// so an owner across the WAN from its primary serves a fraction of the
+// rate. Claims run on every shard-map change as well as every OwnerTTL/4;
+// after a failover the old owner hands the shard over (releasing its
+// buffer) and the new region's dequeuer claims it within ~100 ms. A region
+// with no dequeuer left has its shards adopted by another once their
+// claims expire, and handed back when it returns.
+//
 // # Leases
 //
 // deliver_after is the item's visibility time. A row passes through two

@@ -55,10 +55,18 @@ func Present(ctx context.Context, kv jetstream.KeyValue, role, region string) bo
 	return err == nil
 }
 
-// ownership claims and keeps this dequeuer's shards: those of its region,
-// and, when a region has no dequeuer left (region down), that region's
-// shards after they stayed unowned for a TTL, handed back when the
-// region's dequeuers return. One owner per shard
+// ownership claims and keeps this dequeuer's shards: those whose primary
+// runs in its region (Map.ServedIn), and, when a region has no dequeuer left
+// (region down), that region's shards after they stayed unowned for a TTL,
+// handed back when the region's dequeuers return.
+//
+// A shard is served from its primary's region, not its home region: every
+// prefetch, serve and refresh is a round trip to the primary plus a
+// semi-sync acknowledgement, so after a failover moved the primary, a
+// home-region owner worked it across the WAN for as long as it stayed
+// there (drills: 1.5-2.5 s per dequeue call until the outage's backlog was
+// worked off). The old owner hands the shard over when it sees the map
+// (claim runs on every map change), the new one claims it at once. One owner per shard
 // keeps dequeuers from fighting over the same rows (correctness does not
 // depend on it: every lease is a conditional UPDATE), which is worth 2x on
 // the lease path.
@@ -95,27 +103,30 @@ func (o *ownership) owned() []uint32 {
 }
 
 // claim refreshes owned shards and tries to take unowned shards of the
-// region. It runs every OwnerTTL/4.
-func (o *ownership) claim(ctx context.Context) {
+// region. It runs every OwnerTTL/4 and on every map change. It reports
+// whether a shard it wants is still held by another dequeuer (one handing
+// it over), so that the caller tries again soon.
+func (o *ownership) claim(ctx context.Context) (pending bool) {
 	// Announce this region's dequeuers, so adopters of its shards hand
 	// them back.
 	_, _ = o.kv.Put(ctx, PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID))
 	m := o.s.cfg.Maps.Current()
-	home := m.RegionShards(o.s.cfg.Region)
+	home := m.ServedIn(o.s.cfg.Region)
 	want := slices.Clone(home)
 	for _, region := range m.Regions {
 		if region == o.s.cfg.Region {
 			continue
 		}
 		present := Present(ctx, o.kv, "dequeuers", region)
-		for _, id := range m.RegionShards(region) {
+		for _, id := range m.ServedIn(region) {
 			o.mu.Lock()
 			_, mine := o.revs[id]
 			o.mu.Unlock()
 			switch {
 			case mine && present:
-				// Its home region has dequeuers again: hand the shard back.
-				o.s.log.Info("handing adopted shard back to its home region", "shard", id, "home", region)
+				// The region of its primary has dequeuers (again, or the
+				// primary moved there): hand the shard over.
+				o.s.log.Info("handing shard over to the region of its primary", "shard", id, "region", region)
 				o.mu.Lock()
 				rev := o.revs[id]
 				delete(o.revs, id)
@@ -152,6 +163,8 @@ func (o *ownership) claim(ctx context.Context) {
 			}
 			o.revs[id] = rev
 			o.sureAt[id] = time.Now()
+		case !mine && errors.Is(err, jetstream.ErrKeyExists) && slices.Contains(home, id):
+			pending = true
 		case mine && !errors.Is(err, context.Canceled) && isLost(err):
 			o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
 			delete(o.revs, id)
@@ -161,6 +174,7 @@ func (o *ownership) claim(ctx context.Context) {
 		}
 		o.mu.Unlock()
 	}
+	return pending
 }
 
 // isLost tells a claim another owner holds from a NATS outage, during which
@@ -190,13 +204,15 @@ func (o *ownership) resign(ctx context.Context) {
 // Owners is a router's view of the ownership bucket: which dequeuer serves
 // which shard.
 type Owners struct {
-	mu sync.RWMutex
-	by map[uint32]string
+	kv  jetstream.KeyValue
+	mu  sync.RWMutex
+	by  map[uint32]string
+	rev map[uint32]uint64 // KV revision of what by says, so nothing older overwrites it
 }
 
 // WatchOwners follows the ownership bucket until ctx ends.
 func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
-	o := &Owners{by: map[uint32]string{}}
+	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", OwnersBucket, err)
@@ -217,13 +233,7 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 			if err != nil {
 				continue
 			}
-			o.mu.Lock()
-			if e.Operation() == jetstream.KeyValuePut {
-				o.by[uint32(id)] = string(e.Value())
-			} else {
-				delete(o.by, uint32(id))
-			}
-			o.mu.Unlock()
+			o.set(uint32(id), e.Revision(), string(e.Value()), e.Operation() == jetstream.KeyValuePut)
 		}
 		once()
 	}()
@@ -233,6 +243,42 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 		return nil, ctx.Err()
 	}
 	return o, nil
+}
+
+// set records shard's owner (none when !put) as of revision rev, unless
+// the view already holds a later revision.
+func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if rev != 0 && rev <= o.rev[shard] {
+		return
+	}
+	if rev != 0 {
+		o.rev[shard] = rev
+	}
+	if put {
+		o.by[shard] = owner
+	} else {
+		delete(o.by, shard)
+	}
+}
+
+// Reload reads the owners of shards from the bucket itself. A router calls
+// it when the owner its view names does not answer (no responders): the
+// claim of a dequeuer that died expires by the bucket's TTL, which no
+// watcher is told of, and a watch whose stream lost its leader with a
+// region sees nothing until the stream elects another and the watch
+// recovers (a region-down drill: 6 s after the new owner had claimed).
+func (o *Owners) Reload(ctx context.Context, shards []uint32) {
+	for _, id := range shards {
+		e, err := o.kv.Get(ctx, ownerKey(id))
+		switch {
+		case err == nil:
+			o.set(id, e.Revision(), string(e.Value()), true)
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			o.set(id, 0, "", false)
+		}
+	}
 }
 
 // Owner returns the dequeuer that owns shard.

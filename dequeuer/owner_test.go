@@ -2,6 +2,9 @@ package dequeuer
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // TestOpenOwnersNeverDropsTheTTL: a process that opens the ownership
@@ -36,4 +40,103 @@ func TestOpenOwnersNeverDropsTheTTL(t *testing.T) {
 	st, err := kv.Status(ctx)
 	require.NoError(t, err)
 	require.Equal(t, DefaultOwnerTTL, st.TTL(), "an unset TTL means the default, never no expiry")
+}
+
+// TestOwnershipFollowsThePrimary: a shard is owned by a dequeuer of the
+// region its primary runs in. After a failover moves the primary from
+// region a to region b, a's dequeuer hands the shard over and b's takes it
+// as soon as they see the new map, not an ownership TTL later. Before, the
+// home region kept the shard and served it across the WAN.
+func TestOwnershipFollowsThePrimary(t *testing.T) {
+	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A TTL far longer than the test: a handover that waited for the old
+	// claim to expire would fail it.
+	const ttl = time.Minute
+	kv, err := OpenOwners(ctx, js, ttl, 1)
+	require.NoError(t, err)
+
+	at := func(version uint64, primaryRegion string) *shardmap.Map {
+		m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"}, Shards: []shardmap.Shard{{
+			ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: "127.0.0.1:1", Database: "d",
+			Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}, Epoch: version}}})
+		require.NoError(t, err)
+		return m
+	}
+	maps := shardmap.NewHolder(at(1, "a"))
+	dequeuer := func(region string) *Service {
+		s := &Service{cfg: Config{Region: region, ID: "deq-" + region, Maps: maps, OwnerTTL: ttl},
+			log: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("dequeuer", region), topics: map[bufKey]*topicBuf{}}
+		s.owner = newOwnership(s, kv)
+		s.owner.claim(ctx)
+		s.claimLoop(ctx)
+		t.Cleanup(s.wg.Wait)
+		return s
+	}
+	a, b := dequeuer("a"), dequeuer("b")
+	t.Cleanup(cancel)
+	owner := func() string {
+		e, err := kv.Get(ctx, ownerKey(1))
+		if err != nil {
+			return ""
+		}
+		return string(e.Value())
+	}
+	require.Equal(t, "deq-a", owner())
+	require.True(t, a.owner.owns(1))
+
+	require.True(t, maps.Offer(at(2, "b")))
+	require.Eventually(t, func() bool { return owner() == "deq-b" && b.owner.owns(1) }, 5*time.Second, 20*time.Millisecond,
+		"b's dequeuer owns the shard whose primary moved to b (owner now %q)", owner())
+	require.False(t, a.owner.owns(1))
+}
+
+// TestOwnersReload: the claim of a dequeuer that died expires by the
+// bucket's TTL, which watchers are not told of, so a router's view kept
+// naming the dead owner (region-down drills: dequeues through one router
+// failed for 6 s after another dequeuer had taken the shard). Reload reads
+// the bucket itself; later watch events still win by revision.
+func TestOwnersReload(t *testing.T) {
+	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := OpenOwners(ctx, js, time.Second, 1)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, ownerKey(1), []byte("dead"))
+	require.NoError(t, err)
+	owners, err := WatchOwners(ctx, kv)
+	require.NoError(t, err)
+	owner, ok := owners.Owner(1)
+	require.True(t, ok)
+	require.Equal(t, "dead", owner)
+
+	require.Eventually(t, func() bool {
+		_, err := kv.Get(ctx, ownerKey(1))
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, 10*time.Second, 50*time.Millisecond, "the claim expires")
+	owners.Reload(ctx, []uint32{1})
+	_, ok = owners.Owner(1)
+	require.False(t, ok, "the expired claim is gone from the view")
+
+	_, err = kv.Put(ctx, ownerKey(1), []byte("alive"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { o, _ := owners.Owner(1); return o == "alive" }, 5*time.Second, 20*time.Millisecond)
+	owners.set(1, 1, "dead", true) // a replayed older event
+	owner, _ = owners.Owner(1)
+	require.Equal(t, "alive", owner, "an older revision never overwrites a newer one")
 }

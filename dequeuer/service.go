@@ -182,7 +182,7 @@ func (s *Service) Start(ctx context.Context) error {
 			}
 		}
 	}()
-	s.loop(ctx, s.cfg.OwnerTTL/4, s.owner.claim)
+	s.claimLoop(ctx)
 	s.loop(ctx, 5*time.Second, s.watchDrops)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
 	s.loop(ctx, refreshEvery, s.refreshPrefetched)
@@ -257,6 +257,39 @@ func (s *Service) watchDrops(context.Context) {
 		}
 	}
 }
+
+// claimLoop runs ownership claims every OwnerTTL/4, at once when the
+// shard map changes (a failover moves a shard's primary, and with it the
+// shard's owner), and every claimRetry while a shard this dequeuer wants
+// is still held by the one handing it over.
+func (s *Service) claimLoop(ctx context.Context) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTimer(s.cfg.OwnerTTL / 4)
+		defer t.Stop()
+		for {
+			var changed <-chan struct{}
+			if c, ok := s.cfg.Maps.(interface{ Changed() <-chan struct{} }); ok {
+				changed = c.Changed()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-changed:
+			}
+			next := s.cfg.OwnerTTL / 4
+			if s.owner.claim(ctx) {
+				next = min(next, claimRetry)
+			}
+			t.Reset(next)
+		}
+	}()
+}
+
+// claimRetry paces claims of a shard another dequeuer is handing over.
+const claimRetry = 100 * time.Millisecond
 
 func (s *Service) loop(ctx context.Context, every time.Duration, fn func(context.Context)) {
 	s.wg.Add(1)

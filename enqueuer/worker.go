@@ -97,7 +97,8 @@ func New(cfg Config) (*Service, error) {
 }
 
 // Start creates the stream and starts the workers. They follow the shard
-// map: a shard added to the region gets a worker within a second.
+// map: a shard added to the region gets a worker within a second, and at
+// once on a map change.
 func (s *Service) Start(ctx context.Context) error {
 	if _, err := EnsureStream(ctx, s.cfg.JS, s.cfg.Region, s.cfg.Stream); err != nil {
 		return err
@@ -114,6 +115,8 @@ func (s *Service) Start(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				s.reconcile(ctx)
+			case <-mapChanged(s.cfg.Maps):
 				s.reconcile(ctx)
 			}
 		}
@@ -132,37 +135,27 @@ func (s *Service) Stop() {
 
 func (s *Service) reconcile(ctx context.Context) {
 	m := s.cfg.Maps.Current()
-	want := map[uint32]string{} // shard -> home region
-	for _, id := range m.RegionShards(s.cfg.Region) {
-		want[id] = s.cfg.Region
-	}
+	adopt := func(string) bool { return false }
 	if s.cfg.Presence != nil {
 		// Announce this region's enqueuers; drain the buffers of regions
 		// that have none left (region down), so their items still reach
 		// their shards' primaries. The home region's enqueuers take over
 		// again once they are back.
 		_, _ = s.cfg.Presence.Put(ctx, PresenceKey(s.cfg.Region), []byte("1"))
-		for _, region := range m.Regions {
-			if region == s.cfg.Region {
-				continue
-			}
+		adopt = func(region string) bool {
 			_, err := s.cfg.Presence.Get(ctx, PresenceKey(region))
 			if !errors.Is(err, jetstream.ErrKeyNotFound) {
 				delete(s.absent, region)
-				continue
+				return false
 			}
 			// Absent for a while, not just starting up.
 			if s.absent[region].IsZero() {
 				s.absent[region] = time.Now()
 			}
-			if time.Since(s.absent[region]) < AdoptAfter {
-				continue
-			}
-			for _, id := range m.RegionShards(region) {
-				want[id] = region
-			}
+			return time.Since(s.absent[region]) >= AdoptAfter
 		}
 	}
+	want := drains(m, s.cfg.Region, adopt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, cancel := range s.workers {
@@ -176,7 +169,8 @@ func (s *Service) reconcile(ctx context.Context) {
 			continue
 		}
 		if home != s.cfg.Region {
-			s.cfg.Logger.Warn("adopting the enqueue buffer of a region without enqueuers", "shard", id, "home", home)
+			s.cfg.Logger.Info("draining the enqueue buffer of a shard homed in another region (its primary runs here, "+
+				"or its region has no enqueuers)", "shard", id, "home", home)
 		}
 		wctx, cancel := context.WithCancel(ctx)
 		s.workers[id] = cancel
@@ -512,4 +506,26 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// drains returns the shards whose enqueue buffers region's enqueuers
+// drain, each with its home region (whose stream holds the buffer): the
+// shards whose primary runs in region (Map.ServedIn), so that each
+// insert's round trips stay within it after a failover moved a primary,
+// and those served in a region adopt says has no enqueuers left.
+func drains(m *shardmap.Map, region string, adopt func(region string) bool) map[uint32]string {
+	want := map[uint32]string{}
+	add := func(ids []uint32) {
+		for _, id := range ids {
+			sh, _ := m.Shard(id)
+			want[id] = sh.HomeRegion
+		}
+	}
+	add(m.ServedIn(region))
+	for _, r := range m.Regions {
+		if r != region && adopt(r) {
+			add(m.ServedIn(r))
+		}
+	}
+	return want
 }

@@ -529,6 +529,11 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	msg, err := r.cfg.NC.RequestWithContext(rctx, dequeuer.RequestSubject(owner), data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// The owner is gone; the view may not have heard (see Reload).
+		// The client's retry goes to whoever holds the shards now.
+		r.cfg.Owners.Reload(ctx, shards)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: dequeuer %s: %v", ErrUnavailable, owner, err)
 	}

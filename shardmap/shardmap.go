@@ -2,6 +2,7 @@ package shardmap
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -487,3 +488,17 @@ func (m *Map) WithNamespace(ns Namespace) (*Map, error) {
 
 // RegionShards returns the shards whose home is region.
 func (m *Map) RegionShards(region string) []uint32 { return m.byRegion[region] }
+
+// ServedIn returns the shards whose primary runs in region
+// (Shard.PrimaryRegion, or the home region when unset). Dequeuers own, and
+// enqueuers drain the buffers of, the shards served in their region: every
+// statement they run is then a round trip within it, not across the WAN.
+func (m *Map) ServedIn(region string) []uint32 {
+	var out []uint32
+	for _, s := range m.Shards {
+		if cmp.Or(s.PrimaryRegion, s.HomeRegion) == region {
+			out = append(out, s.ID)
+		}
+	}
+	return out
+}
