@@ -542,6 +542,10 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 		return nil, err
 	}
 	if resp.Error != "" {
+		if strings.Contains(resp.Error, dequeuer.ErrNotOwner.Error()) {
+			// It handed the shards over; this view has not heard yet.
+			r.cfg.Owners.Reload(ctx, shards)
+		}
 		return resp.Items, fmt.Errorf("%w: dequeuer %s: %s", ErrUnavailable, owner, resp.Error)
 	}
 	return resp.Items, nil
