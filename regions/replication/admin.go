@@ -33,6 +33,10 @@ type Admin struct {
 	addr   string
 	flavor Flavor
 	owned  bool // Close closes db
+	// multi: db's connections take several statements per call (Open
+	// sets it), so exec sends a step's statements in one round trip: a
+	// promotion across the WAN spent ~40 ms per statement.
+	multi bool
 }
 
 // New wraps db, a connection pool to one server as an account with SUPER
@@ -65,6 +69,7 @@ func Open(dsn string) (*Admin, error) {
 	if cfg.Net != "tcp" {
 		return nil, fmt.Errorf("replication: Open: DSN network is %q; replicas need a TCP address (use New to give one)", cfg.Net)
 	}
+	cfg.MultiStatements = true
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication: Open: %w", err)
@@ -73,7 +78,7 @@ func Open(dsn string) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.owned = true
+	a.owned, a.multi = true, true
 	return a, nil
 }
 
@@ -357,6 +362,9 @@ func (a *Admin) session(ctx context.Context, fn func(*sql.Conn) error) (err erro
 // exec runs stmts in order. Errors name what was being done, never the
 // statement, which may hold a password.
 func (a *Admin) exec(ctx context.Context, c *sql.Conn, what string, stmts ...string) error {
+	if a.multi && len(stmts) > 1 {
+		stmts = []string{strings.Join(stmts, ";\n")}
+	}
 	for _, s := range stmts {
 		if _, err := c.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("replication: %s on %s: %w", what, a.addr, err)

@@ -77,10 +77,7 @@ func (a *Admin) replicate(ctx context.Context, primaryAddr string, repl Credenti
 		// A replica acknowledges and never waits for acknowledgements: a
 		// deposed primary keeping rpl_semi_sync_master_enabled would make
 		// its applier wait, with no fallback, for replicas it has none of.
-		if err := a.exec(ctx, c, "semi-sync as a replica", f.SemiSync(false, NoFallback)...); err != nil {
-			return err
-		}
-		return a.exec(ctx, c, "start replica", f.StartReplica())
+		return a.exec(ctx, c, "semi-sync as a replica, start replica", append(f.SemiSync(false, NoFallback), f.StartReplica())...)
 	})
 }
 
@@ -156,10 +153,9 @@ func (a *Admin) Promote(ctx context.Context, timeout time.Duration) (gtid string
 		// Semi-sync as a primary before the first application write can
 		// land: no commit of the new primary is ever acknowledged before a
 		// replica has it.
-		if err := a.exec(ctx, c, "semi-sync as a primary", f.SemiSync(true, NoFallback)...); err != nil {
-			return err
-		}
-		if err := a.exec(ctx, c, "unfence (read_only=0)", f.SetReadOnly(false)); err != nil {
+		// In order, stopping at the first that fails (one round trip
+		// when the connection takes several statements).
+		if err := a.exec(ctx, c, "semi-sync as a primary, unfence (read_only=0)", append(f.SemiSync(true, NoFallback), f.SetReadOnly(false))...); err != nil {
 			return err
 		}
 		if st, err = a.status(ctx, c); err != nil {
