@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -22,18 +21,11 @@ import (
 // afterwards never expired and no other dequeuer took its shards (seen as
 // a flaky e2e kill test).
 func TestOpenOwnersNeverDropsTheTTL(t *testing.T) {
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	_, js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	_, err = OpenOwners(ctx, js, 2*time.Second, 1)
+	_, err := OpenOwners(ctx, js, 2*time.Second, 1)
 	require.NoError(t, err)
 	kv, err := OpenOwners(ctx, js, 0, 1)
 	require.NoError(t, err)
@@ -48,14 +40,7 @@ func TestOpenOwnersNeverDropsTheTTL(t *testing.T) {
 // as soon as they see the new map, not an ownership TTL later. Before, the
 // home region kept the shard and served it across the WAN.
 func TestOwnershipFollowsThePrimary(t *testing.T) {
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	_, js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A TTL far longer than the test: a handover that waited for the old
@@ -105,14 +90,7 @@ func TestOwnershipFollowsThePrimary(t *testing.T) {
 // failed for 6 s after another dequeuer had taken the shard). Reload reads
 // the bucket itself; later watch events still win by revision.
 func TestOwnersReload(t *testing.T) {
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	_, js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := OpenOwners(ctx, js, time.Second, 1)

@@ -5,11 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -21,14 +20,7 @@ import (
 func TestHealthReportsReachTheControllerWithoutTheBucket(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
 	hkv, err := OpenHealth(ctx, js, 1)
 	require.NoError(t, err)
 	view, err := watchHealth(ctx, hkv, nc)
