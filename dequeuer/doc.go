@@ -19,12 +19,9 @@
 // so an owner across the WAN from its primary serves a fraction of the
 // rate. Claims run on every shard-map change as well as every OwnerTTL/4;
 // after a failover the old owner hands the shard over (releasing its
-// buffer), and a dequeuer of the new primary's region takes the claim
-// over at once, also from an owner cut off by a partition that cannot
-// hand over (a claim records its owner's region; dequeuers of one region
-// never take a shard from each other). A region with no dequeuer left has
-// its shards adopted by another once their claims expire, and taken back
-// when it returns.
+// buffer) and the new region's dequeuer claims it within ~100 ms. A region
+// with no dequeuer left has its shards adopted by another once their
+// claims expire, and handed back when it returns.
 //
 // # Leases
 //

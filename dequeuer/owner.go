@@ -2,7 +2,6 @@ package dequeuer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -45,30 +44,6 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, 
 }
 
 func ownerKey(shard uint32) string { return "shard." + strconv.FormatUint(uint64(shard), 10) }
-
-// claim is the value of an ownership key: the owning dequeuer and its
-// region. The region lets the dequeuers of a shard's primary region take
-// the shard over from an owner elsewhere without waiting for its claim to
-// expire (an owner cut off by a partition cannot hand over).
-type claim struct {
-	ID     string `json:"id"`
-	Region string `json:"region"`
-}
-
-func (c claim) value() []byte {
-	b, _ := json.Marshal(c)
-	return b
-}
-
-// parseClaim reads a claim; a value that is not one (a bare ID, as
-// before the region was recorded) names the dequeuer only.
-func parseClaim(v []byte) claim {
-	var c claim
-	if json.Unmarshal(v, &c) != nil || c.ID == "" {
-		return claim{ID: string(v)}
-	}
-	return c
-}
 
 // PresenceKey is the key a role's processes of region refresh in the
 // ownership bucket (its TTL expires it when they are all gone).
@@ -175,14 +150,10 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 		rev, mine := o.revs[id]
 		o.mu.Unlock()
 		var err error
-		mineNow := claim{ID: o.s.cfg.ID, Region: o.s.cfg.Region}.value()
 		if mine {
-			rev, err = o.kv.Update(ctx, ownerKey(id), mineNow, rev)
+			rev, err = o.kv.Update(ctx, ownerKey(id), []byte(o.s.cfg.ID), rev)
 		} else {
-			rev, err = o.kv.Create(ctx, ownerKey(id), mineNow)
-			if errors.Is(err, jetstream.ErrKeyExists) && slices.Contains(home, id) {
-				rev, err = o.takeOver(ctx, id, mineNow)
-			}
+			rev, err = o.kv.Create(ctx, ownerKey(id), []byte(o.s.cfg.ID))
 		}
 		o.mu.Lock()
 		switch {
@@ -192,8 +163,8 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			}
 			o.revs[id] = rev
 			o.sureAt[id] = time.Now()
-		case !mine && slices.Contains(home, id) && (errors.Is(err, jetstream.ErrKeyExists) || strings.Contains(err.Error(), "wrong last sequence")):
-			pending = true // its holder is handing it over, or raced us
+		case !mine && errors.Is(err, jetstream.ErrKeyExists) && slices.Contains(home, id):
+			pending = true
 		case mine && !errors.Is(err, context.Canceled) && isLost(err):
 			o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
 			delete(o.revs, id)
@@ -204,26 +175,6 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 		o.mu.Unlock()
 	}
 	return pending
-}
-
-// takeOver replaces the claim on shard, whose primary runs in this
-// dequeuer's region, when its holder is a dequeuer of another region: the
-// old primary's region after a failover, or an adopter after a region
-// came back. Such a holder may be cut off and unable to hand over; it
-// finds its claim gone at its next refresh. Correctness never rests on
-// one owner, so the brief overlap is harmless. A holder of this region
-// keeps the shard: it returns ErrKeyExists.
-func (o *ownership) takeOver(ctx context.Context, shard uint32, value []byte) (uint64, error) {
-	e, err := o.kv.Get(ctx, ownerKey(shard))
-	if err != nil {
-		return 0, err
-	}
-	held := parseClaim(e.Value())
-	if held.Region == o.s.cfg.Region {
-		return 0, jetstream.ErrKeyExists
-	}
-	o.s.log.Info("taking the shard over from a dequeuer of another region", "shard", shard, "from", held.ID, "region", held.Region)
-	return o.kv.Update(ctx, ownerKey(shard), value, e.Revision())
 }
 
 // isLost tells a claim another owner holds from a NATS outage, during which
@@ -282,7 +233,7 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 			if err != nil {
 				continue
 			}
-			o.set(uint32(id), e.Revision(), parseClaim(e.Value()).ID, e.Operation() == jetstream.KeyValuePut)
+			o.set(uint32(id), e.Revision(), string(e.Value()), e.Operation() == jetstream.KeyValuePut)
 		}
 		once()
 	}()
@@ -323,7 +274,7 @@ func (o *Owners) Reload(ctx context.Context, shards []uint32) {
 		e, err := o.kv.Get(ctx, ownerKey(id))
 		switch {
 		case err == nil:
-			o.set(id, e.Revision(), parseClaim(e.Value()).ID, true)
+			o.set(id, e.Revision(), string(e.Value()), true)
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 			o.set(id, 0, "", false)
 		}

@@ -136,7 +136,6 @@ func (s *Service) Start(ctx context.Context) error {
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.owner = newOwnership(s, kv)
-	changed := s.mapChanged() // before the first claim: a change during it is seen
 	s.owner.claim(ctx)
 	// Requests and ItemsReady notices share one channel, read in the order
 	// the connection received them: a router that announces a commit and
@@ -183,7 +182,7 @@ func (s *Service) Start(ctx context.Context) error {
 			}
 		}
 	}()
-	s.claimLoop(ctx, changed)
+	s.claimLoop(ctx)
 	s.loop(ctx, 5*time.Second, s.watchDrops)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
 	s.loop(ctx, refreshEvery, s.refreshPrefetched)
@@ -262,22 +261,24 @@ func (s *Service) watchDrops(context.Context) {
 // claimLoop runs ownership claims every OwnerTTL/4, at once when the
 // shard map changes (a failover moves a shard's primary, and with it the
 // shard's owner), and every claimRetry while a shard this dequeuer wants
-// is still held by the one handing it over. changed is the map-change
-// channel taken before the claim that preceded the loop.
-func (s *Service) claimLoop(ctx context.Context, changed <-chan struct{}) {
+// is still held by the one handing it over.
+func (s *Service) claimLoop(ctx context.Context) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		t := time.NewTimer(s.cfg.OwnerTTL / 4)
 		defer t.Stop()
 		for {
+			var changed <-chan struct{}
+			if c, ok := s.cfg.Maps.(interface{ Changed() <-chan struct{} }); ok {
+				changed = c.Changed()
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			case <-changed:
 			}
-			changed = s.mapChanged() // before the claim, so a change during it is not missed
 			next := s.cfg.OwnerTTL / 4
 			if s.owner.claim(ctx) {
 				next = min(next, claimRetry)
@@ -285,15 +286,6 @@ func (s *Service) claimLoop(ctx context.Context, changed <-chan struct{}) {
 			t.Reset(next)
 		}
 	}()
-}
-
-// mapChanged returns a channel closed when the shard map changes, or nil
-// (never ready) when the map source cannot tell.
-func (s *Service) mapChanged() <-chan struct{} {
-	if c, ok := s.cfg.Maps.(interface{ Changed() <-chan struct{} }); ok {
-		return c.Changed()
-	}
-	return nil
 }
 
 // claimRetry paces claims of a shard another dequeuer is handing over.
