@@ -266,6 +266,12 @@ func TestDedupKeyStaysInTheRequestedRegion(t *testing.T) {
 		require.Eventually(t, func() bool {
 			resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "dd", Region: region,
 				Topics: []*triagev1.TopicCount{{Topic: "t", Count: int32(len(keys))}}, Wait: durationpb.New(time.Second)})
+			if status.Code(err) == codes.Unavailable {
+				// "no dequeuer owns shard 3 yet; retry shortly": us-east's
+				// dequeuer adopted it before eu-west's started and hands it
+				// over now (seen once in CI).
+				return false
+			}
 			if !assert.NoError(t, err) {
 				return false
 			}

@@ -821,6 +821,13 @@ func (m *Model) Update(sp Span, req *triagev1.UpdateItemRequest, resp *triagev1.
 		it.DALo = req.DeliverAfter.AsTime()
 		it.DAHi = it.DALo
 		it.MaybeDead = false
+		if it.Token != "" {
+			// Accepted with a token, so its lease had lapsed: the new
+			// deliver_after is no lease's expiry. The server keeps the
+			// token (an ack with it may still succeed); the item is
+			// DELAYED, not LEASED, until then (seed 1795381210586364241).
+			it.TokenMaybeStale = true
+		}
 		it.Timed = it.DALo.After(sp.Start) || it.Token != ""
 	} else if req.Priority != nil && it.DAHi.Before(sp.Start) && it.Token == "" {
 		it.Timed = false // the update is announced and the buffer reads again
