@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
@@ -43,14 +43,7 @@ func setup(t *testing.T) *bundle {
 	t.Cleanup(func() { db.Close() })
 	_, err = schema.Migrate(context.Background(), db.DB)
 	require.NoError(t, err)
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
 	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"}, Shards: []shardmap.Shard{{ID: 1, HomeRegion: "r", Primary: c.Addr, Database: c.DBName}}})
 	require.NoError(t, err)
 	pool := shardmap.NewPool(shardmap.Credentials{})
@@ -323,14 +316,7 @@ func TestHeldBatchRetriesOnNewMap(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	_, err = schema.Migrate(context.Background(), db.DB)
 	require.NoError(t, err)
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
 	shard := shardmap.Shard{ID: 1, HomeRegion: "r", Primary: c.Addr, Database: c.DBName, Fenced: true, Epoch: 2}
 	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"}, Shards: []shardmap.Shard{shard}})
 	require.NoError(t, err)

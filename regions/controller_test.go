@@ -17,7 +17,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
@@ -87,14 +87,7 @@ func setup(t *testing.T) *cluster {
 	_, err = schema.Migrate(ctx, sqlOpen(t, p.DSN("triage")+"&multiStatements=true"))
 	require.NoError(t, err)
 
-	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
 	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b", "c"}, Shards: []shardmap.Shard{{
 		ID: 1, HomeRegion: "a", Primary: p.Addr(), Replicas: []string{r.Addr(), r2.Addr()}, ReplicaRegions: []string{"b", "c"}, Epoch: 1}}})
 	require.NoError(t, err)
@@ -112,7 +105,7 @@ func setup(t *testing.T) *cluster {
 		o := &Observer{Region: region, Maps: maps, Dial: func(a string) string { return a }, KV: hkv, Logger: discard()}
 		go o.Run(runCtx)
 	}
-	c := &cluster{t: t, primary: p, replica: r, replica2: r2, maps: maps, natsURL: ns.ClientURL()}
+	c := &cluster{t: t, primary: p, replica: r, replica2: r2, maps: maps, natsURL: nc.ConnectedUrl()}
 	c.ctl, c.ctlNC = c.newController("ctl-1")
 	require.Eventually(t, c.ctl.isLeader, 10*time.Second, 20*time.Millisecond)
 	return c

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 )
 
 // TestNodeClaimStopsMintingThroughLongOutage: a router cut off from NATS
@@ -65,14 +66,7 @@ func TestNodeClaimStopsMintingThroughLongOutage(t *testing.T) {
 // claim now recognises its own value (unique per claim) and carries on.
 func TestNodeClaimKeepsItsOwnLandedRefresh(t *testing.T) {
 	t.Parallel()
-	srv, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	_, js := natstest.JetStream(t)
 	const ttl = 3 * time.Second
 	lost := make(chan error, 1)
 	c, err := ClaimNodeWith(context.Background(), js, NodeClaimConfig{Owner: "router-us-east", TTL: ttl, Lost: func(err error) { lost <- err }})
