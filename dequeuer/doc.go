@@ -81,9 +81,18 @@
 // unserve or redrive makes ready, announce them (ItemsReady), so buffers
 // look again when an item may sort before their tail (equal priority
 // counts: a handed-back item keeps an old deliver_after) and parked long
-// polls wake — the oldest waiters first, one per announced item. Buffers idle for IdleRelease hand their
-// prefetch leases back, restoring each row's deliver_after, and Stop does
-// the same. A reply is bounded to MaxReplyBytes (and the NATS max payload
+// polls wake — the oldest waiters first, one per announced item. Buffers
+// idle for IdleRelease hand their prefetch leases back, restoring each
+// row's deliver_after, and Stop does the same; takes of the emptied queues wait until
+// the release commits, since a fetch racing it would read the head with
+// the released rows still hidden.
+//
+// A topic has one buffer per priority band it is dequeued with (the whole
+// range, a weighted topic's bands, a request's min/max_priority), and a
+// row is leased into one buffer only. Where bands overlap, a take first
+// adopts the items of its band that the other buffers hold and that sort
+// before its own tail, so a band's dequeue never misses a ready item just
+// because another band's consumer prefetched it. A reply is bounded to MaxReplyBytes (and the NATS max payload
 // when forwarded): items that do not fit go back into the buffer, unserved.
 //
 // # Sweeps

@@ -179,6 +179,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 	// would serve nothing.
 	read := map[uint32]bool{}
 	for len(out) < n {
+		s.adopt(b, shards)
 		now := s.cfg.Now()
 		b.mu.Lock()
 		b.lastUsed = now
@@ -232,6 +233,71 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		}
 	}
 	return out, nil
+}
+
+// adopt moves into b the items of b's band that buffers of overlapping
+// bands of the same topic hold. Bands overlap when dequeues of one topic
+// ask for different priority ranges (min/max_priority beside unbounded
+// dequeues, or beside a weighted topic's bands); a row is leased into one
+// buffer only, so without this a ready item another band's buffer holds
+// would stay invisible to b's dequeues until that buffer served or
+// released it. Only items that sort before b's tail move (all of them into
+// an empty queue): b holds the complete ready head up to its tail, and an
+// item past it could jump a more urgent row b has not read yet.
+func (s *Service) adopt(b *topicBuf, shards []uint32) {
+	others := s.siblings(b)
+	if len(others) == 0 {
+		return
+	}
+	b.mu.Lock()
+	bounds := make(map[uint32]*Row, len(shards))
+	for _, id := range shards {
+		q := b.queue(id)
+		if q.fetching != nil {
+			continue
+		}
+		var bound *Row
+		if t := q.tail(); t != nil {
+			c := *t
+			bound = &c
+		}
+		bounds[id] = bound
+	}
+	b.mu.Unlock()
+	// One buffer's lock at a time (see topicBuf): moving items are briefly
+	// in neither buffer, which only delays their refresh or unbuffer, and
+	// serving checks the batch token anyway.
+	moved := map[uint32][]bufItem{}
+	for _, o := range others {
+		o.mu.Lock()
+		for id, bound := range bounds {
+			q := o.queues[id]
+			if q == nil {
+				continue
+			}
+			kept := q.items[:0]
+			for _, it := range q.items {
+				if it.Priority >= b.band.lo && it.Priority <= b.band.hi && (bound == nil || it.less(bound)) {
+					it.buf = b
+					moved[id] = append(moved[id], it)
+				} else {
+					kept = append(kept, it)
+				}
+			}
+			q.items = kept
+		}
+		o.mu.Unlock()
+	}
+	if len(moved) == 0 {
+		return
+	}
+	b.mu.Lock()
+	for id, items := range moved {
+		slices.SortFunc(items, func(x, y bufItem) int { return x.compare(&y.Row) })
+		q := b.queue(id)
+		q.items = mergeSorted(q.items, items)
+	}
+	b.mu.Unlock()
 }
 
 // mergeTake pops up to n items while every queue is fresh. Caller holds

@@ -67,7 +67,10 @@ type Service struct {
 
 	mu     sync.Mutex
 	topics map[bufKey]*topicBuf
-	wrr    map[[2]string]*wrr
+	// bands lists each (namespace, topic)'s buffers, one per priority
+	// band dequeued with, for adopt.
+	bands map[[2]string][]*topicBuf
+	wrr   map[[2]string]*wrr
 
 	// inflight bounds the dequeue requests served (parked long polls
 	// included): one slot each, taken before any goroutine starts.
@@ -104,7 +107,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
+	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
 		inflight: make(chan struct{}, MaxInflight)}, nil
 }
 
@@ -315,8 +318,28 @@ func (s *Service) buf(k bufKey) *topicBuf {
 	if b == nil {
 		b = newTopicBuf(k)
 		s.topics[k] = b
+		t := [2]string{k.ns, k.topic}
+		s.bands[t] = append(s.bands[t], b)
 	}
 	return b
+}
+
+// siblings returns the other buffers of b's topic whose priority bands
+// overlap b's.
+func (s *Service) siblings(b *topicBuf) []*topicBuf {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := s.bands[[2]string{b.ns, b.topic}]
+	if len(all) < 2 {
+		return nil
+	}
+	var out []*topicBuf
+	for _, o := range all {
+		if o != b && o.band.lo <= b.band.hi && b.band.lo <= o.band.hi {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // policy is the lease-path view of a topic's configuration.
@@ -744,17 +767,33 @@ func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
 			b.mu.Unlock()
 			continue
 		}
+		// The emptied queues stay "fetching" until the release commits: a
+		// take meanwhile would read the head with the rows still hidden
+		// and serve less urgent ones before them. It waits instead, and
+		// reads again after.
 		var items []bufItem
+		var emptied []*shardQueue
 		for _, q := range b.queues {
-			if q.fetching != nil {
+			if q.fetching != nil || len(q.items) == 0 {
 				continue
 			}
 			items = append(items, q.items...)
 			q.items = nil
-			q.exhausted = false
+			q.fetching = make(chan struct{})
+			emptied = append(emptied, q)
 		}
 		b.mu.Unlock()
+		if len(items) == 0 {
+			continue
+		}
 		s.releaseItems(ctx, items)
+		b.mu.Lock()
+		for _, q := range emptied {
+			q.exhausted, q.dirty = false, true
+			close(q.fetching)
+			q.fetching = nil
+		}
+		b.mu.Unlock()
 	}
 }
 
@@ -895,6 +934,11 @@ func (s *Service) sweepTTL(ctx context.Context) {
 		b.mu.Unlock()
 		if empty && idle {
 			delete(s.topics, k)
+			t := [2]string{k.ns, k.topic}
+			s.bands[t] = slices.DeleteFunc(s.bands[t], func(o *topicBuf) bool { return o == b })
+			if len(s.bands[t]) == 0 {
+				delete(s.bands, t)
+			}
 		}
 	}
 }

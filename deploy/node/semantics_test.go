@@ -292,3 +292,29 @@ func TestDedupWindowAfterAck(t *testing.T) {
 	require.False(t, later.Duplicate, "after the window the key is free")
 	require.NotEqual(t, first.Id, later.Id)
 }
+
+// TestOverlappingBandsShareItems: buffers of overlapping priority bands
+// of one topic must not hide ready items from each other.
+func TestOverlappingBandsShareItems(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	for p := int32(0); p < 5; p++ {
+		enqueue(t, b, "overlap", &triagev1.NewItem{Priority: p}, &triagev1.NewItem{Priority: p})
+	}
+	// An unbounded consumer takes one; its buffer prefetches the rest.
+	first := dequeue(t, b, "overlap", 1, 0)
+	require.Len(t, first, 1)
+	lo, hi := int32(2), int32(3)
+	resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "default", MinPriority: &lo, MaxPriority: &hi,
+		Topics: []*triagev1.TopicCount{{Topic: "overlap", Count: 10}}})
+	require.NoError(t, err)
+	require.Len(t, resp.Items, 4, "the band dequeue gets the band's ready items the unbounded buffer holds")
+	// And the other way round: the band buffer holds nothing back.
+	lo, hi = int32(4), int32(4)
+	resp, err = b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "default", MinPriority: &lo, MaxPriority: &hi,
+		Topics: []*triagev1.TopicCount{{Topic: "overlap", Count: 1}}})
+	require.NoError(t, err)
+	require.Len(t, resp.Items, 1)
+	rest := dequeue(t, b, "overlap", 10, 0)
+	require.Len(t, rest, 4)
+}
