@@ -41,13 +41,14 @@ const (
 	EnqueueJSON     = "triage-enqueue-json"
 	DequeueAck      = "triage-dequeue-ack"
 	Mixed           = "triage-mixed"
+	Steady          = "triage-steady"
 	Backlog         = "triage-backlog"
 	Enqueue3Region  = "triage-enqueue-3region"
 )
 
 // Names lists every scenario in report order.
 var Names = []string{CeilingInsert, CeilingLeaseAck, NaiveEnqueue, NaiveDequeueAck, EnqueueBatch1, EnqueueBatch100,
-	EnqueueJSON, DequeueAck, Mixed, Backlog, Enqueue3Region}
+	EnqueueJSON, DequeueAck, Steady, Mixed, Backlog, Enqueue3Region}
 
 // Config of a benchmark run.
 type Config struct {
@@ -367,13 +368,14 @@ func (r *runner) runAll(ctx context.Context) map[string]Scenario {
 	r.scenario(ctx, NaiveEnqueue, r.naiveEnqueue)
 	r.scenario(ctx, NaiveDequeueAck, r.naiveDequeueAck)
 	if err := r.waitReady(ctx); err != nil {
-		for _, name := range []string{EnqueueBatch1, EnqueueBatch100, EnqueueJSON, Backlog, DequeueAck, Mixed} {
+		for _, name := range []string{EnqueueBatch1, EnqueueBatch100, EnqueueJSON, Backlog, DequeueAck, Steady, Mixed} {
 			r.results[name] = Scenario{Name: name, Error: err.Error(), Notes: "the bed's router never became ready"}
 		}
 	} else {
 		r.scenario(ctx, EnqueueBatch1, r.enqueueBatch1)
 		r.scenario(ctx, EnqueueBatch100, r.enqueueBatch100)
 		r.scenario(ctx, EnqueueJSON, r.enqueueJSON)
+		r.scenario(ctx, Steady, r.steady)
 		r.scenario(ctx, Mixed, r.mixed)
 		r.scenario(ctx, Backlog, r.backlog)
 		r.scenario(ctx, DequeueAck, r.dequeueAckScenario)

@@ -30,6 +30,10 @@ type params struct {
 	mixedWarmup, mixedMeasure                time.Duration
 	probeWarmup, probeMeasure                time.Duration
 	mixedConsumers, mixedCount, mixedSenders int
+	// triage-steady: a trial per producer count (its consumers are the
+	// mixed scenario's), each measured for steadyMeasure.
+	steadyProducers []int
+	steadyMeasure   time.Duration
 }
 
 // insertTrial writes with workers writers per shard, on one shard or on
@@ -80,6 +84,8 @@ func paramsFor(quick bool) params {
 		mixedConsumers:    16,
 		mixedCount:        10,
 		mixedSenders:      512,
+		steadyProducers:   []int{64, 512},
+		steadyMeasure:     20 * time.Second,
 	}
 	if quick {
 		p.progressEvery = time.Second
@@ -95,6 +101,7 @@ func paramsFor(quick bool) params {
 		p.backlogRounds = 2
 		p.mixedWarmup, p.mixedMeasure = 500*time.Millisecond, 3*time.Second
 		p.probeWarmup, p.probeMeasure = 500*time.Millisecond, 1500*time.Millisecond
+		p.steadyProducers, p.steadyMeasure = []int{64}, 1500*time.Millisecond
 	}
 	return p
 }

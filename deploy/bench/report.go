@@ -81,6 +81,13 @@ func applyTargets(ss []Scenario) {
 		atLeast(s, ">= 0.50x ceiling-lease-ack", s.RatioVsCeiling, 0.50)
 		atLeast(s, ">= 10x naive-dequeue-ack", s.RatioVsNaive, 10)
 	}
+	if s := ok(Steady); s != nil {
+		k := s.Metrics["keep_up_ratio"]
+		s.Targets = append(s.Targets, Target{Goal: "delivered >= 0.95x enqueued (the backlog stays flat)", Measured: fmt.Sprintf("%.3fx", k), Met: k >= 0.95})
+		if b1 := ok(EnqueueBatch1); b1 != nil {
+			atLeast(s, ">= 0.50x triage-enqueue-batch1 delivered", s.ItemsPerSec/b1.ItemsPerSec, 0.5)
+		}
+	}
 	if s := ok(Mixed); s != nil {
 		d, e, inv := s.Metrics["dequeue_p99_ms"], s.Metrics["enqueue_p99_ms"], s.Metrics["priority_inversions"]
 		s.Targets = append(s.Targets,

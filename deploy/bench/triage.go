@@ -232,41 +232,48 @@ func (r *runner) enqueueJSON(ctx context.Context) (Scenario, error) {
 // dequeueAck is one consumer step: Dequeue up to count items of topic,
 // then Ack them all in one call. It returns the items acked.
 func (r *runner) dequeueAck(ctx context.Context, c triagev1.QueueClient, topic string, count int, wait time.Duration, s *sampler) (int, error) {
+	items, err := r.dequeueAckItems(ctx, c, topic, count, wait, s)
+	return len(items), err
+}
+
+// dequeueAckItems leases up to count items of topic (long-polling wait),
+// acks them and returns those acked.
+func (r *runner) dequeueAckItems(ctx context.Context, c triagev1.QueueClient, topic string, count int, wait time.Duration, s *sampler) ([]*triagev1.LeasedItem, error) {
 	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
 	t0 := time.Now()
 	resp, err := c.Dequeue(cctx, &triagev1.DequeueRequest{Namespace: namespace,
 		Topics: []*triagev1.TopicCount{{Topic: topic, Count: int32(count)}}, Wait: durationpb.New(wait)})
 	if err != nil {
-		return 0, fmt.Errorf("dequeue: %w", err)
+		return nil, fmt.Errorf("dequeue: %w", err)
 	}
 	t1 := time.Now()
 	s.observe("dequeue", t1, t1.Sub(t0))
 	if len(resp.Items) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	// Ack even when the run is being cancelled, so no lease is left behind.
 	actx, cancel2 := context.WithTimeout(context.WithoutCancel(ctx), rpcTimeout)
 	defer cancel2()
 	ar, err := c.Ack(actx, &triagev1.AckRequest{Namespace: namespace, Acks: refs(resp.Items)})
 	if err != nil {
-		return 0, fmt.Errorf("ack: %w", err)
+		return nil, fmt.Errorf("ack: %w", err)
 	}
 	t2 := time.Now()
 	s.observe("ack", t2, t2.Sub(t1))
-	ok := 0
+	acked := resp.Items[:0]
 	var bad string
-	for _, res := range ar.Results {
+	for i, res := range ar.Results {
 		if res.Ok {
-			ok++
+			acked = append(acked, resp.Items[i])
 		} else if bad == "" {
 			bad = res.Id + ": " + res.Error
 		}
 	}
 	if bad != "" {
-		return ok, fmt.Errorf("%d of %d acks refused (first %s)", len(ar.Results)-ok, len(ar.Results), bad)
+		return acked, fmt.Errorf("%d of %d acks refused (first %s)", len(ar.Results)-len(acked), len(ar.Results), bad)
 	}
-	return ok, nil
+	return acked, nil
 }
 
 // dequeueAckScenario: consumers lease and ack from the deep backlog, best

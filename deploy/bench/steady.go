@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+)
+
+const steadyTopic = "bench-steady"
+
+// steadyTrial is one producer count of triage-steady and what it measured.
+type steadyTrial struct {
+	producers      int
+	enq, deq       *sampler
+	backlog        int64 // enqueued minus delivered when the load stopped
+	enqAll, deqAll int64
+}
+
+// steady runs producers and consumers at once, closed loop, the way a
+// queue runs in production: single-item COMMITTED enqueues back to back
+// and consumers that Dequeue (count mixedCount, 250 ms long poll) and Ack,
+// with the backlog near zero. A queue keeps up when its consumers drain
+// what its producers fill; delivered/s below enqueued/s means the backlog
+// grows without bound. Each payload carries its send time, so the
+// consumers measure end-to-end latency (enqueue sent to the Dequeue answer
+// carrying the item).
+func (r *runner) steady(ctx context.Context) (Scenario, error) {
+	var trials []steadyTrial
+	for _, producers := range r.p.steadyProducers {
+		if err := truncate(ctx, r.shardDBs()); err != nil {
+			return Scenario{}, err
+		}
+		t, err := r.steadyTrial(ctx, producers)
+		if err != nil {
+			return Scenario{}, err
+		}
+		trials = append(trials, t)
+	}
+	// The scenario's figures are its hardest trial's: the one whose
+	// consumers kept up least.
+	worst := trials[0]
+	var parts []string
+	for _, t := range trials {
+		parts = append(parts, fmt.Sprintf("%d producers: enqueued %s/s, delivered %s/s (%.2fx), backlog at the end %d, end-to-end p50 %.1f ms p99 %.1f ms%s",
+			t.producers, human(t.enq.rate()), human(t.deq.rate()), t.keepUp(), t.backlog, t.deq.pct("e2e", 50), t.deq.pct("e2e", 99),
+			errNotes(t.enq, t.deq)))
+		if t.keepUp() < worst.keepUp() {
+			worst = t
+		}
+	}
+	note := fmt.Sprintf("gRPC, closed loop, %d consumers x Dequeue(count %d, wait 250 ms) + Ack beside single-item COMMITTED producers; %s",
+		r.p.mixedConsumers, r.p.mixedCount, strings.Join(parts, "; "))
+	m := map[string]float64{}
+	for _, t := range trials {
+		p := fmt.Sprintf("p%d_", t.producers)
+		m[p+"enqueued_per_sec"] = t.enq.rate()
+		m[p+"delivered_per_sec"] = t.deq.rate()
+		m[p+"backlog_items"] = float64(t.backlog)
+		m[p+"e2e_p99_ms"] = t.deq.pct("e2e", 99)
+	}
+	m["keep_up_ratio"] = worst.keepUp()
+	m["enqueued_per_sec"] = worst.enq.rate()
+	return Scenario{
+		ItemsPerSec: worst.deq.rate(),
+		P50MS:       worst.deq.pct("e2e", 50), P99MS: worst.deq.pct("e2e", 99), P999MS: worst.deq.pct("e2e", 99.9),
+		Latency: fmt.Sprintf("end to end, enqueue sent to delivery (%d producers)", worst.producers),
+		Notes:   note,
+		Metrics: m,
+	}, nil
+}
+
+// keepUp is delivered/s over enqueued/s: 1 when the consumers keep up.
+func (t steadyTrial) keepUp() float64 {
+	if t.enq.rate() == 0 {
+		return 0
+	}
+	return t.deq.rate() / t.enq.rate()
+}
+
+func errNotes(ss ...*sampler) string {
+	var out string
+	for _, s := range ss {
+		if e := s.errNote(); e != "" {
+			out += "; " + e
+		}
+	}
+	return out
+}
+
+func (r *runner) steadyTrial(ctx context.Context, producers int) (steadyTrial, error) {
+	t := steadyTrial{producers: producers}
+	var enqAll, deqAll atomic.Int64
+	prog := r.progress(fmt.Sprintf("%s (%d producers, delivered)", Steady, producers))
+	epoch := time.Now()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		t.enq = runLoad(ctx, loadSpec{workers: producers, warmup: r.p.warmup, measure: r.p.steadyMeasure,
+			op: func(ctx context.Context, w int, s *sampler) (int, error) {
+				payload := make([]byte, len(r.payload))
+				copy(payload, r.payload)
+				binary.BigEndian.PutUint64(payload, uint64(time.Since(epoch)))
+				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+				defer cancel()
+				t0 := time.Now()
+				if _, err := r.client(w).Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: steadyTopic,
+					Durability: triagev1.Durability_COMMITTED, Items: []*triagev1.NewItem{{Payload: payload, Priority: int32(w % 10)}}}); err != nil {
+					return 0, err
+				}
+				end := time.Now()
+				s.observe("enqueue", end, end.Sub(t0))
+				enqAll.Add(1)
+				return 1, nil
+			}}, nil)
+	}()
+	go func() {
+		defer wg.Done()
+		t.deq = runLoad(ctx, loadSpec{workers: r.p.mixedConsumers, warmup: r.p.warmup, measure: r.p.steadyMeasure,
+			op: func(ctx context.Context, w int, s *sampler) (int, error) {
+				items, err := r.dequeueAckItems(ctx, r.client(w), steadyTopic, r.p.mixedCount, 250*time.Millisecond, s)
+				now := time.Duration(time.Since(epoch))
+				end := time.Now()
+				for _, it := range items {
+					if len(it.Payload) >= 8 {
+						s.observe("e2e", end, now-time.Duration(binary.BigEndian.Uint64(it.Payload)))
+					}
+				}
+				deqAll.Add(int64(len(items)))
+				return len(items), err
+			}}, prog)
+	}()
+	wg.Wait()
+	prog.close()
+	if ctx.Err() != nil {
+		return t, ctx.Err()
+	}
+	t.enqAll, t.deqAll = enqAll.Load(), deqAll.Load()
+	t.backlog = t.enqAll - t.deqAll
+	if t.enq.items == 0 || t.deq.items == 0 {
+		return t, fmt.Errorf("%d producers: enqueued %d, delivered %d items%s", producers, t.enq.items, t.deq.items, errNotes(t.enq, t.deq))
+	}
+	return t, nil
+}
