@@ -21,10 +21,15 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	quick := fs.Bool("quick", false, "short smoke run (under two minutes); numbers mean little")
 	dir := fs.String("dir", ".triage", "where bench.json goes")
 	shards := fs.Int("shards", 2, "shard primaries of the benchmark bed")
+	only := fs.String("only", "", "comma-separated scenarios to run (default: all): "+strings.Join(bench.Names, ", "))
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if _, err := bench.Run(ctx, bench.Config{Quick: *quick, Dir: *dir, Shards: *shards}, stdout); err != nil {
+	cfg := bench.Config{Quick: *quick, Dir: *dir, Shards: *shards}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	if _, err := bench.Run(ctx, cfg, stdout); err != nil {
 		fmt.Fprintln(stderr, "triage bench:", err)
 		return 1
 	}

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,11 @@ type Config struct {
 	// generators and the bed's Triage node and NATS server (not mariadbd).
 	// Default: no profiles.
 	ProfileDir string
+	// Only, when set, runs just the named scenarios (Names); the others are
+	// reported as skipped, and ratios and targets that need them are left
+	// out. For working on one path: `triage bench --only triage-steady`.
+	// Default: every scenario.
+	Only []string
 }
 
 // Report is the outcome of a run; bench.json holds it.
@@ -151,6 +157,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	cfg.Shards = cmp.Or(cfg.Shards, 2)
 	if cfg.Shards < 1 {
 		return nil, fmt.Errorf("bench: Shards %d: want at least 1", cfg.Shards)
+	}
+	for _, name := range cfg.Only {
+		if !slices.Contains(Names, name) {
+			return nil, fmt.Errorf("bench: no scenario %q; the scenarios are %s", name, strings.Join(Names, ", "))
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -387,6 +398,10 @@ func (r *runner) runAll(ctx context.Context) map[string]Scenario {
 // scenario runs one scenario with a heading, a CPU profile when asked for,
 // and a summary line, and stores its result.
 func (r *runner) scenario(ctx context.Context, name string, fn func(context.Context) (Scenario, error)) {
+	if len(r.cfg.Only) > 0 && !slices.Contains(r.cfg.Only, name) {
+		r.results[name] = Scenario{Name: name, Skipped: true, Notes: "not selected (--only)"}
+		return
+	}
 	r.step++
 	fmt.Fprintf(r.out, "[%d/%d] %s\n", r.step, len(Names), name)
 	if ctx.Err() != nil {
