@@ -534,7 +534,7 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 					break
 				}
 				// A row whose TTL passed while it waited in the buffer is
-				// not served (serveRows checks the same for the rows it
+				// not served (store.ItemServe checks the same for the rows it
 				// touches); the sweep deletes it.
 				nowUS := map[uint32]int64{} // per shard, its primary's time
 				items = slices.DeleteFunc(items, func(it bufItem) bool {

@@ -440,7 +440,7 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 }
 
 // isolate handles a group the database refused for its data: it places
-// each batch of each message alone with InsertIsolated, which inserts what
+// each batch of each message alone (store.ItemInsertBatch with Isolate), which inserts what
 // the shard takes and moves each refused item to the dead letters with the
 // database's reason. Nothing acknowledged is dropped (a BUFFERED batch was
 // acknowledged when JetStream stored it), and one bad item holds back

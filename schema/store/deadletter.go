@@ -214,8 +214,8 @@ type DeadLetterRedriveParams struct {
 
 // DeadLetterRedrive moves dead letters of a topic (only Keys, when given)
 // back to items, ready at NowUS with attempts reset, 500 per transaction,
-// and returns how many moved. A dead letter whose id or dedup key a live
-// item holds stays where it is.
+// and returns how many moved. A dead letter whose dedup key a live item
+// holds stays where it is.
 func (s Store) DeadLetterRedrive(ctx context.Context, p DeadLetterRedriveParams) (int64, error) {
 	var total int64
 	for {
