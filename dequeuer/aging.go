@@ -2,7 +2,6 @@ package dequeuer
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema/store"
 )
 
 // Aging moves items that have been ready longer than a topic's
@@ -93,13 +93,13 @@ func (s *Service) sweepAging(ctx context.Context) {
 // ageTopic promotes items of one topic on one shard and returns how many.
 func (s *Service) ageTopic(ctx context.Context, db *sqlx.DB, shard uint32, ns, topic string, cutoff, now time.Time) (int, error) {
 	cutoffUS, nowUS := cutoff.UnixMicro(), now.UnixMicro()
+	st := store.New(db)
 	total := 0
 	level := int32(0) // levels above 0 only
 	for {
 		// Next priority level present: one index seek.
-		var next sql.NullInt32
-		if err := db.GetContext(ctx, &next, "SELECT MIN(priority) FROM items WHERE namespace = ? AND topic = ? AND priority > ?",
-			ns, topic, level); err != nil {
+		next, err := st.ItemNextPriority(ctx, store.ItemNextPriorityParams{Namespace: ns, Topic: topic, Above: level})
+		if err != nil {
 			return total, fmt.Errorf("aging: %w", err)
 		}
 		if !next.Valid {
@@ -110,16 +110,9 @@ func (s *Service) ageTopic(ctx context.Context, db *sqlx.DB, shard uint32, ns, t
 		s.aging.mu.Lock()
 		cur := s.aging.cursors[k]
 		s.aging.mu.Unlock()
-		var rows []struct {
-			ID           uint64        `db:"id"`
-			DeliverAfter int64         `db:"deliver_after"`
-			ChangedAt    sql.NullInt64 `db:"priority_changed_at"`
-		}
-		if err := db.SelectContext(ctx, &rows, `SELECT id, deliver_after, priority_changed_at FROM items FORCE INDEX (ready)
-			WHERE namespace = ? AND topic = ? AND priority = ? AND deliver_after <= ?
-			  AND (deliver_after > ? OR (deliver_after = ? AND id > ?))
-			ORDER BY deliver_after, id LIMIT ?`,
-			ns, topic, level, cutoffUS, cur.deliverAfter, cur.deliverAfter, cur.id, agingBatch); err != nil {
+		rows, err := st.ItemAgingCandidates(ctx, store.ItemAgingCandidatesParams{Namespace: ns, Topic: topic, Priority: level,
+			CutoffUS: cutoffUS, AfterDeliverAfter: cur.deliverAfter, AfterID: cur.id, Limit: agingBatch})
+		if err != nil {
 			return total, fmt.Errorf("aging: %w", err)
 		}
 		var ids []uint64
@@ -140,17 +133,10 @@ func (s *Service) ageTopic(ctx context.Context, db *sqlx.DB, shard uint32, ns, t
 		if len(ids) == 0 {
 			continue
 		}
-		q, args, err := sqlx.In(`UPDATE items FORCE INDEX (PRIMARY) SET original_priority = COALESCE(original_priority, priority), priority = priority - 1,
-			priority_changed_by = 'aging', priority_changed_at = ?, updated_at = ?
-			WHERE id IN (?) AND priority = ? AND deliver_after <= ?`, nowUS, nowUS, ids, level, cutoffUS)
-		if err != nil {
-			return total, err
-		}
-		res, err := db.ExecContext(ctx, q, args...)
+		n, err := st.ItemAge(ctx, store.ItemAgeParams{IDs: ids, Priority: level, CutoffUS: cutoffUS, NowUS: nowUS})
 		if err != nil {
 			return total, fmt.Errorf("aging: %w", err)
 		}
-		n, _ := res.RowsAffected()
 		total += int(n)
 	}
 }

@@ -47,7 +47,7 @@
 //
 // attempts therefore counts deliveries. A delivery that never reaches its
 // consumer (a reply that could not be sent, a multi-owner surplus the
-// router does not keep) is undone by Unserve: token cleared, attempts-1,
+// router does not keep) is undone by store.ItemUnserve: token cleared, attempts-1,
 // deliver_after restored to its value before the lease, so the item keeps
 // its place in the order. A lapsed prefetch lease is told from a lapsed
 // delivery lease by leased_until (NULL for prefetch), which is what
@@ -94,6 +94,15 @@
 // before its own tail, so a band's dequeue never misses a ready item just
 // because another band's consumer prefetched it. A reply is bounded to MaxReplyBytes (and the NATS max payload
 // when forwarded): items that do not fit go back into the buffer, unserved.
+//
+// # Statements
+//
+// Every statement of the lease path (prefetch, serve, refresh, release,
+// unserve, ack, nack, extend, dead-lettering, aging, the TTL sweep) lives
+// in package schema/store, which keeps the index and lock rules they
+// depend on in one place; routers run ack, nack, extend and unserve there
+// directly. This package decides which rows to ask for and what to do
+// with them in memory: ownership, buffers, merge order, timing.
 //
 // # Sweeps
 //

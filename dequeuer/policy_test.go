@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/schema/store"
 )
 
 // TestWRRFollowsWeights: over any window the smooth weighted round robin
@@ -46,7 +48,7 @@ func TestWeightedBandsCoverEveryPriority(t *testing.T) {
 func TestMergeTakeOrdersAcrossShards(t *testing.T) {
 	t.Parallel()
 	item := func(shard uint32, id uint64, prio int32, at int64) bufItem {
-		return bufItem{Row: Row{ID: id, Priority: prio, DeliverAfter: at}, shard: shard}
+		return bufItem{Item: store.Item{ID: id, Priority: prio, DeliverAfter: at}, shard: shard}
 	}
 	b := newTopicBuf(bufKey{ns: "n", topic: "t", band: allPriorities})
 	b.queue(1).items = []bufItem{item(1, 1, 0, 5), item(1, 3, 1, 1)}

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/triage-queue/triage/schema/store"
 )
 
 // Prefetch sizing: a buffer holds about this long of a topic's observed
@@ -41,7 +43,7 @@ const (
 // bufItem is a row prefetched into buf under a batch token until untilUS.
 // Once served, token and untilUS are the delivery's own.
 type bufItem struct {
-	Row
+	store.Item
 	buf     *topicBuf
 	shard   uint32
 	token   uint64
@@ -75,11 +77,11 @@ func (q *shardQueue) fresh(now time.Time) bool {
 }
 
 // tail returns the last buffered row, the bound of a recheck, or nil.
-func (q *shardQueue) tail() *Row {
+func (q *shardQueue) tail() *store.Item {
 	if len(q.items) == 0 {
 		return nil
 	}
-	return &q.items[len(q.items)-1].Row
+	return &q.items[len(q.items)-1].Item
 }
 
 // topicBuf is the prefetch buffer of one (namespace, topic).
@@ -184,7 +186,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		b.mu.Lock()
 		b.lastUsed = now
 		var stale []uint32
-		var tails []*Row
+		var tails []*store.Item
 		var inflight []chan struct{}
 		for _, id := range shards {
 			q := b.queue(id)
@@ -193,7 +195,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 				inflight = append(inflight, q.fetching)
 			case !q.fresh(now) && !(read[id] && len(q.items) > 0):
 				stale = append(stale, id)
-				var tail *Row
+				var tail *store.Item
 				if t := q.tail(); t != nil {
 					c := *t
 					tail = &c
@@ -250,13 +252,13 @@ func (s *Service) adopt(b *topicBuf, shards []uint32) {
 		return
 	}
 	b.mu.Lock()
-	bounds := make(map[uint32]*Row, len(shards))
+	bounds := make(map[uint32]*store.Item, len(shards))
 	for _, id := range shards {
 		q := b.queue(id)
 		if q.fetching != nil {
 			continue
 		}
-		var bound *Row
+		var bound *store.Item
 		if t := q.tail(); t != nil {
 			c := *t
 			bound = &c
@@ -277,7 +279,7 @@ func (s *Service) adopt(b *topicBuf, shards []uint32) {
 			}
 			kept := q.items[:0]
 			for _, it := range q.items {
-				if it.Priority >= b.band.lo && it.Priority <= b.band.hi && (bound == nil || it.less(bound)) {
+				if it.Priority >= b.band.lo && it.Priority <= b.band.hi && (bound == nil || it.Less(bound)) {
 					it.buf = b
 					moved[id] = append(moved[id], it)
 				} else {
@@ -293,7 +295,7 @@ func (s *Service) adopt(b *topicBuf, shards []uint32) {
 	}
 	b.mu.Lock()
 	for id, items := range moved {
-		slices.SortFunc(items, func(x, y bufItem) int { return x.compare(&y.Row) })
+		slices.SortFunc(items, func(x, y bufItem) int { return x.Compare(&y.Item) })
 		q := b.queue(id)
 		q.items = mergeSorted(q.items, items)
 	}
@@ -311,7 +313,7 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 			if !q.fresh(now) && !(read[id] && len(q.items) > 0) {
 				return out // refill before comparing further
 			}
-			if len(q.items) > 0 && (best == nil || q.items[0].less(&best.items[0].Row)) {
+			if len(q.items) > 0 && (best == nil || q.items[0].Less(&best.items[0].Item)) {
 				best = q
 			}
 		}
@@ -335,7 +337,7 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 // queue is read in full once it drains. When it comes back full, unread ready rows may sort between
 // the rows read and the buffered ones, so the buffered rows after the last
 // row read are handed back rather than served out of order.
-func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*Row, size int) error {
+func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, size int) error {
 	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
@@ -352,7 +354,11 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 			}
 			now := s.cfg.Clock.Now(ctx, db)
 			until := now.Add(prefetchLease).UnixMicro()
-			rows, token, full, err := leaseHead(ctx, db, b.ns, b.topic, b.band, tails[i], pol, size, now.UnixMicro(), until)
+			rows, token, full, err := store.New(db).ItemLeaseHead(ctx, store.ItemLeaseHeadParams{
+				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i],
+				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
+				Limit: size, NowUS: now.UnixMicro(), PrefetchUntilUS: until,
+			})
 			if err == nil {
 				// Leased on a primary that may have been deposed while the
 				// statement waited: serve none of it (see shardmap.Writable).
@@ -373,7 +379,7 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 			fulls[i] = full
 			items := make([]bufItem, len(rows))
 			for j, r := range rows {
-				items[j] = bufItem{Row: r, buf: b, shard: id, token: token, untilUS: until}
+				items[j] = bufItem{Item: r, buf: b, shard: id, token: token, untilUS: until}
 			}
 			results[i] = items
 		}()
@@ -394,10 +400,10 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 		if tails[i] != nil && fulls[i] && len(results[i]) > 0 {
 			// Rows past the last one read may be preceded by ready rows
 			// this read did not reach.
-			last := &results[i][len(results[i])-1].Row
+			last := &results[i][len(results[i])-1].Item
 			kept := q.items[:0]
 			for _, it := range q.items {
-				if last.less(&it.Row) {
+				if last.Less(&it.Item) {
 					surplus = append(surplus, it)
 				} else {
 					kept = append(kept, it)
@@ -453,7 +459,7 @@ func mergeSorted(a, b []bufItem) []bufItem {
 		a = slices.DeleteFunc(a, func(it bufItem) bool { return ids[it.ID] })
 	}
 	out := append(a, b...)
-	sort.SliceStable(out, func(i, j int) bool { return out[i].less(&out[j].Row) })
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Less(&out[j].Item) })
 	return out
 }
 
@@ -523,7 +529,9 @@ func (s *Service) refreshPrefetched(ctx context.Context) {
 			}
 			now := nows[g.shard]
 			until := now.Add(prefetchLease).UnixMicro()
-			held, err := refreshPrefetch(ctx, db, ids, g.token, until, now.UnixMicro())
+			held, err := store.New(db).ItemRefreshPrefetch(ctx, store.ItemRefreshPrefetchParams{
+				IDs: ids, Token: g.token, UntilUS: until, NowUS: now.UnixMicro(),
+			})
 			if err != nil {
 				s.log.Warn("prefetch lease refresh failed", "shard", g.shard, "topic", b.topic, "err", err)
 				continue

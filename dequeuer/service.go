@@ -21,6 +21,7 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -432,7 +433,7 @@ func (s *Service) handleRequest(m *nats.Msg) {
 const replySlack = 4096
 
 // Undeliver hands served items that never reached their consumer back to
-// the ready set (see Unserve), grouped per shard.
+// the ready set (see store.ItemUnserve), grouped per shard.
 func (s *Service) Undeliver(ctx context.Context, namespace string, items []*triagev1.LeasedItem) error {
 	groups, err := UndeliveredByShard(items)
 	if err != nil {
@@ -442,7 +443,7 @@ func (s *Service) Undeliver(ctx context.Context, namespace string, items []*tria
 	for shard, us := range groups {
 		db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
 		if err == nil {
-			err = Unserve(ctx, db, namespace, us, s.cfg.Clock.Now(ctx, db).UnixMicro())
+			err = store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: namespace, Items: us, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
@@ -455,9 +456,9 @@ func (s *Service) Undeliver(ctx context.Context, namespace string, items []*tria
 	return errors.Join(errs...)
 }
 
-// UndeliveredByShard groups served items by shard for Unserve.
-func UndeliveredByShard(items []*triagev1.LeasedItem) (map[uint32][]Undelivered, error) {
-	out := map[uint32][]Undelivered{}
+// UndeliveredByShard groups served items by shard for store.ItemUnserve.
+func UndeliveredByShard(items []*triagev1.LeasedItem) (map[uint32][]store.Undelivered, error) {
+	out := map[uint32][]store.Undelivered{}
 	for _, it := range items {
 		id, err := itemid.Parse(it.Id)
 		if err != nil {
@@ -467,7 +468,7 @@ func UndeliveredByShard(items []*triagev1.LeasedItem) (map[uint32][]Undelivered,
 		if err != nil {
 			return nil, err
 		}
-		out[id.Shard] = append(out[id.Shard], Undelivered{LeaseRef: LeaseRef{Key: id.Key, Token: tok},
+		out[id.Shard] = append(out[id.Shard], store.Undelivered{LeaseRef: store.LeaseRef{Key: id.Key, Token: tok},
 			DeliverAfterUS: it.GetDeliverAfter().AsTime().UnixMicro()})
 	}
 	return out, nil
@@ -533,7 +534,7 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 					break
 				}
 				// A row whose TTL passed while it waited in the buffer is
-				// not served (serveRows checks the same for the rows it
+				// not served (store.ItemServe checks the same for the rows it
 				// touches); the sweep deletes it.
 				nowUS := map[uint32]int64{} // per shard, its primary's time
 				items = slices.DeleteFunc(items, func(it bufItem) bool {
@@ -545,7 +546,7 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 					}
 					return it.ExpiresAt.Int64 <= nowUS[it.shard]
 				})
-				slices.SortStableFunc(items, func(a, b bufItem) int { return a.compare(&b.Row) })
+				slices.SortStableFunc(items, func(a, b bufItem) int { return a.Compare(&b.Item) })
 				if budget > 0 {
 					var fit int
 					fit, used = s.fitting(tc.Topic, items, budget, used)
@@ -576,7 +577,7 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 			// when a refill during the take brought items more urgent than
 			// ones taken before it (a delayed item or lapsed lease turned
 			// ready, which no notice announces).
-			slices.SortStableFunc(served, func(a, b bufItem) int { return a.compare(&b.Row) })
+			slices.SortStableFunc(served, func(a, b bufItem) int { return a.Compare(&b.Item) })
 			for _, it := range served {
 				out = append(out, s.leased(tc.Topic, it))
 			}
@@ -684,8 +685,8 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		shard uint32
 		token uint64
 	}
-	groups := map[group][]delivery{}
-	dls := make([]delivery, len(items))
+	groups := map[group][]store.Delivery{}
+	dls := make([]store.Delivery, len(items))
 	for i := range items {
 		it := &items[i]
 		now := shards[it.shard].now
@@ -693,7 +694,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		if d == 0 {
 			d = time.Duration(it.LeaseMS) * time.Millisecond
 		}
-		dl := delivery{id: it.ID, token: newToken(), untilUS: now.Add(d).UnixMicro()}
+		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro()}
 		g := group{it.shard, it.token}
 		groups[g] = append(groups[g], dl)
 		dls[i] = dl
@@ -709,7 +710,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			errs = append(errs, a.err)
 			continue
 		}
-		ok, err := serveRows(ctx, a.db, ds, g.token, a.now.UnixMicro())
+		ok, err := store.New(a.db).ItemServe(ctx, store.ItemServeParams{Deliveries: ds, PrefetchToken: g.token, NowUS: a.now.UnixMicro()})
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -722,7 +723,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			continue
 		}
 		dl := dls[i]
-		it.token, it.untilUS = dl.token, dl.untilUS
+		it.token, it.untilUS = dl.Token, dl.UntilUS
 		it.Attempts++
 		out = append(out, it)
 	}
@@ -808,16 +809,16 @@ func (s *Service) releaseItemsErr(ctx context.Context, items []bufItem) error {
 		shard uint32
 		token uint64
 	}
-	groups := map[group][]Row{}
+	groups := map[group][]store.Item{}
 	for _, it := range items {
 		g := group{it.shard, it.token}
-		groups[g] = append(groups[g], it.Row)
+		groups[g] = append(groups[g], it.Item)
 	}
 	var errs []error
 	for g, rows := range groups {
 		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
 		if err == nil {
-			err = release(ctx, db, rows, g.token, s.cfg.Clock.Now(ctx, db).UnixMicro())
+			err = store.New(db).ItemRelease(ctx, store.ItemReleaseParams{Rows: rows, Token: g.token, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", g.shard, err))
@@ -915,7 +916,7 @@ func (s *Service) sweepTTL(ctx context.Context) {
 			continue
 		}
 		for {
-			n, err := sweepExpired(ctx, db, s.cfg.Clock.Now(ctx, db).UnixMicro(), 1000, window)
+			n, err := store.New(db).ItemSweepExpired(ctx, store.ItemSweepExpiredParams{NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro(), Limit: 1000, Window: window})
 			if err != nil {
 				s.log.Warn("ttl sweep failed", "shard", id, "err", err)
 			}

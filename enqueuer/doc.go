@@ -46,7 +46,7 @@
 // Routers refuse before the acknowledgement whatever the tables cannot
 // hold (sizes measured as stored). Should the database still refuse a
 // batch for its data, the worker places each batch alone, row by row in
-// one transaction (InsertIsolated): the rows the shard takes are inserted,
+// one transaction (store.ItemInsertBatch with Isolate): the rows the shard takes are inserted,
 // and each refused item moves to dead_letters with the database's reason
 // as last_error and 0 attempts, where ListDeadLetters shows it and redrive
 // can bring it back. dead_letters' metadata column is MEDIUMBLOB, so it
@@ -55,6 +55,15 @@
 // foreign publisher can send) is kept as its encoded batch in
 // refused_items with both reasons: no acknowledged item is ever dropped.
 // A router waiting on a COMMITTED batch is told which items were refused.
+//
+// # Statements
+//
+// The insert transaction, dedup settlement, enqueue_batches records and
+// their pruning are package schema/store's (ItemInsertBatch,
+// EnqueueBatchPrune), with every other statement on the queue tables, so
+// that the dedup tombstones it reads and the acks that write them follow
+// one set of lock rules. This package decides what to insert when, and
+// what to tell routers and dequeuers afterwards.
 //
 // # Failures
 //

@@ -22,6 +22,7 @@ import (
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -241,7 +242,7 @@ func TestInsertSeesTombstoneOfConcurrentAck(t *testing.T) {
 	ctx := context.Background()
 	first := batch(1, "t", "", 1)
 	first.Items[0].DedupKey = "k"
-	_, err := Insert(ctx, b.db, []*peerv1.EnqueueBatch{first}, time.Now().UnixMicro())
+	_, err := store.New(b.db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{first}, NowUS: time.Now().UnixMicro()})
 	require.NoError(t, err)
 
 	// The ack, held open.
@@ -262,7 +263,7 @@ func TestInsertSeesTombstoneOfConcurrentAck(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, err := Insert(ctx, b.db, []*peerv1.EnqueueBatch{second}, time.Now().UnixMicro())
+		out, err := store.New(b.db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{second}, NowUS: time.Now().UnixMicro()})
 		done <- result{out, err}
 	}()
 	// Let the insert reach the lock the ack holds (it stays in the process
@@ -294,7 +295,7 @@ func TestPruneBatches(t *testing.T) {
 	}
 	_, err := b.db.Exec("INSERT INTO enqueue_batches (batch_id, applied_at) VALUES (6, ?)", time.Now().UnixMicro())
 	require.NoError(t, err)
-	n, err := PruneBatches(context.Background(), b.db, time.Now().Add(-time.Hour).UnixMicro(), 2)
+	n, err := store.New(b.db).EnqueueBatchPrune(context.Background(), store.EnqueueBatchPruneParams{BeforeUS: time.Now().Add(-time.Hour).UnixMicro(), Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n)
 	var left []uint64

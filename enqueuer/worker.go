@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -260,7 +261,7 @@ func (w *worker) prune(ctx context.Context) {
 	for {
 		if db, err := cfg.Pool.Writer(cfg.Maps, w.shard); err == nil {
 			before := time.Now().Add(-cfg.BatchRetention).UnixMicro()
-			if _, err := PruneBatches(ctx, db, before, 1000); err != nil && ctx.Err() == nil {
+			if _, err := store.New(db).EnqueueBatchPrune(ctx, store.EnqueueBatchPruneParams{BeforeUS: before, Limit: 1000}); err != nil && ctx.Err() == nil {
 				w.log.Warn("pruning enqueue_batches failed; retrying later", "err", err)
 			}
 		}
@@ -380,8 +381,8 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	results, err := Insert(ctx, db, batches, time.Now().UnixMicro())
-	if IsPermanent(err) {
+	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: time.Now().UnixMicro()})
+	if store.IsPermanent(err) {
 		return w.isolate(ctx, kept)
 	}
 	if err != nil {
@@ -439,7 +440,7 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 }
 
 // isolate handles a group the database refused for its data: it places
-// each batch of each message alone with InsertIsolated, which inserts what
+// each batch of each message alone (store.ItemInsertBatch with Isolate), which inserts what
 // the shard takes and moves each refused item to the dead letters with the
 // database's reason. Nothing acknowledged is dropped (a BUFFERED batch was
 // acknowledged when JetStream stored it), and one bad item holds back
@@ -461,10 +462,12 @@ func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
 			continue
 		}
 		for _, b := range env.Batches {
-			res, err := InsertIsolated(ctx, db, b, time.Now().UnixMicro())
+			out, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b},
+				NowUS: time.Now().UnixMicro(), Isolate: true})
 			if err != nil {
 				return err // transient: everything is retried; placing is idempotent
 			}
+			res := out[0]
 			if res.Error != "" {
 				w.log.Error("the shard refused enqueued items; they are in the dead letters", "batch", b.BatchId, "topic", b.Topic, "err", res.Error)
 			}

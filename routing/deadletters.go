@@ -3,7 +3,6 @@ package routing
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -21,21 +20,14 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
-	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
+// deadRow is a dead letter and the shard it was read from.
 type deadRow struct {
-	ID         uint64         `db:"id"`
-	Topic      string         `db:"topic"`
-	Priority   int32          `db:"priority"`
-	EnqueuedAt int64          `db:"enqueued_at"`
-	Attempts   int32          `db:"attempts"`
-	Payload    []byte         `db:"payload"`
-	Metadata   []byte         `db:"metadata"`
-	LastError  sql.NullString `db:"last_error"`
-	DiedAt     int64          `db:"died_at"`
-	shard      uint32
+	store.DeadLetter
+	shard uint32
 }
 
 // deadCursor is a position in (died_at, id) order; the page token is
@@ -114,19 +106,16 @@ func (r *Router) ListDeadLetters(ctx context.Context, req *triagev1.ListDeadLett
 	var mu sync.Mutex
 	var all []deadRow
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
-		var rows []deadRow
-		// The topic_died index serves this range in order.
-		if err := db.SelectContext(ctx, &rows, `SELECT id, topic, priority, enqueued_at, attempts, payload, metadata, last_error, died_at
-			FROM dead_letters WHERE namespace = ? AND topic = ? AND (died_at > ? OR (died_at = ? AND id > ?))
-			ORDER BY died_at, id LIMIT ?`, req.Namespace, req.Topic, cur.diedAt, cur.diedAt, cur.key, size+1); err != nil {
+		rows, err := store.New(db).DeadLetterList(ctx, store.DeadLetterListParams{Namespace: req.Namespace, Topic: req.Topic,
+			AfterDiedAt: cur.diedAt, AfterID: cur.key, Limit: size + 1})
+		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for i := range rows {
-			rows[i].shard = shard
+		for _, d := range rows {
+			all = append(all, deadRow{d, shard})
 		}
-		all = append(all, rows...)
 		return nil
 	})
 	if err != nil {
@@ -187,7 +176,8 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	var total int64
 	var mu sync.Mutex
 	err = r.eachShard(ctx, m, shards, true, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
-		n, err := redriveShard(ctx, db, req.Namespace, req.Topic, byShard[shard], r.cfg.Clock.Now(ctx, db).UnixMicro())
+		n, err := store.New(db).DeadLetterRedrive(ctx, store.DeadLetterRedriveParams{Namespace: req.Namespace, Topic: req.Topic,
+			Keys: byShard[shard], NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro()})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -203,52 +193,6 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 		return nil, toStatus(err)
 	}
 	return &triagev1.RedriveDeadLettersResponse{Redriven: total}, nil
-}
-
-// redriveShard moves dead letters of a topic (only keys, when given) back
-// to items, 500 per transaction.
-func redriveShard(ctx context.Context, db *sqlx.DB, ns, topic string, keys []uint64, nowUS int64) (int64, error) {
-	var total int64
-	for {
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			return total, err
-		}
-		var ids []uint64
-		q, args := "SELECT id FROM dead_letters WHERE namespace = ? AND topic = ? ORDER BY died_at, id LIMIT 500 FOR UPDATE", []any{ns, topic}
-		if len(keys) > 0 {
-			k, kargs := schema.Keys("dead_letters", "d", keys)
-			q = "SELECT d.id FROM " + k + " WHERE d.namespace = ? AND d.topic = ? FOR UPDATE"
-			args = append(kargs, ns, topic)
-		}
-		if err := tx.SelectContext(ctx, &ids, q, args...); err != nil || len(ids) == 0 {
-			tx.Rollback()
-			return total, err
-		}
-		k, kargs := schema.Keys("dead_letters", "d", ids)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, attempts,
-				dedup_key, payload, metadata, last_error, updated_at)
-			SELECT d.id, d.namespace, d.topic, d.priority, ?, d.enqueued_at, d.lease_ms, 0, d.dedup_key, d.payload, d.metadata, d.last_error, ?
-			FROM `+k+`
-			ON DUPLICATE KEY UPDATE id = items.id`, append([]any{nowUS, nowUS}, kargs...)...); err != nil {
-			tx.Rollback()
-			return total, err
-		}
-		// Only what landed in items leaves the dead-letter table.
-		res, err := tx.ExecContext(ctx, `DELETE d FROM `+k+` STRAIGHT_JOIN items i FORCE INDEX (PRIMARY) ON i.id = d.id`, kargs...)
-		if err != nil {
-			tx.Rollback()
-			return total, err
-		}
-		if err := tx.Commit(); err != nil {
-			return total, err
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if len(keys) > 0 || n == 0 {
-			return total, nil
-		}
-	}
 }
 
 // announce tells dequeuers that a topic on shard has new ready items of

@@ -61,6 +61,15 @@
 // meanwhile is reported as unknown, never as done. Admin.Failover forwards
 // to the controller leader (package regions).
 //
+// # Storage
+//
+// Item reads and changes (GetItem, UpdateItem, DeleteItem, Ack, Nack,
+// ExtendLease, dead letters, stats, topic listing) call package
+// schema/store on the shard's database chosen here; this package writes
+// no SQL. UpdateItem's rules (what a lease forbids, priority history,
+// taking a prefetched row back) run in the store's transaction as a
+// callback, under the row's lock.
+//
 // # Errors
 //
 // Packages return domain errors; toStatus in errors.go is the one place

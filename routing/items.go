@@ -5,7 +5,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -18,13 +17,14 @@ import (
 	"github.com/triage-queue/triage/dequeuer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
 // MarshalMetadata stores metadata as a JSON object of strings, without
-// HTML escaping (dequeuer.MarshalMetadata: one encoder for enqueue, update
+// HTML escaping (store.MarshalMetadata: one encoder for enqueue, update
 // and nack, so validation measures what is stored).
-func MarshalMetadata(m map[string]string) ([]byte, error) { return dequeuer.MarshalMetadata(m) }
+func MarshalMetadata(m map[string]string) ([]byte, error) { return store.MarshalMetadata(m) }
 
 // itemShard parses an item ID and returns its shard's primary; for a
 // write, only when the shard may be written now.
@@ -44,34 +44,9 @@ func (r *Router) itemShard(m *shardmap.Map, s string, write bool) (itemid.ID, *s
 	return id, db, err
 }
 
-type itemRow struct {
-	ID           uint64         `db:"id"`
-	Namespace    string         `db:"namespace"`
-	Topic        string         `db:"topic"`
-	Priority     int32          `db:"priority"`
-	DeliverAfter int64          `db:"deliver_after"`
-	EnqueuedAt   int64          `db:"enqueued_at"`
-	LeaseMS      uint32         `db:"lease_ms"`
-	ExpiresAt    sql.NullInt64  `db:"expires_at"`
-	Attempts     int32          `db:"attempts"`
-	LeaseToken   uint64         `db:"lease_token"`
-	LeasedUntil  sql.NullInt64  `db:"leased_until"`
-	DedupKey     sql.NullString `db:"dedup_key"`
-	Payload      []byte         `db:"payload"`
-	Metadata     []byte         `db:"metadata"`
-	LastError    sql.NullString `db:"last_error"`
-	UpdatedAt    int64          `db:"updated_at"`
-	OrigPriority sql.NullInt32  `db:"original_priority"`
-	ChangedBy    sql.NullString `db:"priority_changed_by"`
-	ChangedAt    sql.NullInt64  `db:"priority_changed_at"`
-}
-
-const selectItem = `SELECT id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, expires_at, attempts,
-	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at,
-	original_priority, priority_changed_by, priority_changed_at
-FROM items WHERE id = ? AND namespace = ?`
-
-func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.Item {
+// itemProto is the API's view of an item row at now (the shard
+// primary's time), for an item of shard homed in region.
+func itemProto(row *store.Item, shard uint32, region string, now time.Time) *triagev1.Item {
 	it := &triagev1.Item{
 		Id:            itemid.ID{Shard: shard, Key: row.ID}.String(),
 		Namespace:     row.Namespace,
@@ -101,7 +76,7 @@ func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.
 	}
 	nowUS := now.UnixMicro()
 	switch {
-	case row.prefetched():
+	case row.Prefetched():
 		// In a dequeuer's prefetch buffer: ready, not yet delivered.
 		it.State = triagev1.ItemState_READY
 	case row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > nowUS:
@@ -115,26 +90,6 @@ func (row *itemRow) proto(shard uint32, region string, now time.Time) *triagev1.
 	return it
 }
 
-// prefetched reports whether the row sits in a dequeuer's prefetch
-// buffer: leased under a batch token, with no delivery lease (no
-// leased_until). Its deliver_after is the prefetch lease's expiry.
-func (row *itemRow) prefetched() bool { return row.LeaseToken != 0 && !row.LeasedUntil.Valid }
-
-func getRow(ctx context.Context, q sqlx.QueryerContext, namespace string, key uint64, forUpdate bool) (*itemRow, error) {
-	query := selectItem
-	if forUpdate {
-		query += " FOR UPDATE"
-	}
-	var row itemRow
-	if err := sqlx.GetContext(ctx, q, &row, query, key, namespace); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, dequeuer.ErrNotFound
-		}
-		return nil, err
-	}
-	return &row, nil
-}
-
 // GetItem implements triagev1.QueueServer.
 func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*triagev1.Item, error) {
 	m := r.cfg.Maps.Current()
@@ -145,12 +100,12 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	row, err := getRow(ctx, db, req.Namespace, id.Key, false)
+	row, err := store.New(db).ItemGet(ctx, store.ItemGetParams{Namespace: req.Namespace, ID: id.Key})
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	s, _ := m.Shard(id.Shard)
-	return row.proto(id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db)), nil
+	return itemProto(row, id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db)), nil
 }
 
 // UpdateItem implements triagev1.QueueServer. Priority and metadata change
@@ -179,22 +134,39 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	}
 	// Lease state and stamps are in the primary's time (Config.Clock).
 	now := r.cfg.Clock.Now(ctx, db)
-	tx, err := db.BeginTxx(ctx, nil)
+	row, err := store.New(db).ItemUpdate(ctx, store.ItemUpdateParams{Namespace: req.Namespace, ID: id.Key,
+		Update: func(row *store.Item) error { return updateRow(row, req, now) }})
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	defer tx.Rollback()
-	row, err := getRow(ctx, tx, req.Namespace, id.Key, true)
-	if err != nil {
+	if err := r.afterWrite(id.Shard); err != nil {
 		return nil, toStatus(err)
 	}
+	// A fetch in flight during the first unbuffer may have buffered a
+	// stale copy since; drop it (it could not be served anyway, see
+	// updateRow) so it does not hold a place in the merge.
+	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
+		r.log.Warn("unbuffer after update failed; the stale copy is dropped when served", "err", err)
+	}
+	if req.Priority != nil || req.DeliverAfter != nil || row.LeaseToken == 0 {
+		// Let prefetch buffers holding less urgent items look again, so
+		// the change takes effect on the next dequeue.
+		r.announce(req.Namespace, row.Topic, id.Shard, 1)
+	}
+	s, _ := m.Shard(id.Shard)
+	return itemProto(row, id.Shard, s.HomeRegion, now), nil
+}
+
+// updateRow applies an update to the item's row, read under its lock at
+// now (the primary's time).
+func updateRow(row *store.Item, req *triagev1.UpdateItemRequest, now time.Time) error {
 	leased := row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > now.UnixMicro()
 	if req.DeliverAfter != nil && leased {
-		return nil, toStatus(fmt.Errorf("%w: item %s is leased until %s; deliver_after can change once it is acked, nacked or its lease lapses",
-			dequeuer.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339)))
+		return fmt.Errorf("%w: item %s is leased until %s; deliver_after can change once it is acked, nacked or its lease lapses",
+			dequeuer.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339))
 	}
 	if len(req.UpdatedBy) > 128 {
-		return nil, toStatus(invalid("updated_by is %d bytes; at most 128 allowed", len(req.UpdatedBy)))
+		return invalid("updated_by is %d bytes; at most 128 allowed", len(req.UpdatedBy))
 	}
 	if req.Priority != nil && *req.Priority != row.Priority {
 		if !row.OrigPriority.Valid {
@@ -204,8 +176,8 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 		row.ChangedBy = sql.NullString{String: cmp.Or(req.UpdatedBy, "api"), Valid: true}
 		row.ChangedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
-	if row.prefetched() {
-		// A fetch that was in flight during the unbuffer above holds the
+	if row.Prefetched() {
+		// A fetch that was in flight during UpdateItem's unbuffer holds the
 		// row: take it from the buffer. Its stale copy cannot be served,
 		// since serving is conditional on the batch token cleared here,
 		// and the row is ready again at once. Its deliver_after was the
@@ -216,34 +188,12 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	if req.DeliverAfter != nil {
 		row.DeliverAfter = req.DeliverAfter.AsTime().UnixMicro()
 	}
-	if row.Metadata, err = dequeuer.MergeMetadata(row.Metadata, req.Metadata); err != nil {
-		return nil, toStatus(err)
+	var err error
+	if row.Metadata, err = store.MergeMetadata(row.Metadata, req.Metadata); err != nil {
+		return err
 	}
 	row.UpdatedAt = now.UnixMicro()
-	if _, err := tx.ExecContext(ctx, `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ?,
-		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ? WHERE id = ?`,
-		row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt, row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.ID); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := r.afterWrite(id.Shard); err != nil {
-		return nil, toStatus(err)
-	}
-	// A fetch in flight during the first unbuffer may have buffered a
-	// stale copy since; drop it (it could not be served anyway, see
-	// above) so it does not hold a place in the merge.
-	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
-		r.log.Warn("unbuffer after update failed; the stale copy is dropped when served", "err", err)
-	}
-	if req.Priority != nil || req.DeliverAfter != nil || row.LeaseToken == 0 {
-		// Let prefetch buffers holding less urgent items look again, so
-		// the change takes effect on the next dequeue.
-		r.announce(req.Namespace, row.Topic, id.Shard, 1)
-	}
-	s, _ := m.Shard(id.Shard)
-	return row.proto(id.Shard, s.HomeRegion, now), nil
+	return nil
 }
 
 // DeleteItem implements triagev1.QueueServer.
@@ -260,22 +210,9 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 		return nil, toStatus(err)
 	}
 	ns, _ := m.Namespace(req.Namespace)
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer tx.Rollback()
-	row, err := getRow(ctx, tx, req.Namespace, id.Key, true)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if _, err := tx.ExecContext(ctx, "DELETE FROM items WHERE id = ?", id.Key); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := dequeuer.Tombstone(ctx, tx, req.Namespace, row.Topic, row.DedupKey.String, row.ID, time.Duration(ns.DedupWindow)); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := tx.Commit(); err != nil {
+	// The tombstone's window runs on this router's clock, as it always has.
+	if err := store.New(db).ItemDelete(ctx, store.ItemDeleteParams{Namespace: req.Namespace, ID: id.Key,
+		DedupWindow: time.Duration(ns.DedupWindow), Now: time.Now()}); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := r.afterWrite(id.Shard); err != nil {
@@ -304,44 +241,19 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 		return nil, toStatus(err)
 	}
 	nowUS := r.cfg.Now().UnixMicro()
-	type prio struct {
-		Priority int32 `db:"priority"`
-		Ready    int64 `db:"ready"`
-		Oldest   int64 `db:"oldest"`
-	}
-	type totals struct {
-		Total  int64         `db:"total"`
-		Leased sql.NullInt64 `db:"leased"`
-	}
 	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic}
 	byPrio := map[int32]int64{}
 	oldest := int64(0)
 	var mu sync.Mutex
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
-		var ps []prio
-		// A prefetched row (a dequeuer's buffer holds it: lease_token set,
-		// leased_until NULL) is ready: it waits for a consumer, and its
-		// deliver_after is only the prefetch lease's expiry. Its ready
-		// time is not stored, so it does not count toward the oldest age.
-		if err := db.SelectContext(ctx, &ps, `SELECT priority, COUNT(*) AS ready,
-			COALESCE(MIN(CASE WHEN deliver_after <= ? THEN deliver_after END), 0) AS oldest FROM items
-			WHERE namespace = ? AND topic = ? AND (deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL))
-			GROUP BY priority`, nowUS, req.Namespace, req.Topic, nowUS); err != nil {
-			return err
-		}
-		var t totals
-		if err := db.GetContext(ctx, &t, `SELECT COUNT(*) AS total, SUM(lease_token <> 0 AND leased_until > ?) AS leased FROM items
-			WHERE namespace = ? AND topic = ?`, nowUS, req.Namespace, req.Topic); err != nil {
-			return err
-		}
-		var dead int64
-		if err := db.GetContext(ctx, &dead, `SELECT COUNT(*) FROM dead_letters WHERE namespace = ? AND topic = ?`,
-			req.Namespace, req.Topic); err != nil {
+		// Prefetched rows count as ready (see store.TopicStats).
+		t, err := store.New(db).TopicStats(ctx, store.TopicStatsParams{Namespace: req.Namespace, Topic: req.Topic, NowUS: nowUS})
+		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for _, p := range ps {
+		for _, p := range t.Ready {
 			byPrio[p.Priority] += p.Ready
 			stats.Ready += p.Ready
 			if p.Oldest != 0 && (oldest == 0 || p.Oldest < oldest) {
@@ -349,8 +261,8 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 			}
 		}
 		stats.Total += t.Total
-		stats.Leased += t.Leased.Int64
-		stats.DeadLetters += dead
+		stats.Leased += t.Leased
+		stats.DeadLetters += t.DeadLetters
 		return nil
 	})
 	if err != nil {
@@ -392,14 +304,8 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 	counts := map[string]int64{}
 	var mu sync.Mutex
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
-		var rows []struct {
-			Topic string `db:"topic"`
-			N     int64  `db:"n"`
-		}
-		// The ready index leads with (namespace, topic), so this walks the
-		// namespace's index range in topic order.
-		if err := db.SelectContext(ctx, &rows, `SELECT topic, COUNT(*) AS n FROM items FORCE INDEX (ready)
-			WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?`, req.Namespace, req.PageToken, size+1); err != nil {
+		rows, err := store.New(db).TopicList(ctx, store.TopicListParams{Namespace: req.Namespace, After: req.PageToken, Limit: size + 1})
+		if err != nil {
 			return err
 		}
 		mu.Lock()
@@ -456,8 +362,8 @@ func (r *Router) countItems(ctx context.Context, m *shardmap.Map, ns string, sha
 	var mu sync.Mutex
 	var total int64
 	err := r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
-		var n int64
-		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM (SELECT 1 FROM items WHERE namespace = ? LIMIT ?) AS capped", ns, limit); err != nil {
+		n, err := store.New(db).ItemCountNamespace(ctx, store.ItemCountNamespaceParams{Namespace: ns, Limit: limit})
+		if err != nil {
 			return err
 		}
 		mu.Lock()

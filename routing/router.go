@@ -24,6 +24,7 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -470,7 +471,7 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 }
 
 // undeliver hands items a dequeuer served but no consumer will get back
-// to the ready set (dequeuer.Unserve).
+// to the ready set (store.ItemUnserve).
 func (r *Router) undeliver(ctx context.Context, ns string, items []*triagev1.LeasedItem) error {
 	if len(items) == 0 {
 		return nil
@@ -483,7 +484,7 @@ func (r *Router) undeliver(ctx context.Context, ns string, items []*triagev1.Lea
 	for shard, us := range groups {
 		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
 		if err == nil {
-			err = dequeuer.Unserve(ctx, db, ns, us, r.cfg.Clock.Now(ctx, db).UnixMicro())
+			err = store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: ns, Items: us, NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro()})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
@@ -674,11 +675,13 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 		if err != nil {
 			return err
 		}
-		refs := make([]dequeuer.LeaseRef, len(idx))
+		refs := make([]store.LeaseRef, len(idx))
 		for j, i := range idx {
-			refs[j] = dequeuer.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
+			refs[j] = store.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
 		}
-		res, err := dequeuer.Ack(ctx, db, req.Namespace, refs, time.Duration(ns.DedupWindow))
+		// The tombstones' window runs on this router's clock, as it always has.
+		res, err := store.New(db).ItemAck(ctx, store.ItemAckParams{Namespace: req.Namespace, Refs: refs,
+			DedupWindow: time.Duration(ns.DedupWindow), Now: time.Now()})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -716,7 +719,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	if err != nil {
 		return nil, err
 	}
-	nacks := make([]dequeuer.Nack, len(req.Nacks))
+	nacks := make([]store.Nack, len(req.Nacks))
 	for i, n := range req.Nacks {
 		tok, err := dequeuer.ParseToken(n.LeaseToken)
 		if err != nil {
@@ -733,7 +736,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		if err := checkMetadata(n.Metadata); err != nil {
 			return nil, err
 		}
-		nacks[i] = dequeuer.Nack{LeaseRef: dequeuer.LeaseRef{Key: parsed[i].Key, Token: tok},
+		nacks[i] = store.Nack{LeaseRef: store.LeaseRef{Key: parsed[i].Key, Token: tok},
 			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata}
 	}
 	if len(groups) > 1 {
@@ -751,11 +754,13 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		if err != nil {
 			return err
 		}
-		batch := make([]dequeuer.Nack, len(idx))
+		batch := make([]store.Nack, len(idx))
 		for j, i := range idx {
 			batch[j] = nacks[i]
 		}
-		res, readyNow, err := dequeuer.NackItems(ctx, db, req.Namespace, batch, ns.MaxAttempts, time.Duration(ns.DedupWindow), r.cfg.Clock.Now(ctx, db))
+		res, readyNow, err := store.New(db).ItemNack(ctx, store.ItemNackParams{Namespace: req.Namespace, Nacks: batch,
+			MaxAttempts: ns.MaxAttempts, DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro(),
+			Backoff: dequeuer.Backoff})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -786,7 +791,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 
 // checkNackMetadata refuses nacks whose metadata patch, merged with the
 // item's stored metadata, would not fit (dequeuer.ErrMetadataTooLarge).
-func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.ID, nacks []dequeuer.Nack) error {
+func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.ID, nacks []store.Nack) error {
 	for i, n := range nacks {
 		if len(n.Metadata) == 0 {
 			continue
@@ -795,14 +800,14 @@ func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.
 		if err != nil {
 			return err
 		}
-		row, err := getRow(ctx, db, ns, ids[i].Key, false)
+		row, err := store.New(db).ItemGet(ctx, store.ItemGetParams{Namespace: ns, ID: ids[i].Key})
 		if errors.Is(err, dequeuer.ErrNotFound) {
 			continue // reported per item by the nack itself
 		}
 		if err != nil {
 			return err
 		}
-		if _, err := dequeuer.MergeMetadata(row.Metadata, n.Metadata); err != nil {
+		if _, err := store.MergeMetadata(row.Metadata, n.Metadata); err != nil {
 			return fmt.Errorf("nacks[%d]: %w", i, err)
 		}
 	}
@@ -826,7 +831,8 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 	if err := checkLease("lease_duration", req.LeaseDuration, true); err != nil {
 		return nil, toStatus(err)
 	}
-	until, err := dequeuer.Extend(ctx, db, req.Namespace, dequeuer.LeaseRef{Key: id.Key, Token: tok}, req.LeaseDuration.AsDuration(), r.cfg.Clock.Now(ctx, db))
+	until, err := store.New(db).ItemExtend(ctx, store.ItemExtendParams{Namespace: req.Namespace, Ref: store.LeaseRef{Key: id.Key, Token: tok},
+		Lease: req.LeaseDuration.AsDuration(), Now: r.cfg.Clock.Now(ctx, db)})
 	if err == nil {
 		err = r.afterWrite(id.Shard)
 	}

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/dequeuer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -22,7 +22,7 @@ const (
 	MaxRefsPerCall      = 1000
 	MaxDedupKeyBytes    = 255
 	MaxMetadataKeys     = 64
-	MaxMetadataBytes    = dequeuer.MaxMetadataBytes
+	MaxMetadataBytes    = store.MaxMetadataBytes
 	MaxTTL              = 366 * 24 * time.Hour
 	MaxDeliverDelay     = 366 * 24 * time.Hour
 	MaxNackDelay        = 366 * 24 * time.Hour

@@ -6,12 +6,11 @@ import (
 	"os"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/schematest"
 )
 
 func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
@@ -24,16 +23,7 @@ func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
 // semi-join).
 func TestKeysPlan(t *testing.T) {
 	ctx := t.Context()
-	dsn := mariadbtest.Database(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	cfg.MultiStatements = true
-	root, err := sql.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { root.Close() })
-	_, err = schema.Migrate(ctx, root)
-	require.NoError(t, err)
-	db := sqlx.NewDb(root, "mysql")
+	db := schematest.DB(t, nil)
 
 	forms := map[string]func(ids []uint64) (string, []any){
 		"locking read": func(ids []uint64) (string, []any) {
@@ -54,7 +44,7 @@ func TestKeysPlan(t *testing.T) {
 			return "SELECT i.id FROM " + k + " WHERE i.namespace = 'ns' AND i.topic = 't' FOR UPDATE", args
 		},
 	}
-	_, err = db.ExecContext(ctx, "ANALYZE TABLE items, dead_letters")
+	_, err := db.ExecContext(ctx, "ANALYZE TABLE items, dead_letters")
 	require.NoError(t, err)
 	size := 0
 	for _, rows := range []int{0, 1, 30, 3000} {

@@ -1,4 +1,4 @@
-package enqueuer
+package store
 
 import (
 	"bytes"
@@ -36,28 +36,56 @@ const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, de
 // where INSERT IGNORE would also swallow real errors as warnings.
 const insertItemsSuffix = ` ON DUPLICATE KEY UPDATE id = id`
 
-// Insert writes batches to one shard in one transaction and returns, per
-// batch, what EnqueueCommitted reports. A batch recorded as applied is
-// skipped and answered with the outcome it got the first time. It is
-// idempotent. When the database refuses the data, Insert fails with an
-// error IsPermanent recognises and writes nothing; InsertIsolated then
-// places each batch row by row.
-func Insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, nowUS int64) ([]*peerv1.EnqueueCommitted, error) {
-	return insert(ctx, db, batches, nowUS, false)
+// batchRecordPrefix records applied batches, with their content hash and
+// outcome: the INSERT's VALUES follow, one (?,?,?,?) per batch.
+const batchRecordPrefix = "INSERT INTO enqueue_batches (batch_id, applied_at, content_hash, outcome) VALUES "
+
+// batchAppliedSQL reads the records of batches already applied.
+const batchAppliedSQL = "SELECT batch_id, content_hash, outcome FROM enqueue_batches WHERE batch_id IN (?)"
+
+// deadLetterInsertSQL dead-letters an item the items table refused, with
+// 0 attempts and the database's reason.
+const deadLetterInsertSQL = `INSERT INTO dead_letters (id, namespace, topic, priority, enqueued_at, lease_ms, attempts,
+		dedup_key, payload, metadata, last_error, died_at) VALUES (?,?,?,?,?,?,0,?,?,?,?,?)
+		ON DUPLICATE KEY UPDATE id = id`
+
+// refusedInsertSQL keeps an item no table of its shape can hold.
+const refusedInsertSQL = `INSERT INTO refused_items (item_id, batch_id, batch, reason, refused_at) VALUES (?,?,?,?,?)`
+
+// itemPresentSQL reads which ids of k (schema.Keys("items", "i", ...))
+// items holds.
+func itemPresentSQL(k string) string { return "SELECT i.id FROM " + k }
+
+// tombstoneCheckSQL reads, with a locking read, the tombstones that still
+// hold dedup keys of a topic (the TombstoneCheck of an enqueue).
+const tombstoneCheckSQL = `SELECT dedup_key, item_id FROM dedup_tombstones
+				WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ? LOCK IN SHARE MODE`
+
+// itemDedupHolderSQL reads, with a locking read, the live item that holds
+// a dedup key.
+const itemDedupHolderSQL = "SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ? LOCK IN SHARE MODE"
+
+// ItemInsertBatchParams: see ItemInsertBatch.
+type ItemInsertBatchParams struct {
+	Batches []*peerv1.EnqueueBatch
+	NowUS   int64
+	// Isolate places the batches row by row: a row the items table
+	// refuses is moved to dead_letters with the database's reason (or,
+	// should dead_letters refuse it too, to refused_items), and every other
+	// row is inserted as without Isolate. The batches are recorded as
+	// applied either way, so nothing is lost and nothing is placed twice.
+	Isolate bool
 }
 
-// InsertIsolated writes one batch that Insert could not, row by row in one
-// transaction: a row the items table refuses is moved to dead_letters with
-// the database's reason (or, should dead_letters refuse it too, to
-// refused_items), and every other row is inserted as Insert would. The
-// batch is recorded as applied either way, so nothing is lost and nothing
-// is placed twice.
-func InsertIsolated(ctx context.Context, db *sqlx.DB, b *peerv1.EnqueueBatch, nowUS int64) (*peerv1.EnqueueCommitted, error) {
-	out, err := insert(ctx, db, []*peerv1.EnqueueBatch{b}, nowUS, true)
-	if err != nil {
-		return nil, err
-	}
-	return out[0], nil
+// ItemInsertBatch writes enqueue batches to the shard in one transaction
+// and returns, per batch, what EnqueueCommitted reports. A batch recorded
+// in enqueue_batches as applied is skipped and answered with the outcome
+// it got the first time, so it is idempotent. Without Isolate, when the
+// database refuses the data, it fails with an error IsPermanent
+// recognises and writes nothing; the caller then places each batch alone
+// with Isolate.
+func (s Store) ItemInsertBatch(ctx context.Context, p ItemInsertBatchParams) ([]*peerv1.EnqueueCommitted, error) {
+	return insert(ctx, s.db, p.Batches, p.NowUS, p.Isolate)
 }
 
 // batchHash identifies a batch's content: a JetStream redelivery carries the
@@ -75,16 +103,11 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 	for i, b := range batches {
 		hashes[i] = batchHash(b)
 	}
-	err := schema.Retry(ctx, func() error {
+	err := inTx(ctx, db, func(tx *sqlx.Tx) error {
 		out = make([]*peerv1.EnqueueCommitted, len(batches))
 		for i, b := range batches {
 			out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items))}
 		}
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
 		applied, err := appliedBatches(ctx, tx, batches)
 		if err != nil {
 			return err
@@ -115,7 +138,7 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 			}
 		}
 		if len(fresh) == 0 {
-			return tx.Commit()
+			return nil
 		}
 		refused := map[uint64]bool{}
 		var args []any
@@ -183,7 +206,7 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		if err := settleDedup(ctx, tx, batches, fresh, out, refused, nowUS); err != nil {
 			return err
 		}
-		q := "INSERT INTO enqueue_batches (batch_id, applied_at, content_hash, outcome) VALUES " +
+		q := batchRecordPrefix +
 			strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(fresh)), ",")
 		bargs := make([]any, 0, 4*len(fresh))
 		for _, i := range fresh {
@@ -199,7 +222,7 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
 			return fmt.Errorf("record batches: %w", err)
 		}
-		return tx.Commit()
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -234,7 +257,7 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 	for i, b := range batches {
 		ids[i] = b.BatchId
 	}
-	q, args, err := sqlx.In("SELECT batch_id, content_hash, outcome FROM enqueue_batches WHERE batch_id IN (?)", ids)
+	q, args, err := sqlx.In(batchAppliedSQL, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -264,9 +287,7 @@ func deadLetter(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *pe
 		payload = []byte{}
 	}
 	reason = truncate(reason, maxStoredError)
-	_, err := tx.ExecContext(ctx, `INSERT INTO dead_letters (id, namespace, topic, priority, enqueued_at, lease_ms, attempts,
-		dedup_key, payload, metadata, last_error, died_at) VALUES (?,?,?,?,?,?,0,?,?,?,?,?)
-		ON DUPLICATE KEY UPDATE id = id`,
+	_, err := tx.ExecContext(ctx, deadLetterInsertSQL,
 		it.Key, b.Namespace, b.Topic, it.Priority, b.EnqueuedAtUs, it.LeaseMs, dedup, payload, meta, reason, nowUS)
 	if IsPermanent(err) {
 		return refuseItem(ctx, tx, b, it, reason+"; dead_letters refused it too: "+err.Error(), nowUS)
@@ -286,7 +307,7 @@ func refuseItem(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *pe
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO refused_items (item_id, batch_id, batch, reason, refused_at) VALUES (?,?,?,?,?)`,
+	if _, err := tx.ExecContext(ctx, refusedInsertSQL,
 		it.Key, b.BatchId, data, truncate(reason, maxStoredError), nowUS); err != nil {
 		return fmt.Errorf("keep refused item: %w", err)
 	}
@@ -331,7 +352,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 		chunk := keys[start:min(start+maxRowsPerInsert, len(keys))]
 		k, args := schema.Keys("items", "i", chunk)
 		var got []uint64
-		if err := tx.SelectContext(ctx, &got, "SELECT i.id FROM "+k, args...); err != nil {
+		if err := tx.SelectContext(ctx, &got, itemPresentSQL(k), args...); err != nil {
 			return err
 		}
 		for _, id := range got {
@@ -342,8 +363,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 	for k, dkeys := range byTopic {
 		for start := 0; start < len(dkeys); start += maxRowsPerInsert {
 			chunk := dkeys[start:min(start+maxRowsPerInsert, len(dkeys))]
-			q, args, err := sqlx.In(`SELECT dedup_key, item_id FROM dedup_tombstones
-				WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ? LOCK IN SHARE MODE`, k[0], k[1], chunk, nowUS)
+			q, args, err := sqlx.In(tombstoneCheckSQL, k[0], k[1], chunk, nowUS)
 			if err != nil {
 				return err
 			}
@@ -376,7 +396,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 				var live uint64
 				// A locking read: it sees the latest committed holder, where a
 				// snapshot read could predate the insert this one lost to.
-				err := tx.GetContext(ctx, &live, "SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ? LOCK IN SHARE MODE",
+				err := tx.GetContext(ctx, &live, itemDedupHolderSQL,
 					b.Namespace, b.Topic, it.DedupKey)
 				if err != nil && !errors.Is(err, sql.ErrNoRows) {
 					return fmt.Errorf("dedup lookup: %w", err)
@@ -390,7 +410,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 	}
 	for start := 0; start < len(undo); start += maxRowsPerInsert {
 		k, args := schema.Keys("items", "i", undo[start:min(start+maxRowsPerInsert, len(undo))])
-		if _, err := tx.ExecContext(ctx, "DELETE i FROM "+k, args...); err != nil {
+		if _, err := tx.ExecContext(ctx, itemDeleteKeysSQL(k, ""), args...); err != nil {
 			return fmt.Errorf("undo tombstoned inserts: %w", err)
 		}
 	}
@@ -417,20 +437,31 @@ func IsPermanent(err error) bool {
 	return false
 }
 
-// PruneBatches deletes enqueue_batches rows applied before beforeUS, at
-// most batch rows per statement (through the applied index), until none
-// is left, and returns how many it deleted. A row only matters while
-// JetStream may still redeliver its batch.
-func PruneBatches(ctx context.Context, db *sqlx.DB, beforeUS int64, batch int) (int64, error) {
+// batchPruneSQL deletes old enqueue_batches rows through the applied
+// index, a bounded number per statement.
+const batchPruneSQL = "DELETE FROM enqueue_batches WHERE applied_at < ? ORDER BY applied_at LIMIT ?"
+
+// EnqueueBatchPruneParams: see EnqueueBatchPrune.
+type EnqueueBatchPruneParams struct {
+	BeforeUS int64
+	// Limit: rows per statement.
+	Limit int
+}
+
+// EnqueueBatchPrune deletes enqueue_batches rows applied before BeforeUS,
+// at most Limit rows per statement, until none is left, and returns how
+// many it deleted. A row only matters while JetStream may still redeliver
+// its batch.
+func (s Store) EnqueueBatchPrune(ctx context.Context, p EnqueueBatchPruneParams) (int64, error) {
 	var total int64
 	for {
-		res, err := db.ExecContext(ctx, "DELETE FROM enqueue_batches WHERE applied_at < ? ORDER BY applied_at LIMIT ?", beforeUS, batch)
+		res, err := s.db.ExecContext(ctx, batchPruneSQL, p.BeforeUS, p.Limit)
 		if err != nil {
 			return total, fmt.Errorf("prune enqueue batches: %w", err)
 		}
 		n, _ := res.RowsAffected()
 		total += n
-		if n < int64(batch) {
+		if n < int64(p.Limit) {
 			return total, nil
 		}
 	}

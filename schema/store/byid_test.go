@@ -1,21 +1,14 @@
-package dequeuer
+package store
 
 import (
 	"context"
-	"database/sql"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/schematest"
 )
-
-func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
 
 // TestByIDStatementsLockOnlyTheirRows: ack, nack, extend, unserve and the
 // dead-lettering of the lease path name their rows by id. Left to itself, the
@@ -28,17 +21,8 @@ func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
 // the whole test, every one of them completes.
 func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 	ctx := t.Context()
-	dsn := mariadbtest.Database(t)
-	cfg, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	cfg.MultiStatements = true
-	cfg.Params = map[string]string{"tx_isolation": "'READ-COMMITTED'"}
-	root, err := sql.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { root.Close() })
-	_, err = schema.Migrate(ctx, root)
-	require.NoError(t, err)
-	db := sqlx.NewDb(root, "mysql")
+	db := schematest.DB(t, map[string]string{"tx_isolation": "'READ-COMMITTED'"})
+	s := New(db)
 
 	now := time.Now()
 	nowUS := now.UnixMicro()
@@ -46,7 +30,7 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 	// Statistics taken while the table was empty, as they are on a queue
 	// that keeps up (and on a just-promoted primary): with a few dozen rows
 	// in it now, the optimizer reads a lookup of ten ids as a full scan.
-	_, err = db.ExecContext(ctx, "ANALYZE TABLE items")
+	_, err := db.ExecContext(ctx, "ANALYZE TABLE items")
 	require.NoError(t, err)
 	// Rows 1..39 are leased with token 100+id; row 40 is the unrelated one.
 	for id := uint64(1); id <= 40; id++ {
@@ -86,7 +70,7 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 		}
 		return out
 	}
-	res, err := Ack(within(), db, ns, refs(1), time.Minute)
+	res, err := s.ItemAck(within(), ItemAckParams{Namespace: ns, Refs: refs(1), DedupWindow: time.Minute, Now: now})
 	require.NoError(t, err, "ack")
 	require.Equal(t, make([]error, 10), res)
 
@@ -94,7 +78,7 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 	for _, r := range refs(11) {
 		nacks = append(nacks, Nack{LeaseRef: r, Delay: time.Second})
 	}
-	res, _, err = NackItems(within(), db, ns, nacks, 0, time.Minute, now)
+	res, _, err = s.ItemNack(within(), ItemNackParams{Namespace: ns, Nacks: nacks, DedupWindow: time.Minute, NowUS: nowUS})
 	require.NoError(t, err, "nack")
 	require.Equal(t, make([]error, 10), res)
 
@@ -102,18 +86,18 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 	for _, r := range refs(21) {
 		us = append(us, Undelivered{LeaseRef: r, DeliverAfterUS: nowUS})
 	}
-	require.NoError(t, Unserve(within(), db, ns, us, nowUS), "unserve")
+	require.NoError(t, s.ItemUnserve(within(), ItemUnserveParams{Namespace: ns, Items: us, NowUS: nowUS}), "unserve")
 	var leased int
 	require.NoError(t, db.GetContext(ctx, &leased, "SELECT COUNT(*) FROM items WHERE id BETWEEN 21 AND 30 AND lease_token <> 0"))
 	require.Zero(t, leased, "unserve hands the items back")
 
-	require.NoError(t, retire(within(), db, []uint64{41, 42, 43, 44, 45}, []uint64{46, 47, 48, 49, 50}, time.Minute, nowUS), "retire")
+	require.NoError(t, s.retire(within(), []uint64{41, 42, 43, 44, 45}, []uint64{46, 47, 48, 49, 50}, time.Minute, nowUS), "retire")
 	var dead, left int
 	require.NoError(t, db.GetContext(ctx, &dead, "SELECT COUNT(*) FROM dead_letters WHERE id BETWEEN 41 AND 45"))
 	require.NoError(t, db.GetContext(ctx, &left, "SELECT COUNT(*) FROM items WHERE id BETWEEN 41 AND 50"))
 	require.Equal(t, 5, dead, "out of attempts: dead-lettered")
 	require.Zero(t, left, "dead-lettered or expired at most once: gone from items")
 
-	_, err = Extend(within(), db, ns, LeaseRef{Key: 31, Token: 131}, time.Minute, now)
+	_, err = s.ItemExtend(within(), ItemExtendParams{Namespace: ns, Ref: LeaseRef{Key: 31, Token: 131}, Lease: time.Minute, Now: now})
 	require.NoError(t, err, "extend")
 }

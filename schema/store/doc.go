@@ -1,0 +1,77 @@
+// Package store owns every statement on a shard's queue tables: items,
+// dead_letters and dedup_tombstones, and the enqueue bookkeeping written
+// in the same transactions (enqueue_batches, refused_items). Routing,
+// dequeuer and enqueuer call it; none of them spells SQL on those tables
+// (TestStoreOwnsQueueTables fails the build of a change that does).
+//
+// # The seam
+//
+// Modelled on River's driver: a Store wraps the shard's *sqlx.DB, which
+// the caller picks (shardmap.Pool.Writer for writes, whose fencing checks
+// stay with the caller, Pool.Primary for reads), and each method is named
+// NounVerb and takes (ctx, params): ItemLeaseHead, ItemServe, ItemAck,
+// DeadLetterRedrive, ... Methods carry the statements and the decisions
+// that must be made under the statements' row locks (a lease token check,
+// out of attempts, a dedup tombstone); what a caller keeps in memory
+// (prefetch buffers, merge order, shard ownership, request validation,
+// the API's view of a row) stays with the caller. Where a caller decides
+// how a locked row changes (UpdateItem), it passes a callback
+// (ItemUpdateParams.Update).
+//
+// The SQL is in named constants next to the method that runs it, one
+// place per statement; statements whose size depends on a batch are built
+// from fixed text by one function each (stmt, caseByID, schema.Keys).
+//
+// # Rows
+//
+// Item is the one type a row of items is read into, whatever columns a
+// statement reads (the others stay zero); DeadLetter is dead_letters'.
+// Item also carries the ready index's order (Compare, Less), which the
+// dequeuer's buffers merge by, and Prefetched, the one definition of a
+// row held in a prefetch buffer (lease_token set, leased_until NULL).
+//
+// # Transactions
+//
+// Every transaction begins in inTx, which commits fn's work and runs all
+// of it again, up to five times (schema.Retry), when InnoDB rolls it back
+// for a deadlock (1213) or a lock wait timeout (1205): leasing, acking and
+// deleting concurrently on one table produce them, and a rolled-back
+// transaction is safe to repeat. A statement outside a transaction is
+// retried the same way (retryExec). fn must therefore start over each
+// time; methods reset what they collect at the top of fn.
+//
+// # Index and lock rules
+//
+// These are why the statements look the way they do; keep them when
+// changing one (TestByIDStatementsLockOnlyTheirRows and schema's
+// TestKeysPlan hold them):
+//
+//   - A statement that addresses rows by id and locks or deletes them goes
+//     through schema.Keys: a derived table of the sorted ids joined
+//     STRAIGHT_JOIN to the table with FORCE INDEX (PRIMARY), so it locks,
+//     and waits for, its own rows only, in one order. "WHERE id IN (...)"
+//     lets MariaDB scan a small table and wait for every row another
+//     consumer holds (schema/keys.go tells the drill that saw it).
+//   - Single-table UPDATEs by id carry FORCE INDEX (PRIMARY) for the same
+//     reason; they are conditional (token, deliver_after) so a row that
+//     changed since it was read is left alone and reported missing.
+//   - The ready head and aging read through FORCE INDEX (ready), whose
+//     order (namespace, topic, priority, deliver_after, id) is the
+//     delivery order; the head read takes no locks, since only the shard's
+//     owner leases and the conditional prefetch UPDATE settles races.
+//   - The TTL and tombstone sweeps delete through their expiry indexes,
+//     bounded per statement, so their cost follows what expired, not the
+//     backlog.
+//   - Dedup tombstones are written in the transaction that removes the
+//     item (ack, delete, dead-lettering, expiry) and read with a locking
+//     read after an enqueue's insert, which is what closes the race
+//     between an ack and an enqueue of the same key.
+//
+// # Errors
+//
+// errors.go defines the sentinels callers test with errors.Is
+// (ErrNotFound, ErrStaleLease, ErrMetadataTooLarge); dequeuer's errors of
+// those names are the same values. Methods return them bare or wrapped
+// with %w under the same prefixes as before the store existed ("ack: ",
+// "nack: "), because routing sends err.Error() to API clients.
+package store

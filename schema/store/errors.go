@@ -1,0 +1,17 @@
+package store
+
+import "errors"
+
+// The store's errors. Callers test them with errors.Is (package routing
+// maps them to gRPC codes); the store returns them bare or wrapped with
+// %w, never re-created, and their texts are what API clients read.
+var (
+	// ErrStaleLease means the lease token is not the item's current one: the
+	// lease expired and the item was delivered again, or it was nacked.
+	ErrStaleLease = errors.New("stale lease token: the item was leased again or returned since; the current holder keeps it")
+	// ErrNotFound means no such item: never enqueued, or acked or deleted.
+	ErrNotFound = errors.New("item not found: it was acked, deleted, expired or never existed")
+	// ErrMetadataTooLarge means a metadata patch merged with the item's
+	// stored metadata would exceed MaxMetadataBytes; nothing was changed.
+	ErrMetadataTooLarge = errors.New("metadata too large")
+)

@@ -1,0 +1,64 @@
+package store
+
+import (
+	"cmp"
+	"database/sql"
+)
+
+// Item is a row of items, the one type every statement on the table reads
+// into. A statement reads the columns it needs; the others stay zero (the
+// head read, for one, skips namespace, topic and the priority history).
+type Item struct {
+	ID           uint64 `db:"id"`
+	Namespace    string `db:"namespace"`
+	Topic        string `db:"topic"`
+	Priority     int32  `db:"priority"`
+	DeliverAfter int64  `db:"deliver_after"`
+	EnqueuedAt   int64  `db:"enqueued_at"`
+	LeaseMS      uint32 `db:"lease_ms"`
+	// ExpiresAt is the TTL; a buffered row past it is not served.
+	ExpiresAt  sql.NullInt64 `db:"expires_at"`
+	Attempts   int32         `db:"attempts"`
+	LeaseToken uint64        `db:"lease_token"`
+	// LeasedUntil is set only while a consumer holds (or held, until the
+	// row is leased again) a delivery lease; a prefetch lease leaves it
+	// NULL. It tells an expired delivery from a lapsed prefetch.
+	LeasedUntil  sql.NullInt64  `db:"leased_until"`
+	DedupKey     sql.NullString `db:"dedup_key"`
+	Payload      []byte         `db:"payload"`
+	Metadata     []byte         `db:"metadata"`
+	LastError    sql.NullString `db:"last_error"`
+	UpdatedAt    int64          `db:"updated_at"`
+	OrigPriority sql.NullInt32  `db:"original_priority"`
+	ChangedBy    sql.NullString `db:"priority_changed_by"`
+	ChangedAt    sql.NullInt64  `db:"priority_changed_at"`
+}
+
+// Less orders rows as the ready index does: (priority, deliver_after, id).
+func (r *Item) Less(o *Item) bool { return r.Compare(o) < 0 }
+
+// Compare is Less as a three-way comparison.
+func (r *Item) Compare(o *Item) int {
+	return cmp.Or(cmp.Compare(r.Priority, o.Priority), cmp.Compare(r.DeliverAfter, o.DeliverAfter), cmp.Compare(r.ID, o.ID))
+}
+
+// Prefetched reports whether the row sits in a dequeuer's prefetch
+// buffer: leased under a batch token, with no delivery lease (no
+// leased_until). Its deliver_after is the prefetch lease's expiry.
+func (r *Item) Prefetched() bool { return r.LeaseToken != 0 && !r.LeasedUntil.Valid }
+
+// DeadLetter is a row of dead_letters.
+type DeadLetter struct {
+	ID         uint64         `db:"id"`
+	Namespace  string         `db:"namespace"`
+	Topic      string         `db:"topic"`
+	Priority   int32          `db:"priority"`
+	EnqueuedAt int64          `db:"enqueued_at"`
+	LeaseMS    uint32         `db:"lease_ms"`
+	Attempts   int32          `db:"attempts"`
+	DedupKey   sql.NullString `db:"dedup_key"`
+	Payload    []byte         `db:"payload"`
+	Metadata   []byte         `db:"metadata"`
+	LastError  sql.NullString `db:"last_error"`
+	DiedAt     int64          `db:"died_at"`
+}

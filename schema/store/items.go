@@ -1,0 +1,281 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// itemGetSQL reads one item of a namespace by id, every column.
+const itemGetSQL = `SELECT id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, expires_at, attempts,
+	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at,
+	original_priority, priority_changed_by, priority_changed_at
+FROM items WHERE id = ? AND namespace = ?`
+
+// itemGetForUpdateSQL is itemGetSQL under a row lock.
+const itemGetForUpdateSQL = itemGetSQL + " FOR UPDATE"
+
+// itemUpdateSQL writes the columns an update may change.
+const itemUpdateSQL = `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ?,
+		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ? WHERE id = ?`
+
+// itemDeleteSQL deletes one locked item.
+const itemDeleteSQL = "DELETE FROM items WHERE id = ?"
+
+func getItem(ctx context.Context, q sqlx.QueryerContext, query, namespace string, key uint64) (*Item, error) {
+	var row Item
+	if err := sqlx.GetContext(ctx, q, &row, query, key, namespace); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, ErrNotFound
+		}
+		return nil, err
+	}
+	return &row, nil
+}
+
+// ItemGetParams: see ItemGet.
+type ItemGetParams struct {
+	Namespace string
+	ID        uint64
+}
+
+// ItemGet reads an item of a namespace, without locks; ErrNotFound, bare,
+// if the namespace holds no such item.
+func (s Store) ItemGet(ctx context.Context, p ItemGetParams) (*Item, error) {
+	return getItem(ctx, s.db, itemGetSQL, p.Namespace, p.ID)
+}
+
+// ItemUpdateParams: see ItemUpdate.
+type ItemUpdateParams struct {
+	Namespace string
+	ID        uint64
+	// Update changes the locked row in memory: priority and its history,
+	// deliver_after, metadata, updated_at and lease_token are written
+	// back. An error from it aborts the update and is returned as it is.
+	// It runs again if the transaction is retried, on a fresh read.
+	Update func(row *Item) error
+}
+
+// ItemUpdate changes an item under a row lock, in one transaction, and
+// returns the row as written; ErrNotFound, bare, if the namespace holds no
+// such item.
+func (s Store) ItemUpdate(ctx context.Context, p ItemUpdateParams) (*Item, error) {
+	var out *Item
+	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		row, err := getItem(ctx, tx, itemGetForUpdateSQL, p.Namespace, p.ID)
+		if err != nil {
+			return err
+		}
+		if err := p.Update(row); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, itemUpdateSQL, row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt,
+			row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.ID); err != nil {
+			return err
+		}
+		out = row
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ItemDeleteParams: see ItemDelete.
+type ItemDeleteParams struct {
+	Namespace string
+	ID        uint64
+	// DedupWindow: how long the item's dedup key stays taken, from Now.
+	DedupWindow time.Duration
+	Now         time.Time
+}
+
+// ItemDelete deletes an item whatever its state, keeping its dedup key
+// taken for DedupWindow, in one transaction; ErrNotFound, bare, if the
+// namespace holds no such item.
+func (s Store) ItemDelete(ctx context.Context, p ItemDeleteParams) error {
+	return inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		row, err := getItem(ctx, tx, itemGetForUpdateSQL, p.Namespace, p.ID)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, itemDeleteSQL, p.ID); err != nil {
+			return err
+		}
+		return tombstoneAt(ctx, tx, p.Namespace, row.Topic, row.DedupKey.String, row.ID, p.Now.Add(p.DedupWindow).UnixMicro(), p.DedupWindow)
+	})
+}
+
+// topicReadySQL counts a topic's ready items per priority, with the oldest
+// ready time. A prefetched row (a dequeuer's buffer holds it: lease_token
+// set, leased_until NULL) is ready: it waits for a consumer, and its
+// deliver_after is only the prefetch lease's expiry. Its ready time is not
+// stored, so it does not count toward the oldest age.
+const topicReadySQL = `SELECT priority, COUNT(*) AS ready,
+			COALESCE(MIN(CASE WHEN deliver_after <= ? THEN deliver_after END), 0) AS oldest FROM items
+			WHERE namespace = ? AND topic = ? AND (deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL))
+			GROUP BY priority`
+
+// topicTotalsSQL counts a topic's items and those under a running
+// delivery lease.
+const topicTotalsSQL = `SELECT COUNT(*) AS total, SUM(lease_token <> 0 AND leased_until > ?) AS leased FROM items
+			WHERE namespace = ? AND topic = ?`
+
+// topicDeadSQL counts a topic's dead letters.
+const topicDeadSQL = `SELECT COUNT(*) FROM dead_letters WHERE namespace = ? AND topic = ?`
+
+// PriorityReady is a priority's ready count and the deliver_after of its
+// oldest ready item (0: none counted).
+type PriorityReady struct {
+	Priority int32 `db:"priority"`
+	Ready    int64 `db:"ready"`
+	Oldest   int64 `db:"oldest"`
+}
+
+// TopicStatsParams: see TopicStats.
+type TopicStatsParams struct {
+	Namespace, Topic string
+	NowUS            int64
+}
+
+// TopicStatsResult is one shard's counts of a topic.
+type TopicStatsResult struct {
+	Ready       []PriorityReady
+	Total       int64
+	Leased      int64
+	DeadLetters int64
+}
+
+// TopicStats counts a topic's items on the shard with index range scans
+// over the topic: its cost grows with the topic's depth.
+func (s Store) TopicStats(ctx context.Context, p TopicStatsParams) (*TopicStatsResult, error) {
+	out := &TopicStatsResult{}
+	if err := s.db.SelectContext(ctx, &out.Ready, topicReadySQL, p.NowUS, p.Namespace, p.Topic, p.NowUS); err != nil {
+		return nil, err
+	}
+	var t struct {
+		Total  int64         `db:"total"`
+		Leased sql.NullInt64 `db:"leased"`
+	}
+	if err := s.db.GetContext(ctx, &t, topicTotalsSQL, p.NowUS, p.Namespace, p.Topic); err != nil {
+		return nil, err
+	}
+	out.Total, out.Leased = t.Total, t.Leased.Int64
+	if err := s.db.GetContext(ctx, &out.DeadLetters, topicDeadSQL, p.Namespace, p.Topic); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// topicListSQL lists a namespace's topics after a name with their item
+// counts. The ready index leads with (namespace, topic), so this walks the
+// namespace's index range in topic order.
+const topicListSQL = `SELECT topic, COUNT(*) AS n FROM items FORCE INDEX (ready)
+			WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?`
+
+// TopicCount is a topic and how many items it holds.
+type TopicCount struct {
+	Topic string `db:"topic"`
+	N     int64  `db:"n"`
+}
+
+// TopicListParams: see TopicList.
+type TopicListParams struct {
+	Namespace string
+	// After: the list starts after this topic name.
+	After string
+	Limit int
+}
+
+// TopicList returns up to Limit topics of a namespace that hold items on
+// the shard, in name order after After.
+func (s Store) TopicList(ctx context.Context, p TopicListParams) ([]TopicCount, error) {
+	var rows []TopicCount
+	if err := s.db.SelectContext(ctx, &rows, topicListSQL, p.Namespace, p.After, p.Limit); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// itemCountNamespaceSQL counts a namespace's items up to a cap, reading
+// at most that many entries of an index whose prefix is the namespace.
+const itemCountNamespaceSQL = "SELECT COUNT(*) FROM (SELECT 1 FROM items WHERE namespace = ? LIMIT ?) AS capped"
+
+// ItemCountNamespaceParams: see ItemCountNamespace.
+type ItemCountNamespaceParams struct {
+	Namespace string
+	Limit     int64
+}
+
+// ItemCountNamespace counts a namespace's items on the shard, up to Limit:
+// enough to tell whether a depth quota is reached, never the whole
+// backlog.
+func (s Store) ItemCountNamespace(ctx context.Context, p ItemCountNamespaceParams) (int64, error) {
+	var n int64
+	if err := s.db.GetContext(ctx, &n, itemCountNamespaceSQL, p.Namespace, p.Limit); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// itemExpiredSQL locks the oldest expired items (TTL), through the ttl
+// index, so the sweep touches only expired rows whatever the backlog.
+const itemExpiredSQL = `SELECT id, namespace, topic, dedup_key FROM items
+			WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE`
+
+// tombstoneSweepSQL deletes dedup tombstones past their window, through
+// their expires index.
+const tombstoneSweepSQL = "DELETE FROM dedup_tombstones WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"
+
+// ItemSweepExpiredParams: see ItemSweepExpired.
+type ItemSweepExpiredParams struct {
+	NowUS int64
+	Limit int
+	// Window is the dedup window of a namespace.
+	Window func(namespace string) time.Duration
+}
+
+// ItemSweepExpired deletes up to Limit items whose TTL has passed, keeping
+// their dedup keys taken for their namespace's window, then up to Limit
+// dedup tombstones past their window. It returns the larger of the two
+// counts, so a caller sweeps again while either is at Limit.
+func (s Store) ItemSweepExpired(ctx context.Context, p ItemSweepExpiredParams) (int64, error) {
+	var n int64
+	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		n = 0
+		var rows []Item
+		if err := tx.SelectContext(ctx, &rows, itemExpiredSQL, p.NowUS, p.Limit); err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		ids := make([]uint64, len(rows))
+		for i, r := range rows {
+			ids[i] = r.ID
+			if r.DedupKey.Valid {
+				w := p.Window(r.Namespace)
+				if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, p.NowUS+w.Microseconds(), w); err != nil {
+					return err
+				}
+			}
+		}
+		var err error
+		n, err = deleteItems(ctx, tx, ids, "")
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ttl sweep: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, tombstoneSweepSQL, p.NowUS, p.Limit)
+	if err != nil {
+		return n, fmt.Errorf("tombstone sweep: %w", err)
+	}
+	m, _ := res.RowsAffected()
+	return max(n, m), nil
+}

@@ -1,0 +1,570 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/triage-queue/triage/schema"
+)
+
+// The head of a topic's ready set, read without row locks: only this
+// shard's owner leases from it, and the conditional UPDATE below settles
+// any race with UpdateItem, DeleteItem or an overlapping owner. Measured on
+// the development box, this is twice the rate of SELECT ... FOR UPDATE SKIP
+// LOCKED (ARCHITECTURE.md, environment facts).
+//
+// The priority bounds serve priority bands (dequeue min/max_priority and
+// the weighted policy); without bounds they span all of int32 and the
+// index range is the same.
+const itemHeadSQL = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at
+FROM items FORCE INDEX (ready)
+WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
+ORDER BY priority, deliver_after, id
+LIMIT ?`
+
+// itemHeadBeforeSQL is itemHeadSQL limited to rows that sort before a
+// buffered tail (priority, deliver_after, id): the recheck of a shard whose
+// buffer holds items, which only needs rows more urgent than those. The
+// caller narrows the priority range to the tail's priority, so the index
+// range stays small.
+const itemHeadBeforeSQL = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at
+FROM items FORCE INDEX (ready)
+WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
+AND (priority < ? OR (priority = ? AND (deliver_after < ? OR (deliver_after = ? AND id < ?))))
+ORDER BY priority, deliver_after, id
+LIMIT ?`
+
+// Prefetching stamps a batch token and hides the row for the short
+// prefetch lease (deliver_after = its expiry), only if the row is still
+// ready. It counts no attempt and sets no leased_until: nothing has reached
+// a consumer yet. A dequeuer that dies with rows buffered leaves them
+// hidden for at most the prefetch lease, and with their attempts unchanged.
+const itemPrefetchSQL = `UPDATE items FORCE INDEX (PRIMARY)
+SET lease_token = ?, leased_until = NULL, deliver_after = ?, updated_at = ?
+WHERE id IN (?) AND deliver_after <= ?`
+
+// itemServeCheckSQL reads the tokens rows carry after a serve that did
+// not update them all.
+const itemServeCheckSQL = "SELECT id, lease_token FROM items WHERE id IN (?)"
+
+// itemRefreshPrefetchSQL extends prefetch leases still held under a
+// batch token.
+const itemRefreshPrefetchSQL = `UPDATE items FORCE INDEX (PRIMARY) SET deliver_after = ?, updated_at = ?
+		WHERE id IN (?) AND lease_token = ? AND leased_until IS NULL`
+
+// itemHeldSQL reads which rows carry a token, unexpired, after an UPDATE
+// that did not change them all.
+const itemHeldSQL = "SELECT id FROM items WHERE id IN (?) AND lease_token = ? AND (expires_at IS NULL OR expires_at > ?)"
+
+// itemLockLeasesSQL reads the lease state of rows under row locks, by
+// primary key lookups from k (schema.Keys("items", "i", ...)).
+func itemLockLeasesSQL(k string) string {
+	return `SELECT i.id, i.topic, i.attempts, i.lease_token, i.lease_ms, i.metadata, i.dedup_key
+		FROM ` + k + ` WHERE i.namespace = ? FOR UPDATE`
+}
+
+// itemNackSQL hands one locked row back to the ready set.
+const itemNackSQL = `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
+				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`
+
+// itemExtendSQL moves one locked row's delivery lease.
+const itemExtendSQL = "UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ? WHERE id = ?"
+
+// ItemLeaseHeadParams: see ItemLeaseHead.
+type ItemLeaseHeadParams struct {
+	Namespace, Topic string
+	// PriorityLo, PriorityHi: the band read, inclusive.
+	PriorityLo, PriorityHi int32
+	// Tail: when set, only rows that sort before it are read (and the band
+	// is narrowed to its priority).
+	Tail *Item
+	// MaxAttempts: rows delivered this many times are dead-lettered
+	// instead (0: never).
+	MaxAttempts int
+	// AtMostOnce: rows whose delivery lease lapsed are deleted.
+	AtMostOnce bool
+	// DedupWindow: how long the dedup keys of rows that leave stay taken.
+	DedupWindow time.Duration
+	Limit       int
+	NowUS       int64
+	// PrefetchUntilUS: the prefetch lease's expiry.
+	PrefetchUntilUS int64
+}
+
+// ItemLeaseHead prefetch-leases up to Limit ready items of a topic's band
+// and returns them in delivery order with the batch's prefetch token.
+// Rows out of attempts go to dead_letters, and for at-most-once topics
+// rows whose delivery lease expired are deleted; neither is returned.
+// A row that changed between the read and the lease is left out.
+//
+// full reports whether the read came back with Limit rows, that is whether
+// the band may hold more ready rows than were read.
+func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows []Item, token uint64, full bool, err error) {
+	if tail := p.Tail; tail == nil {
+		err = s.db.SelectContext(ctx, &rows, itemHeadSQL, p.Namespace, p.Topic, p.PriorityLo, p.PriorityHi, p.NowUS, p.NowUS, p.Limit)
+	} else {
+		err = s.db.SelectContext(ctx, &rows, itemHeadBeforeSQL, p.Namespace, p.Topic, p.PriorityLo, min(p.PriorityHi, tail.Priority), p.NowUS, p.NowUS,
+			tail.Priority, tail.Priority, tail.DeliverAfter, tail.DeliverAfter, tail.ID, p.Limit)
+	}
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("read ready head: %w", err)
+	}
+	full = len(rows) == p.Limit
+	var dead, expired []uint64
+	kept := rows[:0]
+	for _, r := range rows {
+		switch {
+		case p.AtMostOnce && r.LeaseToken != 0 && r.LeasedUntil.Valid:
+			// A delivery lease lapsed (a lapsed prefetch lease has no
+			// leased_until: that item never reached anyone).
+			expired = append(expired, r.ID)
+		case p.MaxAttempts > 0 && int(r.Attempts) >= p.MaxAttempts:
+			dead = append(dead, r.ID)
+		default:
+			kept = append(kept, r)
+		}
+	}
+	rows = kept
+	if err := s.retire(ctx, dead, expired, p.DedupWindow, p.NowUS); err != nil {
+		return nil, 0, false, err
+	}
+	if len(rows) == 0 {
+		return nil, 0, full, nil
+	}
+	ids := make([]uint64, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	token = NewToken()
+	q, args, err := sqlx.In(itemPrefetchSQL, token, p.PrefetchUntilUS, p.NowUS, ids, p.NowUS)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	mine, err := s.updateHeld(ctx, q, args, ids, token, p.NowUS)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("lease rows: %w", err)
+	}
+	if len(mine) < len(rows) {
+		// Some rows changed between the read and the update.
+		kept := rows[:0]
+		for _, r := range rows {
+			if mine[r.ID] {
+				kept = append(kept, r)
+			}
+		}
+		rows = kept
+	}
+	return rows, token, full, nil
+}
+
+// Delivery is one prefetched row handed to a consumer: its own lease
+// token and lease expiry.
+type Delivery struct {
+	ID      uint64
+	Token   uint64
+	UntilUS int64
+}
+
+// ItemServeParams: see ItemServe.
+type ItemServeParams struct {
+	Deliveries    []Delivery
+	PrefetchToken uint64
+	NowUS         int64
+}
+
+// ItemServe turns the prefetch leases of rows still held under
+// PrefetchToken into delivery leases, in one UPDATE: each row gets its own
+// token and expiry (deliver_after moves with it, so a lapsed lease makes
+// the row ready again) and counts one attempt, since this is the moment it
+// reaches a consumer. A row that was deleted, updated, released, expired
+// (TTL) or leased by someone else since the prefetch is left alone and
+// missing from the result: the caller must not deliver it.
+func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]bool, error) {
+	ds := p.Deliveries
+	ids := make([]uint64, len(ds))
+	tokens := make([]any, len(ds))
+	untils := make([]any, len(ds))
+	for i, d := range ds {
+		ids[i], tokens[i], untils[i] = d.ID, d.Token, d.UntilUS
+	}
+	// Each expiry is spelled out rather than copied from another column:
+	// MariaDB evaluates SET left to right, and relying on that is fragile.
+	var q stmt
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET attempts = attempts + 1, updated_at = ?", p.NowUS)
+	q.add(", lease_token = ").caseByID(ids, tokens, "lease_token")
+	q.add(", leased_until = ").caseByID(ids, untils, "leased_until")
+	q.add(", deliver_after = ").caseByID(ids, untils, "deliver_after")
+	q.add(" WHERE lease_token = ? AND leased_until IS NULL AND (expires_at IS NULL OR expires_at > ?) AND id", p.PrefetchToken, p.NowUS).in(ids)
+	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
+	if err != nil {
+		return nil, fmt.Errorf("serve leases: %w", err)
+	}
+	held := make(map[uint64]bool, len(ds))
+	if int(affected) == len(ds) {
+		for _, d := range ds {
+			held[d.ID] = true
+		}
+		return held, nil
+	}
+	// Some rows changed under us: keep those that carry our token now.
+	want := make(map[uint64]uint64, len(ds))
+	for _, d := range ds {
+		want[d.ID] = d.Token
+	}
+	sel, qargs, err := sqlx.In(itemServeCheckSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	var got []Item
+	if err := s.db.SelectContext(ctx, &got, sel, qargs...); err != nil {
+		return nil, fmt.Errorf("serve leases: %w", err)
+	}
+	for _, g := range got {
+		if want[g.ID] == g.LeaseToken {
+			held[g.ID] = true
+		}
+	}
+	return held, nil
+}
+
+// ItemRefreshPrefetchParams: see ItemRefreshPrefetch.
+type ItemRefreshPrefetchParams struct {
+	IDs            []uint64
+	Token          uint64
+	UntilUS, NowUS int64
+}
+
+// ItemRefreshPrefetch extends the prefetch lease of rows still buffered
+// under Token to UntilUS, and returns those still held: the others were
+// deleted, updated, released or leased elsewhere and must leave the buffer.
+func (s Store) ItemRefreshPrefetch(ctx context.Context, p ItemRefreshPrefetchParams) (map[uint64]bool, error) {
+	q, args, err := sqlx.In(itemRefreshPrefetchSQL, p.UntilUS, p.NowUS, p.IDs, p.Token)
+	if err != nil {
+		return nil, err
+	}
+	ok, err := s.updateHeld(ctx, q, args, p.IDs, p.Token, p.NowUS)
+	if err != nil {
+		return nil, fmt.Errorf("refresh prefetch leases: %w", err)
+	}
+	return ok, nil
+}
+
+// updateHeld runs a conditional UPDATE of ids (retried on deadlock) and
+// returns the ids that carry token, unexpired, afterwards: all of them
+// without a second round trip when every row was updated, else the ones a
+// follow-up SELECT finds (the others changed under us: acked, deleted,
+// leased again).
+func (s Store) updateHeld(ctx context.Context, q string, args []any, ids []uint64, token uint64, nowUS int64) (map[uint64]bool, error) {
+	affected, err := retryExec(ctx, s.db, q, args)
+	if err != nil {
+		return nil, err
+	}
+	held := make(map[uint64]bool, len(ids))
+	if int(affected) == len(ids) {
+		for _, id := range ids {
+			held[id] = true
+		}
+		return held, nil
+	}
+	q, args, err = sqlx.In(itemHeldSQL, ids, token, nowUS)
+	if err != nil {
+		return nil, err
+	}
+	var got []uint64
+	if err := s.db.SelectContext(ctx, &got, q, args...); err != nil {
+		return nil, err
+	}
+	for _, id := range got {
+		held[id] = true
+	}
+	return held, nil
+}
+
+// ItemReleaseParams: see ItemRelease.
+type ItemReleaseParams struct {
+	// Rows: their ID and the DeliverAfter they were read with.
+	Rows  []Item
+	Token uint64
+	NowUS int64
+}
+
+// ItemRelease hands prefetched, never-served rows back: ready at their old
+// deliver_after, so they keep their place in the delivery order. No
+// attempt was counted for them, so none is taken back.
+func (s Store) ItemRelease(ctx context.Context, p ItemReleaseParams) error {
+	if len(p.Rows) == 0 {
+		return nil
+	}
+	ids := make([]uint64, len(p.Rows))
+	was := make([]any, len(p.Rows))
+	for i, r := range p.Rows {
+		ids[i], was[i] = r.ID, r.DeliverAfter
+	}
+	var q stmt
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = ", p.NowUS).caseByID(ids, was, "deliver_after")
+	q.add(" WHERE lease_token = ? AND leased_until IS NULL AND id", p.Token).in(ids)
+	_, err := retryExec(ctx, s.db, q.sql.String(), q.args)
+	return err
+}
+
+// LeaseRef names a leased item on one shard: its key and its delivery's
+// token.
+type LeaseRef struct {
+	Key   uint64
+	Token uint64
+}
+
+// Undelivered names a served item that never reached its consumer (a
+// router kept fewer items than several owners served, or the reply carrying
+// it could not be sent).
+type Undelivered struct {
+	LeaseRef
+	// DeliverAfterUS is the deliver_after the item had before it was
+	// leased (LeasedItem.deliver_after), restored so it keeps its place in
+	// the delivery order.
+	DeliverAfterUS int64
+}
+
+// ItemUnserveParams: see ItemUnserve.
+type ItemUnserveParams struct {
+	Namespace string
+	Items     []Undelivered
+	NowUS     int64
+}
+
+// ItemUnserve undoes deliveries that never reached a consumer: the item is
+// ready again at its old deliver_after with the attempt the delivery
+// counted taken back, as if it had never been leased. Only rows still
+// under the delivery's own token change, so an item acked, nacked or
+// leased again since is left alone. Unlike a nack it never dead-letters:
+// an item that keeps being handed back was never delivered.
+func (s Store) ItemUnserve(ctx context.Context, p ItemUnserveParams) error {
+	if len(p.Items) == 0 {
+		return nil
+	}
+	ids := make([]uint64, len(p.Items))
+	was := make([]any, len(p.Items))
+	tokens := make([]any, len(p.Items))
+	for i, it := range p.Items {
+		ids[i], was[i], tokens[i] = it.Key, it.DeliverAfterUS, it.Token
+	}
+	var q stmt
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = ?, deliver_after = ", p.NowUS).caseByID(ids, was, "deliver_after")
+	q.add(" WHERE namespace = ? AND lease_token = ", p.Namespace).caseByID(ids, tokens, "0")
+	q.add(" AND lease_token <> 0 AND leased_until IS NOT NULL AND id").in(ids)
+	if _, err := retryExec(ctx, s.db, q.sql.String(), q.args); err != nil {
+		return fmt.Errorf("hand back undelivered items: %w", err)
+	}
+	return nil
+}
+
+// lockLeases reads the lease state of keys under row locks in tx, by
+// primary key lookups (schema.Keys). Items of other namespaces are
+// invisible, so an ID cannot reach across tenants.
+func lockLeases(ctx context.Context, tx *sqlx.Tx, namespace string, keys []uint64) (map[uint64]Item, error) {
+	k, args := schema.Keys("items", "i", keys)
+	var rows []Item
+	if err := tx.SelectContext(ctx, &rows, itemLockLeasesSQL(k), append(args, namespace)...); err != nil {
+		return nil, err
+	}
+	out := make(map[uint64]Item, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r
+	}
+	return out, nil
+}
+
+func check(st map[uint64]Item, ref LeaseRef) error {
+	s, ok := st[ref.Key]
+	switch {
+	case !ok:
+		return ErrNotFound
+	case s.LeaseToken != ref.Token:
+		return ErrStaleLease
+	}
+	return nil
+}
+
+// ItemAckParams: see ItemAck.
+type ItemAckParams struct {
+	Namespace string
+	Refs      []LeaseRef
+	// DedupWindow: how long the acked items' dedup keys stay taken, from
+	// Now.
+	DedupWindow time.Duration
+	Now         time.Time
+}
+
+// ItemAck deletes the items whose refs carry their current lease token, in
+// one transaction, and returns a per-ref error (nil for acked, else
+// ErrNotFound or ErrStaleLease). An ack after the lease expired still
+// succeeds while nobody has leased the item again.
+func (s Store) ItemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
+	results := make([]error, len(p.Refs))
+	expiresUS := p.Now.Add(p.DedupWindow).UnixMicro()
+	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		keys := make([]uint64, len(p.Refs))
+		for i, r := range p.Refs {
+			keys[i] = r.Key
+		}
+		st, err := lockLeases(ctx, tx, p.Namespace, keys)
+		if err != nil {
+			return err
+		}
+		var del []uint64
+		for i, r := range p.Refs {
+			results[i] = check(st, r)
+			if results[i] == nil {
+				del = append(del, r.Key)
+				g := st[r.Key]
+				if err := tombstoneAt(ctx, tx, p.Namespace, g.Topic, g.DedupKey.String, g.ID, expiresUS, p.DedupWindow); err != nil {
+					return fmt.Errorf("dedup tombstone: %w", err)
+				}
+				delete(st, r.Key) // a second ref to the same item finds it gone
+			}
+		}
+		if len(del) > 0 {
+			if _, err := deleteItems(ctx, tx, del, ""); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	return results, nil
+}
+
+// Nack is one item handed back.
+type Nack struct {
+	LeaseRef
+	// Delay before redelivery, unless Backoff.
+	Delay time.Duration
+	// Backoff: no delay was given; use ItemNackParams.Backoff(attempts).
+	Backoff bool
+	// Error is kept on the item as last_error.
+	Error string
+	// Metadata is merged into the item's; an empty value deletes a key.
+	Metadata map[string]string
+}
+
+// ItemNackParams: see ItemNack.
+type ItemNackParams struct {
+	Namespace string
+	Nacks     []Nack
+	// MaxAttempts: an item delivered this many times is dead-lettered
+	// (0: no limit).
+	MaxAttempts int
+	DedupWindow time.Duration
+	NowUS       int64
+	// Backoff is the delay of a nack with Backoff set, after attempts
+	// deliveries.
+	Backoff func(attempts int) time.Duration
+}
+
+// ItemNack returns items to the ready set after their delay, in one
+// transaction, recording the error and merging metadata. An item that has
+// been delivered MaxAttempts times goes to dead_letters instead, with the
+// nack's error and metadata, its dedup key kept taken for DedupWindow.
+//
+// A merge whose result would exceed MaxMetadataBytes fails the whole
+// batch with ErrMetadataTooLarge and changes nothing. readyNow lists, per
+// nack, the topic of an item that is ready again at once (no delay); ""
+// otherwise.
+func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error, readyNow []string, err error) {
+	results = make([]error, len(p.Nacks))
+	readyNow = make([]string, len(p.Nacks))
+	nowUS := p.NowUS
+	err = inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		clear(readyNow)
+		keys := make([]uint64, len(p.Nacks))
+		for i, n := range p.Nacks {
+			keys[i] = n.Key
+		}
+		st, err := lockLeases(ctx, tx, p.Namespace, keys)
+		if err != nil {
+			return err
+		}
+		for i, n := range p.Nacks {
+			if results[i] = check(st, n.LeaseRef); results[i] != nil {
+				continue
+			}
+			// Merge first: an item that dead-letters keeps the nack's
+			// metadata and error, as one that stays does.
+			meta, err := MergeMetadata(st[n.Key].Metadata, n.Metadata)
+			if err != nil {
+				return err
+			}
+			var lastErr any
+			if n.Error != "" {
+				lastErr = n.Error
+			}
+			attempts := int(st[n.Key].Attempts)
+			dead := p.MaxAttempts > 0 && attempts >= p.MaxAttempts
+			delay := n.Delay
+			if n.Backoff {
+				delay = p.Backoff(attempts)
+			}
+			if _, err := tx.ExecContext(ctx, itemNackSQL, nowUS+delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
+				return err
+			}
+			if dead {
+				reason := n.Error
+				if reason == "" {
+					reason = fmt.Sprintf("nacked after %d deliveries", attempts)
+				}
+				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, p.DedupWindow, nowUS); err != nil {
+					return err
+				}
+			} else if delay <= 0 {
+				readyNow[i] = st[n.Key].Topic
+			}
+			delete(st, n.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nack: %w", err)
+	}
+	return results, readyNow, nil
+}
+
+// ItemExtendParams: see ItemExtend.
+type ItemExtendParams struct {
+	Namespace string
+	Ref       LeaseRef
+	// Lease: the new lease from Now; 0 for the item's own lease duration.
+	Lease time.Duration
+	Now   time.Time
+}
+
+// ItemExtend moves a lease's expiry to Now + Lease and returns the new
+// expiry; ErrNotFound or ErrStaleLease, bare, when the ref does not hold
+// the item.
+func (s Store) ItemExtend(ctx context.Context, p ItemExtendParams) (time.Time, error) {
+	var until int64
+	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
+		st, err := lockLeases(ctx, tx, p.Namespace, []uint64{p.Ref.Key})
+		if err != nil {
+			return err
+		}
+		if err := check(st, p.Ref); err != nil {
+			return err
+		}
+		lease := p.Lease
+		if lease == 0 {
+			lease = time.Duration(st[p.Ref.Key].LeaseMS) * time.Millisecond
+		}
+		until = p.Now.Add(lease).UnixMicro()
+		_, err = tx.ExecContext(ctx, itemExtendSQL, until, until, p.Now.UnixMicro(), p.Ref.Key)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMicro(until), nil
+}
