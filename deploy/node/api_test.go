@@ -254,7 +254,7 @@ func TestUpdateItem(t *testing.T) {
 	up, err = b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: bb, DeliverAfter: timestamppb.New(time.Now().Add(time.Hour))})
 	require.NoError(t, err)
 	require.Equal(t, triagev1.ItemState_DELAYED, up.State)
-	up, err = b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: f, DeliverAfter: timestamppb.Now()})
+	up, err = b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: f, DeliverAfter: timestamppb.New(time.Now().Add(-time.Second))})
 	require.NoError(t, err)
 	require.Equal(t, triagev1.ItemState_READY, up.State)
 	up, err = b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: c, Metadata: map[string]string{"x": "1"}})
