@@ -92,7 +92,7 @@
 // row is leased into one buffer only. Where bands overlap, a take first
 // adopts the items of its band that the other buffers hold and that sort
 // before its own tail, so a band's dequeue never misses a ready item just
-// because another band's consumer prefetched it. A reply is bounded to MaxReplyBytes (and the NATS max payload
+// because another band's consumer prefetched it. A reply is bounded to peer.MaxReplyBytes (and the NATS max payload
 // when forwarded): items that do not fit go back into the buffer, unserved.
 //
 // # Statements

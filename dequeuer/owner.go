@@ -11,12 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
-
-// OwnersBucket is the NATS KV bucket of shard ownership: key "shard.<id>",
-// value the owning dequeuer's ID. The bucket's TTL expires the key of an
-// owner that stopped refreshing it.
-const OwnersBucket = "triage_owners"
 
 // DefaultOwnerTTL is the ownership TTL when none is configured.
 const DefaultOwnerTTL = 10 * time.Second
@@ -32,18 +28,16 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, 
 		ttl = DefaultOwnerTTL
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:   OwnersBucket,
+		Bucket:   peer.OwnersBucket,
 		TTL:      ttl,
 		Storage:  jetstream.MemoryStorage,
 		Replicas: max(replicas, 1),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open kv bucket %s: %w", OwnersBucket, err)
+		return nil, fmt.Errorf("open kv bucket %s: %w", peer.OwnersBucket, err)
 	}
 	return kv, nil
 }
-
-func ownerKey(shard uint32) string { return "shard." + strconv.FormatUint(uint64(shard), 10) }
 
 // PresenceKey is the key a role's processes of region refresh in the
 // ownership bucket (its TTL expires it when they are all gone).
@@ -132,14 +126,14 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 				delete(o.revs, id)
 				o.mu.Unlock()
 				o.s.dropShard(ctx, id)
-				_ = o.kv.Delete(ctx, ownerKey(id), jetstream.LastRevision(rev))
+				_ = o.kv.Delete(ctx, peer.OwnerKey(id), jetstream.LastRevision(rev))
 			case mine:
 				want = append(want, id)
 			case !present:
 				// Adopt a shard whose home region has no dequeuer left
 				// (its presence key expired: none refreshed it for a
 				// TTL) once its owner's claim expired too.
-				if _, err := o.kv.Get(ctx, ownerKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) {
+				if _, err := o.kv.Get(ctx, peer.OwnerKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) {
 					want = append(want, id)
 				}
 			}
@@ -151,9 +145,9 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 		o.mu.Unlock()
 		var err error
 		if mine {
-			rev, err = o.kv.Update(ctx, ownerKey(id), []byte(o.s.cfg.ID), rev)
+			rev, err = o.kv.Update(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID), rev)
 		} else {
-			rev, err = o.kv.Create(ctx, ownerKey(id), []byte(o.s.cfg.ID))
+			rev, err = o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
 		}
 		o.mu.Lock()
 		switch {
@@ -196,7 +190,7 @@ func (o *ownership) resign(ctx context.Context) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for id, rev := range o.revs {
-		_ = o.kv.Delete(ctx, ownerKey(id), jetstream.LastRevision(rev))
+		_ = o.kv.Delete(ctx, peer.OwnerKey(id), jetstream.LastRevision(rev))
 		delete(o.revs, id)
 	}
 }
@@ -215,7 +209,7 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", OwnersBucket, err)
+		return nil, fmt.Errorf("watch %s: %w", peer.OwnersBucket, err)
 	}
 	ready := make(chan struct{})
 	go func() {
@@ -271,7 +265,7 @@ func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
 // recovers (a region-down drill: 6 s after the new owner had claimed).
 func (o *Owners) Reload(ctx context.Context, shards []uint32) {
 	for _, id := range shards {
-		e, err := o.kv.Get(ctx, ownerKey(id))
+		e, err := o.kv.Get(ctx, peer.OwnerKey(id))
 		switch {
 		case err == nil:
 			o.set(id, e.Revision(), string(e.Value()), true)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -69,7 +70,7 @@ func TestOwnershipFollowsThePrimary(t *testing.T) {
 	a, b := dequeuer("a"), dequeuer("b")
 	t.Cleanup(cancel)
 	owner := func() string {
-		e, err := kv.Get(ctx, ownerKey(1))
+		e, err := kv.Get(ctx, peer.OwnerKey(1))
 		if err != nil {
 			return ""
 		}
@@ -95,7 +96,7 @@ func TestOwnersReload(t *testing.T) {
 	defer cancel()
 	kv, err := OpenOwners(ctx, js, time.Second, 1)
 	require.NoError(t, err)
-	_, err = kv.Put(ctx, ownerKey(1), []byte("dead"))
+	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("dead"))
 	require.NoError(t, err)
 	owners, err := WatchOwners(ctx, kv)
 	require.NoError(t, err)
@@ -104,14 +105,14 @@ func TestOwnersReload(t *testing.T) {
 	require.Equal(t, "dead", owner)
 
 	require.Eventually(t, func() bool {
-		_, err := kv.Get(ctx, ownerKey(1))
+		_, err := kv.Get(ctx, peer.OwnerKey(1))
 		return errors.Is(err, jetstream.ErrKeyNotFound)
 	}, 10*time.Second, 50*time.Millisecond, "the claim expires")
 	owners.Reload(ctx, []uint32{1})
 	_, ok = owners.Owner(1)
 	require.False(t, ok, "the expired claim is gone from the view")
 
-	_, err = kv.Put(ctx, ownerKey(1), []byte("alive"))
+	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("alive"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { o, _ := owners.Owner(1); return o == "alive" }, 5*time.Second, 20*time.Millisecond)
 	owners.set(1, 1, "dead", true) // a replayed older event

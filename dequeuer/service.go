@@ -17,10 +17,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -126,12 +126,6 @@ func (s *Service) shardNow(ctx context.Context, shard uint32) time.Time {
 // ID returns the dequeuer's ID.
 func (s *Service) ID() string { return s.cfg.ID }
 
-// RequestSubject is where dequeuer id takes ShardDequeue requests.
-func RequestSubject(id string) string { return "triage.dq." + id }
-
-// UnbufferSubject is where dequeuer id takes Unbuffer requests.
-func UnbufferSubject(id string) string { return "triage.dqu." + id }
-
 // Start claims shards and begins serving.
 func (s *Service) Start(ctx context.Context) error {
 	kv, err := OpenOwners(ctx, s.cfg.JS, s.cfg.OwnerTTL, s.cfg.KVReplicas)
@@ -153,7 +147,7 @@ func (s *Service) Start(ctx context.Context) error {
 	// items: an exhausted queue is read again after recheckEvery and parked
 	// long polls look again at least that often.
 	inbox := make(chan *nats.Msg, 4096)
-	for _, subj := range []string{RequestSubject(s.cfg.ID), UnbufferSubject(s.cfg.ID), enqueuer.ReadySubject("*")} {
+	for _, subj := range []string{peer.DequeueSubject(s.cfg.ID), peer.UnbufferSubject(s.cfg.ID), peer.ReadySubject("*")} {
 		sub, err := s.cfg.NC.ChanSubscribe(subj, inbox)
 		if err != nil {
 			return err
@@ -169,7 +163,7 @@ func (s *Service) Start(ctx context.Context) error {
 				return
 			case m := <-inbox:
 				switch m.Subject {
-				case RequestSubject(s.cfg.ID):
+				case peer.DequeueSubject(s.cfg.ID):
 					if !s.acquire() {
 						s.refuse(m)
 						continue
@@ -178,7 +172,7 @@ func (s *Service) Start(ctx context.Context) error {
 						defer s.release()
 						s.handleRequest(m)
 					}()
-				case UnbufferSubject(s.cfg.ID):
+				case peer.UnbufferSubject(s.cfg.ID):
 					go s.handleUnbuffer(m)
 				default:
 					s.handleReady(m)
@@ -231,7 +225,7 @@ func (s *Service) halt() {
 
 // MaxInflight bounds the dequeue requests one dequeuer serves at once,
 // parked long polls included. Beyond it requests are refused at once
-// (ErrBusy) instead of piling up goroutines.
+// (peer.ErrBusy) instead of piling up goroutines.
 const MaxInflight = 4096
 
 func (s *Service) acquire() bool {
@@ -247,7 +241,7 @@ func (s *Service) release() { <-s.inflight }
 
 // refuse answers a request the dequeuer has no room for.
 func (s *Service) refuse(m *nats.Msg) {
-	data, _ := proto.Marshal(&peerv1.ShardDequeueResponse{Code: 14, Error: ErrBusy.Error()})
+	data, _ := proto.Marshal(&peerv1.ShardDequeueResponse{Code: 14, Error: peer.ErrBusy.Error()})
 	_ = m.Respond(data)
 }
 
@@ -400,12 +394,12 @@ func (s *Service) handleRequest(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), req.Request.GetWait().AsDuration()+10*time.Second)
 		// The reply must fit one NATS message: serve only what fits and
 		// leave the rest buffered, uncounted.
-		items, err := s.dequeue(ctx, req.Request, req.Shards, min(MaxReplyBytes, int(s.cfg.NC.MaxPayload())-replySlack))
+		items, err := s.dequeue(ctx, req.Request, req.Shards, min(peer.MaxReplyBytes, int(s.cfg.NC.MaxPayload())-peer.ReplySlack))
 		cancel()
 		resp.Items = items
 		if err != nil {
 			resp.Code, resp.Error = 14, err.Error()
-			if errors.Is(err, ErrNotOwner) {
+			if errors.Is(err, peer.ErrNotOwner) {
 				resp.Code = 9 // FAILED_PRECONDITION: the router asks the new owner
 			}
 		}
@@ -428,14 +422,10 @@ func (s *Service) handleRequest(m *nats.Msg) {
 	}
 }
 
-// replySlack is what a ShardDequeue reply needs besides its items (the
-// error fields, NATS framing), with room to spare.
-const replySlack = 4096
-
 // Undeliver hands served items that never reached their consumer back to
 // the ready set (see store.ItemUnserve), grouped per shard.
 func (s *Service) Undeliver(ctx context.Context, namespace string, items []*triagev1.LeasedItem) error {
-	groups, err := UndeliveredByShard(items)
+	groups, err := peer.UndeliveredByShard(items)
 	if err != nil {
 		return err
 	}
@@ -456,40 +446,17 @@ func (s *Service) Undeliver(ctx context.Context, namespace string, items []*tria
 	return errors.Join(errs...)
 }
 
-// UndeliveredByShard groups served items by shard for store.ItemUnserve.
-func UndeliveredByShard(items []*triagev1.LeasedItem) (map[uint32][]store.Undelivered, error) {
-	out := map[uint32][]store.Undelivered{}
-	for _, it := range items {
-		id, err := itemid.Parse(it.Id)
-		if err != nil {
-			return nil, err
-		}
-		tok, err := ParseToken(it.LeaseToken)
-		if err != nil {
-			return nil, err
-		}
-		out[id.Shard] = append(out[id.Shard], store.Undelivered{LeaseRef: store.LeaseRef{Key: id.Key, Token: tok},
-			DeliverAfterUS: it.GetDeliverAfter().AsTime().UnixMicro()})
-	}
-	return out, nil
-}
-
 // Dequeue serves a validated request from shards this dequeuer owns:
 // per topic, up to count items in (priority, deliver_after, id) order
 // across the shards, each under a lease. With a wait it parks until items
 // arrive or the wait ends.
 func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
 	if !s.acquire() {
-		return nil, ErrBusy
+		return nil, peer.ErrBusy
 	}
 	defer s.release()
-	return s.dequeue(ctx, req, shards, MaxReplyBytes)
+	return s.dequeue(ctx, req, shards, peer.MaxReplyBytes)
 }
-
-// MaxReplyBytes bounds the items of one dequeue reply: gRPC clients refuse
-// messages over 4 MiB unless configured otherwise, and a reply that cannot
-// be received burns the attempts of every item in it.
-const MaxReplyBytes = 4<<20 - replySlack
 
 // maxTakeRounds bounds how often one topic's take is repeated to replace
 // taken items that could not be served.
@@ -501,7 +468,7 @@ const maxTakeRounds = 4
 func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
 	for _, id := range shards {
 		if !s.owner.owns(id) {
-			return nil, fmt.Errorf("%w %d", ErrNotOwner, id)
+			return nil, fmt.Errorf("%w %d", peer.ErrNotOwner, id)
 		}
 	}
 	deadline := s.cfg.Now().Add(req.GetWait().AsDuration())
@@ -737,7 +704,7 @@ func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {
 		Priority:       it.Priority,
 		Payload:        it.Payload,
 		Attempts:       it.Attempts,
-		LeaseToken:     FormatToken(it.token),
+		LeaseToken:     store.FormatToken(it.token),
 		LeaseExpiresAt: timestamppb.New(time.UnixMicro(it.untilUS)),
 		EnqueuedAt:     timestamppb.New(time.UnixMicro(it.EnqueuedAt)),
 		DeliverAfter:   timestamppb.New(time.UnixMicro(it.DeliverAfter)),

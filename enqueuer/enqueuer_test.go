@@ -20,6 +20,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/store"
@@ -61,7 +62,7 @@ func (b *bundle) publish(t *testing.T, batches ...*peerv1.EnqueueBatch) {
 	t.Helper()
 	data, err := proto.Marshal(&peerv1.EnqueueEnvelope{Batches: batches})
 	require.NoError(t, err)
-	_, err = b.js.Publish(context.Background(), Subject("r", 1), data)
+	_, err = b.js.Publish(context.Background(), peer.EnqueueSubject("r", 1), data)
 	require.NoError(t, err)
 }
 

@@ -3,10 +3,10 @@ package enqueuer
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 // StreamConfig sizes a region's enqueue buffer.
@@ -19,24 +19,6 @@ type StreamConfig struct {
 	Replicas int
 }
 
-// StreamName returns the enqueue stream of region.
-func StreamName(region string) string {
-	return "TRIAGE_ENQ_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(region))
-}
-
-// Subject returns the subject of shard's batches in region.
-func Subject(region string, shard uint32) string {
-	return fmt.Sprintf("triage.enq.%s.%d", region, shard)
-}
-
-// ReadySubject is where enqueuers announce new items of a namespace. The
-// namespace is one subject token: a name may contain '.', which would split
-// it into several and miss the dequeuers' "triage.ready.*" subscription,
-// so '.' is written as '~', which names cannot contain (shardmap.ValidName).
-func ReadySubject(namespace string) string {
-	return "triage.ready." + strings.ReplaceAll(namespace, ".", "~")
-}
-
 // EnsureStream creates or updates region's enqueue stream.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cfg StreamConfig) (jetstream.Stream, error) {
 	if cfg.MaxBytes == 0 {
@@ -46,9 +28,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cf
 		cfg.MaxMsgs = 1_000_000
 	}
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        StreamName(region),
+		Name:        peer.EnqueueStream(region),
 		Description: "Triage enqueue buffer of region " + region,
-		Subjects:    []string{"triage.enq." + region + ".*"},
+		Subjects:    []string{peer.EnqueueSubjects(region)},
 		Retention:   jetstream.WorkQueuePolicy,
 		Discard:     jetstream.DiscardNew,
 		MaxBytes:    cfg.MaxBytes,
@@ -61,7 +43,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cf
 		Duplicates: 2 * time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("enqueue stream %s: %w", StreamName(region), err)
+		return nil, fmt.Errorf("enqueue stream %s: %w", peer.EnqueueStream(region), err)
 	}
 	return s, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
@@ -205,9 +206,9 @@ func (w *worker) run(ctx context.Context) {
 
 func (w *worker) consume(ctx context.Context) error {
 	cfg := w.svc.cfg
-	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, StreamName(w.home), jetstream.ConsumerConfig{
+	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, peer.EnqueueStream(w.home), jetstream.ConsumerConfig{
 		Durable:       fmt.Sprintf("enq-%d", w.shard),
-		FilterSubject: Subject(w.home, w.shard),
+		FilterSubject: peer.EnqueueSubject(w.home, w.shard),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait,
 		MaxAckPending: 20000,
@@ -427,7 +428,7 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 	}
 	for _, r := range ready {
 		if data, err := proto.Marshal(r); err == nil {
-			_ = cfg.NC.Publish(ReadySubject(r.Namespace), data)
+			_ = cfg.NC.Publish(peer.ReadySubject(r.Namespace), data)
 		}
 	}
 	for i, b := range batches {

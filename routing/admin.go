@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/dequeuer"
 	"github.com/triage-queue/triage/regions"
+	"github.com/triage-queue/triage/schema/store"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
@@ -29,7 +29,7 @@ type MapPublisher interface {
 func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*triagev1.FailoverResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, ok := m.Shard(req.Shard); !ok {
-		return nil, toStatus(errorf(dequeuer.ErrNotFound, "shard %d is not in the shard map", req.Shard))
+		return nil, toStatus(errorf(store.ErrNotFound, "shard %d is not in the shard map", req.Shard))
 	}
 	if req.ToRegion != "" && !m.HasRegion(req.ToRegion) {
 		return nil, toStatus(invalid("to_region %q: allowed %v", req.ToRegion, m.Regions))

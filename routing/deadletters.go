@@ -16,10 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -203,6 +203,6 @@ func (r *Router) announce(ns, topic string, shard uint32, count int32) {
 		r.cfg.Local.Ready(ready)
 	}
 	if data, err := proto.Marshal(ready); err == nil {
-		_ = r.cfg.NC.Publish(enqueuer.ReadySubject(ns), data)
+		_ = r.cfg.NC.Publish(peer.ReadySubject(ns), data)
 	}
 }

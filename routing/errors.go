@@ -14,8 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/triage-queue/triage/dequeuer"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/proto/triage/peer"
+	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -51,12 +52,12 @@ func toStatus(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, dequeuer.ErrBadToken),
-		errors.Is(err, dequeuer.ErrMetadataTooLarge):
+	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, store.ErrBadToken),
+		errors.Is(err, store.ErrMetadataTooLarge):
 		code = codes.InvalidArgument
-	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, dequeuer.ErrNotFound):
+	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, store.ErrNotFound):
 		code = codes.NotFound
-	case errors.Is(err, dequeuer.ErrStaleLease), errors.Is(err, ErrFailover):
+	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted
@@ -66,7 +67,7 @@ func toStatus(err error) error {
 		code = codes.Canceled
 	case errors.Is(err, ErrUnavailable), errors.Is(err, shardmap.ErrNoShards), errors.Is(err, nats.ErrNoResponders),
 		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, dequeuer.ErrNotOwner), errors.Is(err, shardmap.ErrNotWritable), isMySQLDown(err):
+		errors.Is(err, peer.ErrNotOwner), errors.Is(err, shardmap.ErrNotWritable), isMySQLDown(err):
 		code = codes.Unavailable
 	}
 	return status.Error(code, err.Error())

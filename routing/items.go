@@ -14,9 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/dequeuer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -163,7 +162,7 @@ func updateRow(row *store.Item, req *triagev1.UpdateItemRequest, now time.Time) 
 	leased := row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > now.UnixMicro()
 	if req.DeliverAfter != nil && leased {
 		return fmt.Errorf("%w: item %s is leased until %s; deliver_after can change once it is acked, nacked or its lease lapses",
-			dequeuer.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339))
+			store.ErrStaleLease, req.Id, time.UnixMicro(row.LeasedUntil.Int64).UTC().Format(time.RFC3339))
 	}
 	if len(req.UpdatedBy) > 128 {
 		return invalid("updated_by is %d bytes; at most 128 allowed", len(req.UpdatedBy))

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 // NodesBucket holds the claimed item-ID node numbers: key "node.<n>".

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 )
 
@@ -166,12 +166,12 @@ func (r *Router) publish(ctx context.Context, order []*shardBatch) error {
 		if reqs[i].size > r.envelopeLimit()/2 {
 			// Too big to share an envelope; it goes alone.
 			go func(q pubReq) {
-				q.done <- r.publishEnvelope(enqueuer.Subject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
+				q.done <- r.publishEnvelope(peer.EnqueueSubject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
 			}(reqs[i])
 			continue
 		}
 		select {
-		case r.publisherFor(enqueuer.Subject(g.home, g.shard)).ch <- reqs[i]:
+		case r.publisherFor(peer.EnqueueSubject(g.home, g.shard)).ch <- reqs[i]:
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -19,11 +19,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/dequeuer"
-	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -37,6 +36,16 @@ type LocalDequeuer interface {
 	Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error
 }
 
+// OwnerView is the router's view of shard ownership (the dequeuer's
+// ownership bucket, peer.OwnersBucket).
+type OwnerView interface {
+	// Owner returns the dequeuer that owns shard.
+	Owner(shard uint32) (string, bool)
+	// Reload reads the owners of shards from the bucket itself, for when
+	// the owner the view names does not answer.
+	Reload(ctx context.Context, shards []uint32)
+}
+
 // Config configures a router.
 type Config struct {
 	// Region is the router's own region, used when a request names none.
@@ -47,7 +56,7 @@ type Config struct {
 	NC   *nats.Conn
 	JS   jetstream.JetStream
 	// Owners tells which dequeuer owns which shard. Required.
-	Owners *dequeuer.Owners
+	Owners OwnerView
 	// Publisher, when set, lets Admin calls change the shard map.
 	Publisher MapPublisher
 	// Local is an optional in-process dequeuer.
@@ -325,7 +334,7 @@ func (r *Router) announceBatch(b *peerv1.EnqueueBatch) {
 		}
 	}
 	if data, err := proto.Marshal(ready); err == nil {
-		_ = r.cfg.NC.Publish(enqueuer.ReadySubject(b.Namespace), data)
+		_ = r.cfg.NC.Publish(peer.ReadySubject(b.Namespace), data)
 	}
 }
 
@@ -456,7 +465,7 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 	size := 0
 	for _, it := range all {
 		n := proto.Size(it) + 16 // the field's tag and length prefix, with room
-		if want[it.Topic] > 0 && size+n <= dequeuer.MaxReplyBytes {
+		if want[it.Topic] > 0 && size+n <= peer.MaxReplyBytes {
 			want[it.Topic]--
 			size += n
 			out = append(out, it)
@@ -476,7 +485,7 @@ func (r *Router) undeliver(ctx context.Context, ns string, items []*triagev1.Lea
 	if len(items) == 0 {
 		return nil
 	}
-	groups, err := dequeuer.UndeliveredByShard(items)
+	groups, err := peer.UndeliveredByShard(items)
 	if err != nil {
 		return err
 	}
@@ -517,7 +526,7 @@ func compareLeased(a, b *triagev1.LeasedItem) int {
 func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
 	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
 		items, err := r.cfg.Local.Dequeue(ctx, req, shards)
-		if errors.Is(err, dequeuer.ErrBusy) {
+		if errors.Is(err, peer.ErrBusy) {
 			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		return items, err
@@ -529,7 +538,7 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 	timeout := req.GetWait().AsDuration() + 5*time.Second
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	msg, err := r.cfg.NC.RequestWithContext(rctx, dequeuer.RequestSubject(owner), data)
+	msg, err := r.cfg.NC.RequestWithContext(rctx, peer.DequeueSubject(owner), data)
 	if errors.Is(err, nats.ErrNoResponders) {
 		// The owner is gone; the view may not have heard (see Reload).
 		// The client's retry goes to whoever holds the shards now.
@@ -543,7 +552,7 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 		return nil, err
 	}
 	if resp.Error != "" {
-		if strings.Contains(resp.Error, dequeuer.ErrNotOwner.Error()) {
+		if strings.Contains(resp.Error, peer.ErrNotOwner.Error()) {
 			// It handed the shards over; this view has not heard yet.
 			r.cfg.Owners.Reload(ctx, shards)
 		}
@@ -581,7 +590,7 @@ func (r *Router) unbuffer(ctx context.Context, ns string, id itemid.ID) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	msg, err := r.cfg.NC.RequestWithContext(rctx, dequeuer.UnbufferSubject(owner), data)
+	msg, err := r.cfg.NC.RequestWithContext(rctx, peer.UnbufferSubject(owner), data)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil
 	}
@@ -665,7 +674,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	}
 	tokens := make([]uint64, len(req.Acks))
 	for i, a := range req.Acks {
-		if tokens[i], err = dequeuer.ParseToken(a.LeaseToken); err != nil {
+		if tokens[i], err = store.ParseToken(a.LeaseToken); err != nil {
 			return nil, toStatus(fmt.Errorf("acks[%d]: %w", i, err))
 		}
 	}
@@ -721,7 +730,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	}
 	nacks := make([]store.Nack, len(req.Nacks))
 	for i, n := range req.Nacks {
-		tok, err := dequeuer.ParseToken(n.LeaseToken)
+		tok, err := store.ParseToken(n.LeaseToken)
 		if err != nil {
 			return nil, fmt.Errorf("nacks[%d]: %w", i, err)
 		}
@@ -760,7 +769,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		}
 		res, readyNow, err := store.New(db).ItemNack(ctx, store.ItemNackParams{Namespace: req.Namespace, Nacks: batch,
 			MaxAttempts: ns.MaxAttempts, DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro(),
-			Backoff: dequeuer.Backoff})
+			Backoff: store.Backoff})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -790,7 +799,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 }
 
 // checkNackMetadata refuses nacks whose metadata patch, merged with the
-// item's stored metadata, would not fit (dequeuer.ErrMetadataTooLarge).
+// item's stored metadata, would not fit (store.ErrMetadataTooLarge).
 func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.ID, nacks []store.Nack) error {
 	for i, n := range nacks {
 		if len(n.Metadata) == 0 {
@@ -801,7 +810,7 @@ func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.
 			return err
 		}
 		row, err := store.New(db).ItemGet(ctx, store.ItemGetParams{Namespace: ns, ID: ids[i].Key})
-		if errors.Is(err, dequeuer.ErrNotFound) {
+		if errors.Is(err, store.ErrNotFound) {
 			continue // reported per item by the nack itself
 		}
 		if err != nil {
@@ -824,7 +833,7 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	tok, err := dequeuer.ParseToken(req.LeaseToken)
+	tok, err := store.ParseToken(req.LeaseToken)
 	if err != nil {
 		return nil, toStatus(err)
 	}

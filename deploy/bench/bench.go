@@ -28,7 +28,7 @@ import (
 	"github.com/triage-queue/triage/deploy/bed"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 // Scenario names, in report order.

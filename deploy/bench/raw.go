@@ -14,8 +14,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/triage-queue/triage/deploy/mariadb"
-	"github.com/triage-queue/triage/routing/itemid"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 // openRaw connects to database on s as the service does: READ COMMITTED,

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 // getItem reads an item of namespace "default" that must exist.

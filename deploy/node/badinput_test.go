@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/triage-queue/triage/dequeuer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema/store"
 )
 
 // inputBed is a bed with one item leased for an hour (topic "held") and
@@ -346,9 +346,9 @@ func TestWrongLeaseToken(t *testing.T) {
 	t.Parallel()
 	ib := setupInput(t)
 	held := ib.held
-	tok, err := dequeuer.ParseToken(held.LeaseToken)
+	tok, err := store.ParseToken(held.LeaseToken)
 	require.NoError(t, err)
-	wrong := dequeuer.FormatToken(tok ^ 1)
+	wrong := store.FormatToken(tok ^ 1)
 	ctx := ib.ctx()
 	before := ib.snapshot(t)
 	require.Equal(t, triagev1.ItemState_LEASED, before.held.State)

@@ -19,11 +19,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/dequeuer"
-	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -263,7 +262,7 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	owners, err := js.KeyValue(b.ctx(), dequeuer.OwnersBucket)
+	owners, err := js.KeyValue(b.ctx(), peer.OwnersBucket)
 	require.NoError(t, err)
 	// Whoever claimed both at start, free shard 2 until the other one
 	// takes it: each claim round gives either dequeuer an even chance.
@@ -390,7 +389,7 @@ func TestReadyNoticeForDottedNamespace(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	notices := make(chan *nats.Msg, 16)
-	sub, err := nc.ChanSubscribe(enqueuer.ReadySubject("*"), notices)
+	sub, err := nc.ChanSubscribe(peer.ReadySubject("*"), notices)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	require.NoError(t, nc.Flush())

@@ -25,7 +25,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/shardmap"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/queuemodel"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 var (

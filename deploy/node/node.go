@@ -26,8 +26,8 @@ import (
 	"github.com/triage-queue/triage/regions"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
-	"github.com/triage-queue/triage/routing/itemid"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/shardmap"
 )
 

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/routing/itemid"
+	"github.com/triage-queue/triage/schema/itemid"
 )
 
 // Config describes the namespace under test and the tolerances the

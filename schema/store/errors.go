@@ -11,6 +11,8 @@ var (
 	ErrStaleLease = errors.New("stale lease token: the item was leased again or returned since; the current holder keeps it")
 	// ErrNotFound means no such item: never enqueued, or acked or deleted.
 	ErrNotFound = errors.New("item not found: it was acked, deleted, expired or never existed")
+	// ErrBadToken means a lease token that does not parse (ParseToken).
+	ErrBadToken = errors.New("invalid lease token: want the 16 hex digits a dequeue returned")
 	// ErrMetadataTooLarge means a metadata patch merged with the item's
 	// stored metadata would exceed MaxMetadataBytes; nothing was changed.
 	ErrMetadataTooLarge = errors.New("metadata too large")

@@ -1,4 +1,4 @@
-package dequeuer
+package store
 
 import (
 	"fmt"
@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// FormatToken returns a lease token's external form.
+// FormatToken returns a lease token's external form, the receipt handle a
+// consumer acks, nacks or extends with.
 func FormatToken(t uint64) string { return fmt.Sprintf("%016x", t) }
 
 // ParseToken reads a lease token's external form.

@@ -1,0 +1,43 @@
+package peer
+
+import (
+	"fmt"
+	"strings"
+)
+
+// EnqueueSubject is where routers publish shard's enqueue batches in
+// region, into the region's enqueue stream (see EnqueueStream).
+func EnqueueSubject(region string, shard uint32) string {
+	return fmt.Sprintf("triage.enq.%s.%d", region, shard)
+}
+
+// EnqueueSubjects matches every shard's EnqueueSubject in region.
+func EnqueueSubjects(region string) string { return "triage.enq." + region + ".*" }
+
+// EnqueueStream is the JetStream stream that buffers region's enqueues.
+func EnqueueStream(region string) string {
+	return "TRIAGE_ENQ_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(region))
+}
+
+// ReadySubject is where new ready items of a namespace are announced
+// (ItemsReady). The namespace is one subject token: a name may contain
+// '.', which would split it into several and miss the dequeuers'
+// "triage.ready.*" subscription, so '.' is written as '~', which names
+// cannot contain (shardmap.ValidName).
+func ReadySubject(namespace string) string {
+	return "triage.ready." + strings.ReplaceAll(namespace, ".", "~")
+}
+
+// DequeueSubject is where dequeuer id takes ShardDequeue requests.
+func DequeueSubject(id string) string { return "triage.dq." + id }
+
+// UnbufferSubject is where dequeuer id takes Unbuffer requests.
+func UnbufferSubject(id string) string { return "triage.dqu." + id }
+
+// OwnersBucket is the NATS KV bucket of shard ownership: key OwnerKey,
+// value the owning dequeuer's ID. The bucket's TTL expires the key of an
+// owner that stopped refreshing it.
+const OwnersBucket = "triage_owners"
+
+// OwnerKey is shard's key in OwnersBucket.
+func OwnerKey(shard uint32) string { return fmt.Sprintf("shard.%d", shard) }
