@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -389,7 +390,7 @@ func (s *Service) handleRequest(m *nats.Msg) {
 	var req peerv1.ShardDequeue
 	resp := &peerv1.ShardDequeueResponse{}
 	if err := proto.Unmarshal(m.Data, &req); err != nil || req.Request == nil {
-		resp.Code, resp.Error = 3, "malformed ShardDequeue"
+		resp.Code, resp.Error = int32(codes.InvalidArgument), "malformed ShardDequeue"
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), req.Request.GetWait().AsDuration()+10*time.Second)
 		// The reply must fit one NATS message: serve only what fits and
@@ -398,10 +399,7 @@ func (s *Service) handleRequest(m *nats.Msg) {
 		cancel()
 		resp.Items = items
 		if err != nil {
-			resp.Code, resp.Error = 14, err.Error()
-			if errors.Is(err, peer.ErrNotOwner) {
-				resp.Code = 9 // FAILED_PRECONDITION: the router asks the new owner
-			}
+			resp.Code, resp.Error = int32(peer.ReplyCode(err)), err.Error()
 		}
 	}
 	data, err := proto.Marshal(resp)

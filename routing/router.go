@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -552,11 +553,12 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 		return nil, err
 	}
 	if resp.Error != "" {
-		if strings.Contains(resp.Error, peer.ErrNotOwner.Error()) {
+		rerr := peer.ReplyError(codes.Code(resp.Code), resp.Error)
+		if errors.Is(rerr, peer.ErrNotOwner) {
 			// It handed the shards over; this view has not heard yet.
 			r.cfg.Owners.Reload(ctx, shards)
 		}
-		return resp.Items, fmt.Errorf("%w: dequeuer %s: %s", ErrUnavailable, owner, resp.Error)
+		return resp.Items, fmt.Errorf("%w: dequeuer %s: %w", ErrUnavailable, owner, rerr)
 	}
 	return resp.Items, nil
 }

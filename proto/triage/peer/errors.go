@@ -1,6 +1,11 @@
 package peer
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+)
 
 var (
 	// ErrNotOwner means a dequeuer does not own a shard asked of it; the
@@ -21,3 +26,23 @@ const ReplySlack = 4096
 // messages over 4 MiB unless configured otherwise, and a reply that cannot
 // be received burns the attempts of every item in it.
 const MaxReplyBytes = 4<<20 - ReplySlack
+
+// ReplyCode is the gRPC code a ShardDequeueResponse carries for err, so
+// the router acts on the kind of failure rather than on its wording:
+// FAILED_PRECONDITION for ErrNotOwner (ask the new owner), UNAVAILABLE for
+// anything else (retry).
+func ReplyCode(err error) codes.Code {
+	if errors.Is(err, ErrNotOwner) {
+		return codes.FailedPrecondition
+	}
+	return codes.Unavailable
+}
+
+// ReplyError rebuilds the error a reply reports: one that errors.Is
+// matches to ErrNotOwner for FAILED_PRECONDITION, with the remote message.
+func ReplyError(code codes.Code, msg string) error {
+	if code == codes.FailedPrecondition {
+		return fmt.Errorf("%w: %s", ErrNotOwner, msg)
+	}
+	return errors.New(msg)
+}

@@ -1,9 +1,13 @@
 package peer_test
 
 import (
+	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 // TestRolesDoNotImportEachOther holds the layering this package exists
@@ -25,5 +29,30 @@ func TestRolesDoNotImportEachOther(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestReplyErrorKeepsTheKind: what a dequeuer reports over NATS comes back
+// to the router as the same kind of error, whatever its wording.
+func TestReplyErrorKeepsTheKind(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		err      error
+		notOwner bool
+	}{
+		{"not owner", fmt.Errorf("%w 3", peer.ErrNotOwner), true},
+		{"busy", peer.ErrBusy, false},
+		{"shard down", errors.New("dial tcp 127.0.0.1:3306: connection refused"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := peer.ReplyError(peer.ReplyCode(tc.err), tc.err.Error())
+			if errors.Is(got, peer.ErrNotOwner) != tc.notOwner {
+				t.Fatalf("ReplyError(ReplyCode(%v)) = %v; is ErrNotOwner: %v, want %v", tc.err, got, !tc.notOwner, tc.notOwner)
+			}
+			if !strings.Contains(got.Error(), tc.err.Error()) {
+				t.Fatalf("the remote message %q is lost: %q", tc.err, got)
+			}
+		})
 	}
 }
