@@ -92,6 +92,7 @@ type Router struct {
 	inbox string
 	sub   *nats.Subscription
 	rr    atomic.Uint64
+	acks  store.AckBatcher
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
@@ -691,8 +692,9 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 			refs[j] = store.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
 		}
 		// The tombstones' window runs on this router's clock, as it always has.
-		res, err := store.New(db).ItemAck(ctx, store.ItemAckParams{Namespace: req.Namespace, Refs: refs,
-			DedupWindow: time.Duration(ns.DedupWindow), Now: time.Now()})
+		// Concurrent acks of the shard share one transaction (AckBatcher).
+		res, err := r.acks.Ack(ctx, db, store.ItemAckParams{Namespace: req.Namespace, Refs: refs,
+			DedupWindow: time.Duration(ns.DedupWindow)})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
