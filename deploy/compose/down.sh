@@ -1,6 +1,7 @@
 #!/bin/bash
 # down.sh — removes the compose bed: containers, networks and volumes of
-# project COMPOSE_PROJECT_NAME (default triage). `make compose-down` runs it.
+# project COMPOSE_PROJECT_NAME (default triage), giving each container
+# DOWN_TIMEOUT seconds (default 10) to stop. `make compose-down` runs it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 project=${COMPOSE_PROJECT_NAME:-triage}
@@ -12,4 +13,4 @@ if [ ! -f "$env_file" ]; then
   printf 'TRIAGE_IMAGE=none\nTRIAGE_MARIADB_IMAGE=none\n' >"$env_file"
 fi
 docker-compose -f "$here/docker-compose.yml" --env-file "$env_file" -p "$project" \
-  down --volumes --remove-orphans --timeout 10
+  down --volumes --remove-orphans --timeout "${DOWN_TIMEOUT:-10}"

@@ -11,8 +11,12 @@
 #   ROOT_PASSWORD  password of root@'%', the admin account the bootstrap and
 #                  the controller log in with from other containers
 # Extra arguments are appended to mariadbd's command line.
+#
+# "triage-mariadb init" only initialises the datadir and exits: the image
+# build runs it, so the image carries a ready datadir that Docker copies into
+# each new named volume, and nine servers do not run mariadb-install-db at
+# once on a small machine when the bed starts.
 set -euo pipefail
-: "${SERVER_ID:?SERVER_ID is required}"
 data=/var/lib/mysql/data
 mkdir -p /var/lib/mysql/tmp /run/mysqld
 if [ ! -d "$data/mysql" ]; then
@@ -28,6 +32,8 @@ GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;
 SQL
   mv "$data.init" "$data"
 fi
+[ "${1:-}" = init ] && exit 0
+: "${SERVER_ID:?SERVER_ID is required}"
 exec mariadbd --no-defaults \
   --datadir="$data" --port=3306 --bind-address=0.0.0.0 \
   --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mysqld.pid \
