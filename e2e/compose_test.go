@@ -35,7 +35,10 @@ type composeBed struct {
 // region and into the next one, dequeues each item back (through the same
 // gateway, and through the third region's) and acks it, then removes the
 // bed and asserts that no container, network or volume of the project is
-// left. Set TRIAGE_SKIP_DOCKER=1 to skip it where Docker is missing.
+// left. Then it kills shard 1's primary (docker kill) with an item on it
+// and checks that the controller promotes a replica in another region and
+// that enqueue, dequeue and ack through us-east resume, the waiting item
+// included. Set TRIAGE_SKIP_DOCKER=1 to skip it where Docker is missing.
 func TestCompose(t *testing.T) {
 	t.Parallel()
 	b := startCompose(t)
@@ -59,6 +62,56 @@ func TestCompose(t *testing.T) {
 			t.Logf("%-9s -> stored in %-9s -> dequeued and acked through %s: %s", via, store, reader, id)
 		}
 	}
+
+	// primary-kill: an item waits on shard 1's primary (us-east), which is
+	// killed; the controller promotes a replica in another region, and
+	// us-east's router serves the waiting item and new ones from there.
+	waiting := b.enqueue(ctx, "us-east", "us-east", topic, "before the kill")
+	killed := time.Now()
+	out, err := exec.Command("docker", "kill", b.container("mariadb-s1-us-east")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var primary string
+	require.Eventually(t, func() bool {
+		primary = b.primary(ctx, "eu-west", 1)
+		return primary != "" && primary != "mariadb-s1-us-east:3306"
+	}, time.Minute, 200*time.Millisecond, "shard 1 was not failed over within a minute of docker kill")
+	t.Logf("primary-kill: shard 1 promoted to %s %.1fs after docker kill", primary, time.Since(killed).Seconds())
+	after := b.enqueue(ctx, "us-east", "us-east", topic, "after the kill")
+	want := map[string]bool{waiting: true, after: true}
+	for range want {
+		got := b.dequeue(ctx, "us-east", "us-east", topic)
+		require.True(t, want[got.ID], "dequeued %s after the failover: want one of %v", got.ID, want)
+		delete(want, got.ID)
+		b.ack(ctx, "us-east", got)
+	}
+	t.Logf("primary-kill: the waiting item and a new one dequeued and acked through us-east %.1fs after docker kill", time.Since(killed).Seconds())
+}
+
+// primary is shard's primary in the shard map region's router serves, or
+// "" when the router does not answer.
+func (b *composeBed) primary(ctx context.Context, region string, shard uint32) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.http[region]+"/v1/shardmap", nil)
+	require.NoError(b.t, err)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var m struct {
+		Shards []struct {
+			ID      uint32 `json:"id"`
+			Primary string `json:"primary"`
+		} `json:"shards"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&m) != nil {
+		return ""
+	}
+	for _, s := range m.Shards {
+		if s.ID == shard {
+			return s.Primary
+		}
+	}
+	return ""
 }
 
 // shardOf is the shard whose home is region (generate.py: region i's
@@ -98,11 +151,21 @@ func startCompose(t *testing.T) *composeBed {
 	require.NoError(t, err, "deploy/compose/up.sh:\n%s", out)
 	t.Logf("compose bed %s up in %.1fs (images included)", b.project, time.Since(start).Seconds())
 	for _, r := range composeRegions {
-		port, err := b.compose("port", "router-"+r, "8080")
-		require.NoError(t, err, port)
-		b.http[r] = strings.TrimSpace(port)
+		out, err := exec.Command("docker", "port", b.container("router-"+r), "8080/tcp").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		b.http[r] = strings.Fields(string(out))[0]
 	}
 	return b
+}
+
+// container is the ID of service's container.
+func (b *composeBed) container(service string) string {
+	out, err := exec.Command("docker", "ps", "-q", "--filter", "label=com.docker.compose.project="+b.project,
+		"--filter", "label=com.docker.compose.service="+service).CombinedOutput()
+	require.NoError(b.t, err, "%s", out)
+	id := strings.TrimSpace(string(out))
+	require.NotEmpty(b.t, id, "no running container of service %s", service)
+	return id
 }
 
 // script runs deploy/compose/NAME with the bed's environment.
