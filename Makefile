@@ -33,6 +33,18 @@ up: deps build ## Run the local Triage bed in the foreground (Ctrl-C or make dow
 down: ## Stop a bed started by make up (by the PIDs in .triage/bed.json).
 	@if [ -x $(BIN)/triage ]; then $(BIN)/triage down; else $(GO) run ./cmd/triage down; fi
 
+.PHONY: compose-images
+compose-images: ## Build the compose bed's images (no registry; cached by content hash).
+	@./deploy/compose/build-images.sh
+
+.PHONY: compose-up
+compose-up: ## Run the three-region docker-compose bed (deploy/compose), wait healthy, print the gateways.
+	@./deploy/compose/up.sh
+
+.PHONY: compose-down
+compose-down: ## Remove the compose bed's containers, networks and volumes.
+	@./deploy/compose/down.sh
+
 .PHONY: test
 test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e) with -race.
 	$(GO) test -race -count=1 -p 1 -timeout 20m ./...

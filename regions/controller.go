@@ -138,14 +138,24 @@ type FailoverResult struct {
 	Events     []Event `json:"events,omitempty"`
 }
 
+// OpenControl creates or opens the control bucket (the leader key, TTL
+// LeaseTTL) with replicas copies. Controller.Run opens it; a deployment's
+// bootstrap creates it first, alone (see deploy/compose).
+func OpenControl(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: ControlBucket, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
+	if err != nil {
+		return nil, fmt.Errorf("open kv bucket %s: %w", ControlBucket, err)
+	}
+	return kv, nil
+}
+
 // Run campaigns for leadership and, while leader, watches health and
 // fails shards over, until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	var err error
-	c.control, err = c.cfg.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: ControlBucket, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: max(c.cfg.KVReplicas, 1)})
-	if err != nil {
-		return fmt.Errorf("open kv bucket %s: %w", ControlBucket, err)
+	if c.control, err = OpenControl(ctx, c.cfg.JS, c.cfg.KVReplicas); err != nil {
+		return err
 	}
 	hkv, err := OpenHealth(ctx, c.cfg.JS, c.cfg.KVReplicas)
 	if err != nil {

@@ -27,6 +27,11 @@ Service:
   triage drill SCENARIO          failover drill against a running bed
                                  (primary-kill, region-down, partition, nats-kill, dequeuer-kill)
 
+Containers (the compose bed, deploy/compose):
+  triage nats [flags]            an embedded NATS server with JetStream, clustered by --routes
+  triage bootstrap --config FILE accounts, schema, replication, buckets and shard map of a bed
+  triage probe URL               GET URL, exit 0 on 2xx (health checks in FROM-scratch images)
+
 Client (talk to a router; --addr or TRIAGE_ADDR, default 127.0.0.1:9090):
   triage enqueue TOPIC [PAYLOAD...]   triage dequeue TOPIC
   triage ack ID:TOKEN...              triage nack ID:TOKEN...
@@ -64,6 +69,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return benchCmd(ctx, rest, stdout, stderr)
 	case "drill":
 		return drillCmd(ctx, rest, stdout, stderr)
+	case "nats":
+		return natsCmd(ctx, rest, stderr)
+	case "bootstrap":
+		return bootstrapCmd(ctx, rest, stderr)
+	case "probe":
+		return probeCmd(ctx, rest, stdout, stderr)
 	}
 	if handled, code := runClientCommand(ctx, verb, rest, stdout, stderr); handled {
 		return code
@@ -83,6 +94,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "node config file (JSON; see deploy/node.Config)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	health := fs.String("health", "", "serve GET /healthz on this address (NATS, shard map, the region's primaries)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -109,6 +121,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "triage serve:", err)
 		return 1
+	}
+	if *health != "" {
+		stopHealth, err := serveHealth(*health, n)
+		if err != nil {
+			n.Stop()
+			fmt.Fprintln(stderr, "triage serve:", err)
+			return 1
+		}
+		defer stopHealth()
 	}
 	select {
 	case <-ctx.Done():

@@ -33,13 +33,17 @@ const (
 
 // AppCredentials is the application account, as package replication
 // takes it.
-func (b *Bed) AppCredentials() replication.Credentials {
+func (b *Bed) AppCredentials() replication.Credentials { return appCredentials() }
+
+func appCredentials() replication.Credentials {
 	return replication.Credentials{User: AppUser, Password: AppPassword, Database: Database}
 }
 
 // ReplCredentials is the replication account, for ReplicateFrom,
 // RejoinAsReplica and the like.
-func (b *Bed) ReplCredentials() replication.Credentials {
+func (b *Bed) ReplCredentials() replication.Credentials { return replCredentials() }
+
+func replCredentials() replication.Credentials {
 	return replication.Credentials{User: ReplUser, Password: ReplPassword}
 }
 
@@ -181,19 +185,27 @@ func (b *Bed) setUpReplication(ctx context.Context) error {
 	})
 }
 
-// ensureUsers runs replication.EnsureUsers, then grants the application
-// account the DDL its nodes' schema migrations need, unlogged like every
-// admin statement.
+// ensureUsers prepares s with PrepareServer's accounts and grants.
 func (b *Bed) ensureUsers(ctx context.Context, s *mariadb.Server) error {
-	a, err := replication.Open(s.DSN(""))
+	return EnsureAccounts(ctx, s.DSN(""))
+}
+
+// EnsureAccounts creates, or brings up to date, the bed's accounts (AppUser
+// and ReplUser, see replication.EnsureUsers) on the server of the admin DSN
+// dsn, then grants the application account the DDL its nodes' schema
+// migrations need, unlogged like every admin statement, so that it creates
+// no GTID. The local bed and the compose bed's bootstrap run it on every
+// server.
+func EnsureAccounts(ctx context.Context, dsn string) error {
+	a, err := replication.Open(dsn)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	if err := a.EnsureUsers(ctx, b.ReplCredentials(), b.AppCredentials()); err != nil {
+	if err := a.EnsureUsers(ctx, replCredentials(), appCredentials()); err != nil {
 		return err
 	}
-	db, err := openDB(s.DSN(""))
+	db, err := openDB(dsn)
 	if err != nil {
 		return err
 	}
@@ -208,7 +220,7 @@ func (b *Bed) ensureUsers(ctx context.Context, s *mariadb.Server) error {
 		"GRANT CREATE, ALTER, INDEX ON `" + Database + "`.* TO '" + AppUser + "'@'%'",
 	} {
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("grant schema rights to %s on %s: %w", AppUser, s.Addr(), err)
+			return fmt.Errorf("grant schema rights to %s on %s: %w", AppUser, a.Addr(), err)
 		}
 	}
 	return nil
@@ -219,8 +231,35 @@ func (b *Bed) ensureUsers(ctx context.Context, s *mariadb.Server) error {
 // is acknowledged at once.
 func (b *Bed) replicate(ctx context.Context, shard uint32) error {
 	pd := b.server(shard, RolePrimary)
-	p := pd.srv
-	pa, err := replication.Open(p.DSN(""))
+	var replicas []Replica
+	for _, rd := range b.replicasOf(shard) {
+		replicas = append(replicas, Replica{DSN: rd.srv.DSN(""), Region: rd.region, PrimaryVia: b.Via(rd.region, pd.srv.Addr())})
+	}
+	return Replicate(ctx, shard, pd.srv.DSN(""), replicas, b.progress)
+}
+
+// Replica is one replica for Replicate.
+type Replica struct {
+	// DSN is an admin DSN of the replica (TCP).
+	DSN string
+	// Region is the replica's region, for progress lines.
+	Region string
+	// PrimaryVia is the address the replica dials to reach the primary
+	// (a WAN link of the local bed, or the primary's own address).
+	PrimaryVia string
+}
+
+// Replicate turns semi-sync on for the primary of shard at primaryDSN
+// (AFTER_SYNC, one acknowledgement, no fallback to async), makes each
+// replica replicate from it with GTIDs, waits until each has caught up,
+// then until all are connected as semi-sync replicas, so the first
+// application commit is acknowledged at once. progress, when not nil,
+// receives a line per step (printf style).
+func Replicate(ctx context.Context, shard uint32, primaryDSN string, replicas []Replica, progress func(format string, args ...any)) error {
+	if progress == nil {
+		progress = func(string, ...any) {}
+	}
+	pa, err := replication.Open(primaryDSN)
 	if err != nil {
 		return err
 	}
@@ -228,32 +267,30 @@ func (b *Bed) replicate(ctx context.Context, shard uint32) error {
 	if err := pa.EnableSemiSync(ctx, true); err != nil {
 		return err
 	}
-	rds := b.replicasOf(shard)
-	for _, rd := range rds {
-		ra, err := replication.Open(rd.srv.DSN(""))
+	for _, rd := range replicas {
+		ra, err := replication.Open(rd.DSN)
 		if err != nil {
 			return err
 		}
-		via := b.Via(rd.region, p.Addr())
-		err = ra.ReplicateFrom(ctx, via, b.ReplCredentials())
+		err = ra.ReplicateFrom(ctx, rd.PrimaryVia, replCredentials())
 		if err == nil {
 			err = waitReplica(ctx, pa, ra)
 		}
 		ra.Close()
 		if err != nil {
-			return fmt.Errorf("shard %d: replica %s in %s via %s: %w", shard, rd.srv.Addr(), rd.region, via, err)
+			return fmt.Errorf("shard %d: replica %s in %s via %s: %w", shard, ra.Addr(), rd.Region, rd.PrimaryVia, err)
 		}
-		b.progress("  shard %d: %s replica %s replicates from %s (%s) via %s", shard, rd.region, rd.srv.Addr(), pd.region, p.Addr(), via)
+		progress("  shard %d: %s replica %s replicates from %s via %s", shard, rd.Region, ra.Addr(), pa.Addr(), rd.PrimaryVia)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ss, err := pa.SemiSyncStatus(ctx)
-		if err == nil && ss.Clients >= len(rds) && ss.Active {
-			b.progress("  shard %d: semi-sync on with %d replicas", shard, ss.Clients)
+		if err == nil && ss.Clients >= len(replicas) && ss.Active {
+			progress("  shard %d: semi-sync on with %d replicas", shard, ss.Clients)
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("shard %d: %d semi-sync replicas did not connect within 30s: %+v (err %v)", shard, len(rds), ss, err)
+			return fmt.Errorf("shard %d: %d semi-sync replicas did not connect within 30s: %+v (err %v)", shard, len(replicas), ss, err)
 		}
 		sleepCtx(ctx, 100*time.Millisecond)
 	}

@@ -106,15 +106,31 @@ func (b *Bed) startNATS(ctx context.Context) error {
 }
 
 // waitJetStream polls until every server answers JetStream requests and a
-// bucket replicated like the nodes' ones can be created: the meta leader is
-// elected and every peer is known.
+// bucket replicated like the nodes' ones can be created.
 func (b *Bed) waitJetStream(ctx context.Context) error {
 	b.progress("waiting for JetStream to elect its meta leader")
-	ctx, cancel := context.WithTimeout(ctx, jetStreamReadyTimeout)
-	defer cancel()
+	var urls []string
+	for _, r := range b.regions {
+		urls = append(urls, r.nats.ClientURL())
+	}
 	replicas := min(len(b.regions), 3)
-	for i, r := range b.regions {
-		nc, err := nats.Connect(r.nats.ClientURL(), nats.Name("triage-bed"))
+	if err := WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout); err != nil {
+		return err
+	}
+	b.progress("JetStream ready (R%d)", replicas)
+	return nil
+}
+
+// WaitJetStream polls, for up to timeout, until every server of urls
+// answers JetStream requests and a bucket of replicas copies can be
+// created through the first: the meta leader is elected and every peer is
+// known. The local bed and the compose bed's bootstrap wait so before
+// anything creates the nodes' buckets.
+func WaitJetStream(ctx context.Context, urls []string, replicas int, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for i, url := range urls {
+		nc, err := nats.Connect(url, nats.Name("triage-bed"), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
 		if err != nil {
 			return err
 		}
@@ -130,7 +146,7 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 			if i > 0 {
 				return nil
 			}
-			// Once, through region 0: a replicated bucket proves placement.
+			// Once, through the first server: a replicated bucket proves placement.
 			const probe = "triage_bed_probe"
 			if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: probe, Replicas: replicas, Storage: jetstream.MemoryStorage}); err != nil {
 				return err
@@ -139,10 +155,9 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 		})
 		nc.Close()
 		if err != nil {
-			return fmt.Errorf("JetStream of %s not ready within %v: %w", r.name, jetStreamReadyTimeout, err)
+			return fmt.Errorf("JetStream of %s not ready within %v: %w", url, timeout, err)
 		}
 	}
-	b.progress("JetStream ready (R%d)", replicas)
 	return nil
 }
 

@@ -40,6 +40,10 @@ type Config struct {
 	// (2 minutes). Triage acknowledges committed enqueues only after the
 	// MySQL commit, so this bounds only what BUFFERED enqueues can lose.
 	SyncInterval time.Duration
+	// HTTPPort, when set, serves the monitoring endpoints (/healthz,
+	// /varz, /jsz ...) on Host. Default none. The compose bed's health
+	// check asks /healthz, which fails until JetStream is current.
+	HTTPPort int
 }
 
 // Start runs a server and waits until it accepts clients.
@@ -70,6 +74,8 @@ func Start(cfg Config) (*server.Server, error) {
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  8 << 30,
 		Tags:               cfg.Tags,
+		HTTPHost:           cfg.Host,
+		HTTPPort:           cfg.HTTPPort,
 	}
 	if cfg.ClusterName != "" {
 		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,

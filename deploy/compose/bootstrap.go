@@ -1,0 +1,262 @@
+package compose
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/triage-queue/triage/deploy/bed"
+	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/enqueuer"
+	"github.com/triage-queue/triage/regions"
+	"github.com/triage-queue/triage/routing"
+	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// Config is the bootstrap's config file (JSON), /etc/triage/bootstrap.json
+// in the compose bed.
+type Config struct {
+	// ShardMapFile is the bed's shard map: regions, namespaces, and every
+	// shard's home region, primary and replicas (with their regions) by the
+	// addresses other containers dial. Required.
+	ShardMapFile string `json:"shard_map_file"`
+	// Admin is the account with every privilege on each MariaDB server
+	// (root@'%' in the bed). Default root, no password.
+	Admin shardmap.Credentials `json:"admin"`
+	// NATS are the client URLs of the NATS servers, one per region. The
+	// buckets and streams are created through the first. Required.
+	NATS []string `json:"nats"`
+	// KVReplicas and StreamReplicas are the copies of the control-plane
+	// buckets and of each region's enqueue stream, as the nodes' configs
+	// give them (node.Config). Default: one per NATS server, at most 3.
+	KVReplicas     int `json:"kv_replicas,omitempty"`
+	StreamReplicas int `json:"stream_replicas,omitempty"`
+	// OwnerTTL is the dequeuers' ownership TTL; it must equal the nodes'
+	// owner_ttl, since whoever opens the bucket last sets it. Default 10s.
+	OwnerTTL shardmap.Duration `json:"owner_ttl,omitempty"`
+	// Wait bounds the wait for MariaDB and NATS to answer. Default 3m.
+	Wait shardmap.Duration `json:"wait,omitempty"`
+}
+
+func (c *Config) fill() error {
+	if c.ShardMapFile == "" || len(c.NATS) == 0 {
+		return errors.New("bootstrap config: shard_map_file and nats are required")
+	}
+	c.Admin.User = cmp.Or(c.Admin.User, "root")
+	c.KVReplicas = cmp.Or(c.KVReplicas, min(len(c.NATS), 3))
+	c.StreamReplicas = cmp.Or(c.StreamReplicas, min(len(c.NATS), 3))
+	c.OwnerTTL = cmp.Or(c.OwnerTTL, shardmap.Duration(dequeuer.DefaultOwnerTTL))
+	c.Wait = cmp.Or(c.Wait, shardmap.Duration(3*time.Minute))
+	return nil
+}
+
+// Bootstrap brings a freshly started bed to the state its Triage
+// containers start from, with the local bed's functions (deploy/bed):
+//
+//  1. waits until every MariaDB server of the shard map answers, creates
+//     the bed's accounts on each (bed.EnsureAccounts, unlogged) and the
+//     shard database on each primary;
+//  2. migrates the schema on each primary (schema.Migrate), once, before
+//     a dozen role containers would race to;
+//  3. replicates every shard to its replicas with semi-sync
+//     (bed.Replicate: GTID, AFTER_SYNC, one acknowledgement, no fallback);
+//  4. waits for JetStream's meta leader (bed.WaitJetStream), then creates,
+//     one after the other, every bucket and stream the nodes open, and
+//     publishes the shard map (shardmap.Bootstrap: a map already stored is
+//     kept, so a second run never rolls a failover back).
+//
+// Step 4 is serial because nats-server wedges a replicated stream that
+// several clients create at once; the nodes then only open what exists.
+// Every step is idempotent, so running it again on a bed that is up is
+// harmless.
+func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.fill(); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(cfg.ShardMapFile)
+	if err != nil {
+		return err
+	}
+	m, err := shardmap.Parse(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", cfg.ShardMapFile, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(cfg.Wait))
+	defer cancel()
+	start := time.Now()
+	progress := func(format string, args ...any) {
+		log.Info(fmt.Sprintf("[%5.1fs] ", time.Since(start).Seconds()) + fmt.Sprintf(format, args...))
+	}
+
+	shards := m.Shards
+	type server struct {
+		shard   shardmap.Shard
+		addr    string
+		primary bool
+	}
+	var servers []server
+	for _, s := range shards {
+		servers = append(servers, server{s, s.Primary, true})
+		for _, r := range s.Replicas {
+			servers = append(servers, server{s, r, false})
+		}
+	}
+	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), bed.AppUser, bed.ReplUser)
+	err = parallel(len(servers), func(i int) error {
+		sv := servers[i]
+		dsn := cfg.dsn(sv.addr, "")
+		if err := waitSQL(ctx, dsn); err != nil {
+			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
+		}
+		if err := bed.EnsureAccounts(ctx, dsn); err != nil {
+			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
+		}
+		if !sv.primary {
+			return nil
+		}
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+sv.shard.Database+"`"); err != nil {
+			return fmt.Errorf("shard %d primary %s: %w", sv.shard.ID, sv.addr, err)
+		}
+		sdb, err := sql.Open("mysql", cfg.dsn(sv.addr, sv.shard.Database))
+		if err != nil {
+			return err
+		}
+		defer sdb.Close()
+		n, err := schema.Migrate(ctx, sdb)
+		if err != nil {
+			return fmt.Errorf("shard %d primary %s: migrate: %w", sv.shard.ID, sv.addr, err)
+		}
+		progress("  shard %d primary %s: database %s, %d migration(s) applied", sv.shard.ID, sv.addr, sv.shard.Database, n)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+
+	progress("replicating %d shard(s) (GTID, semi-sync AFTER_SYNC, one acknowledgement, no async fallback)", len(shards))
+	err = parallel(len(shards), func(i int) error {
+		s := shards[i]
+		var replicas []bed.Replica
+		for k, r := range s.Replicas {
+			region := ""
+			if k < len(s.ReplicaRegions) {
+				region = s.ReplicaRegions[k]
+			}
+			replicas = append(replicas, bed.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: s.Primary})
+		}
+		return bed.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), replicas, progress)
+	})
+	if err != nil {
+		return err
+	}
+
+	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
+	if err := bed.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx))); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	kv, err := shardmap.OpenBucket(ctx, js, cfg.KVReplicas)
+	if err != nil {
+		return err
+	}
+	stored, err := shardmap.Bootstrap(ctx, kv, m)
+	if err != nil {
+		return err
+	}
+	progress("shard map version %d in %s (%d shards, regions %v)", stored.Version, shardmap.Bucket, len(stored.Shards), stored.Regions)
+	if _, err := regions.OpenHealth(ctx, js, cfg.KVReplicas); err != nil {
+		return err
+	}
+	if _, err := regions.OpenControl(ctx, js, cfg.KVReplicas); err != nil {
+		return err
+	}
+	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
+		return err
+	}
+	claim, err := routing.ClaimNode(ctx, js, "bootstrap", cfg.KVReplicas, func(error) {})
+	if err != nil {
+		return err
+	}
+	claim.Release(ctx)
+	for _, r := range m.Regions {
+		if _, err := enqueuer.EnsureStream(ctx, js, r, enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}); err != nil {
+			return err
+		}
+	}
+	progress("buckets and %d enqueue streams created (R%d); bootstrap done", len(m.Regions), cfg.StreamReplicas)
+	return nil
+}
+
+// dsn is the admin DSN of the server at addr.
+func (c *Config) dsn(addr, database string) string {
+	mc := mysql.NewConfig()
+	mc.User, mc.Passwd = c.Admin.User, c.Admin.Password
+	mc.Net, mc.Addr, mc.DBName = "tcp", addr, database
+	mc.Timeout = 5 * time.Second
+	mc.MultiStatements = true
+	mc.ParseTime = true
+	return mc.FormatDSN()
+}
+
+// waitSQL polls the server of dsn until it answers SELECT 1 or ctx ends.
+func waitSQL(ctx context.Context, dsn string) error {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for {
+		err := db.PingContext(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("did not answer: %w", err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Now().Add(time.Minute)
+	}
+	return d
+}
+
+// parallel runs f(0..n-1) concurrently and joins their errors.
+func parallel(n int, f func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,81 @@
+#!/bin/bash
+# build-images.sh [ENV_FILE] — builds the compose bed's images without a
+# registry, each tagged by a content hash of its inputs, and skips every
+# image whose tag exists already (a second run takes seconds):
+#
+#   triage-rootfs:H1   Debian bookworm minbase + mariadb/packages.txt, made
+#                      by mariadb/rootfs.sh with debootstrap and imported
+#                      with docker import (H1: rootfs.sh + packages.txt)
+#   triage-mariadb:H2  FROM triage-rootfs:H1 + entrypoint.sh
+#                      (H2: H1 + the Dockerfile and entrypoint.sh)
+#   triage:H3          FROM scratch + the static triage binary, built from a
+#                      context that holds only the binary (H3: the binary)
+#
+# It writes TRIAGE_IMAGE and TRIAGE_MARIADB_IMAGE to ENV_FILE (default
+# deploy/compose/.images.env), which docker-compose --env-file reads.
+# Needs root for debootstrap (installed with apt-get when missing).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+env_file=${1:-$here/.images.env}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+start=$(date +%s.%N)
+say() { awk -v s="$start" -v n="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%5.1fs] %s\n", n - s, m }'; }
+hash() { cat "$@" | sha256sum | cut -c1-12; }
+# quiet runs a command and shows its output only when it fails (docker
+# build prints the legacy builder's deprecation notice every time).
+quiet() { local out; out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }; }
+have() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# 1. The Debian root file system.
+h1=$(hash "$here/mariadb/rootfs.sh" "$here/mariadb/packages.txt")
+rootfs=triage-rootfs:$h1
+if have "$rootfs"; then
+  say "$rootfs cached"
+else
+  if ! command -v debootstrap >/dev/null; then
+    [ "$(id -u)" = 0 ] || { echo "debootstrap is missing: apt-get install debootstrap (as root)" >&2; exit 1; }
+    say "installing debootstrap"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  fi
+  [ "$(id -u)" = 0 ] || { echo "debootstrap needs root" >&2; exit 1; }
+  tmp=$(mktemp -d /tmp/triage-rootfs.XXXXXX)
+  trap 'rm -rf "$tmp"' EXIT
+  say "debootstrap --variant=minbase bookworm + $(grep -v '^#' "$here/mariadb/packages.txt" | xargs) (about 30-60 s)"
+  "$here/mariadb/rootfs.sh" "$tmp/root" "$here/mariadb/packages.txt" "$mirror"
+  say "docker import -> $rootfs ($(du -sh "$tmp/root" | cut -f1))"
+  tar -C "$tmp/root" -c . | docker import -m "triage compose bed rootfs $h1" - "$rootfs" >/dev/null
+  rm -rf "$tmp"
+  trap - EXIT
+fi
+
+# 2. MariaDB: the root file system plus the entrypoint.
+h2=$(echo "$h1" | cat - "$here/mariadb/Dockerfile" "$here/mariadb/entrypoint.sh" | sha256sum | cut -c1-12)
+mariadb=triage-mariadb:$h2
+if have "$mariadb"; then
+  say "$mariadb cached"
+else
+  say "docker build -> $mariadb"
+  quiet docker build -q --build-arg BASE="$rootfs" -t "$mariadb" "$here/mariadb"
+fi
+
+# 3. Triage: FROM scratch plus the static binary.
+ctx=$(mktemp -d /tmp/triage-image.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
+say "go build (CGO_ENABLED=0, static)"
+(cd "$root" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$ctx/triage" ./cmd/triage)
+h3=$(hash "$ctx/triage")
+triage=triage:$h3
+if have "$triage"; then
+  say "$triage cached"
+else
+  cat >"$ctx/Dockerfile" <<'DOCKERFILE'
+FROM scratch
+COPY triage /triage
+ENTRYPOINT ["/triage"]
+DOCKERFILE
+  say "docker build -> $triage"
+  quiet docker build -q -t "$triage" "$ctx"
+fi
+printf 'TRIAGE_IMAGE=%s\nTRIAGE_MARIADB_IMAGE=%s\n' "$triage" "$mariadb" >"$env_file"
+say "images ready: $triage $mariadb (written to $env_file)"

@@ -1,0 +1,34 @@
+// Package compose is the Go side of the multi-region docker-compose bed in
+// this directory: Bootstrap, which `triage bootstrap` runs in the bed's
+// one-shot bootstrap container.
+//
+// # The bed
+//
+// docker-compose.yml runs the local bed's topology (deploy/bed) with each
+// part in a container of its own: three regions (us-east, eu-west,
+// ap-south), one Docker network per region and a "wan" network between
+// them; per region the primary of the region's shard and a replica of each
+// other region's shard (MariaDB with GTID and semi-sync, AFTER_SYNC, no
+// fallback to async), one NATS server of a three-node JetStream cluster
+// (`triage nats`), and the router, enqueuer, dequeuer and controller roles
+// (`triage serve --config /etc/triage/<role>.json`). tc netem delays every
+// packet a container sends on the WAN network (WAN_DELAY, default 20ms).
+//
+// # Images without a registry
+//
+// build-images.sh makes every image locally and tags it by a content hash
+// of its inputs, so a second build only rebuilds the Go binary: the MariaDB
+// image from a Debian bookworm root file system (debootstrap minbase,
+// docker import) and the Triage image FROM scratch with the static binary.
+//
+// # Bootstrap
+//
+// The role containers start after the bootstrap container exited 0
+// (depends_on: service_completed_successfully). It reuses the local bed's
+// functions: bed.EnsureAccounts, bed.Replicate and bed.WaitJetStream, then
+// creates every NATS bucket and stream the nodes open, one at a time, and
+// publishes the shard map. See Bootstrap.
+//
+// README.md in this directory lists the containers, their configs and the
+// make targets.
+package compose

@@ -1,0 +1,76 @@
+#!/bin/bash
+# up.sh — builds the compose bed's images when their tags are missing
+# (build-images.sh), starts the bed with docker-compose, waits until every
+# container is healthy and every one-shot (bootstrap, netem-*) exited 0, and
+# prints each region's gateways and a curl tour. `make compose-up` runs it.
+#
+# Environment: COMPOSE_PROJECT_NAME (default triage), IMAGES_ENV (the env
+# file build-images.sh writes; default deploy/compose/.images.env),
+# WAN_DELAY (default 20ms), TRIAGE_HTTP_US_EAST ... (published ports, see
+# docker-compose.yml), UP_TIMEOUT seconds (default 300).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+project=${COMPOSE_PROJECT_NAME:-triage}
+env_file=${IMAGES_ENV:-$here/.images.env}
+start=$(date +%s.%N)
+say() { awk -v s="$start" -v n="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%5.1fs] %s\n", n - s, m }'; }
+# port SERVICE PORT is the host address docker publishes SERVICE's PORT on
+# (docker port: much faster than the Python docker-compose port).
+port() {
+  local id
+  id=$(docker ps -q --filter "label=com.docker.compose.project=$project" --filter "label=com.docker.compose.service=$1")
+  docker port "$id" "$2/tcp" | head -1
+}
+dc() { docker-compose -f "$here/docker-compose.yml" --env-file "$env_file" -p "$project" "$@"; }
+
+"$here/build-images.sh" "$env_file"
+say "docker-compose -p $project up -d (MariaDB and NATS, then bootstrap, then the Triage roles)"
+if ! dc up -d 2>&1 | grep -v -e '^Creating' -e '^Starting' >&2; then :; fi
+# up -d fails when a depends_on condition fails (e.g. bootstrap exits 1).
+say "waiting for every container to be healthy"
+deadline=$((SECONDS + ${UP_TIMEOUT:-300}))
+while :; do
+  status=$(docker ps -a --filter "label=com.docker.compose.project=$project" --format '{{.Names}}|{{.Status}}')
+  bad=$(grep -E '\|Exited \([1-9][0-9]*\)|\(unhealthy\)' <<<"$status" || true)
+  waiting=$(grep -E '\(health: starting\)|\|Created|\|Restarting' <<<"$status" || true)
+  running=$(grep -c '|Up' <<<"$status" || true)
+  if [ -n "$bad" ] || [ "$SECONDS" -gt "$deadline" ] || [ "$running" = 0 ]; then
+    say "the bed did not come up:"
+    echo "$status" | sort | tr '|' '\t' >&2
+    for c in $(cut -d'|' -f1 <<<"${bad:-$waiting}"); do
+      echo "--- last log lines of $c:" >&2
+      docker logs --tail 20 "$c" 2>&1 | sed 's/^/    /' >&2
+    done
+    echo "make compose-down (or deploy/compose/down.sh) removes it." >&2
+    exit 1
+  fi
+  [ -z "$waiting" ] && break
+  sleep 1
+done
+say "the bed is up: $(wc -l <<<"$status") containers (project $project)"
+echo
+first=
+for r in us-east eu-west ap-south; do
+  http=$(port "router-$r" 8080)
+  grpc=$(port "router-$r" 9090)
+  first=${first:-$http}
+  printf '  region %-9s JSON http://%s   gRPC %s\n' "$r" "$http" "$grpc"
+done
+last=$http
+cat <<TOUR
+
+Try (namespace "default" exists):
+  curl -s -X POST http://$first/v1/namespaces/default/topics/emails/items \\
+       -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
+  curl -s -X POST http://$first/v1/namespaces/default:dequeue \\
+       -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
+  # store in eu-west through us-east's router, read it back through ap-south's:
+  curl -s -X POST http://$first/v1/namespaces/default/topics/emails/items \\
+       -d '{"region":"eu-west","items":[{"payload":"aGVsbG8="}]}'
+  curl -s -X POST http://$last/v1/namespaces/default:dequeue \\
+       -d '{"region":"eu-west","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
+  curl -s http://$first/v1/shardmap
+  docker-compose -p $project -f deploy/compose/docker-compose.yml --env-file $env_file ps
+
+"make compose-down" removes every container, network and volume.
+TOUR

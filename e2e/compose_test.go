@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// composeRegions are the compose bed's regions, in port order.
+var composeRegions = []string{"us-east", "eu-west", "ap-south"}
+
+// composeBed is a running compose bed of a project of its own.
+type composeBed struct {
+	t       *testing.T
+	project string
+	env     []string
+	// http is each region's JSON gateway (host:port), by region.
+	http map[string]string
+}
+
+// TestCompose brings the three-region docker-compose bed up under a
+// project name of its own (deploy/compose/up.sh: images, bootstrap, health
+// checks), enqueues through every region's JSON gateway, into its own
+// region and into the next one, dequeues each item back (through the same
+// gateway, and through the third region's) and acks it, then removes the
+// bed and asserts that no container, network or volume of the project is
+// left. Then it kills shard 1's primary (docker kill) with an item on it
+// and checks that the controller promotes a replica in another region and
+// that enqueue, dequeue and ack through us-east resume, the waiting item
+// included. Set TRIAGE_SKIP_DOCKER=1 to skip it where Docker is missing.
+func TestCompose(t *testing.T) {
+	t.Parallel()
+	b := startCompose(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	topic := fmt.Sprintf("compose-%d", time.Now().UnixNano())
+	for i, via := range composeRegions {
+		for _, store := range []string{via, composeRegions[(i+1)%3]} {
+			payload := fmt.Sprintf("from %s into %s", via, store)
+			id := b.enqueue(ctx, via, store, topic, payload)
+			require.True(t, strings.HasPrefix(id, fmt.Sprint(shardOf(store), "-")), "item %s stored in %s: want an id of shard %d", id, store, shardOf(store))
+			// Read it back through the region after via, asking for store's shards.
+			reader := composeRegions[(i+2)%3]
+			if store == via {
+				reader = via
+			}
+			got := b.dequeue(ctx, reader, store, topic)
+			require.Equal(t, id, got.ID, "dequeued through %s from %s", reader, store)
+			require.Equal(t, payload, got.Payload)
+			b.ack(ctx, reader, got)
+			t.Logf("%-9s -> stored in %-9s -> dequeued and acked through %s: %s", via, store, reader, id)
+		}
+	}
+
+	// primary-kill: an item waits on shard 1's primary (us-east), which is
+	// killed; the controller promotes a replica in another region, and
+	// us-east's router serves the waiting item and new ones from there.
+	waiting := b.enqueue(ctx, "us-east", "us-east", topic, "before the kill")
+	killed := time.Now()
+	out, err := exec.Command("docker", "kill", b.container("mariadb-s1-us-east")).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var primary string
+	require.Eventually(t, func() bool {
+		primary = b.primary(ctx, "eu-west", 1)
+		return primary != "" && primary != "mariadb-s1-us-east:3306"
+	}, time.Minute, 200*time.Millisecond, "shard 1 was not failed over within a minute of docker kill")
+	t.Logf("primary-kill: shard 1 promoted to %s %.1fs after docker kill", primary, time.Since(killed).Seconds())
+	after := b.enqueue(ctx, "us-east", "us-east", topic, "after the kill")
+	want := map[string]bool{waiting: true, after: true}
+	for range want {
+		got := b.dequeue(ctx, "us-east", "us-east", topic)
+		require.True(t, want[got.ID], "dequeued %s after the failover: want one of %v", got.ID, want)
+		delete(want, got.ID)
+		b.ack(ctx, "us-east", got)
+	}
+	t.Logf("primary-kill: the waiting item and a new one dequeued and acked through us-east %.1fs after docker kill", time.Since(killed).Seconds())
+}
+
+// primary is shard's primary in the shard map region's router serves, or
+// "" when the router does not answer.
+func (b *composeBed) primary(ctx context.Context, region string, shard uint32) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.http[region]+"/v1/shardmap", nil)
+	require.NoError(b.t, err)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var m struct {
+		Shards []struct {
+			ID      uint32 `json:"id"`
+			Primary string `json:"primary"`
+		} `json:"shards"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&m) != nil {
+		return ""
+	}
+	for _, s := range m.Shards {
+		if s.ID == shard {
+			return s.Primary
+		}
+	}
+	return ""
+}
+
+// shardOf is the shard whose home is region (generate.py: region i's
+// shard is i+1).
+func shardOf(region string) int {
+	for i, r := range composeRegions {
+		if r == region {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// startCompose runs deploy/compose/up.sh under a unique project name with
+// free host ports, and registers the teardown (also on failure) with the
+// check that nothing of the project is left.
+func startCompose(t *testing.T) *composeBed {
+	if os.Getenv("TRIAGE_SKIP_DOCKER") == "1" {
+		t.Skip("TRIAGE_SKIP_DOCKER=1")
+	}
+	for _, tool := range [][]string{{"docker", "version"}, {"docker-compose", "version"}} {
+		if out, err := exec.Command(tool[0], tool[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("the compose bed needs a Docker Engine and docker-compose (apt-get install docker.io docker-compose; "+
+				"debootstrap is installed on demand), or TRIAGE_SKIP_DOCKER=1 to skip: %s: %v\n%s", strings.Join(tool, " "), err, out)
+		}
+	}
+	b := &composeBed{t: t, project: fmt.Sprintf("triage-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6), http: map[string]string{}}
+	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"),
+		"DOWN_TIMEOUT=2") // the test keeps nothing: stop fast
+	for _, r := range composeRegions {
+		k := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
+		b.env = append(b.env, "TRIAGE_HTTP_"+k+"=0", "TRIAGE_GRPC_"+k+"=0") // free ports, beside make compose-up
+	}
+	t.Cleanup(b.down)
+	start := time.Now()
+	out, err := b.script(10*time.Minute, "up.sh")
+	require.NoError(t, err, "deploy/compose/up.sh:\n%s", out)
+	t.Logf("compose bed %s up in %.1fs (images included)", b.project, time.Since(start).Seconds())
+	for _, r := range composeRegions {
+		out, err := exec.Command("docker", "port", b.container("router-"+r), "8080/tcp").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		b.http[r] = strings.Fields(string(out))[0]
+	}
+	return b
+}
+
+// container is the ID of service's container.
+func (b *composeBed) container(service string) string {
+	out, err := exec.Command("docker", "ps", "-q", "--filter", "label=com.docker.compose.project="+b.project,
+		"--filter", "label=com.docker.compose.service="+service).CombinedOutput()
+	require.NoError(b.t, err, "%s", out)
+	id := strings.TrimSpace(string(out))
+	require.NotEmpty(b.t, id, "no running container of service %s", service)
+	return id
+}
+
+// script runs deploy/compose/NAME with the bed's environment.
+func (b *composeBed) script(timeout time.Duration, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join("..", "deploy", "compose", name))
+	cmd.Env = b.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (b *composeBed) compose(args ...string) (string, error) {
+	env := ""
+	for _, e := range b.env {
+		if v, ok := strings.CutPrefix(e, "IMAGES_ENV="); ok {
+			env = v
+		}
+	}
+	cmd := exec.Command("docker-compose", append([]string{"-f", filepath.Join("..", "deploy", "compose", "docker-compose.yml"),
+		"--env-file", env, "-p", b.project}, args...)...)
+	cmd.Env = b.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// down removes the bed and fails the test if any container, network or
+// volume of the project is left.
+func (b *composeBed) down() {
+	t := b.t
+	if t.Failed() {
+		if out, err := b.compose("ps"); err == nil {
+			t.Logf("docker-compose ps:\n%s", out)
+		}
+	}
+	start := time.Now()
+	if out, err := b.script(3*time.Minute, "down.sh"); err != nil {
+		t.Errorf("deploy/compose/down.sh: %v\n%s", err, out)
+	}
+	t.Logf("compose bed %s removed in %.1fs", b.project, time.Since(start).Seconds())
+	label := "label=com.docker.compose.project=" + b.project
+	for _, what := range [][]string{{"ps", "-a"}, {"network", "ls"}, {"volume", "ls"}} {
+		out, err := exec.Command("docker", append(what, "-q", "--filter", label)...).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("docker %s --filter %s after down: %v\n%s", strings.Join(what, " "), label, err, out)
+		}
+	}
+}
+
+// post sends a JSON body to region's gateway and decodes the answer,
+// failing the test on a non-200 status.
+func (b *composeBed) post(ctx context.Context, region, path string, body, answer any) {
+	t := b.t
+	data, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+b.http[region]+path, bytes.NewReader(data))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "POST %s via %s", path, region)
+	defer resp.Body.Close()
+	var raw json.RawMessage
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&raw))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "POST %s via %s: %s", path, region, raw)
+	require.NoError(t, json.Unmarshal(raw, answer), "%s", raw)
+}
+
+// enqueue stores payload in region store through via's gateway and returns
+// the item's ID.
+func (b *composeBed) enqueue(ctx context.Context, via, store, topic, payload string) string {
+	var resp struct {
+		Results []struct {
+			ID     string `json:"id"`
+			Region string `json:"region"`
+		} `json:"results"`
+	}
+	b.post(ctx, via, "/v1/namespaces/default/topics/"+topic+"/items", map[string]any{
+		"region": store,
+		"items":  []map[string]any{{"payload": base64.StdEncoding.EncodeToString([]byte(payload)), "priority": 1}},
+	}, &resp)
+	require.Len(b.t, resp.Results, 1)
+	require.Equal(b.t, store, resp.Results[0].Region)
+	return resp.Results[0].ID
+}
+
+type leased struct {
+	ID, Token, Payload string
+}
+
+// dequeue long-polls via's gateway for one item of topic from region
+// store's shards.
+func (b *composeBed) dequeue(ctx context.Context, via, store, topic string) leased {
+	var resp struct {
+		Items []struct {
+			ID         string `json:"id"`
+			Payload    []byte `json:"payload"`
+			LeaseToken string `json:"lease_token"`
+		} `json:"items"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(resp.Items) == 0 && time.Now().Before(deadline) {
+		b.post(ctx, via, "/v1/namespaces/default:dequeue", map[string]any{
+			"region": store, "topics": []map[string]any{{"topic": topic, "count": 1}},
+			"lease_duration": "30s", "wait": "5s",
+		}, &resp)
+	}
+	require.Len(b.t, resp.Items, 1, "dequeue via %s from %s", via, store)
+	it := resp.Items[0]
+	return leased{ID: it.ID, Token: it.LeaseToken, Payload: string(it.Payload)}
+}
+
+func (b *composeBed) ack(ctx context.Context, via string, it leased) {
+	var resp struct {
+		Results []struct {
+			ID    string `json:"id"`
+			OK    bool   `json:"ok"`
+			Error string `json:"error"`
+		} `json:"results"`
+	}
+	b.post(ctx, via, "/v1/namespaces/default:ack", map[string]any{
+		"acks": []map[string]any{{"id": it.ID, "lease_token": it.Token}},
+	}, &resp)
+	require.Len(b.t, resp.Results, 1)
+	require.True(b.t, resp.Results[0].OK, "ack %s via %s: %s", it.ID, via, resp.Results[0].Error)
+}
