@@ -47,11 +47,19 @@
 // # Dequeue
 //
 // The router forwards a dequeue to the dequeuer that owns the region's
-// shards (the triage_owners KV bucket), in-process when it is local and
-// over NATS request/reply otherwise. When several dequeuers own parts of
-// the shards it asks each for the full counts, merges by (priority,
-// deliver_after, id), keeps the most urgent and nacks the surplus back
-// with no delay.
+// shards (the triage_owners KV bucket, seen through OwnerView) by way of
+// the Dequeuers interface: in-process when the owner is the LocalDequeuer,
+// over NATS request/reply otherwise (NATSDequeuers). A peer reply carries
+// its error's kind as a code (peer.ReplyCode), so "not the owner" is told
+// from "down" without reading its message; either makes the ownership
+// view re-read the shards. When several dequeuers own parts of the shards
+// it asks each for the full counts, merges by (priority, deliver_after,
+// id), keeps the most urgent and hands the surplus back unserved
+// (store.ItemUnserve).
+//
+// Acks of one shard and namespace that arrive while another is being
+// committed share the next transaction (store.AckBatcher); each is
+// answered once its transaction committed.
 //
 // # Writes and failover
 //

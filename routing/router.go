@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -27,15 +26,6 @@ import (
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
-
-// LocalDequeuer is a dequeuer in the same process, called directly instead
-// of over NATS.
-type LocalDequeuer interface {
-	ID() string
-	Dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error)
-	Ready(*peerv1.ItemsReady)
-	Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error
-}
 
 // OwnerView is the router's view of shard ownership (the dequeuer's
 // ownership bucket, peer.OwnersBucket).
@@ -62,6 +52,9 @@ type Config struct {
 	Publisher MapPublisher
 	// Local is an optional in-process dequeuer.
 	Local LocalDequeuer
+	// Dequeuers reaches the other dequeuers. Default: NATSDequeuers over
+	// NC.
+	Dequeuers Dequeuers
 	// IDs allocates item keys; its node ID must be unique (ClaimNode).
 	IDs *itemid.Generator
 	// Claim, when set, is asked before minting IDs; an error (the node
@@ -93,6 +86,7 @@ type Router struct {
 	sub   *nats.Subscription
 	rr    atomic.Uint64
 	acks  store.AckBatcher
+	dq    Dequeuers
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
@@ -120,8 +114,12 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = &shardmap.Clock{}
 	}
+	if cfg.Dequeuers == nil {
+		cfg.Dequeuers = NATSDequeuers{NC: cfg.NC}
+	}
 	return &Router{
 		cfg:        cfg,
+		dq:         localFirst{local: cfg.Local, remote: cfg.Dequeuers},
 		log:        cfg.Logger.With("role", "router", "region", cfg.Region),
 		inbox:      "triage.committed." + nuid.Next(),
 		waiting:    map[uint64]chan *peerv1.EnqueueCommitted{},
@@ -525,45 +523,6 @@ func compareLeased(a, b *triagev1.LeasedItem) int {
 	return cmp.Compare(ia.Key, ib.Key)
 }
 
-func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
-	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
-		items, err := r.cfg.Local.Dequeue(ctx, req, shards)
-		if errors.Is(err, peer.ErrBusy) {
-			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
-		}
-		return items, err
-	}
-	data, err := proto.Marshal(&peerv1.ShardDequeue{Request: req, Shards: shards})
-	if err != nil {
-		return nil, err
-	}
-	timeout := req.GetWait().AsDuration() + 5*time.Second
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	msg, err := r.cfg.NC.RequestWithContext(rctx, peer.DequeueSubject(owner), data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		// The owner is gone; the view may not have heard (see Reload).
-		// The client's retry goes to whoever holds the shards now.
-		r.cfg.Owners.Reload(ctx, shards)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: dequeuer %s: %v", ErrUnavailable, owner, err)
-	}
-	var resp peerv1.ShardDequeueResponse
-	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, err
-	}
-	if resp.Error != "" {
-		rerr := peer.ReplyError(codes.Code(resp.Code), resp.Error)
-		if errors.Is(rerr, peer.ErrNotOwner) {
-			// It handed the shards over; this view has not heard yet.
-			r.cfg.Owners.Reload(ctx, shards)
-		}
-		return resp.Items, fmt.Errorf("%w: dequeuer %s: %w", ErrUnavailable, owner, rerr)
-	}
-	return resp.Items, nil
-}
-
 // afterWrite checks, after a write committed, that the shard is still
 // writable: a commit that waited out a semi-sync timeout on a primary
 // being deposed must not be reported as done, since the write may be lost
@@ -584,28 +543,12 @@ func (r *Router) unbuffer(ctx context.Context, ns string, id itemid.ID) error {
 	if !ok {
 		return nil
 	}
-	if r.cfg.Local != nil && r.cfg.Local.ID() == owner {
-		return r.cfg.Local.Unbuffer(ctx, ns, id.Shard, []uint64{id.Key})
-	}
-	data, err := proto.Marshal(&peerv1.Unbuffer{Namespace: ns, Shard: id.Shard, Keys: []uint64{id.Key}})
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	msg, err := r.cfg.NC.RequestWithContext(rctx, peer.UnbufferSubject(owner), data)
-	if errors.Is(err, nats.ErrNoResponders) {
+	err := r.dq.Unbuffer(ctx, owner, ns, id.Shard, []uint64{id.Key})
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
 		return nil
-	}
-	if err != nil {
+	case err != nil:
 		return errorf(ErrUnavailable, "dequeuer %s: %v", owner, err)
-	}
-	var resp peerv1.UnbufferResponse
-	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
-		return err
-	}
-	if resp.Error != "" {
-		return errorf(ErrUnavailable, "dequeuer %s: %s", owner, resp.Error)
 	}
 	return nil
 }
