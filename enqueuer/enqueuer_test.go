@@ -27,7 +27,7 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }
 
 type bundle struct {
 	db  *sqlx.DB

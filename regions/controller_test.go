@@ -23,7 +23,7 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }
 
 var (
 	repl = replication.Credentials{User: "repl", Password: "repl-secret"}

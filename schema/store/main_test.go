@@ -7,4 +7,4 @@ import (
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/triage-queue/triage/deploy/mariadb"
+	"go.uber.org/goleak"
 )
 
 var (
@@ -48,7 +49,25 @@ func Main(m *testing.M) int {
 	if sharedDir != "" {
 		_ = os.RemoveAll(sharedDir)
 	}
+	if code == 0 && checkLeaks {
+		// After a passing run, every goroutine a test started must have
+		// ended: a worker that outlives its Stop is a bug, and in a
+		// server it is a slow leak.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "mariadbtest: goroutines left running after the tests:", err)
+			code = 1
+		}
+	}
 	return code
+}
+
+var checkLeaks bool
+
+// MainCheckingLeaks is Main, and then fails a passing run that left
+// goroutines running (go.uber.org/goleak).
+func MainCheckingLeaks(m *testing.M) int {
+	checkLeaks = true
+	return Main(m)
 }
 
 // Server returns the package's shared server, starting it on first call.
