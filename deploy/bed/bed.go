@@ -310,7 +310,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 	}
 	err := startOne(0)
 	if err == nil {
-		err = parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
+		err = Parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
 	}
 	if err != nil {
 		return err
@@ -323,8 +323,9 @@ func (b *Bed) startNodes(ctx context.Context) error {
 	return nil
 }
 
-// parallel runs f(0..n-1) concurrently and joins their errors.
-func parallel(n int, f func(i int) error) error {
+// Parallel runs f(0..n-1) concurrently and joins their errors: the bed
+// and the compose bootstrap start servers and replication this way.
+func Parallel(n int, f func(i int) error) error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -380,13 +381,13 @@ func (b *Bed) Stop() {
 		_ = b.control_.Close()
 	}
 	b.bg.Wait()
-	_ = parallel(len(b.regions), func(i int) error {
+	_ = Parallel(len(b.regions), func(i int) error {
 		if n := b.regions[i].node; n != nil {
 			n.Stop()
 		}
 		return nil
 	})
-	_ = parallel(len(b.regions), func(i int) error {
+	_ = Parallel(len(b.regions), func(i int) error {
 		if s := b.regions[i].nats; s != nil {
 			s.Shutdown()
 			s.WaitForShutdown()
@@ -399,7 +400,7 @@ func (b *Bed) Stop() {
 	b.mu.Lock()
 	servers := b.servers
 	b.mu.Unlock()
-	_ = parallel(len(servers), func(i int) error {
+	_ = Parallel(len(servers), func(i int) error {
 		if err := servers[i].srv.Stop(); err != nil {
 			b.log.Warn("mariadbd stop", "shard", servers[i].shard, "role", servers[i].role, "err", err)
 		}

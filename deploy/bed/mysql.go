@@ -98,7 +98,7 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 	}
 	b.progress("starting %d mariadbd (%d shard(s) in %d region(s))", len(plans), shard, len(b.regions))
 	started := make([]*dbServer, len(plans))
-	err := parallel(len(plans), func(i int) error {
+	err := Parallel(len(plans), func(i int) error {
 		p := plans[i]
 		args := append([]string(nil), b.cfg.MariaDBArgs...)
 		if b.multi() {
@@ -160,7 +160,7 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 func (b *Bed) setUpReplication(ctx context.Context) error {
 	b.progress("creating accounts %q and %q on every server (sql_log_bin=0)", AppUser, ReplUser)
 	servers := b.serverList()
-	err := parallel(len(servers), func(i int) error {
+	err := Parallel(len(servers), func(i int) error {
 		d := servers[i]
 		if err := b.ensureUsers(ctx, d.srv); err != nil {
 			return fmt.Errorf("shard %d %s: %w", d.shard, d.role, err)
@@ -180,7 +180,7 @@ func (b *Bed) setUpReplication(ctx context.Context) error {
 			shards = append(shards, d.shard)
 		}
 	}
-	return parallel(len(shards), func(i int) error {
+	return Parallel(len(shards), func(i int) error {
 		return b.replicate(ctx, shards[i])
 	})
 }

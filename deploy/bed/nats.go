@@ -73,7 +73,7 @@ func (b *Bed) startNATS(ctx context.Context) error {
 			routes[from.name] = append(routes[from.name], "nats-route://"+listen)
 		}
 	}
-	err := parallel(len(b.regions), func(i int) error {
+	err := Parallel(len(b.regions), func(i int) error {
 		r := b.regions[i]
 		cfg := natsserver.Config{
 			Name:             "triage-" + r.name,

@@ -24,7 +24,7 @@ func (b *Bed) waitReady(ctx context.Context) error {
 	b.progress("checking every region end to end (enqueue, dequeue, ack)")
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	return parallel(len(b.regions), func(i int) error {
+	return Parallel(len(b.regions), func(i int) error {
 		r := b.regions[i]
 		conn, err := grpc.NewClient(r.node.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

@@ -160,7 +160,7 @@ func (b *Bed) KillRegion(name string) error {
 	if b.net != nil {
 		errs = append(errs, b.net.Cut(name))
 	}
-	errs = append(errs, parallel(len(victims), func(i int) error { return victims[i].srv.Kill() }))
+	errs = append(errs, Parallel(len(victims), func(i int) error { return victims[i].srv.Kill() }))
 	if r.nats != nil {
 		r.nats.Shutdown()
 	}

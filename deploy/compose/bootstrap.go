@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -113,7 +112,7 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}
 	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), bed.AppUser, bed.ReplUser)
-	err = parallel(len(servers), func(i int) error {
+	err = bed.Parallel(len(servers), func(i int) error {
 		sv := servers[i]
 		dsn := cfg.dsn(sv.addr, "")
 		if err := waitSQL(ctx, dsn); err != nil {
@@ -150,7 +149,7 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 
 	progress("replicating %d shard(s) (GTID, semi-sync AFTER_SYNC, one acknowledgement, no async fallback)", len(shards))
-	err = parallel(len(shards), func(i int) error {
+	err = bed.Parallel(len(shards), func(i int) error {
 		s := shards[i]
 		var replicas []bed.Replica
 		for k, r := range s.Replicas {
@@ -248,15 +247,4 @@ func deadline(ctx context.Context) time.Time {
 		return time.Now().Add(time.Minute)
 	}
 	return d
-}
-
-// parallel runs f(0..n-1) concurrently and joins their errors.
-func parallel(n int, f func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { errs[i] = f(i) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }

@@ -173,20 +173,11 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		for _, i := range fresh {
 			b := batches[i]
 			for _, it := range b.Items {
-				var expires, dedup, meta any
+				var expires any
 				if it.ExpiresAtUs != 0 {
 					expires = it.ExpiresAtUs
 				}
-				if it.DedupKey != "" {
-					dedup = it.DedupKey
-				}
-				if len(it.Metadata) > 0 {
-					meta = it.Metadata
-				}
-				payload := it.Payload
-				if payload == nil {
-					payload = []byte{} // an empty payload is not NULL
-				}
+				dedup, payload, meta := columns(it)
 				args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
 					it.LeaseMs, expires, dedup, payload, meta, nowUS)
 				pending = append(pending, it)
@@ -272,20 +263,27 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 	return applied, nil
 }
 
-// deadLetter moves an item the items table refused to dead_letters, with
-// the reason, in tx; should dead_letters refuse it too, to refused_items.
-func deadLetter(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, reason string, nowUS int64) error {
-	var dedup, meta any
+// columns returns a buffered item's dedup key, payload and metadata as
+// their columns take them: no dedup key or metadata is NULL, an empty
+// payload is not.
+func columns(it *peerv1.BufferedItem) (dedup any, payload []byte, meta any) {
 	if it.DedupKey != "" {
 		dedup = it.DedupKey
 	}
 	if len(it.Metadata) > 0 {
 		meta = it.Metadata
 	}
-	payload := it.Payload
+	payload = it.Payload
 	if payload == nil {
 		payload = []byte{}
 	}
+	return dedup, payload, meta
+}
+
+// deadLetter moves an item the items table refused to dead_letters, with
+// the reason, in tx; should dead_letters refuse it too, to refused_items.
+func deadLetter(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, reason string, nowUS int64) error {
+	dedup, payload, meta := columns(it)
 	reason = truncate(reason, maxStoredError)
 	_, err := tx.ExecContext(ctx, deadLetterInsertSQL,
 		it.Key, b.Namespace, b.Topic, it.Priority, b.EnqueuedAtUs, it.LeaseMs, dedup, payload, meta, reason, nowUS)
