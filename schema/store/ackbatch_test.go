@@ -38,8 +38,23 @@ func TestAckBatcherCoalesces(t *testing.T) {
 		res, err := b.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, DedupWindow: time.Minute, Refs: []LeaseRef{{Key: 1, Token: 1001}}})
 		first <- answer{res, err}
 	}()
-	require.Eventually(t, func() bool { return f.count("SELECT COUNT(*) FROM information_schema.innodb_lock_waits") > 0 },
-		10*time.Second, 10*time.Millisecond, "the first batch waits for item 1's lock")
+	// The first batch waits for item 1's lock. InnoDB refreshes its lock
+	// tables only when they were not read for 100 ms, so polling faster
+	// would keep reading the answer of the first poll.
+	waiting := func() (int, error) {
+		var n int
+		err := f.db.GetContext(f.ctx, &n, "SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
+		return n, err
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := waiting()
+		if err == nil && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first batch never waited for item 1's lock: %d lock waits, %v", n, err)
+		}
+	}
 
 	results := make([]answer, callers)
 	var wg sync.WaitGroup
