@@ -22,10 +22,11 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	dir := fs.String("dir", ".triage", "where bench.json goes")
 	shards := fs.Int("shards", 2, "shard primaries of the benchmark bed")
 	only := fs.String("only", "", "comma-separated scenarios to run (default: all): "+strings.Join(bench.Names, ", "))
+	profile := fs.String("profile", "", "directory for a CPU profile per scenario (this process: load, node, NATS; not mariadbd)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cfg := bench.Config{Quick: *quick, Dir: *dir, Shards: *shards}
+	cfg := bench.Config{Quick: *quick, Dir: *dir, Shards: *shards, ProfileDir: *profile}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
