@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,13 +38,9 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, 
 	return kv, nil
 }
 
-// PresenceKey is the key a role's processes of region refresh in the
-// ownership bucket (its TTL expires it when they are all gone).
-func PresenceKey(role, region string) string { return "present." + role + "." + region }
-
 // Present reports whether region has live processes of role.
 func Present(ctx context.Context, kv jetstream.KeyValue, role, region string) bool {
-	_, err := kv.Get(ctx, PresenceKey(role, region))
+	_, err := kv.Get(ctx, peer.PresenceKey(role, region))
 	return err == nil
 }
 
@@ -103,7 +98,7 @@ func (o *ownership) owned() []uint32 {
 func (o *ownership) claim(ctx context.Context) (pending bool) {
 	// Announce this region's dequeuers, so adopters of its shards hand
 	// them back.
-	_, _ = o.kv.Put(ctx, PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID))
+	_, _ = o.kv.Put(ctx, peer.PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID))
 	m := o.s.cfg.Maps.Current()
 	home := m.ServedIn(o.s.cfg.Region)
 	want := slices.Clone(home)
@@ -220,14 +215,11 @@ func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
 				once()
 				continue
 			}
-			if !strings.HasPrefix(e.Key(), "shard.") {
+			id, ok := peer.OwnerShard(e.Key())
+			if !ok {
 				continue
 			}
-			id, err := strconv.ParseUint(strings.TrimPrefix(e.Key(), "shard."), 10, 32)
-			if err != nil {
-				continue
-			}
-			o.set(uint32(id), e.Revision(), string(e.Value()), e.Operation() == jetstream.KeyValuePut)
+			o.set(id, e.Revision(), string(e.Value()), e.Operation() == jetstream.KeyValuePut)
 		}
 		once()
 	}()

@@ -60,9 +60,6 @@ const pruneEvery = time.Minute
 // others drain its buffer.
 const AdoptAfter = 3 * time.Second
 
-// PresenceKey is where a region's enqueuers announce themselves.
-func PresenceKey(region string) string { return "present.enqueuers." + region }
-
 // Service runs one worker per shard homed in the region.
 type Service struct {
 	cfg Config
@@ -143,9 +140,9 @@ func (s *Service) reconcile(ctx context.Context) {
 		// that have none left (region down), so their items still reach
 		// their shards' primaries. The home region's enqueuers take over
 		// again once they are back.
-		_, _ = s.cfg.Presence.Put(ctx, PresenceKey(s.cfg.Region), []byte("1"))
+		_, _ = s.cfg.Presence.Put(ctx, peer.PresenceKey("enqueuers", s.cfg.Region), []byte("1"))
 		adopt = func(region string) bool {
-			_, err := s.cfg.Presence.Get(ctx, PresenceKey(region))
+			_, err := s.cfg.Presence.Get(ctx, peer.PresenceKey("enqueuers", region))
 			if !errors.Is(err, jetstream.ErrKeyNotFound) {
 				delete(s.absent, region)
 				return false

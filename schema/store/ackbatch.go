@@ -35,8 +35,7 @@ type AckBatcher struct {
 	mu     sync.Mutex
 	queues map[ackKey]*ackQueue
 
-	// Flushes counts the ItemAck transactions run, for tests and stats.
-	Flushes atomic.Int64
+	flushes atomic.Int64 // ItemAck transactions run, for tests
 }
 
 type ackKey struct {
@@ -122,7 +121,7 @@ func (b *AckBatcher) flush(k ackKey, q *ackQueue) {
 		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 		bt.res, bt.err = New(k.db).ItemAck(ctx, ItemAckParams{Namespace: k.ns, Refs: bt.refs, DedupWindow: k.window, Now: time.Now()})
 		cancel()
-		b.Flushes.Add(1)
+		b.flushes.Add(1)
 		close(bt.done)
 	}
 }

@@ -41,20 +41,11 @@ func TestAckBatcherCoalesces(t *testing.T) {
 	// The first batch waits for item 1's lock. InnoDB refreshes its lock
 	// tables only when they were not read for 100 ms, so polling faster
 	// would keep reading the answer of the first poll.
-	waiting := func() (int, error) {
+	require.Eventually(t, func() bool {
 		var n int
 		err := f.db.GetContext(f.ctx, &n, "SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
-		return n, err
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		n, err := waiting()
-		if err == nil && n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first batch never waited for item 1's lock: %d lock waits, %v", n, err)
-		}
-	}
+		return err == nil && n > 0
+	}, 10*time.Second, 200*time.Millisecond, "the first batch waits for item 1's lock")
 
 	results := make([]answer, callers)
 	var wg sync.WaitGroup
@@ -90,7 +81,7 @@ func TestAckBatcherCoalesces(t *testing.T) {
 	a := <-first
 	require.NoError(t, a.err)
 	require.Equal(t, []error{nil}, a.res)
-	require.Equal(t, int64(2), b.Flushes.Load(), "the waiting callers' acks went out in one transaction")
+	require.Equal(t, int64(2), b.flushes.Load(), "the waiting callers' acks went out in one transaction")
 	for c, a := range results {
 		require.NoError(t, a.err, "caller %d", c)
 		res := a.res

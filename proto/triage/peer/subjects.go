@@ -2,6 +2,7 @@ package peer
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -41,3 +42,19 @@ const OwnersBucket = "triage_owners"
 
 // OwnerKey is shard's key in OwnersBucket.
 func OwnerKey(shard uint32) string { return fmt.Sprintf("shard.%d", shard) }
+
+// OwnerShard reads the shard of an OwnersBucket key; ok is false for keys
+// of other kinds (PresenceKey).
+func OwnerShard(key string) (shard uint32, ok bool) {
+	rest, found := strings.CutPrefix(key, "shard.")
+	if !found {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(rest, 10, 32)
+	return uint32(id), err == nil
+}
+
+// PresenceKey is where role's processes of region announce themselves in
+// OwnersBucket (its TTL expires the key when they are all gone): adopters
+// of a region's shards hand them back once it is present again.
+func PresenceKey(role, region string) string { return "present." + role + "." + region }
