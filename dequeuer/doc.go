@@ -19,7 +19,15 @@
 // so an owner across the WAN from its primary serves a fraction of the
 // rate. Claims run on every shard-map change as well as every OwnerTTL/4;
 // after a failover the old owner hands the shard over (releasing its
-// buffer) and the new region's dequeuer claims it within ~100 ms. A region
+// buffer) and the new region's dequeuer claims it within ~100 ms. A request
+// checks ownership on every round and every fetch, so a long poll parked
+// at the old owner ends with ErrNotOwner at the hand-over (the router asks
+// the new owner) instead of leasing rows into a buffer nobody serves. An
+// old owner that does not hand over within handOverGrace (1 s) — cut off
+// from NATS by a partition, so it sees neither the map nor can refresh
+// its claim — has the claim taken over by a compare-and-set, rather than
+// waited out for its TTL; dequeuer IDs start with their region, so a
+// claim of the new primary's own region is never taken. A region
 // with no dequeuer left has its shards adopted by another once their
 // claims expire, and handed back when it returns.
 //

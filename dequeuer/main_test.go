@@ -1,11 +1,13 @@
 package dequeuer
 
 import (
+	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 )
 
-// Every goroutine a test starts (claim loops, watchers, embedded NATS)
-// must have ended when the package's tests pass.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The package's MariaDB tests share one server; every goroutine a test
+// starts (claim loops, watchers, embedded NATS) must have ended when the
+// package's tests pass.
+func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }

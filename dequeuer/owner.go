@@ -66,10 +66,65 @@ type ownership struct {
 	mu     sync.Mutex
 	revs   map[uint32]uint64    // owned shard -> KV revision of our claim
 	sureAt map[uint32]time.Time // last successful claim or refresh
+	// heldAway: shards whose primary runs in this region but whose claim
+	// a dequeuer of another region still holds, since when (see takeOver).
+	heldAway map[uint32]time.Time
 }
 
 func newOwnership(s *Service, kv jetstream.KeyValue) *ownership {
-	return &ownership{s: s, kv: kv, revs: map[uint32]uint64{}, sureAt: map[uint32]time.Time{}}
+	return &ownership{s: s, kv: kv, revs: map[uint32]uint64{}, sureAt: map[uint32]time.Time{}, heldAway: map[uint32]time.Time{}}
+}
+
+// handOverGrace is how long a dequeuer of another region may keep the
+// claim of a shard whose primary now runs in this region before this
+// region's dequeuer takes it over. A live owner that sees the new map
+// hands over within a few hundred milliseconds; one that does not is cut
+// off from the control plane (a partition), and waiting for its claim to
+// expire (OwnerTTL after its last refresh) kept the shard's dequeues down
+// for seconds after its new primary was published. Taking it over is safe
+// because correctness never rests on ownership (see the package doc): a
+// cut-off owner's writes go to the old primary, which can complete no
+// commit, and its claim refresh fails once it can reach NATS again.
+const handOverGrace = time.Second
+
+// takeOver takes the claim of shard from a dequeuer of another region that
+// has held it for handOverGrace since this one first found it there. It
+// reads the claim and replaces it with a compare-and-set on that revision,
+// so a hand-over or another taker in between wins instead.
+func (o *ownership) takeOver(ctx context.Context, shard uint32) {
+	e, err := o.kv.Get(ctx, peer.OwnerKey(shard))
+	if err != nil {
+		return // gone meanwhile: the next claim creates it
+	}
+	holder := string(e.Value())
+	now := time.Now()
+	o.mu.Lock()
+	since, seen := o.heldAway[shard]
+	if !seen {
+		o.heldAway[shard] = now
+	}
+	o.mu.Unlock()
+	if strings.HasPrefix(holder, o.s.cfg.Region+"-") {
+		// A dequeuer of this region (IDs start with the region, see
+		// Config.ID) serves it: that is where the shard belongs.
+		o.mu.Lock()
+		delete(o.heldAway, shard)
+		o.mu.Unlock()
+		return
+	}
+	if !seen || now.Sub(since) < handOverGrace {
+		return
+	}
+	rev, err := o.kv.Update(ctx, peer.OwnerKey(shard), []byte(o.s.cfg.ID), e.Revision())
+	if err != nil {
+		return
+	}
+	o.s.log.Warn("took over a shard whose primary runs here from a dequeuer of another region that did not hand it over (cut off?)",
+		"shard", shard, "from", holder, "held_for", now.Sub(since).Round(time.Millisecond))
+	o.mu.Lock()
+	o.revs[shard], o.sureAt[shard] = rev, time.Now()
+	delete(o.heldAway, shard)
+	o.mu.Unlock()
 }
 
 // owns reports whether this dequeuer holds shard and has refreshed the
@@ -134,6 +189,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			}
 		}
 	}
+	var away []uint32
 	for _, id := range want {
 		o.mu.Lock()
 		rev, mine := o.revs[id]
@@ -152,8 +208,10 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			}
 			o.revs[id] = rev
 			o.sureAt[id] = time.Now()
+			delete(o.heldAway, id)
 		case !mine && errors.Is(err, jetstream.ErrKeyExists) && slices.Contains(home, id):
 			pending = true
+			away = append(away, id)
 		case mine && !errors.Is(err, context.Canceled) && isLost(err):
 			o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
 			delete(o.revs, id)
@@ -162,6 +220,9 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			continue
 		}
 		o.mu.Unlock()
+	}
+	for _, id := range away {
+		o.takeOver(ctx, id)
 	}
 	return pending
 }

@@ -119,3 +119,62 @@ func TestOwnersReload(t *testing.T) {
 	owner, _ = owners.Owner(1)
 	require.Equal(t, "alive", owner, "an older revision never overwrites a newer one")
 }
+
+// TestCutOffOwnerIsTakenOver: after a failover moves a shard's primary to
+// region b, an owner in region a that never hands the shard over (cut off
+// from NATS in a partition: it neither sees the new map nor can refresh
+// its claim) loses it to b's dequeuer after handOverGrace, not after its
+// claim's TTL. Partition drills waited out the TTL: dequeues of the shard
+// resumed 5 s after its new primary was published. A claim of a dequeuer
+// of b's own region is never taken.
+func TestCutOffOwnerIsTakenOver(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = time.Minute // far longer than the test
+	kv, err := OpenOwners(ctx, js, ttl, 1)
+	require.NoError(t, err)
+	at := func(version uint64, primaryRegion string) *shardmap.Map {
+		m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"}, Shards: []shardmap.Shard{{
+			ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: "127.0.0.1:1", Database: "d",
+			Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}, Epoch: version}}})
+		require.NoError(t, err)
+		return m
+	}
+	owner := func() string {
+		e, err := kv.Get(ctx, peer.OwnerKey(1))
+		if err != nil {
+			return ""
+		}
+		return string(e.Value())
+	}
+	service := func(region, id string, maps shardmap.Source) *Service {
+		s := &Service{cfg: Config{Region: region, ID: id, Maps: maps, OwnerTTL: ttl},
+			log: slog.New(slog.DiscardHandler), topics: map[bufKey]*topicBuf{}}
+		s.owner = newOwnership(s, kv)
+		return s
+	}
+	// a's dequeuer claims the shard once and is then cut off: it runs no
+	// claim loop and keeps seeing the old map.
+	a := service("a", "a-1", shardmap.NewHolder(at(1, "a")))
+	a.owner.claim(ctx)
+	require.Equal(t, "a-1", owner())
+
+	// b's first dequeuer would own the shard but starts late; a second
+	// dequeuer of b holding the claim is left alone.
+	maps := shardmap.NewHolder(at(2, "b"))
+	b := service("b", "b-1", maps)
+	b.claimLoop(ctx)
+	t.Cleanup(b.wg.Wait)
+	t.Cleanup(cancel)
+	moved := time.Now()
+	require.Eventually(t, func() bool { return owner() == "b-1" && b.owner.owns(1) }, 10*time.Second, 20*time.Millisecond,
+		"b's dequeuer takes the shard over from the cut-off owner (owner now %q)", owner())
+	require.GreaterOrEqual(t, time.Since(moved), handOverGrace, "a live owner gets handOverGrace to hand over")
+
+	peer2 := service("b", "b-2", maps)
+	peer2.claimLoop(ctx)
+	t.Cleanup(peer2.wg.Wait)
+	time.Sleep(2 * handOverGrace)
+	require.Equal(t, "b-1", owner(), "a dequeuer never takes a shard from one of its own region")
+}

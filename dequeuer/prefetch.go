@@ -3,11 +3,14 @@ package dequeuer
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/schema/store"
 )
 
@@ -193,7 +196,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			switch {
 			case q.fetching != nil:
 				inflight = append(inflight, q.fetching)
-			case !q.fresh(now) && !(read[id] && len(q.items) > 0):
+			case !q.fresh(now) && !readThisCall(q, read[id]):
 				stale = append(stale, id)
 				var tail *store.Item
 				if t := q.tail(); t != nil {
@@ -302,6 +305,18 @@ func (s *Service) adopt(b *topicBuf, shards []uint32) {
 	b.mu.Unlock()
 }
 
+// readThisCall reports whether a queue read during the current take counts
+// as fresh for the rest of it: it holds items (nothing ready sorted before
+// them as of the read), or that read found everything ready (exhausted).
+// Under a steady flood of enqueues there is always a newer notice, and a
+// take that re-read such queues would loop, one fetch per arriving item:
+// an owner across the WAN from its primary (a failover's old owner) took
+// 2 s to fill one dequeue of 10. A queue the take drained after a full
+// read is not fresh: rows past the read may sort before other shards'.
+func readThisCall(q *shardQueue, read bool) bool {
+	return read && (len(q.items) > 0 || q.exhausted)
+}
+
 // mergeTake pops up to n items while every queue is fresh. Caller holds
 // b.mu.
 func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint32]bool) []bufItem {
@@ -310,7 +325,7 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 		var best *shardQueue
 		for _, id := range shards {
 			q := b.queues[id]
-			if !q.fresh(now) && !(read[id] && len(q.items) > 0) {
+			if !q.fresh(now) && !readThisCall(q, read[id]) {
 				return out // refill before comparing further
 			}
 			if len(q.items) > 0 && (best == nil || q.items[0].Less(&best.items[0].Item)) {
@@ -347,6 +362,10 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if !s.owner.owns(id) {
+				errs[i] = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
+				return
+			}
 			db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
 			if err != nil {
 				errs[i] = err
@@ -392,10 +411,20 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 	var firstErr error
 	for i, id := range shards {
 		q := b.queue(id)
+		if errs[i] == nil && !s.owner.owns(id) {
+			// The shard was handed over while the fetch ran, and its
+			// buffers were dropped already: these rows would sit here
+			// hidden, served by nobody. Hand them back.
+			surplus = append(surplus, results[i]...)
+			results[i] = nil
+			errs[i] = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
+		}
 		if errs[i] != nil {
 			failed++
 			firstErr = cmp.Or(firstErr, errs[i])
-			s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", errs[i])
+			if !errors.Is(errs[i], peer.ErrNotOwner) {
+				s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", errs[i])
+			}
 		}
 		if tails[i] != nil && fulls[i] && len(results[i]) > 0 {
 			// Rows past the last one read may be preceded by ready rows

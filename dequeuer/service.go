@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +32,10 @@ type Config struct {
 	// Region whose shards this dequeuer serves. Required.
 	Region string
 	// ID names this dequeuer in the ownership bucket and its request
-	// subject. Default: region + "-" + a random NUID.
+	// subject. It always starts with Region + "-" (New prefixes one that
+	// does not), which is how a dequeuer tells a claim of its own region
+	// from one of another (ownership.takeOver). Default: region + "-" + a
+	// random NUID.
 	ID string
 	// Maps, Pool, NC, JS: shard map, shard connections, NATS. Required.
 	Maps shardmap.Source
@@ -90,8 +94,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Region == "" || cfg.Maps == nil || cfg.Pool == nil || cfg.NC == nil || cfg.JS == nil {
 		return nil, errors.New("dequeuer: Region, Maps, Pool, NC and JS are required")
 	}
-	if cfg.ID == "" {
+	switch {
+	case cfg.ID == "":
 		cfg.ID = cfg.Region + "-" + nuid.Next()
+	case !strings.HasPrefix(cfg.ID, cfg.Region+"-"):
+		cfg.ID = cfg.Region + "-" + cfg.ID
 	}
 	if cfg.OwnerTTL == 0 {
 		cfg.OwnerTTL = DefaultOwnerTTL
@@ -265,7 +272,9 @@ func (s *Service) claimLoop(ctx context.Context) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		t := time.NewTimer(s.cfg.OwnerTTL / 4)
+		// The first round comes soon: Start's own claim may have found a
+		// shard still held elsewhere (pending), which a later round takes.
+		t := time.NewTimer(claimRetry)
 		defer t.Stop()
 		for {
 			var changed <-chan struct{}
@@ -464,17 +473,22 @@ const maxTakeRounds = 4
 // would not fit stay buffered, neither leased to anyone nor counted, for
 // the next request.
 func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
-	for _, id := range shards {
-		if !s.owner.owns(id) {
-			return nil, fmt.Errorf("%w %d", peer.ErrNotOwner, id)
-		}
-	}
 	deadline := s.cfg.Now().Add(req.GetWait().AsDuration())
 	var lease time.Duration
 	if req.LeaseDuration != nil {
 		lease = req.LeaseDuration.AsDuration()
 	}
 	for {
+		// Checked on every round, not once: a long poll outlives a hand-over
+		// (a failover moves the shard to the new primary's region), and an
+		// old owner that went on fetching would lease rows into a buffer
+		// nobody serves from, across the WAN, while the router's retry
+		// would find the new owner at once.
+		for _, id := range shards {
+			if !s.owner.owns(id) {
+				return nil, fmt.Errorf("%w %d", peer.ErrNotOwner, id)
+			}
+		}
 		var out []*triagev1.LeasedItem
 		var firstErr error
 		var bufs []*topicBuf

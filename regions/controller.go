@@ -48,9 +48,15 @@ type Config struct {
 	// reaches addr at (the bed's WAN links). Missing: addr itself.
 	ReplicationVia map[string]map[string]string
 	// Detect is how long a primary must be reported down by observers in
-	// two regions before it is failed over. Default 1s (two observer
-	// rounds).
+	// two regions before it is failed over. Default 1s (four observer
+	// rounds): a timeout may be a network blip.
 	Detect time.Duration
+	// DetectRefused replaces Detect when every observer that reports the
+	// primary down was refused the connection (Report.Refused): the host
+	// is up and nothing listens, so the server is dead and waiting longer
+	// only adds to the outage. Default ObserveEvery: a second round of
+	// reports confirms the first.
+	DetectRefused time.Duration
 	// Cooldown blocks another failover of a shard after one. Default 60s.
 	Cooldown time.Duration
 	// KVReplicas for the control buckets. Default 1.
@@ -103,6 +109,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, errors.New("regions: ID, Maps, MapKV, NC and JS are required")
 	}
 	cfg.Detect = cmp.Or(cfg.Detect, time.Second)
+	cfg.DetectRefused = min(cmp.Or(cfg.DetectRefused, ObserveEvery), cfg.Detect)
 	cfg.Cooldown = cmp.Or(cfg.Cooldown, 60*time.Second)
 	cfg.Admin.User = cmp.Or(cfg.Admin.User, "root")
 	if cfg.Dial == nil {
@@ -342,7 +349,7 @@ func (c *Controller) evaluate(ctx context.Context) {
 		if len(s.Replicas) == 0 {
 			continue
 		}
-		up, down := c.health.verdict(s, now, 3*time.Second)
+		up, down, refused := c.health.verdict(s, now, 3*time.Second)
 		c.mu.Lock()
 		cooling := now.Before(c.cooldown[s.ID])
 		if len(down) >= 2 && !cooling {
@@ -367,8 +374,13 @@ func (c *Controller) evaluate(ctx context.Context) {
 		if running {
 			continue
 		}
-		if suspect && now.Sub(since) >= c.cfg.Detect {
-			c.event(s.ID, "detected", fmt.Sprintf("primary %s down in %v for %s", s.Primary, down, now.Sub(since).Round(time.Millisecond)))
+		need := c.cfg.Detect
+		if refused {
+			need = c.cfg.DetectRefused
+		}
+		if suspect && now.Sub(since) >= need {
+			how := map[bool]string{true: " (connections refused: the server is dead)"}[refused]
+			c.event(s.ID, "detected", fmt.Sprintf("primary %s down in %v for %s%s", s.Primary, down, now.Sub(since).Round(time.Millisecond), how))
 			go c.runFailover(ctx, FailoverRequest{Shard: s.ID, automatic: true})
 		}
 	}

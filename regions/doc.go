@@ -4,7 +4,7 @@
 //
 // # Detection
 //
-// Every node runs an Observer: each half second it pings every shard
+// Every node runs an Observer: every ObserveEvery (250 ms) it pings every shard
 // primary (through the same links the node's writes would take) and
 // stores the result in the NATS KV bucket triage_health under
 // "s<shard>.<region>", and publishes it on core NATS (HealthSubject), which
@@ -12,7 +12,11 @@
 // region going down with the health stream's leader does not blind the
 // next controller leader. A primary is declared dead only when observers in
 // at least two regions have reported it down for Detect (default 1 s):
-// one region losing its links, or one slow observer, moves nothing. The
+// one region losing its links, or one slow observer, moves nothing. When
+// every one of those reports is a refused connection (the host answers,
+// nothing listens: the server was killed or crashed), two rounds suffice
+// (DetectRefused, default ObserveEvery): waiting out Detect would only add
+// to the outage, which on a primary kill was a quarter of the RTO. The
 // observers also raise two alarms: a primary with no semi-sync replica
 // connected (its commits block: there is no async fallback) and a primary
 // whose semi-sync is off.

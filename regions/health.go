@@ -4,13 +4,18 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
+	"errors"
 	"expvar"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -50,8 +55,16 @@ type Report struct {
 	// commit blocks until one reconnects (there is no async fallback);
 	// writers see their deadlines expire. Failover does not help while the
 	// primary answers; bring a replica back.
-	NoReplicas bool   `json:"no_replicas,omitempty"`
-	Error      string `json:"error,omitempty"`
+	NoReplicas bool `json:"no_replicas,omitempty"`
+	// Refused: the ping failed at once because the far side refused or
+	// closed the connection (nothing listens on the port; a proxy in
+	// front of a dead server closes what it accepted), not by a timeout
+	// and not with an error from a live server. A killed or crashed
+	// mariadbd on a live host looks like this; a cut network or a dead
+	// host times out instead. The controller acts on it sooner
+	// (Config.DetectRefused).
+	Refused bool   `json:"refused,omitempty"`
+	Error   string `json:"error,omitempty"`
 	// At is when the ping finished (unix ms).
 	At int64 `json:"at"`
 }
@@ -87,7 +100,9 @@ type Observer struct {
 	Cred shardmap.Credentials
 	KV   jetstream.KeyValue
 	// NC, when set, also carries each report on HealthSubject.
-	NC     *nats.Conn
+	NC *nats.Conn
+	// Every is the ping period (default ObserveEvery).
+	Every  time.Duration
 	Logger *slog.Logger
 
 	mu      sync.Mutex
@@ -96,7 +111,13 @@ type Observer struct {
 	blocked map[uint32]bool // last "no replica connected" seen, likewise
 }
 
-// Run pings every 500 ms until ctx ends.
+// ObserveEvery is the observers' default ping period. Detection of a dead
+// primary waits for two rounds of reports from two regions, so the period
+// sits on the failover's critical path; a ping is one round trip per
+// shard primary and region.
+const ObserveEvery = 250 * time.Millisecond
+
+// Run pings every o.Every until ctx ends.
 func (o *Observer) Run(ctx context.Context) {
 	o.dbs = map[string]*sql.DB{}
 	o.async = map[uint32]bool{}
@@ -106,7 +127,7 @@ func (o *Observer) Run(ctx context.Context) {
 			db.Close()
 		}
 	}()
-	t := time.NewTicker(500 * time.Millisecond)
+	t := time.NewTicker(cmp.Or(o.Every, ObserveEvery))
 	defer t.Stop()
 	for {
 		select {
@@ -184,6 +205,7 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	r.OK = err == nil
 	if err != nil {
 		r.Error = err.Error()
+		r.Refused = refusedAtOnce(err)
 	}
 	r.At = time.Now().UnixMilli()
 	data, _ := json.Marshal(r)
@@ -193,6 +215,23 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	kctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+}
+
+// refusedAtOnce tells a ping that failed because the far side refused or
+// dropped the connection from one that timed out or that a live server
+// answered with an error (too many connections, access denied: alive).
+func refusedAtOnce(err error) bool {
+	var serverErr *mysql.MySQLError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &serverErr),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &netErr) && netErr.Timeout():
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn)
 }
 
 // healthView is the leader's copy of the health bucket.
@@ -253,8 +292,10 @@ func (h *healthView) put(key string, r Report) {
 	h.reports[key] = r
 }
 
-// verdict counts fresh reports on shard's current primary.
-func (h *healthView) verdict(s shardmap.Shard, now time.Time, fresh time.Duration) (up, down []string) {
+// verdict counts fresh reports on shard's current primary: the regions
+// that reach it and those that do not; refused is set when every report
+// of the latter is a refused connection (Report.Refused).
+func (h *healthView) verdict(s shardmap.Shard, now time.Time, fresh time.Duration) (up, down []string, refused bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	prefix := healthKey(s.ID, "")
@@ -266,7 +307,8 @@ func (h *healthView) verdict(s shardmap.Shard, now time.Time, fresh time.Duratio
 			up = append(up, r.Region)
 		} else {
 			down = append(down, r.Region)
+			refused = (len(down) == 1 || refused) && r.Refused
 		}
 	}
-	return up, down
+	return up, down, refused
 }

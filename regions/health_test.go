@@ -2,9 +2,16 @@ package regions
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -41,7 +48,63 @@ func TestHealthReportsReachTheControllerWithoutTheBucket(t *testing.T) {
 
 	s, _ := m.Shard(1)
 	require.Eventually(t, func() bool {
-		_, down := view.verdict(s, time.Now(), 3*time.Second)
-		return len(down) == 1 && down[0] == "b"
-	}, 10*time.Second, 50*time.Millisecond, "the controller must hear the observer's report of a dead primary")
+		_, down, refused := view.verdict(s, time.Now(), 3*time.Second)
+		// Nothing listens on port 1: the report says refused, which
+		// the controller acts on after DetectRefused rather than Detect.
+		return len(down) == 1 && down[0] == "b" && refused
+	}, 10*time.Second, 50*time.Millisecond, "the controller must hear the observer's report of a dead primary, refused")
+}
+
+// TestVerdictRefusedOnlyWhenEveryDownReportIs: the controller's shortcut
+// for a dead server (DetectRefused) applies only when every region that
+// reports the primary down was refused the connection; one timeout among
+// them means the network may be at fault, and Detect applies.
+func TestVerdictRefusedOnlyWhenEveryDownReportIs(t *testing.T) {
+	s := shardmap.Shard{ID: 7, Primary: "p:1"}
+	now := time.Now()
+	report := func(region string, ok, refused bool, age time.Duration) Report {
+		return Report{Region: region, Shard: 7, Primary: "p:1", OK: ok, Refused: refused, At: now.Add(-age).UnixMilli()}
+	}
+	for _, tc := range []struct {
+		name    string
+		reports []Report
+		down    int
+		refused bool
+	}{
+		{"all refused", []Report{report("a", false, true, 0), report("b", false, true, 0), report("c", true, false, 0)}, 2, true},
+		{"one timeout", []Report{report("a", false, true, 0), report("b", false, false, 0)}, 2, false},
+		{"timeout first", []Report{report("a", false, false, 0), report("b", false, true, 0)}, 2, false},
+		{"stale refusal ignored", []Report{report("a", false, true, 5*time.Second), report("b", false, false, 0)}, 1, false},
+		{"none down", []Report{report("a", true, false, 0)}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &healthView{reports: map[string]Report{}}
+			for _, r := range tc.reports {
+				h.put(healthKey(r.Shard, r.Region), r)
+			}
+			_, down, refused := h.verdict(s, now, 3*time.Second)
+			require.Len(t, down, tc.down)
+			require.Equal(t, tc.refused, refused)
+		})
+	}
+}
+
+// TestRefusedAtOnce: which ping failures count as a dead server.
+func TestRefusedAtOnce(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{refused, true},
+		{fmt.Errorf("ping: %w", refused), true},
+		{mysql.ErrInvalidConn, true}, // a proxy closed what it accepted, or a pooled connection died
+		{io.ErrUnexpectedEOF, true},
+		{context.DeadlineExceeded, false},
+		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
+		{&mysql.MySQLError{Number: 1040, Message: "Too many connections"}, false},
+		{errors.New("something else"), false},
+	} {
+		require.Equal(t, tc.want, refusedAtOnce(tc.err), "%v", tc.err)
+	}
 }
