@@ -3,7 +3,6 @@ package regions
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -732,7 +731,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	// The epoch write is the new primary's first commit: it needs a
 	// replica's acknowledgement, hence after the repointing.
 	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = c.storeEpoch(ectx, s, newPrimary)
+	err = c.storeEpoch(ectx, s, replicas[newPrimary])
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
@@ -786,17 +785,10 @@ func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate stri
 }
 
 // storeEpoch records the shard's epoch on the new primary (shard_meta), so
-// that a writer whose map predates this failover cannot write there.
-func (c *Controller) storeEpoch(ctx context.Context, s shardmap.Shard, addr string) error {
-	cfg := mysql.NewConfig()
-	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = c.cfg.Admin.User, c.cfg.Admin.Password, "tcp", c.cfg.Dial(addr)
-	cfg.Timeout = 2 * time.Second
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if err := shardmap.StoreEpoch(ctx, db, cmp.Or(s.Database, "triage"), s.Epoch); err != nil {
+// that a writer whose map predates this failover cannot write there. It
+// runs on the promotion's admin connection, already open.
+func (c *Controller) storeEpoch(ctx context.Context, s shardmap.Shard, primary *replication.Admin) error {
+	if err := shardmap.StoreEpoch(ctx, primary.DB(), cmp.Or(s.Database, "triage"), s.Epoch); err != nil {
 		return fmt.Errorf("shard %d: %w", s.ID, err)
 	}
 	return nil

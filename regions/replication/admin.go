@@ -90,6 +90,12 @@ func (a *Admin) Close() error {
 	return a.db.Close()
 }
 
+// DB is the connection pool the Admin runs its statements on, for a
+// statement of the caller's on the same server that should not pay for a
+// connection of its own (a failover's first commit on the new primary:
+// a new connection across the WAN is three round trips before it).
+func (a *Admin) DB() *sql.DB { return a.db }
+
 // Addr is the address other servers reach this one at.
 func (a *Admin) Addr() string { return a.addr }
 
