@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )

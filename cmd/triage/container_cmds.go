@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/node"
 )
 
 // The verbs of this file run inside the compose bed's containers

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/bed"
-	"github.com/triage-queue/triage/deploy/node"
 )
 
 const usage = `triage — a multi-region priority queue on sharded MySQL
@@ -92,7 +92,7 @@ func logger(w io.Writer, level string) *slog.Logger {
 func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "", "node config file (JSON; see deploy/node.Config)")
+	config := fs.String("config", "", "node config file (JSON; see cmd/triage/node.Config)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	health := fs.String("health", "", "serve GET /healthz on this address (NATS, shard map, the region's primaries)")
 	if err := fs.Parse(args); err != nil {

@@ -17,9 +17,9 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/node"
 	"github.com/triage-queue/triage/deploy/wan"
 )
 
