@@ -42,10 +42,19 @@
 // # Accounts
 //
 // Every server gets, before replication starts and with sql_log_bin=0, the
-// replication account ([ReplUser]) and the application account
-// ([AppUser]) that nodes use. The application account lacks SUPER and
-// READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
+// replication account and the application account that nodes use
+// (provision.BedAccounts, set up by provision.EnsureAccounts, which the
+// compose bed's bootstrap runs too). The application account lacks SUPER
+// and READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
 // primary. It also has CREATE, ALTER and INDEX on its database because
 // nodes apply schema migrations at start; read_only blocks those too. root
 // (no password, loopback only) stays the admin account.
+//
+// # What it shares with production
+//
+// The nodes are cmd/triage/node's, and the accounts, replication and the
+// JetStream wait are package cmd/triage/provision's, the code `triage
+// bootstrap` runs: the bed differs from a deployment in where the
+// processes run, not in how they are set up. The dependency points one
+// way: the production binary links nothing of this package.
 package bed
