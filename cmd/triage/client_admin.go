@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -34,7 +35,7 @@ To change one setting, start from the current one:
 Flags override the file: --shards replaces the file's entry for its region, --topic the
 file's entry for its topic, and NAME the file's name.`
 
-func deadLettersCmd(fs *flag.FlagSet) clientRun {
+func deadLettersCmd(fs *pflag.FlagSet) clientRun {
 	pageSize := fs.Int("page-size", 0, fmt.Sprintf("dead letters per page, 1 to %d (default: the server's, 100)", maxDeadLetterPage))
 	pageToken := fs.String("page-token", "", "start at the next_page_token of an earlier page")
 	all := fs.Bool("all", false, "follow next_page_token to the last page")
@@ -91,7 +92,7 @@ func deadLettersCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func redriveCmd(_ *flag.FlagSet) clientRun {
+func redriveCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if len(args) == 0 {
 			return usagef("missing TOPIC")
@@ -147,7 +148,7 @@ func redriveCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func namespaceGetCmd(_ *flag.FlagSet) clientRun {
+func namespaceGetCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if err := wantArgs(args, "NAME"); err != nil {
 			return err
@@ -162,7 +163,7 @@ func namespaceGetCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func namespacePutCmd(fs *flag.FlagSet) clientRun {
+func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 	file := fs.String("file", "", "start from the JSON Namespace document in `FILE` (protojson, as namespace get --json prints it); - reads stdin")
 	maxPayload := fs.Int("max-payload-bytes", 0, "largest payload of one item (default 262144)")
 	lease := fs.Duration("default-lease", 0, "lease a dequeue takes when neither the item nor the dequeue says (default 30s)")
@@ -300,6 +301,9 @@ func (f *shardsFlag) String() string {
 	return strings.Join(out, " ")
 }
 
+// Type names the value in usage lines that give no `name` of their own.
+func (f *shardsFlag) Type() string { return "REGION=ID,ID..." }
+
 func (f *shardsFlag) Set(s string) error {
 	region, list, ok := strings.Cut(s, "=")
 	if !ok || region == "" || list == "" {
@@ -351,6 +355,9 @@ func (f *topicsFlag) String() string {
 	}
 	return strings.Join(names, ",")
 }
+
+// Type names the value in usage lines that give no `name` of their own.
+func (f *topicsFlag) Type() string { return "SPEC" }
 
 func (f *topicsFlag) Set(s string) error {
 	name, cfg, err := parseTopicSpec(s)

@@ -2,9 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,7 +31,7 @@ func TestDrillBadFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := drillCmd(context.Background(), append([]string{"--dir", dir}, tt.args...), &stdout, &stderr)
+			code := run(t.Context(), append([]string{"drill", "--dir", dir}, tt.args...), strings.NewReader(""), &stdout, &stderr)
 			require.Equal(t, 2, code, stderr.String())
 			require.Contains(t, stderr.String(), tt.want)
 		})
