@@ -15,7 +15,6 @@ func main() { cli.Main(newRoot()) }
 // Command groups of the root's help.
 const (
 	groupService = "service"
-	groupBed     = "bed"
 	groupCompose = "compose"
 	groupClient  = "client"
 )
@@ -25,12 +24,10 @@ func newRoot() *cobra.Command {
 	root := cli.NewRoot("triage", "triage — a multi-region priority queue on sharded MySQL")
 	root.AddGroup(
 		&cobra.Group{ID: groupService, Title: "Service:"},
-		&cobra.Group{ID: groupBed, Title: "Local bed:"},
 		&cobra.Group{ID: groupCompose, Title: "Containers (the compose bed, deploy/compose):"},
 		&cobra.Group{ID: groupClient, Title: "Client (talk to a router; --addr or TRIAGE_ADDR, default " + defaultRouterAddr + "):"},
 	)
 	root.AddCommand(serveCommand())
-	root.AddCommand(upCommand(), downCommand(), benchCommand(), drillCommand())
 	root.AddCommand(natsCommand(), bootstrapCommand(), probeCommand())
 	root.AddCommand(clientCommands()...)
 	return root

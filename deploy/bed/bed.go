@@ -55,7 +55,7 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Progress, when set, receives one line per step of the bring-up, for
-	// a person watching `triage up`.
+	// a person watching `triage-bed up`.
 	Progress func(line string)
 }
 

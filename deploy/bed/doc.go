@@ -1,11 +1,11 @@
 // Package bed runs a local Triage bed: real MariaDB shard primaries
 // (mariadbd children in temp datadirs), embedded NATS with JetStream, and a
-// node running every Triage role per region. `triage up` (make up) runs one
-// in the foreground; e2e tests, drills and `make bench` use it too.
+// node running every Triage role per region. `triage-bed up` (make up) runs
+// one in the foreground; e2e tests, drills and `make bench` use it too.
 //
 // The bed writes its layout to <Dir>/bed.json so drills and scripts can find
-// every process by role, region, shard, port and PID, and so `triage down`
-// (make down) can stop a bed from another terminal by PID.
+// every process by role, region, shard, port and PID, and so `triage-bed
+// down` (make down) can stop a bed from another terminal by PID.
 //
 // # One region
 //
@@ -14,7 +14,7 @@
 //
 // # Several regions
 //
-// With Regions set to more than one (`triage up --multi-region` gives
+// With Regions set to more than one (`triage-bed up --multi-region` gives
 // us-east, eu-west and ap-south), each region gets:
 //
 //   - its shard primaries (one each by default), and one replica of every

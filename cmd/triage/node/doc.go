@@ -9,7 +9,7 @@
 // production binary is made of, while deploy/ holds what deploys and tests
 // it (the beds, the bench, the WAN proxies). Its non-test code imports
 // nothing from deploy/, so the `serve` binary does not link the bed, the
-// bench or toxiproxy.
+// bench or toxiproxy (cmd/triage's TestServeDoesNotLinkTheBed).
 //
 // Its tests are the integration tests of the whole queue: a real node
 // against a spawned mariadbd and an embedded NATS server, driven through

@@ -8,9 +8,10 @@
 //
 // It lives beside the production binary, not in deploy/bed, because
 // `triage bootstrap` is a production verb and the `serve` binary must not
-// link the bed. It decides
+// link the bed (cmd/triage's TestServeDoesNotLinkTheBed). It decides
 // nothing about topology: the caller names the servers, the accounts and
-// the replicas; the statements themselves are package regions/replication's.
+// the replicas; the statements themselves are package
+// regions/replication's.
 //
 // # Accounts
 //

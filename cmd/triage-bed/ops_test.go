@@ -25,7 +25,7 @@ func TestDrillBadFlags(t *testing.T) {
 		{name: "no producers", args: []string{"--producers", "0", "partition"}, want: "--producers and --consumers must be at least 1"},
 		{name: "negative hold", args: []string{"--hold", "-1s", "partition"}, want: "--lease, --hold and --drain positive"},
 		{name: "unknown router region", args: []string{"--via", "mars", "partition"}, want: `--via "mars" names no region of the bed: its regions are us-east,eu-west`},
-		{name: "no scenario", args: nil, want: "usage: triage drill"},
+		{name: "no scenario", args: nil, want: "usage: triage-bed drill"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,7 +26,7 @@ func upCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "up [flags]",
 		GroupID: groupBed,
-		Short:   "Run the local bed in the foreground (make up); Ctrl-C or down stops it.",
+		Short:   "Run the local bed in the foreground (make up); Ctrl-C or triage-bed down stops it.",
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			stdout := c.OutOrStdout()
@@ -139,7 +139,7 @@ func benchCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:     "bench [flags]",
-		GroupID: groupBed,
+		GroupID: groupDrill,
 		Short:   "Benchmarks beside their baselines (make bench).",
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -169,7 +169,7 @@ func drillCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:     "drill [flags] SCENARIO",
-		GroupID: groupBed,
+		GroupID: groupDrill,
 		Short:   "Run a failover drill against a running bed.",
 		Long: fmt.Sprintf("Run a failover drill against the running bed of --dir: a workload on the routers of --via,\n"+
 			"a fault in --region, the heal, and a report of what was lost, duplicated or undone.\n\nscenarios: %s",
