@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
-
 	"github.com/spf13/cobra"
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
@@ -26,10 +23,4 @@ func newRoot() *cobra.Command {
 	)
 	root.AddCommand(upCommand(), downCommand(), drillCommand(), benchCommand())
 	return root
-}
-
-// run runs the triage-bed command line args as main does, with the given
-// streams; tests call it.
-func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, newRoot(), args, stdin, stdout, stderr)
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/cmd/internal/cli"
 )
 
 // TestDrillBadFlags: bad drill flags are refused with exit status 2 and a
@@ -31,7 +33,7 @@ func TestDrillBadFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := run(t.Context(), append([]string{"drill", "--dir", dir}, tt.args...), strings.NewReader(""), &stdout, &stderr)
+			code := cli.Run(t.Context(), newRoot(), append([]string{"drill", "--dir", dir}, tt.args...), strings.NewReader(""), &stdout, &stderr)
 			require.Equal(t, 2, code, stderr.String())
 			require.Contains(t, stderr.String(), tt.want)
 		})

@@ -40,9 +40,6 @@ func deadLettersCmd(fs *pflag.FlagSet) clientRun {
 	pageToken := fs.String("page-token", "", "start at the next_page_token of an earlier page")
 	all := fs.Bool("all", false, "follow next_page_token to the last page")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
 		if *pageSize < 0 || *pageSize > maxDeadLetterPage {
 			return usagef("--page-size %d: allowed 1 to %d", *pageSize, maxDeadLetterPage)
 		}
@@ -150,12 +147,7 @@ func redriveCmd(_ *pflag.FlagSet) clientRun {
 
 func namespaceGetCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "NAME"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		ns, err := e.c.Admin.GetNamespace(rctx, &triagev1.GetNamespaceRequest{Namespace: args[0]})
+		ns, err := call(ctx, e, e.c.Admin.GetNamespace, &triagev1.GetNamespaceRequest{Namespace: args[0]})
 		if err != nil {
 			return err
 		}
@@ -178,9 +170,6 @@ func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 	topics := &topicsFlag{}
 	fs.Var(topics, "topic", "a topic's dequeue policy, delivery and aging; `SPEC` is "+topicSyntax+" (repeatable)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "NAME"); err != nil {
-			return err
-		}
 		name := args[0]
 		cfg := &triagev1.Namespace{}
 		if *file != "" {
@@ -254,9 +243,7 @@ func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 			cfg.Topics[t.name] = t.cfg
 		}
 
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		ns, err := e.c.Admin.PutNamespace(rctx, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
+		ns, err := call(ctx, e, e.c.Admin.PutNamespace, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
 		if err != nil {
 			return err
 		}

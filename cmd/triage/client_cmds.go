@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -71,6 +72,13 @@ type clientEnv struct {
 // rpc bounds one RPC by --timeout, plus extra for a long poll's wait.
 func (e *clientEnv) rpc(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, e.timeout+max(extra, 0))
+}
+
+// call makes one RPC of method with req, bounded by --timeout.
+func call[Req, Resp any](ctx context.Context, e *clientEnv, method func(context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	ctx, cancel := e.rpc(ctx, 0)
+	defer cancel()
+	return method(ctx, req)
 }
 
 // usagef is a mistake in the command line: exit status 2 and the verb's
@@ -197,6 +205,12 @@ func clientCommands() []*cobra.Command {
 func clientCommand(cmd *cobra.Command, name string, v clientVerb, f *clientFlags) *cobra.Command {
 	cmd.Use = strings.TrimSpace(name + " [flags] " + v.args)
 	cmd.Short, cmd.Long = firstSentence(v.summary), v.summary
+	if !strings.ContainsAny(v.args, "[.") {
+		// A fixed list of arguments is checked before anything else; a
+		// verb with optional or repeated ones checks them itself.
+		names := strings.Fields(v.args)
+		cmd.Args = func(_ *cobra.Command, args []string) error { return wantArgs(args, names...) }
+	}
 	cmd.RunE = f.runE(v.setup(cmd.Flags()))
 	return cmd
 }
@@ -321,6 +335,21 @@ func wantArgs(args []string, names ...string) error {
 		return usagef("unexpected argument %q", args[len(names)])
 	}
 	return nil
+}
+
+// parseRefs splits one or more "ID:TOKEN" arguments.
+func parseRefs(args []string) (ids, tokens []string, err error) {
+	if len(args) == 0 {
+		return nil, nil, usagef("missing ID:TOKEN")
+	}
+	for _, a := range args {
+		id, token, err := parseRef(a)
+		if err != nil {
+			return nil, nil, err
+		}
+		ids, tokens = append(ids, id), append(tokens, token)
+	}
+	return ids, tokens, nil
 }
 
 // parseRef splits "ID:TOKEN". IDs hold '-' but never ':', so the first ':'
@@ -456,9 +485,6 @@ func dequeueCmd(fs *pflag.FlagSet) clientRun {
 	minPrio := fs.Int("min-priority", 0, "lease only items whose priority is >= this (default: no bound)")
 	maxPrio := fs.Int("max-priority", 0, "lease only items whose priority is <= this, the most urgent band (default: no bound)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
 		if *count < 1 || *count > math.MaxInt32 {
 			return usagef("--count must be at least 1")
 		}
@@ -594,22 +620,15 @@ func itemResultsFailed(n int, results []*triagev1.ItemResult) bool {
 
 func ackCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if len(args) == 0 {
-			return usagef("missing ID:TOKEN")
+		ids, tokens, err := parseRefs(args)
+		if err != nil {
+			return err
 		}
 		req := &triagev1.AckRequest{Namespace: e.ns}
-		ids := make([]string, len(args))
-		for i, a := range args {
-			id, tok, err := parseRef(a)
-			if err != nil {
-				return err
-			}
-			ids[i] = id
-			req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: id, LeaseToken: tok})
+		for i, id := range ids {
+			req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: id, LeaseToken: tokens[i]})
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.Ack(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.Ack, req)
 		if err != nil {
 			return err
 		}
@@ -623,21 +642,16 @@ func nackCmd(fs *pflag.FlagSet) clientRun {
 	meta := metaFlag{}
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if len(args) == 0 {
-			return usagef("missing ID:TOKEN")
+		ids, tokens, err := parseRefs(args)
+		if err != nil {
+			return err
 		}
 		// Without --delay the field stays unset and the server backs off
 		// exponentially; "--delay 0s" is sent and means at once.
 		delaySet := flagsSet(fs)["delay"]
 		req := &triagev1.NackRequest{Namespace: e.ns}
-		ids := make([]string, len(args))
-		for i, a := range args {
-			id, tok, err := parseRef(a)
-			if err != nil {
-				return err
-			}
-			ids[i] = id
-			n := &triagev1.NackItem{Id: id, LeaseToken: tok, Error: *errMsg}
+		for i, id := range ids {
+			n := &triagev1.NackItem{Id: id, LeaseToken: tokens[i], Error: *errMsg}
 			if delaySet {
 				n.Delay = durationpb.New(*delay)
 			}
@@ -646,9 +660,7 @@ func nackCmd(fs *pflag.FlagSet) clientRun {
 			}
 			req.Nacks = append(req.Nacks, n)
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.Nack(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.Nack, req)
 		if err != nil {
 			return err
 		}
@@ -659,9 +671,6 @@ func nackCmd(fs *pflag.FlagSet) clientRun {
 func extendCmd(fs *pflag.FlagSet) clientRun {
 	lease := fs.Duration("lease", 0, "new lease, counted from now (default: the item's lease duration)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID:TOKEN"); err != nil {
-			return err
-		}
 		id, tok, err := parseRef(args[0])
 		if err != nil {
 			return err
@@ -670,9 +679,7 @@ func extendCmd(fs *pflag.FlagSet) clientRun {
 		if *lease != 0 {
 			req.LeaseDuration = durationpb.New(*lease)
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.ExtendLease(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.ExtendLease, req)
 		if err != nil {
 			return err
 		}
@@ -686,12 +693,7 @@ func extendCmd(fs *pflag.FlagSet) clientRun {
 
 func getCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		it, err := e.c.Queue.GetItem(rctx, &triagev1.GetItemRequest{Namespace: e.ns, Id: args[0]})
+		it, err := call(ctx, e, e.c.Queue.GetItem, &triagev1.GetItemRequest{Namespace: e.ns, Id: args[0]})
 		if err != nil {
 			return err
 		}
@@ -707,9 +709,6 @@ func updateCmd(fs *pflag.FlagSet) clientRun {
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
 	by := fs.String("by", "", "who asks for the change, recorded with a priority change (default: the server's, \"api\")")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
 		set := flagsSet(fs)
 		req := &triagev1.UpdateItemRequest{Namespace: e.ns, Id: args[0], UpdatedBy: *by}
 		if set["priority"] {
@@ -737,9 +736,7 @@ func updateCmd(fs *pflag.FlagSet) clientRun {
 		if req.Priority == nil && req.DeliverAfter == nil && req.Metadata == nil {
 			return usagef("nothing to update: give --priority, --deliver-after, --delay or --meta")
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		it, err := e.c.Queue.UpdateItem(rctx, req)
+		it, err := call(ctx, e, e.c.Queue.UpdateItem, req)
 		if err != nil {
 			return err
 		}
@@ -749,12 +746,7 @@ func updateCmd(fs *pflag.FlagSet) clientRun {
 
 func deleteCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.DeleteItem(rctx, &triagev1.DeleteItemRequest{Namespace: e.ns, Id: args[0]})
+		resp, err := call(ctx, e, e.c.Queue.DeleteItem, &triagev1.DeleteItemRequest{Namespace: e.ns, Id: args[0]})
 		if err != nil {
 			return err
 		}
@@ -768,12 +760,7 @@ func deleteCmd(_ *pflag.FlagSet) clientRun {
 
 func statsCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		st, err := e.c.Queue.GetTopicStats(rctx, &triagev1.GetTopicStatsRequest{Namespace: e.ns, Topic: args[0]})
+		st, err := call(ctx, e, e.c.Queue.GetTopicStats, &triagev1.GetTopicStatsRequest{Namespace: e.ns, Topic: args[0]})
 		if err != nil {
 			return err
 		}
@@ -800,10 +787,7 @@ func statsCmd(_ *pflag.FlagSet) clientRun {
 }
 
 func topicsCmd(_ *pflag.FlagSet) clientRun {
-	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args); err != nil {
-			return err
-		}
+	return func(ctx context.Context, e *clientEnv, _ []string) error {
 		// Follow the pages to the end so the output is the whole list; a
 		// token seen twice would loop forever, so it ends the walk.
 		all := &triagev1.ListTopicsResponse{}
@@ -835,13 +819,8 @@ func topicsCmd(_ *pflag.FlagSet) clientRun {
 }
 
 func shardmapCmd(_ *pflag.FlagSet) clientRun {
-	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		m, err := e.c.Admin.GetShardMap(rctx, &triagev1.GetShardMapRequest{})
+	return func(ctx context.Context, e *clientEnv, _ []string) error {
+		m, err := call(ctx, e, e.c.Admin.GetShardMap, &triagev1.GetShardMapRequest{})
 		if err != nil {
 			return err
 		}

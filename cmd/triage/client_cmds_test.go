@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/cmd/internal/cli"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -198,7 +199,7 @@ type result struct {
 func (b *bundle) run(t *testing.T, stdin, verb string, args ...string) result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), append([]string{verb, "--addr", b.addr}, args...), strings.NewReader(stdin), &stdout, &stderr)
+	code := cli.Run(t.Context(), newRoot(), append([]string{verb, "--addr", b.addr}, args...), strings.NewReader(stdin), &stdout, &stderr)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 
@@ -234,7 +235,7 @@ func TestUnknownVerb(t *testing.T) {
 		{args: []string{"shardmap", "-h"}, code: 0, want: "usage: triage shardmap"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(t.Context(), tc.args, strings.NewReader(""), &stdout, &stderr)
+		code := cli.Run(t.Context(), newRoot(), tc.args, strings.NewReader(""), &stdout, &stderr)
 		require.Equal(t, tc.code, code, tc.args)
 		require.Contains(t, stderr.String(), tc.want)
 		require.Empty(t, stdout.String())
@@ -653,7 +654,7 @@ func TestUnreachableRouter(t *testing.T) {
 	addr := lis.Addr().String()
 	require.NoError(t, lis.Close())
 	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{"shardmap", "--addr", addr, "--timeout", "2s"}, strings.NewReader(""), &stdout, &stderr)
+	code := cli.Run(t.Context(), newRoot(), []string{"shardmap", "--addr", addr, "--timeout", "2s"}, strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, 1, code)
 	require.True(t, strings.HasPrefix(stderr.String(), "triage: Unavailable: ") ||
 		strings.HasPrefix(stderr.String(), "triage: DeadlineExceeded: "), stderr.String())

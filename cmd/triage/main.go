@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
 	"log/slog"
 
 	"github.com/spf13/cobra"
@@ -31,12 +29,6 @@ func newRoot() *cobra.Command {
 	root.AddCommand(natsCommand(), bootstrapCommand(), probeCommand())
 	root.AddCommand(clientCommands()...)
 	return root
-}
-
-// run runs the triage command line args as main does, with the given
-// streams; tests call it.
-func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, newRoot(), args, stdin, stdout, stderr)
 }
 
 // configFile holds --config and --log-level, the flags of a verb that runs
