@@ -1,11 +1,11 @@
 // Package e2e drives the real triage binary from outside, as a user and an
-// operator would: it builds cmd/triage once, starts `triage serve`
+// operator would: it builds cmd/triage and cmd/triage-bed once, starts `triage serve`
 // processes with role configs against spawned mariadbd shards and an
 // embedded NATS server, and kills processes with SIGKILL mid-flight to show
 // that no acknowledged enqueue is lost.
 //
-// The drill tests start the three-region bed with `triage up
-// --multi-region` and run `triage drill --json` against it, with clients on
+// The drill tests start the three-region bed with `triage-bed up
+// --multi-region` and run `triage-bed drill --json` against it, with clients on
 // all three routers, and assert the report's figures one by one (lost,
 // resurrected after ack, nacks undone, the isolated side's writes, RTO), so
 // one run names every figure that is off. A failing drill test prints the

@@ -44,8 +44,8 @@ const (
 // logTail is how many lines of the bed's log a failing test prints.
 const logTail = 150
 
-// multiBed runs `triage up --multi-region` as a user would and stops it at
-// cleanup with `triage down`. Its output (log level info) goes to
+// multiBed runs `triage-bed up --multi-region` as a user would and stops
+// it at cleanup with `triage-bed down`. Its output (log level info) goes to
 // bed.log in the test's artifact directory (kept with go test -artifacts);
 // a failing test prints its tail.
 func multiBed(t *testing.T) string {
@@ -55,13 +55,13 @@ func multiBed(t *testing.T) string {
 	logf, err := os.Create(logPath)
 	require.NoError(t, err)
 	// Free ports: the developer's own bed may be running on the defaults.
-	up := exec.Command(binary, "up", "--multi-region", "--free-ports", "--log-level", "info", "--dir", dir)
+	up := exec.Command(bedBinary, "up", "--multi-region", "--free-ports", "--log-level", "info", "--dir", dir)
 	up.Stdout, up.Stderr = logf, logf
 	require.NoError(t, up.Start())
 	done := make(chan struct{})
 	go func() { _ = up.Wait(); logf.Close(); close(done) }()
 	t.Cleanup(func() {
-		down := exec.Command(binary, "down", "--dir", dir)
+		down := exec.Command(bedBinary, "down", "--dir", dir)
 		_ = down.Run()
 		select {
 		case <-done:
@@ -80,7 +80,7 @@ func multiBed(t *testing.T) string {
 		}
 		select {
 		case <-done:
-			t.Fatalf("triage up exited")
+			t.Fatalf("triage-bed up exited")
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -112,7 +112,7 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// runDrill runs `triage drill --json` against the bed in dir. The drill's
+// runDrill runs `triage-bed drill --json` against the bed in dir. The drill's
 // report (JSON and human), its progress and exit status are written to
 // the artifact directory; when the test fails, the report and the
 // progress are printed. The drill gets a deadline well inside the test's,
@@ -126,7 +126,7 @@ func runDrill(t *testing.T, dir, scenario string, hold time.Duration) *drill.Rep
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "drill", "--dir", dir, "--region", "us-east", "--hold", hold.String(),
+	cmd := exec.CommandContext(ctx, bedBinary, "drill", "--dir", dir, "--region", "us-east", "--hold", hold.String(),
 		"--drain", "30s", "--json", scenario)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

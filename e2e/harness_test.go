@@ -19,26 +19,28 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// binary is the triage binary built once for the package.
-var binary string
+// The binaries, built once for the package: binary is the production
+// one (triage serve), bedBinary the development one (triage-bed up, down,
+// drill).
+var binary, bedBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "triage-e2e-")
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "triage")
-	build := exec.Command("go", "build", "-race", "-o", binary, "../cmd/triage")
+	binary, bedBinary = filepath.Join(dir, "triage"), filepath.Join(dir, "triage-bed")
+	build := exec.Command("go", "build", "-race", "-o", dir, "../cmd/triage", "../cmd/triage-bed")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building triage:", err)
+		fmt.Fprintln(os.Stderr, "building triage and triage-bed:", err)
 		os.Exit(1)
 	}
 	code := mariadbtest.Main(m)

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -34,14 +35,11 @@ To change one setting, start from the current one:
 Flags override the file: --shards replaces the file's entry for its region, --topic the
 file's entry for its topic, and NAME the file's name.`
 
-func deadLettersCmd(fs *flag.FlagSet) clientRun {
+func deadLettersCmd(fs *pflag.FlagSet) clientRun {
 	pageSize := fs.Int("page-size", 0, fmt.Sprintf("dead letters per page, 1 to %d (default: the server's, 100)", maxDeadLetterPage))
 	pageToken := fs.String("page-token", "", "start at the next_page_token of an earlier page")
 	all := fs.Bool("all", false, "follow next_page_token to the last page")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
 		if *pageSize < 0 || *pageSize > maxDeadLetterPage {
 			return usagef("--page-size %d: allowed 1 to %d", *pageSize, maxDeadLetterPage)
 		}
@@ -91,7 +89,7 @@ func deadLettersCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func redriveCmd(_ *flag.FlagSet) clientRun {
+func redriveCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if len(args) == 0 {
 			return usagef("missing TOPIC")
@@ -147,14 +145,9 @@ func redriveCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func namespaceGetCmd(_ *flag.FlagSet) clientRun {
+func namespaceGetCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "NAME"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		ns, err := e.c.Admin.GetNamespace(rctx, &triagev1.GetNamespaceRequest{Namespace: args[0]})
+		ns, err := call(ctx, e, e.c.Admin.GetNamespace, &triagev1.GetNamespaceRequest{Namespace: args[0]})
 		if err != nil {
 			return err
 		}
@@ -162,7 +155,7 @@ func namespaceGetCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func namespacePutCmd(fs *flag.FlagSet) clientRun {
+func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 	file := fs.String("file", "", "start from the JSON Namespace document in `FILE` (protojson, as namespace get --json prints it); - reads stdin")
 	maxPayload := fs.Int("max-payload-bytes", 0, "largest payload of one item (default 262144)")
 	lease := fs.Duration("default-lease", 0, "lease a dequeue takes when neither the item nor the dequeue says (default 30s)")
@@ -177,9 +170,6 @@ func namespacePutCmd(fs *flag.FlagSet) clientRun {
 	topics := &topicsFlag{}
 	fs.Var(topics, "topic", "a topic's dequeue policy, delivery and aging; `SPEC` is "+topicSyntax+" (repeatable)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "NAME"); err != nil {
-			return err
-		}
 		name := args[0]
 		cfg := &triagev1.Namespace{}
 		if *file != "" {
@@ -253,9 +243,7 @@ func namespacePutCmd(fs *flag.FlagSet) clientRun {
 			cfg.Topics[t.name] = t.cfg
 		}
 
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		ns, err := e.c.Admin.PutNamespace(rctx, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
+		ns, err := call(ctx, e, e.c.Admin.PutNamespace, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
 		if err != nil {
 			return err
 		}
@@ -299,6 +287,9 @@ func (f *shardsFlag) String() string {
 	}
 	return strings.Join(out, " ")
 }
+
+// Type names the value in usage lines that give no `name` of their own.
+func (f *shardsFlag) Type() string { return "REGION=ID,ID..." }
 
 func (f *shardsFlag) Set(s string) error {
 	region, list, ok := strings.Cut(s, "=")
@@ -351,6 +342,9 @@ func (f *topicsFlag) String() string {
 	}
 	return strings.Join(names, ",")
 }
+
+// Type names the value in usage lines that give no `name` of their own.
+func (f *topicsFlag) Type() string { return "SPEC" }
 
 func (f *topicsFlag) Set(s string) error {
 	name, cfg, err := parseTopicSpec(s)

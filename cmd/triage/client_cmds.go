@@ -6,9 +6,9 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -19,6 +19,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -26,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/client"
+	"github.com/triage-queue/triage/cmd/internal/cli"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing"
 )
@@ -38,19 +42,12 @@ const defaultRouterAddr = "127.0.0.1:9090"
 // read from stdin, well under the router's 64 MiB message limit.
 const enqueueBatchBytes = 4 << 20
 
-// runClientCommand runs a client verb (enqueue, dequeue, ack, ...) against
-// a router. handled is false for a verb it does not know; exitCode is 0 on
-// success, 1 when the call or an item failed, 2 for a usage error.
-func runClientCommand(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) (handled bool, exitCode int) {
-	return runClient(ctx, verb, args, os.Stdin, stdout, stderr)
-}
-
 // clientVerb is one client command. setup registers the verb's own flags
 // and returns the function that runs it once the flags are parsed.
 type clientVerb struct {
 	args    string
 	summary string
-	setup   func(fs *flag.FlagSet) clientRun
+	setup   func(fs *pflag.FlagSet) clientRun
 }
 
 // clientRun runs a verb with its positional arguments.
@@ -77,12 +74,16 @@ func (e *clientEnv) rpc(ctx context.Context, extra time.Duration) (context.Conte
 	return context.WithTimeout(ctx, e.timeout+max(extra, 0))
 }
 
-// usageError is a mistake in the command line: exit code 2 and the usage.
-type usageError string
+// call makes one RPC of method with req, bounded by --timeout.
+func call[Req, Resp any](ctx context.Context, e *clientEnv, method func(context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	ctx, cancel := e.rpc(ctx, 0)
+	defer cancel()
+	return method(ctx, req)
+}
 
-func (e usageError) Error() string { return string(e) }
-
-func usagef(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
+// usagef is a mistake in the command line: exit status 2 and the verb's
+// usage.
+func usagef(format string, a ...any) error { return cli.Usagef(format, a...) }
 
 // errItemsFailed means some items of a batch failed; they are already
 // reported, so only the exit code is left to set.
@@ -166,161 +167,116 @@ var clientVerbs = map[string]clientVerb{
 	},
 }
 
-// runClient is runClientCommand with stdin injectable for tests.
-func runClient(ctx context.Context, verb string, args []string, stdin io.Reader, stdout, stderr io.Writer) (bool, int) {
-	v, ok := clientVerbs[verb]
-	if !ok {
-		subs := subVerbs(verb)
-		if len(subs) == 0 {
-			return false, 0
-		}
-		sub, rest := splitSubVerb(verb, subs, args)
-		if !slices.Contains(subs, sub) {
-			return true, groupUsage(verb, subs, sub, args, stderr)
-		}
-		verb, args, v = verb+" "+sub, rest, clientVerbs[verb+" "+sub]
-	}
-	fs, common, run := newVerbFlags(verb, v, stderr)
-
-	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return true, 0
-	}
-	if err != nil {
-		return true, 2 // the flag package has printed the error and usage
-	}
-	if *common.timeout <= 0 {
-		fmt.Fprintf(stderr, "triage %s: --timeout must be positive\n", verb)
-		fs.Usage()
-		return true, 2
-	}
-	c, err := client.Dial(ctx, *common.addr, client.WithRegion(*common.region))
-	if err != nil {
-		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
-		return true, 1
-	}
-	defer c.Close()
-
-	err = run(ctx, &clientEnv{
-		c: c, ns: *common.ns, region: *common.region, json: *common.json, timeout: *common.timeout,
-		stdin: stdin, stdout: stdout, stderr: stderr,
-	}, pos)
-	var ue usageError
-	switch {
-	case err == nil:
-		return true, 0
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "triage %s: %s\n", verb, ue)
-		fs.Usage()
-		return true, 2
-	case errors.Is(err, errItemsFailed):
-		return true, 1
-	default:
-		fmt.Fprintf(stderr, "triage: %s\n", describeError(err))
-		return true, 1
-	}
-}
-
-// commonFlags are the flags every verb has.
-type commonFlags struct {
-	addr, ns, region *string
-	json             *bool
-	timeout          *time.Duration
-}
-
-// newVerbFlags returns verb's flag set, with the common flags and the
-// verb's own, and the function that runs the verb once it is parsed.
-func newVerbFlags(verb string, v clientVerb, stderr io.Writer) (*flag.FlagSet, commonFlags, clientRun) {
-	fs := flag.NewFlagSet("triage "+verb, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: %s\n\n%s\n\nflags:\n", strings.TrimSpace("triage "+verb+" [flags] "+v.args), v.summary)
-		fs.PrintDefaults()
-	}
-	var c commonFlags
-	c.addr = fs.String("addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
-	c.ns = fs.String("namespace", "default", "namespace")
-	fs.StringVar(c.ns, "n", "default", "shorthand for --namespace")
-	c.region = fs.String("region", "", "region for enqueue, dequeue, stats, topics, deadletters and redrive (default: the router's own)")
-	c.json = fs.Bool("json", false, "print the response as one protojson document")
-	c.timeout = fs.Duration("timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
-	return fs, c, v.setup(fs)
-}
-
-// splitSubVerb finds a group's sub-verb, the first positional argument,
-// so flags may come before it ("namespace --addr host:9090 get shop"), and
-// returns the arguments without it. A flag that takes a value skips the
-// next argument when the group's verbs know it; "" when there is no
-// positional argument.
-func splitSubVerb(group string, subs, args []string) (string, []string) {
-	takesValue := func(name string) bool {
-		for _, sub := range subs {
-			fs, _, _ := newVerbFlags(group+" "+sub, clientVerbs[group+" "+sub], io.Discard)
-			if f := fs.Lookup(name); f != nil {
-				b, ok := f.Value.(interface{ IsBoolFlag() bool })
-				return !ok || !b.IsBoolFlag()
-			}
-		}
-		return false
-	}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			break
-		}
-		if len(a) > 1 && a[0] == '-' {
-			if name := strings.TrimLeft(a, "-"); !strings.Contains(name, "=") && takesValue(name) {
-				i++
-			}
+// clientCommands returns the client verbs as commands. A verb whose name
+// has a space is a sub-command of a group ("namespace get"); the group
+// holds the common flags for all of its verbs, so they may come before the
+// sub-command's name too ("namespace --json get shop").
+func clientCommands() []*cobra.Command {
+	var cmds []*cobra.Command
+	groups := map[string]*cobra.Command{}
+	groupFlags := map[string]*clientFlags{}
+	for _, name := range slices.Sorted(maps.Keys(clientVerbs)) {
+		group, sub, grouped := strings.Cut(name, " ")
+		if !grouped {
+			cmd := &cobra.Command{GroupID: groupClient}
+			cmds = append(cmds, clientCommand(cmd, name, clientVerbs[name], newClientFlags(cmd.Flags())))
 			continue
 		}
-		return a, slices.Concat(args[:i], args[i+1:])
-	}
-	return "", args
-}
-
-// subVerbs returns the sub-verbs of group ("get", "put" for "namespace"),
-// sorted; none when group is no group.
-func subVerbs(group string) []string {
-	var subs []string
-	for name := range clientVerbs {
-		if g, sub, ok := strings.Cut(name, " "); ok && g == group {
-			subs = append(subs, sub)
+		g := groups[group]
+		if g == nil {
+			g = cli.Group(&cobra.Command{Use: group + " COMMAND", GroupID: groupClient})
+			groups[group], groupFlags[group] = g, newClientFlags(g.PersistentFlags())
+			cmds = append(cmds, g)
 		}
+		g.AddCommand(clientCommand(&cobra.Command{}, sub, clientVerbs[name], groupFlags[group]))
 	}
-	slices.Sort(subs)
-	return subs
+	for _, g := range groups {
+		var subs []string
+		for _, sub := range g.Commands() {
+			subs = append(subs, sub.Name())
+		}
+		g.Short = "Sub-commands " + strings.Join(subs, ", ") + "."
+	}
+	return cmds
 }
 
-// groupUsage prints a group's sub-verbs for "triage namespace" without a
-// known sub-verb and returns the exit code: 0 when help was asked for.
-func groupUsage(group string, subs []string, sub string, args []string, stderr io.Writer) int {
-	code := 2
-	switch {
-	case sub == "help" || slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }):
-		code = 0
-	case sub == "":
-		fmt.Fprintf(stderr, "triage %s: missing command\n", group)
-	default:
-		fmt.Fprintf(stderr, "triage %s: unknown command %q\n", group, sub)
+// clientCommand fills cmd in as verb v named name, run against a router
+// with f's common flags.
+func clientCommand(cmd *cobra.Command, name string, v clientVerb, f *clientFlags) *cobra.Command {
+	cmd.Use = strings.TrimSpace(name + " [flags] " + v.args)
+	cmd.Short, cmd.Long = firstSentence(v.summary), v.summary
+	if !strings.ContainsAny(v.args, "[.") {
+		// A fixed list of arguments is checked before anything else; a
+		// verb with optional or repeated ones checks them itself.
+		names := strings.Fields(v.args)
+		cmd.Args = func(_ *cobra.Command, args []string) error { return wantArgs(args, names...) }
 	}
-	fmt.Fprintf(stderr, "usage: triage %s %s ...\n\n", group, strings.Join(subs, "|"))
-	tw := newTable(stderr)
-	for _, sub := range subs {
-		v := clientVerbs[group+" "+sub]
-		first, _, _ := strings.Cut(v.summary, "\n")
-		fmt.Fprintf(tw, "  triage %s %s %s\t%s\n", group, sub, v.args, first)
+	cmd.RunE = f.runE(v.setup(cmd.Flags()))
+	return cmd
+}
+
+// firstSentence is the first sentence of a verb's summary, on one line,
+// for the binary's list of verbs.
+func firstSentence(summary string) string {
+	s := strings.Join(strings.Fields(summary), " ")
+	if i := strings.Index(s, ". "); i >= 0 {
+		return s[:i+1]
 	}
-	tw.Flush()
-	fmt.Fprintf(stderr, "\nRun \"triage %s COMMAND -h\" for a command's flags.\n", group)
-	return code
+	return s
+}
+
+// clientFlags are the flags every client verb has.
+type clientFlags struct {
+	addr, ns, region string
+	json             bool
+	timeout          time.Duration
+}
+
+// newClientFlags registers the common flags on fs.
+func newClientFlags(fs *pflag.FlagSet) *clientFlags {
+	f := &clientFlags{}
+	fs.StringVar(&f.addr, "addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
+	fs.StringVarP(&f.ns, "namespace", "n", "default", "namespace")
+	fs.StringVar(&f.region, "region", "", "region for enqueue, dequeue, stats, topics, deadletters and redrive (default: the router's own)")
+	fs.BoolVar(&f.json, "json", false, "print the response as one protojson document")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
+	return f
+}
+
+// runE is the prologue and epilogue every client verb shares: check the
+// common flags, dial the router, run the verb, and turn what it returns
+// into an exit status; an RPC's error prints as "triage: <code>:
+// <message>".
+func (f *clientFlags) runE(run clientRun) func(*cobra.Command, []string) error {
+	return func(c *cobra.Command, args []string) error {
+		if f.timeout <= 0 {
+			return usagef("--timeout must be positive")
+		}
+		ctx := c.Context()
+		conn, err := client.Dial(ctx, f.addr, client.WithRegion(f.region))
+		if err == nil {
+			defer conn.Close()
+			err = run(ctx, &clientEnv{
+				c: conn, ns: f.ns, region: f.region, json: f.json, timeout: f.timeout,
+				stdin: c.InOrStdin(), stdout: c.OutOrStdout(), stderr: c.ErrOrStderr(),
+			}, args)
+		}
+		switch {
+		case err == nil, cli.IsUsage(err):
+			return err
+		case errors.Is(err, errItemsFailed):
+			return cli.Exit(1)
+		}
+		fmt.Fprintf(c.ErrOrStderr(), "triage: %s\n", describeError(err))
+		return cli.Exit(1)
+	}
 }
 
 // flagsSet returns the names of the flags the command line gave, so a verb
 // can tell "--priority 0" from no --priority.
-func flagsSet(fs *flag.FlagSet) map[string]bool {
+func flagsSet(fs *pflag.FlagSet) map[string]bool {
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	return set
 }
 
@@ -340,27 +296,6 @@ func describeError(err error) string {
 	return err.Error()
 }
 
-// parseInterspersed parses flags wherever they are among the positional
-// arguments ("update ID --priority 3"), which the flag package alone does
-// not. After "--" everything is positional.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
 // metaFlag collects repeated --meta k=v flags.
 type metaFlag map[string]string
 
@@ -372,6 +307,9 @@ func (m metaFlag) String() string {
 	slices.Sort(kv)
 	return strings.Join(kv, ",")
 }
+
+// Type names the value in usage lines that give no `name` of their own.
+func (m metaFlag) Type() string { return "k=v" }
 
 func (m metaFlag) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
@@ -399,6 +337,21 @@ func wantArgs(args []string, names ...string) error {
 	return nil
 }
 
+// parseRefs splits one or more "ID:TOKEN" arguments.
+func parseRefs(args []string) (ids, tokens []string, err error) {
+	if len(args) == 0 {
+		return nil, nil, usagef("missing ID:TOKEN")
+	}
+	for _, a := range args {
+		id, token, err := parseRef(a)
+		if err != nil {
+			return nil, nil, err
+		}
+		ids, tokens = append(ids, id), append(tokens, token)
+	}
+	return ids, tokens, nil
+}
+
 // parseRef splits "ID:TOKEN". IDs hold '-' but never ':', so the first ':'
 // separates them.
 func parseRef(s string) (id, token string, err error) {
@@ -409,7 +362,7 @@ func parseRef(s string) (id, token string, err error) {
 	return id, token, nil
 }
 
-func enqueueCmd(fs *flag.FlagSet) clientRun {
+func enqueueCmd(fs *pflag.FlagSet) clientRun {
 	priority := fs.Int("priority", 0, "priority; lower is more urgent")
 	delay := fs.Duration("delay", 0, "deliver no sooner than this long from now")
 	lease := fs.Duration("lease", 0, "lease a dequeue takes when it does not say (default: the namespace's)")
@@ -524,7 +477,7 @@ func enqueueCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func dequeueCmd(fs *flag.FlagSet) clientRun {
+func dequeueCmd(fs *pflag.FlagSet) clientRun {
 	count := fs.Int("count", 1, "lease up to this many items")
 	lease := fs.Duration("lease", 0, "lease for every item returned (default: each item's own)")
 	wait := fs.Duration("wait", 0, "long poll: wait up to this long for at least one item")
@@ -532,9 +485,6 @@ func dequeueCmd(fs *flag.FlagSet) clientRun {
 	minPrio := fs.Int("min-priority", 0, "lease only items whose priority is >= this (default: no bound)")
 	maxPrio := fs.Int("max-priority", 0, "lease only items whose priority is <= this, the most urgent band (default: no bound)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
 		if *count < 1 || *count > math.MaxInt32 {
 			return usagef("--count must be at least 1")
 		}
@@ -668,24 +618,17 @@ func itemResultsFailed(n int, results []*triagev1.ItemResult) bool {
 	return slices.ContainsFunc(results, func(r *triagev1.ItemResult) bool { return !r.GetOk() })
 }
 
-func ackCmd(_ *flag.FlagSet) clientRun {
+func ackCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if len(args) == 0 {
-			return usagef("missing ID:TOKEN")
+		ids, tokens, err := parseRefs(args)
+		if err != nil {
+			return err
 		}
 		req := &triagev1.AckRequest{Namespace: e.ns}
-		ids := make([]string, len(args))
-		for i, a := range args {
-			id, tok, err := parseRef(a)
-			if err != nil {
-				return err
-			}
-			ids[i] = id
-			req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: id, LeaseToken: tok})
+		for i, id := range ids {
+			req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: id, LeaseToken: tokens[i]})
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.Ack(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.Ack, req)
 		if err != nil {
 			return err
 		}
@@ -693,27 +636,22 @@ func ackCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func nackCmd(fs *flag.FlagSet) clientRun {
+func nackCmd(fs *pflag.FlagSet) clientRun {
 	delay := fs.Duration("delay", 0, "redeliver after this delay; 0s for at once (default: the server's exponential backoff)")
 	errMsg := fs.String("error", "", "last error, kept on the item")
 	meta := metaFlag{}
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if len(args) == 0 {
-			return usagef("missing ID:TOKEN")
+		ids, tokens, err := parseRefs(args)
+		if err != nil {
+			return err
 		}
 		// Without --delay the field stays unset and the server backs off
 		// exponentially; "--delay 0s" is sent and means at once.
 		delaySet := flagsSet(fs)["delay"]
 		req := &triagev1.NackRequest{Namespace: e.ns}
-		ids := make([]string, len(args))
-		for i, a := range args {
-			id, tok, err := parseRef(a)
-			if err != nil {
-				return err
-			}
-			ids[i] = id
-			n := &triagev1.NackItem{Id: id, LeaseToken: tok, Error: *errMsg}
+		for i, id := range ids {
+			n := &triagev1.NackItem{Id: id, LeaseToken: tokens[i], Error: *errMsg}
 			if delaySet {
 				n.Delay = durationpb.New(*delay)
 			}
@@ -722,9 +660,7 @@ func nackCmd(fs *flag.FlagSet) clientRun {
 			}
 			req.Nacks = append(req.Nacks, n)
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.Nack(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.Nack, req)
 		if err != nil {
 			return err
 		}
@@ -732,12 +668,9 @@ func nackCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func extendCmd(fs *flag.FlagSet) clientRun {
+func extendCmd(fs *pflag.FlagSet) clientRun {
 	lease := fs.Duration("lease", 0, "new lease, counted from now (default: the item's lease duration)")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID:TOKEN"); err != nil {
-			return err
-		}
 		id, tok, err := parseRef(args[0])
 		if err != nil {
 			return err
@@ -746,9 +679,7 @@ func extendCmd(fs *flag.FlagSet) clientRun {
 		if *lease != 0 {
 			req.LeaseDuration = durationpb.New(*lease)
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.ExtendLease(rctx, req)
+		resp, err := call(ctx, e, e.c.Queue.ExtendLease, req)
 		if err != nil {
 			return err
 		}
@@ -760,14 +691,9 @@ func extendCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func getCmd(_ *flag.FlagSet) clientRun {
+func getCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		it, err := e.c.Queue.GetItem(rctx, &triagev1.GetItemRequest{Namespace: e.ns, Id: args[0]})
+		it, err := call(ctx, e, e.c.Queue.GetItem, &triagev1.GetItemRequest{Namespace: e.ns, Id: args[0]})
 		if err != nil {
 			return err
 		}
@@ -775,7 +701,7 @@ func getCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func updateCmd(fs *flag.FlagSet) clientRun {
+func updateCmd(fs *pflag.FlagSet) clientRun {
 	priority := fs.Int("priority", 0, "new priority; lower is more urgent")
 	deliverAfter := fs.String("deliver-after", "", "not delivered before this `RFC3339` time")
 	delay := fs.Duration("delay", 0, "not delivered before this long from now (instead of --deliver-after)")
@@ -783,9 +709,6 @@ func updateCmd(fs *flag.FlagSet) clientRun {
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
 	by := fs.String("by", "", "who asks for the change, recorded with a priority change (default: the server's, \"api\")")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
 		set := flagsSet(fs)
 		req := &triagev1.UpdateItemRequest{Namespace: e.ns, Id: args[0], UpdatedBy: *by}
 		if set["priority"] {
@@ -813,9 +736,7 @@ func updateCmd(fs *flag.FlagSet) clientRun {
 		if req.Priority == nil && req.DeliverAfter == nil && req.Metadata == nil {
 			return usagef("nothing to update: give --priority, --deliver-after, --delay or --meta")
 		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		it, err := e.c.Queue.UpdateItem(rctx, req)
+		it, err := call(ctx, e, e.c.Queue.UpdateItem, req)
 		if err != nil {
 			return err
 		}
@@ -823,14 +744,9 @@ func updateCmd(fs *flag.FlagSet) clientRun {
 	}
 }
 
-func deleteCmd(_ *flag.FlagSet) clientRun {
+func deleteCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "ID"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		resp, err := e.c.Queue.DeleteItem(rctx, &triagev1.DeleteItemRequest{Namespace: e.ns, Id: args[0]})
+		resp, err := call(ctx, e, e.c.Queue.DeleteItem, &triagev1.DeleteItemRequest{Namespace: e.ns, Id: args[0]})
 		if err != nil {
 			return err
 		}
@@ -842,14 +758,9 @@ func deleteCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func statsCmd(_ *flag.FlagSet) clientRun {
+func statsCmd(_ *pflag.FlagSet) clientRun {
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args, "TOPIC"); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		st, err := e.c.Queue.GetTopicStats(rctx, &triagev1.GetTopicStatsRequest{Namespace: e.ns, Topic: args[0]})
+		st, err := call(ctx, e, e.c.Queue.GetTopicStats, &triagev1.GetTopicStatsRequest{Namespace: e.ns, Topic: args[0]})
 		if err != nil {
 			return err
 		}
@@ -875,11 +786,8 @@ func statsCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func topicsCmd(_ *flag.FlagSet) clientRun {
-	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args); err != nil {
-			return err
-		}
+func topicsCmd(_ *pflag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, _ []string) error {
 		// Follow the pages to the end so the output is the whole list; a
 		// token seen twice would loop forever, so it ends the walk.
 		all := &triagev1.ListTopicsResponse{}
@@ -910,14 +818,9 @@ func topicsCmd(_ *flag.FlagSet) clientRun {
 	}
 }
 
-func shardmapCmd(_ *flag.FlagSet) clientRun {
-	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if err := wantArgs(args); err != nil {
-			return err
-		}
-		rctx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		m, err := e.c.Admin.GetShardMap(rctx, &triagev1.GetShardMapRequest{})
+func shardmapCmd(_ *pflag.FlagSet) clientRun {
+	return func(ctx context.Context, e *clientEnv, _ []string) error {
+		m, err := call(ctx, e, e.c.Admin.GetShardMap, &triagev1.GetShardMapRequest{})
 		if err != nil {
 			return err
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/cmd/internal/cli"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -199,8 +199,7 @@ type result struct {
 func (b *bundle) run(t *testing.T, stdin, verb string, args ...string) result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	handled, code := runClient(t.Context(), verb, append([]string{"--addr", b.addr}, args...), strings.NewReader(stdin), &stdout, &stderr)
-	require.True(t, handled, "verb %q not handled", verb)
+	code := cli.Run(t.Context(), newRoot(), append([]string{verb, "--addr", b.addr}, args...), strings.NewReader(stdin), &stdout, &stderr)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 
@@ -221,21 +220,26 @@ func parseJSON[M proto.Message](t *testing.T, s string, m M) M {
 	return m
 }
 
-func TestRunClientCommandUnknownVerb(t *testing.T) {
+// TestUnknownVerb: a verb the binary does not know, and a sub-verb of a
+// group given alone, are usage errors; a verb's -h is not.
+func TestUnknownVerb(t *testing.T) {
 	t.Parallel()
-	var out bytes.Buffer
-	handled, code := runClientCommand(t.Context(), "serve", nil, &out, &out)
-	require.False(t, handled)
-	require.Zero(t, code)
-	require.Empty(t, out.String())
-
-	handled, _ = runClientCommand(t.Context(), "shardmap", []string{"-h"}, &out, &out)
-	require.True(t, handled)
-
-	// "put" is a sub-verb of namespace, not a verb of its own.
-	handled, code = runClientCommand(t.Context(), "put", nil, &out, &out)
-	require.False(t, handled)
-	require.Zero(t, code)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{args: []string{"frobnicate"}, code: 2, want: `triage: unknown command "frobnicate"`},
+		// "put" is a sub-verb of namespace, not a verb of its own.
+		{args: []string{"put"}, code: 2, want: `triage: unknown command "put"`},
+		{args: []string{"shardmap", "-h"}, code: 0, want: "usage: triage shardmap"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := cli.Run(t.Context(), newRoot(), tc.args, strings.NewReader(""), &stdout, &stderr)
+		require.Equal(t, tc.code, code, tc.args)
+		require.Contains(t, stderr.String(), tc.want)
+		require.Empty(t, stdout.String())
+	}
 }
 
 func TestEnqueueArgs(t *testing.T) {
@@ -650,7 +654,7 @@ func TestUnreachableRouter(t *testing.T) {
 	addr := lis.Addr().String()
 	require.NoError(t, lis.Close())
 	var stdout, stderr bytes.Buffer
-	_, code := runClient(t.Context(), "shardmap", []string{"--addr", addr, "--timeout", "2s"}, strings.NewReader(""), &stdout, &stderr)
+	code := cli.Run(t.Context(), newRoot(), []string{"shardmap", "--addr", addr, "--timeout", "2s"}, strings.NewReader(""), &stdout, &stderr)
 	require.Equal(t, 1, code)
 	require.True(t, strings.HasPrefix(stderr.String(), "triage: Unavailable: ") ||
 		strings.HasPrefix(stderr.String(), "triage: DeadlineExceeded: "), stderr.String())
@@ -923,7 +927,10 @@ func TestDefaultAddr(t *testing.T) {
 	}))
 }
 
-func TestParseInterspersed(t *testing.T) {
+// TestInterspersedFlags: flags may stand anywhere among the positional
+// arguments ("update ID --priority 3"); after "--" everything is
+// positional.
+func TestInterspersedFlags(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
@@ -933,18 +940,22 @@ func TestParseInterspersed(t *testing.T) {
 	}{
 		{name: "flags first", args: []string{"--priority", "3", "a", "b"}, pos: []string{"a", "b"}, prio: 3},
 		{name: "flags between", args: []string{"a", "--priority", "3", "b"}, pos: []string{"a", "b"}, prio: 3},
-		{name: "flags last", args: []string{"a", "b", "-priority=3"}, pos: []string{"a", "b"}, prio: 3},
+		{name: "flags last", args: []string{"a", "b", "--priority=3"}, pos: []string{"a", "b"}, prio: 3},
 		{name: "double dash", args: []string{"a", "--", "--priority", "-x"}, pos: []string{"a", "--priority", "-x"}},
 		{name: "lone dash is positional", args: []string{"-", "a"}, pos: []string{"-", "a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			fs := flag.NewFlagSet("x", flag.ContinueOnError)
-			prio := fs.Int("priority", 0, "")
-			pos, err := parseInterspersed(fs, tc.args)
-			require.NoError(t, err)
+			b := setup(t)
+			r := b.run(t, "", "enqueue", append([]string{"topic"}, tc.args...)...)
+			require.Equal(t, 0, r.code, r.stderr)
+			req := b.fake.got("Enqueue")[0].(*triagev1.EnqueueRequest)
+			var pos []string
+			for _, it := range req.Items {
+				pos = append(pos, string(it.Payload))
+				require.EqualValues(t, tc.prio, it.Priority)
+			}
 			require.Equal(t, tc.pos, pos)
-			require.Equal(t, tc.prio, *prio)
 		})
 	}
 }

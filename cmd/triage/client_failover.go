@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strconv"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
@@ -20,13 +21,13 @@ func init() {
 	}
 }
 
-func failoverCmd(fs *flag.FlagSet) clientRun {
+func failoverCmd(fs *pflag.FlagSet) clientRun {
 	shard := fs.Uint("shard", 0, "shard to fail over (required)")
 	to := fs.String("to", "", "region of the replica to promote (default: the most advanced replica)")
 	emergency := fs.Bool("emergency", false, "the primary is down: do not require it to go read-only first")
-	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if *shard == 0 || len(args) > 0 {
-			return usagef("give --shard N and no arguments")
+	return func(ctx context.Context, e *clientEnv, _ []string) error {
+		if *shard == 0 {
+			return usagef("give --shard N")
 		}
 		rctx, cancel := e.rpc(ctx, 90*time.Second)
 		defer cancel()

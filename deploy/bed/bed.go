@@ -17,9 +17,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/node"
 	"github.com/triage-queue/triage/deploy/wan"
 )
 
@@ -54,7 +55,7 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Progress, when set, receives one line per step of the bring-up, for
-	// a person watching `triage up`.
+	// a person watching `triage-bed up`.
 	Progress func(line string)
 }
 
@@ -310,7 +311,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 	}
 	err := startOne(0)
 	if err == nil {
-		err = Parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
+		err = provision.Parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
 	}
 	if err != nil {
 		return err
@@ -321,18 +322,6 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		b.progress("region %s: JSON http://%s  gRPC %s", r.name, r.node.HTTPAddr, r.node.GRPCAddr)
 	}
 	return nil
-}
-
-// Parallel runs f(0..n-1) concurrently and joins their errors: the bed
-// and the compose bootstrap start servers and replication this way.
-func Parallel(n int, f func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { errs[i] = f(i) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 func addr(base, i int) string {
@@ -381,13 +370,13 @@ func (b *Bed) Stop() {
 		_ = b.control_.Close()
 	}
 	b.bg.Wait()
-	_ = Parallel(len(b.regions), func(i int) error {
+	_ = provision.Parallel(len(b.regions), func(i int) error {
 		if n := b.regions[i].node; n != nil {
 			n.Stop()
 		}
 		return nil
 	})
-	_ = Parallel(len(b.regions), func(i int) error {
+	_ = provision.Parallel(len(b.regions), func(i int) error {
 		if s := b.regions[i].nats; s != nil {
 			s.Shutdown()
 			s.WaitForShutdown()
@@ -400,7 +389,7 @@ func (b *Bed) Stop() {
 	b.mu.Lock()
 	servers := b.servers
 	b.mu.Unlock()
-	_ = Parallel(len(servers), func(i int) error {
+	_ = provision.Parallel(len(servers), func(i int) error {
 		if err := servers[i].srv.Stop(); err != nil {
 			b.log.Warn("mariadbd stop", "shard", servers[i].shard, "role", servers[i].role, "err", err)
 		}

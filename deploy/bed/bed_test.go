@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/itemid"
 )
@@ -187,7 +188,8 @@ func TestThreeRegionBed(t *testing.T) {
 				var n int
 				return root.QueryRow("SELECT COUNT(*) FROM triage.schema_migrations").Scan(&n) == nil && n > 0
 			}, 10*time.Second, 50*time.Millisecond, "schema replicated")
-			app := openT(t, AppUser+":"+AppPassword+"@tcp("+r.Addr()+")/"+Database)
+			acc := provision.BedAccounts.App
+			app := openT(t, acc.User+":"+acc.Password+"@tcp("+r.Addr()+")/"+acc.Database)
 			var one int
 			require.NoError(t, app.QueryRow("SELECT 1 FROM schema_migrations LIMIT 1").Scan(&one), "the app user can read")
 			_, err := app.Exec("INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, 'x', 0)")

@@ -18,7 +18,7 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// The control endpoint lets `triage drill`, a separate process, inject
+// The control endpoint lets `triage-bed drill`, a separate process, inject
 // and heal faults in this bed, which owns the processes, links and NATS
 // servers: POST /fault/SCENARIO, /heal/SCENARIO and /fate/SCENARIO with
 // ?region=R&shard=N, answered with {"description": ...} or {"error": ...}.

@@ -1,11 +1,11 @@
 // Package bed runs a local Triage bed: real MariaDB shard primaries
 // (mariadbd children in temp datadirs), embedded NATS with JetStream, and a
-// node running every Triage role per region. `triage up` (make up) runs one
-// in the foreground; e2e tests, drills and `make bench` use it too.
+// node running every Triage role per region. `triage-bed up` (make up) runs
+// one in the foreground; e2e tests, drills and `make bench` use it too.
 //
 // The bed writes its layout to <Dir>/bed.json so drills and scripts can find
-// every process by role, region, shard, port and PID, and so `triage down`
-// (make down) can stop a bed from another terminal by PID.
+// every process by role, region, shard, port and PID, and so `triage-bed
+// down` (make down) can stop a bed from another terminal by PID.
 //
 // # One region
 //
@@ -14,7 +14,7 @@
 //
 // # Several regions
 //
-// With Regions set to more than one (`triage up --multi-region` gives
+// With Regions set to more than one (`triage-bed up --multi-region` gives
 // us-east, eu-west and ap-south), each region gets:
 //
 //   - its shard primaries (one each by default), and one replica of every
@@ -42,10 +42,19 @@
 // # Accounts
 //
 // Every server gets, before replication starts and with sql_log_bin=0, the
-// replication account ([ReplUser]) and the application account
-// ([AppUser]) that nodes use. The application account lacks SUPER and
-// READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
+// replication account and the application account that nodes use
+// (provision.BedAccounts, set up by provision.EnsureAccounts, which the
+// compose bed's bootstrap runs too). The application account lacks SUPER
+// and READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
 // primary. It also has CREATE, ALTER and INDEX on its database because
 // nodes apply schema migrations at start; read_only blocks those too. root
 // (no password, loopback only) stays the admin account.
+//
+// # What it shares with production
+//
+// The nodes are cmd/triage/node's, and the accounts, replication and the
+// JetStream wait are package cmd/triage/provision's, the code `triage
+// bootstrap` runs: the bed differs from a deployment in where the
+// processes run, not in how they are set up. The dependency points one
+// way: the production binary links nothing of this package.
 package bed

@@ -2,7 +2,6 @@ package bed
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -10,42 +9,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// The bed's MariaDB accounts. Fixed, because the bed is a local test
-// rig reachable only on loopback, and because a drill in another process
-// must be able to log in without reading a secret from bed.json.
-const (
-	// AppUser and AppPassword: the account nodes use. No SUPER, no READ
-	// ONLY ADMIN, so read_only fences it.
-	AppUser     = "triage"
-	AppPassword = "triage"
-	// ReplUser and ReplPassword: the replication account (REPLICATION
-	// SLAVE), which replicas use to reach their primary.
-	ReplUser     = "repl"
-	ReplPassword = "repl"
-	// Database is the shard database on every server.
-	Database = "triage"
-)
+// AppCredentials is the application account (provision.BedAccounts), as
+// package replication takes it.
+func (b *Bed) AppCredentials() replication.Credentials { return provision.BedAccounts.App }
 
-// AppCredentials is the application account, as package replication
-// takes it.
-func (b *Bed) AppCredentials() replication.Credentials { return appCredentials() }
-
-func appCredentials() replication.Credentials {
-	return replication.Credentials{User: AppUser, Password: AppPassword, Database: Database}
-}
-
-// ReplCredentials is the replication account, for ReplicateFrom,
-// RejoinAsReplica and the like.
-func (b *Bed) ReplCredentials() replication.Credentials { return replCredentials() }
-
-func replCredentials() replication.Credentials {
-	return replication.Credentials{User: ReplUser, Password: ReplPassword}
-}
+// ReplCredentials is the replication account (provision.BedAccounts), for
+// ReplicateFrom, RejoinAsReplica and the like.
+func (b *Bed) ReplCredentials() replication.Credentials { return provision.BedAccounts.Repl }
 
 // serverID gives every mariadbd of the bed a distinct server_id, which
 // replication needs: the primary of shard N has N, its k-th replica
@@ -98,7 +74,7 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 	}
 	b.progress("starting %d mariadbd (%d shard(s) in %d region(s))", len(plans), shard, len(b.regions))
 	started := make([]*dbServer, len(plans))
-	err := Parallel(len(plans), func(i int) error {
+	err := provision.Parallel(len(plans), func(i int) error {
 		p := plans[i]
 		args := append([]string(nil), b.cfg.MariaDBArgs...)
 		if b.multi() {
@@ -158,15 +134,15 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 // replicate from its primary through the WAN link, with semi-sync, and
 // waits until it has caught up and acknowledges.
 func (b *Bed) setUpReplication(ctx context.Context) error {
-	b.progress("creating accounts %q and %q on every server (sql_log_bin=0)", AppUser, ReplUser)
+	b.progress("creating accounts %q and %q on every server (sql_log_bin=0)", provision.BedAccounts.App.User, provision.BedAccounts.Repl.User)
 	servers := b.serverList()
-	err := Parallel(len(servers), func(i int) error {
+	err := provision.Parallel(len(servers), func(i int) error {
 		d := servers[i]
-		if err := b.ensureUsers(ctx, d.srv); err != nil {
+		if err := provision.EnsureAccounts(ctx, d.srv.DSN(""), provision.BedAccounts); err != nil {
 			return fmt.Errorf("shard %d %s: %w", d.shard, d.role, err)
 		}
 		if d.role == RolePrimary {
-			return d.srv.CreateDatabase(ctx, Database)
+			return d.srv.CreateDatabase(ctx, provision.BedAccounts.App.Database)
 		}
 		return nil
 	})
@@ -180,50 +156,9 @@ func (b *Bed) setUpReplication(ctx context.Context) error {
 			shards = append(shards, d.shard)
 		}
 	}
-	return Parallel(len(shards), func(i int) error {
+	return provision.Parallel(len(shards), func(i int) error {
 		return b.replicate(ctx, shards[i])
 	})
-}
-
-// ensureUsers prepares s with PrepareServer's accounts and grants.
-func (b *Bed) ensureUsers(ctx context.Context, s *mariadb.Server) error {
-	return EnsureAccounts(ctx, s.DSN(""))
-}
-
-// EnsureAccounts creates, or brings up to date, the bed's accounts (AppUser
-// and ReplUser, see replication.EnsureUsers) on the server of the admin DSN
-// dsn, then grants the application account the DDL its nodes' schema
-// migrations need, unlogged like every admin statement, so that it creates
-// no GTID. The local bed and the compose bed's bootstrap run it on every
-// server.
-func EnsureAccounts(ctx context.Context, dsn string) error {
-	a, err := replication.Open(dsn)
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	if err := a.EnsureUsers(ctx, replCredentials(), appCredentials()); err != nil {
-		return err
-	}
-	db, err := openDB(dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	c, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	for _, stmt := range []string{
-		"SET SESSION sql_log_bin = 0",
-		"GRANT CREATE, ALTER, INDEX ON `" + Database + "`.* TO '" + AppUser + "'@'%'",
-	} {
-		if _, err := c.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("grant schema rights to %s on %s: %w", AppUser, a.Addr(), err)
-		}
-	}
-	return nil
 }
 
 // replicate sets shard's replicas up and waits until each is caught up
@@ -231,92 +166,11 @@ func EnsureAccounts(ctx context.Context, dsn string) error {
 // is acknowledged at once.
 func (b *Bed) replicate(ctx context.Context, shard uint32) error {
 	pd := b.server(shard, RolePrimary)
-	var replicas []Replica
+	var replicas []provision.Replica
 	for _, rd := range b.replicasOf(shard) {
-		replicas = append(replicas, Replica{DSN: rd.srv.DSN(""), Region: rd.region, PrimaryVia: b.Via(rd.region, pd.srv.Addr())})
+		replicas = append(replicas, provision.Replica{DSN: rd.srv.DSN(""), Region: rd.region, PrimaryVia: b.Via(rd.region, pd.srv.Addr())})
 	}
-	return Replicate(ctx, shard, pd.srv.DSN(""), replicas, b.progress)
-}
-
-// Replica is one replica for Replicate.
-type Replica struct {
-	// DSN is an admin DSN of the replica (TCP).
-	DSN string
-	// Region is the replica's region, for progress lines.
-	Region string
-	// PrimaryVia is the address the replica dials to reach the primary
-	// (a WAN link of the local bed, or the primary's own address).
-	PrimaryVia string
-}
-
-// Replicate turns semi-sync on for the primary of shard at primaryDSN
-// (AFTER_SYNC, one acknowledgement, no fallback to async), makes each
-// replica replicate from it with GTIDs, waits until each has caught up,
-// then until all are connected as semi-sync replicas, so the first
-// application commit is acknowledged at once. progress, when not nil,
-// receives a line per step (printf style).
-func Replicate(ctx context.Context, shard uint32, primaryDSN string, replicas []Replica, progress func(format string, args ...any)) error {
-	if progress == nil {
-		progress = func(string, ...any) {}
-	}
-	pa, err := replication.Open(primaryDSN)
-	if err != nil {
-		return err
-	}
-	defer pa.Close()
-	if err := pa.EnableSemiSync(ctx, true); err != nil {
-		return err
-	}
-	for _, rd := range replicas {
-		ra, err := replication.Open(rd.DSN)
-		if err != nil {
-			return err
-		}
-		err = ra.ReplicateFrom(ctx, rd.PrimaryVia, replCredentials())
-		if err == nil {
-			err = waitReplica(ctx, pa, ra)
-		}
-		ra.Close()
-		if err != nil {
-			return fmt.Errorf("shard %d: replica %s in %s via %s: %w", shard, ra.Addr(), rd.Region, rd.PrimaryVia, err)
-		}
-		progress("  shard %d: %s replica %s replicates from %s via %s", shard, rd.Region, ra.Addr(), pa.Addr(), rd.PrimaryVia)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ss, err := pa.SemiSyncStatus(ctx)
-		if err == nil && ss.Clients >= len(replicas) && ss.Active {
-			progress("  shard %d: semi-sync on with %d replicas", shard, ss.Clients)
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("shard %d: %d semi-sync replicas did not connect within 30s: %+v (err %v)", shard, len(replicas), ss, err)
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
-}
-
-// waitReplica waits until ra has applied everything in pa's binary log.
-func waitReplica(ctx context.Context, pa, ra *replication.Admin) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ps, perr := pa.Status(ctx)
-		rs, rerr := ra.Status(ctx)
-		if perr == nil && rerr == nil && rs.IORunning == "Yes" && rs.SQLRunning && rs.SlavePos.Covers(ps.BinlogPos) {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("did not catch up within 30s: replica %+v (err %v)", rs, errors.Join(perr, rerr))
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
+	return provision.Replicate(ctx, shard, pd.srv.DSN(""), provision.BedAccounts.Repl, replicas, b.progress)
 }
 
 // writeShardMap writes the bootstrap shard map: every shard with its home
@@ -327,7 +181,7 @@ func (b *Bed) writeShardMap() error {
 		if d.role != RolePrimary {
 			continue
 		}
-		s := shardmap.Shard{ID: d.shard, HomeRegion: d.region, Primary: d.srv.Addr(), Database: Database}
+		s := shardmap.Shard{ID: d.shard, HomeRegion: d.region, Primary: d.srv.Addr(), Database: provision.BedAccounts.App.Database}
 		for _, r := range b.replicasOf(d.shard) {
 			s.Replicas = append(s.Replicas, r.srv.Addr())
 			s.ReplicaRegions = append(s.ReplicaRegions, r.region)
@@ -348,7 +202,7 @@ func (b *Bed) writeShardMap() error {
 
 // appMySQL is what a node of region uses to reach MariaDB.
 func (b *Bed) appMySQL(region string) shardmap.Credentials {
-	c := shardmap.Credentials{User: AppUser, Password: AppPassword}
+	c := shardmap.Credentials{User: provision.BedAccounts.App.User, Password: provision.BedAccounts.App.Password}
 	if len(b.via[region]) > 0 {
 		c.DialVia = maps.Clone(b.via[region])
 	}

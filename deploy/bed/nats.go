@@ -2,16 +2,13 @@ package bed
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/natsserver"
 )
 
@@ -73,7 +70,7 @@ func (b *Bed) startNATS(ctx context.Context) error {
 			routes[from.name] = append(routes[from.name], "nats-route://"+listen)
 		}
 	}
-	err := Parallel(len(b.regions), func(i int) error {
+	err := provision.Parallel(len(b.regions), func(i int) error {
 		r := b.regions[i]
 		cfg := natsserver.Config{
 			Name:             "triage-" + r.name,
@@ -114,69 +111,11 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 		urls = append(urls, r.nats.ClientURL())
 	}
 	replicas := min(len(b.regions), 3)
-	if err := WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout); err != nil {
+	if err := provision.WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout); err != nil {
 		return err
 	}
 	b.progress("JetStream ready (R%d)", replicas)
 	return nil
-}
-
-// WaitJetStream polls, for up to timeout, until every server of urls
-// answers JetStream requests and a bucket of replicas copies can be
-// created through the first: the meta leader is elected and every peer is
-// known. The local bed and the compose bed's bootstrap wait so before
-// anything creates the nodes' buckets.
-func WaitJetStream(ctx context.Context, urls []string, replicas int, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for i, url := range urls {
-		nc, err := nats.Connect(url, nats.Name("triage-bed"), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
-		if err != nil {
-			return err
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		err = poll(ctx, func(ctx context.Context) error {
-			if _, err := js.AccountInfo(ctx); err != nil {
-				return err
-			}
-			if i > 0 {
-				return nil
-			}
-			// Once, through the first server: a replicated bucket proves placement.
-			const probe = "triage_bed_probe"
-			if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: probe, Replicas: replicas, Storage: jetstream.MemoryStorage}); err != nil {
-				return err
-			}
-			return js.DeleteKeyValue(ctx, probe)
-		})
-		nc.Close()
-		if err != nil {
-			return fmt.Errorf("JetStream of %s not ready within %v: %w", url, timeout, err)
-		}
-	}
-	return nil
-}
-
-// poll calls f every 200 ms (each attempt bounded by 5 s) until it
-// succeeds or ctx ends, and returns f's last error then.
-func poll(ctx context.Context, f func(context.Context) error) error {
-	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := f(actx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // freePort asks the kernel for a free loopback port. The port is free only

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -24,7 +25,7 @@ func (b *Bed) waitReady(ctx context.Context) error {
 	b.progress("checking every region end to end (enqueue, dequeue, ack)")
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	return Parallel(len(b.regions), func(i int) error {
+	return provision.Parallel(len(b.regions), func(i int) error {
 		r := b.regions[i]
 		conn, err := grpc.NewClient(r.node.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -32,7 +33,7 @@ func (b *Bed) waitReady(ctx context.Context) error {
 		}
 		defer conn.Close()
 		q := triagev1.NewQueueClient(conn)
-		return poll(ctx, func(ctx context.Context) error {
+		return provision.Poll(ctx, 200*time.Millisecond, func(ctx context.Context) error {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			_, err := q.Enqueue(rctx, &triagev1.EnqueueRequest{Namespace: "default", Topic: readyTopic, Region: r.name,

@@ -2,7 +2,6 @@ package bed
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,6 +9,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" driver
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/wan"
 )
@@ -160,7 +160,7 @@ func (b *Bed) KillRegion(name string) error {
 	if b.net != nil {
 		errs = append(errs, b.net.Cut(name))
 	}
-	errs = append(errs, Parallel(len(victims), func(i int) error { return victims[i].srv.Kill() }))
+	errs = append(errs, provision.Parallel(len(victims), func(i int) error { return victims[i].srv.Kill() }))
 	if r.nats != nil {
 		r.nats.Shutdown()
 	}
@@ -231,5 +231,3 @@ func (b *Bed) rewriteLayout() error {
 	}
 	return b.writeLayout()
 }
-
-func openDB(dsn string) (*sql.DB, error) { return sql.Open("mysql", dsn) }

@@ -74,7 +74,7 @@ type Config struct {
 	ProfileDir string
 	// Only, when set, runs just the named scenarios (Names); the others are
 	// reported as skipped, and ratios and targets that need them are left
-	// out. For working on one path: `triage bench --only triage-steady`.
+	// out. For working on one path: `triage-bed bench --only triage-steady`.
 	// Default: every scenario.
 	Only []string
 }
@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	if cfg.Quick {
 		mode = "quick"
 	}
-	fmt.Fprintf(out, "triage bench (%s): starting a bed with %d shards...\n", mode, cfg.Shards)
+	fmt.Fprintf(out, "triage-bed bench (%s): starting a bed with %d shards...\n", mode, cfg.Shards)
 	b, err := bed.Start(ctx, bed.Config{Dir: bedDir, ShardsPerRegion: cfg.Shards, HTTPBase: 0, GRPCBase: 0, NATSPort: -1, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("bench: start bed: %w", err)

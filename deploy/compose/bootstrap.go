@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/triage-queue/triage/deploy/bed"
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/dequeuer"
 	"github.com/triage-queue/triage/enqueuer"
 	"github.com/triage-queue/triage/regions"
@@ -61,16 +61,19 @@ func (c *Config) fill() error {
 }
 
 // Bootstrap brings a freshly started bed to the state its Triage
-// containers start from, with the local bed's functions (deploy/bed):
+// containers start from, with the functions the local bed (deploy/bed)
+// uses too (cmd/triage/provision):
 //
 //  1. waits until every MariaDB server of the shard map answers, creates
-//     the bed's accounts on each (bed.EnsureAccounts, unlogged) and the
-//     shard database on each primary;
+//     the bed's accounts on each (provision.EnsureAccounts with
+//     provision.BedAccounts, unlogged) and the shard database on each
+//     primary;
 //  2. migrates the schema on each primary (schema.Migrate), once, before
 //     a dozen role containers would race to;
 //  3. replicates every shard to its replicas with semi-sync
-//     (bed.Replicate: GTID, AFTER_SYNC, one acknowledgement, no fallback);
-//  4. waits for JetStream's meta leader (bed.WaitJetStream), then creates,
+//     (provision.Replicate: GTID, AFTER_SYNC, one acknowledgement, no
+//     fallback);
+//  4. waits for JetStream's meta leader (provision.WaitJetStream), then creates,
 //     one after the other, every bucket and stream the nodes open, and
 //     publishes the shard map (shardmap.Bootstrap: a map already stored is
 //     kept, so a second run never rolls a failover back).
@@ -111,14 +114,15 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 			servers = append(servers, server{s, r, false})
 		}
 	}
-	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), bed.AppUser, bed.ReplUser)
-	err = bed.Parallel(len(servers), func(i int) error {
+	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers),
+		provision.BedAccounts.App.User, provision.BedAccounts.Repl.User)
+	err = provision.Parallel(len(servers), func(i int) error {
 		sv := servers[i]
 		dsn := cfg.dsn(sv.addr, "")
 		if err := waitSQL(ctx, dsn); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
-		if err := bed.EnsureAccounts(ctx, dsn); err != nil {
+		if err := provision.EnsureAccounts(ctx, dsn, provision.BedAccounts); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
 		if !sv.primary {
@@ -149,24 +153,24 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 
 	progress("replicating %d shard(s) (GTID, semi-sync AFTER_SYNC, one acknowledgement, no async fallback)", len(shards))
-	err = bed.Parallel(len(shards), func(i int) error {
+	err = provision.Parallel(len(shards), func(i int) error {
 		s := shards[i]
-		var replicas []bed.Replica
+		var replicas []provision.Replica
 		for k, r := range s.Replicas {
 			region := ""
 			if k < len(s.ReplicaRegions) {
 				region = s.ReplicaRegions[k]
 			}
-			replicas = append(replicas, bed.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: s.Primary})
+			replicas = append(replicas, provision.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: s.Primary})
 		}
-		return bed.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), replicas, progress)
+		return provision.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), provision.BedAccounts.Repl, replicas, progress)
 	})
 	if err != nil {
 		return err
 	}
 
 	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
-	if err := bed.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx))); err != nil {
+	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx))); err != nil {
 		return err
 	}
 	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"))
@@ -228,17 +232,10 @@ func waitSQL(ctx context.Context, dsn string) error {
 		return err
 	}
 	defer db.Close()
-	for {
-		err := db.PingContext(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("did not answer: %w", err)
-		case <-time.After(250 * time.Millisecond):
-		}
+	if err := provision.Poll(ctx, 250*time.Millisecond, db.PingContext); err != nil {
+		return fmt.Errorf("did not answer: %w", err)
 	}
+	return nil
 }
 
 func deadline(ctx context.Context) time.Time {

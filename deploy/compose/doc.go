@@ -24,8 +24,9 @@
 // # Bootstrap
 //
 // The role containers start after the bootstrap container exited 0
-// (depends_on: service_completed_successfully). It reuses the local bed's
-// functions: bed.EnsureAccounts, bed.Replicate and bed.WaitJetStream, then
+// (depends_on: service_completed_successfully). It runs what the local bed
+// runs too (package cmd/triage/provision): EnsureAccounts, Replicate and
+// WaitJetStream, then
 // creates every NATS bucket and stream the nodes open, one at a time, and
 // publishes the shard map. See Bootstrap.
 //

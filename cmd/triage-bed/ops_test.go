@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/cmd/internal/cli"
 )
 
 // TestDrillBadFlags: bad drill flags are refused with exit status 2 and a
@@ -25,13 +27,13 @@ func TestDrillBadFlags(t *testing.T) {
 		{name: "no producers", args: []string{"--producers", "0", "partition"}, want: "--producers and --consumers must be at least 1"},
 		{name: "negative hold", args: []string{"--hold", "-1s", "partition"}, want: "--lease, --hold and --drain positive"},
 		{name: "unknown router region", args: []string{"--via", "mars", "partition"}, want: `--via "mars" names no region of the bed: its regions are us-east,eu-west`},
-		{name: "no scenario", args: nil, want: "usage: triage drill"},
+		{name: "no scenario", args: nil, want: "usage: triage-bed drill"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			code := drillCmd(context.Background(), append([]string{"--dir", dir}, tt.args...), &stdout, &stderr)
+			code := cli.Run(t.Context(), newRoot(), append([]string{"drill", "--dir", dir}, tt.args...), strings.NewReader(""), &stdout, &stderr)
 			require.Equal(t, 2, code, stderr.String())
 			require.Contains(t, stderr.String(), tt.want)
 		})

@@ -70,7 +70,7 @@ func TestModelBased(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("TestModelBased seed %d (replay: go test -run TestModelBased ./deploy/node/ -model.seed=%d)", seed, seed)
+	t.Logf("TestModelBased seed %d (replay: go test -run TestModelBased ./cmd/triage/node/ -model.seed=%d)", seed, seed)
 	known := map[string]bool{}
 	for _, k := range strings.Split(*modelKnown, ",") {
 		if k = strings.TrimSpace(k); k != "" {

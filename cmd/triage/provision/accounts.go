@@ -1,0 +1,68 @@
+package provision
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+
+	_ "github.com/go-sql-driver/mysql" // the "mysql" driver of sql.Open
+
+	"github.com/triage-queue/triage/regions/replication"
+)
+
+// Accounts are the two MariaDB accounts every server of a deployment gets.
+type Accounts struct {
+	// App is the account nodes use; App.Database is the shard database it
+	// may read, change and migrate.
+	App replication.Credentials
+	// Repl is the account replicas log in to their primary with.
+	Repl replication.Credentials
+}
+
+// BedAccounts are the accounts of the local bed (deploy/bed) and the compose
+// bed (deploy/compose), whose node configs name them too. They are fixed
+// because both beds are test rigs on loopback or a private Docker network,
+// and because a drill in another process must log in without reading a
+// secret from bed.json.
+var BedAccounts = Accounts{
+	App:  replication.Credentials{User: "triage", Password: "triage", Database: "triage"},
+	Repl: replication.Credentials{User: "repl", Password: "repl"},
+}
+
+// EnsureAccounts creates, or brings up to date, acc's accounts on the
+// server of the admin DSN dsn (see replication.Admin.EnsureUsers), then
+// grants the application account the DDL the nodes' schema migrations
+// need, unlogged like every admin statement so that it creates no GTID.
+func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
+	a, err := replication.Open(dsn)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	if err := a.EnsureUsers(ctx, acc.Repl, acc.App); err != nil {
+		return err
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// EnsureUsers has validated the names, so they can be spliced in
+	// quoted; the defaults are EnsureUsers' too.
+	database, host := cmp.Or(acc.App.Database, "triage"), cmp.Or(acc.App.Host, "%")
+	for _, stmt := range []string{
+		"SET SESSION sql_log_bin = 0",
+		"GRANT CREATE, ALTER, INDEX ON `" + database + "`.* TO '" + acc.App.User + "'@'" + host + "'",
+	} {
+		if _, err := c.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("grant schema rights to %s on %s: %w", acc.App.User, a.Addr(), err)
+		}
+	}
+	return nil
+}
