@@ -258,11 +258,19 @@ type Owners struct {
 	mu  sync.RWMutex
 	by  map[uint32]string
 	rev map[uint32]uint64 // KV revision of what by says, so nothing older overwrites it
+	// reloaded paces Reload per shard (reloadEvery): routers call it on
+	// every request that finds no answering owner, hundreds a second
+	// during an outage.
+	reloaded map[uint32]time.Time
 }
+
+// reloadEvery is the least time between two bucket reads of one shard's
+// owner by Reload.
+const reloadEvery = 100 * time.Millisecond
 
 // WatchOwners follows the ownership bucket until ctx ends.
 func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
-	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}}
+	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", peer.OwnersBucket, err)
@@ -318,6 +326,13 @@ func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
 // recovers (a region-down drill: 6 s after the new owner had claimed).
 func (o *Owners) Reload(ctx context.Context, shards []uint32) {
 	for _, id := range shards {
+		o.mu.Lock()
+		if time.Since(o.reloaded[id]) < reloadEvery {
+			o.mu.Unlock()
+			continue
+		}
+		o.reloaded[id] = time.Now()
+		o.mu.Unlock()
 		e, err := o.kv.Get(ctx, peer.OwnerKey(id))
 		switch {
 		case err == nil:

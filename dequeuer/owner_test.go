@@ -112,6 +112,7 @@ func TestOwnersReload(t *testing.T) {
 	_, ok = owners.Owner(1)
 	require.False(t, ok, "the expired claim is gone from the view")
 
+
 	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("alive"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { o, _ := owners.Owner(1); return o == "alive" }, 5*time.Second, 20*time.Millisecond)
@@ -177,4 +178,32 @@ func TestCutOffOwnerIsTakenOver(t *testing.T) {
 	t.Cleanup(peer2.wg.Wait)
 	time.Sleep(2 * handOverGrace)
 	require.Equal(t, "b-1", owner(), "a dequeuer never takes a shard from one of its own region")
+}
+
+// TestOwnersReloadIsPaced: routers reload the owner of a shard on every
+// request that finds no answering owner (and, since a region-down drill
+// left one router's view empty for 6 s, on every request that finds none
+// at all); the bucket is read at most once per reloadEvery per shard.
+func TestOwnersReloadIsPaced(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := OpenOwners(ctx, js, time.Minute, 1)
+	require.NoError(t, err)
+	// No watch: only Reload fills the view.
+	owners := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}}
+	owner := func() string { o, _ := owners.Owner(1); return o }
+
+	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("first"))
+	require.NoError(t, err)
+	owners.Reload(ctx, []uint32{1})
+	require.Equal(t, "first", owner())
+
+	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("second"))
+	require.NoError(t, err)
+	owners.Reload(ctx, []uint32{1})
+	require.Equal(t, "first", owner(), "a reload within reloadEvery of the last reads nothing")
+	time.Sleep(reloadEvery)
+	owners.Reload(ctx, []uint32{1})
+	require.Equal(t, "second", owner())
 }

@@ -419,6 +419,24 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 			orphans = append(orphans, id)
 		}
 	}
+	if len(orphans) > 0 {
+		// The view may have missed a claim: its watch sees nothing while
+		// the bucket's stream elects a leader (a region-down drill: one
+		// router answered "no owner" for 6 s after another region's
+		// dequeuer had claimed the shard, its view emptied by a reload
+		// that fell between the hand-over and the claim). Read them from
+		// the bucket itself; Reload paces its reads per shard.
+		r.cfg.Owners.Reload(ctx, orphans)
+		still := orphans[:0]
+		for _, id := range orphans {
+			if o, ok := r.cfg.Owners.Owner(id); ok {
+				byOwner[o] = append(byOwner[o], id)
+			} else {
+				still = append(still, id)
+			}
+		}
+		orphans = still
+	}
 	if len(byOwner) == 0 {
 		return nil, fmt.Errorf("%w: no dequeuer owns shards %v of region %s yet; retry shortly", ErrUnavailable, orphans, region)
 	}
