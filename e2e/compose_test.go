@@ -114,7 +114,7 @@ func (b *composeBed) primary(ctx context.Context, region string, shard uint32) s
 	return ""
 }
 
-// shardOf is the shard whose home is region (generate.py: region i's
+// shardOf is the shard whose home is region (compose.DefaultTopology: region i's
 // shard is i+1).
 func shardOf(region string) int {
 	for i, r := range composeRegions {

@@ -1,6 +1,7 @@
 // Package compose is the Go side of the multi-region docker-compose bed in
-// this directory: Bootstrap, which `triage bootstrap` runs in the bed's
-// one-shot bootstrap container.
+// this directory: Generate, which writes docker-compose.yml and config/
+// from a Topology, and Bootstrap, which `triage bootstrap` runs in the
+// bed's one-shot bootstrap container.
 //
 // # The bed
 //
@@ -13,6 +14,13 @@
 // (`triage nats`), and the router, enqueuer, dequeuer and controller roles
 // (`triage serve --config /etc/triage/<role>.json`). tc netem delays every
 // packet a container sends on the WAN network (WAN_DELAY, default 20ms).
+//
+// # Generated files
+//
+// docker-compose.yml and config/ are committed, so the bed reads as plain
+// files and runs with docker-compose alone, but written by Generate from
+// DefaultTopology (`go generate ./deploy/compose`); a test fails when they
+// differ from what it writes.
 //
 // # Images without a registry
 //
