@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -66,36 +66,23 @@ func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "triage drill: --producers and --consumers must be at least 1; --lease, --hold and --drain positive; --warmup not negative")
 		return 2
 	}
-	l, err := bed.ReadLayout(*dir)
+	target, err := bed.Dial(*dir)
 	if err != nil {
-		fmt.Fprintln(stderr, "triage drill: no running bed found (start one with make up):", err)
+		fmt.Fprintln(stderr, "triage drill:", err)
 		return 1
-	}
-	if l.Control == "" {
-		fmt.Fprintln(stderr, "triage drill: this bed has no control endpoint")
-		return 1
-	}
-	var routers []drill.Router
-	var names []string
-	for _, r := range l.Regions {
-		names = append(names, r.Name)
-		if *via == "" || slices.Contains(strings.Split(*via, ","), r.Name) {
-			routers = append(routers, drill.Router{Region: r.Name, Addr: r.GRPC})
-		}
-	}
-	if len(routers) == 0 {
-		fmt.Fprintf(stderr, "triage drill: --via %q names no region of the bed: its regions are %s\n", *via, strings.Join(names, ","))
-		return 2
 	}
 	progress := stdout
 	if *asJSON {
 		progress = stderr
 	}
-	rep, err := drill.Run(ctx, drill.Config{Scenario: fs.Arg(0), Control: l.Control, Routers: routers, Region: *region,
+	rep, err := drill.Run(ctx, drill.Config{Scenario: fs.Arg(0), Bed: target, Via: split(*via), Region: *region,
 		Shard: uint32(*shard), Warmup: *warmup, Hold: *hold, Drain: *drain, Lease: *lease,
 		Producers: *producers, Consumers: *consumers, Progress: progress})
 	if err != nil {
 		fmt.Fprintln(stderr, "triage drill:", err)
+		if _, ok := errors.AsType[*drill.ConfigError](err); ok {
+			return 2
+		}
 		return 1
 	}
 	if *asJSON {
