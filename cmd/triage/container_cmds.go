@@ -15,6 +15,7 @@ import (
 	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/node"
+	"github.com/triage-queue/triage/deploy/wan"
 )
 
 // The verbs of this file run inside the compose bed's containers
@@ -64,6 +65,30 @@ func split(s string) []string {
 		}
 	}
 	return out
+}
+
+// wanCmd runs a region's WAN gateway (wan.Gateway) until a signal.
+func wanCmd(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("wan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "gateway config file (JSON; see deploy/wan.GatewayConfig)")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var cfg wan.GatewayConfig
+	if err := readJSON(*config, &cfg); err != nil {
+		fmt.Fprintln(stderr, "triage wan:", err)
+		return 2
+	}
+	g, err := wan.StartGateway(cfg, logger(stderr, *level))
+	if err != nil {
+		fmt.Fprintln(stderr, "triage wan:", err)
+		return 1
+	}
+	<-ctx.Done()
+	g.Close()
+	return 0
 }
 
 // bootstrapCmd runs compose.Bootstrap from a config file.

@@ -30,6 +30,7 @@ Service:
 Containers (the compose bed, deploy/compose):
   triage nats [flags]            an embedded NATS server with JetStream, clustered by --routes
   triage bootstrap --config FILE accounts, schema, replication, buckets and shard map of a bed
+  triage wan --config FILE       a region's WAN gateway: delays what leaves the region
   triage probe URL               GET URL, exit 0 on 2xx (health checks in FROM-scratch images)
 
 Client (talk to a router; --addr or TRIAGE_ADDR, default 127.0.0.1:9090):
@@ -73,6 +74,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return natsCmd(ctx, rest, stderr)
 	case "bootstrap":
 		return bootstrapCmd(ctx, rest, stderr)
+	case "wan":
+		return wanCmd(ctx, rest, stderr)
 	case "probe":
 		return probeCmd(ctx, rest, stdout, stderr)
 	}
