@@ -42,9 +42,11 @@ func (c *Client) Routers(context.Context) ([]drill.Router, error) {
 	return out, nil
 }
 
-// Inject asks the bed to inject f (POST /fault/SCENARIO).
-func (c *Client) Inject(ctx context.Context, f drill.Fault) (string, error) {
-	return c.control(ctx, "fault", f)
+// Inject asks the bed to inject f (POST /fault/SCENARIO). The bed acts
+// within milliseconds, so the fault takes effect by the time it answers.
+func (c *Client) Inject(ctx context.Context, f drill.Fault) (drill.Injection, error) {
+	desc, err := c.control(ctx, "fault", f)
+	return drill.Injection{Description: desc}, err
 }
 
 // Heal asks the bed to heal f (POST /heal/SCENARIO).

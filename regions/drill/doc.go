@@ -49,5 +49,8 @@
 // RTO is measured per router from the fault to the answer of the first
 // successful call sent after it that touched a faulted shard (see
 // Report.DequeueRTOMS); the headline figure is the slowest surviving
-// router.
+// router. "The fault" is the moment it took effect, as the bed recorded
+// it (the compose bed reads docker's record of the kill or disconnect), or
+// else the moment the bed's Inject returned: a call sent while it was being
+// injected might have been served before it took effect.
 package drill

@@ -44,14 +44,15 @@ type Fault struct {
 type Bed interface {
 	// Routers lists the router of every region, in region order.
 	Routers(ctx context.Context) ([]Router, error)
-	// Inject breaks what f names and describes what it did:
+	// Inject breaks what f names and says what it did and when it took
+	// effect:
 	//
 	//	primary-kill   kill the shard's current primary (no clean shutdown)
 	//	region-down    kill every process of the region
 	//	partition      cut the region off from every other region
 	//	nats-kill      kill the region's NATS server
 	//	dequeuer-kill  kill the region's dequeuer (no lease hand-back)
-	Inject(ctx context.Context, f Fault) (string, error)
+	Inject(ctx context.Context, f Fault) (Injection, error)
 	// Heal undoes Inject: it reconnects what was cut and restarts what was
 	// killed; a primary the shard failed over from is restarted so that
 	// crash recovery drops what no replica acknowledged and the controller
@@ -61,6 +62,16 @@ type Bed interface {
 	// giving the controller a few seconds to rejoin it: "rejoined as a
 	// read-only replica of ..." is the good answer.
 	Fate(ctx context.Context, f Fault) (string, error)
+}
+
+// Injection is a fault Inject put in place.
+type Injection struct {
+	// Description says what was done, for the report.
+	Description string
+	// At is when the fault took effect, where the bed knows it exactly
+	// (the compose bed: docker's record of the kill or the disconnect);
+	// zero means "by the time Inject returned".
+	At time.Time
 }
 
 // Config of one drill.
@@ -208,16 +219,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(f.routers, ", "), cfg.Region, rep.Shards)
 	sleep(ctx, cfg.Warmup)
 
-	f.faultAt = time.Now()
-	rep.FaultAt = f.faultAt
 	fault := Fault{Scenario: cfg.Scenario, Region: cfg.Region, Shard: cfg.Shard}
-	desc, err := cfg.Bed.Inject(ctx, fault)
+	injecting := time.Now()
+	inj, err := cfg.Bed.Inject(ctx, fault)
 	if err != nil {
 		return nil, fmt.Errorf("inject %s: %w", cfg.Scenario, err)
 	}
-	rep.Fault = desc
-	f.cutAt = time.Now()
-	fmt.Fprintf(progress, "fault injected: %s; holding %s\n", desc, cfg.Hold)
+	// The clocks start when the fault took effect: as the bed recorded it,
+	// or else once Inject returned, when it is certainly in place. A call
+	// sent while the bed was still injecting (the compose bed's docker
+	// CLI takes a second or more) may have been served before the fault
+	// took effect, which would pass for a recovery.
+	injected := time.Now()
+	f.faultAt = injected
+	if at := inj.At; !at.IsZero() && at.After(injecting) && at.Before(injected) {
+		f.faultAt = at
+	}
+	f.cutAt = f.faultAt
+	rep.FaultAt = f.faultAt
+	rep.InjectMS = injected.Sub(injecting).Milliseconds()
+	rep.Fault = inj.Description
+	fmt.Fprintf(progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
+		injected.Sub(f.faultAt).Round(time.Millisecond), inj.Description, cfg.Hold)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {

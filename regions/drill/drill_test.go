@@ -16,9 +16,9 @@ type fakeBed struct {
 }
 
 func (b *fakeBed) Routers(context.Context) ([]Router, error) { return b.routers, b.err }
-func (b *fakeBed) Inject(_ context.Context, f Fault) (string, error) {
+func (b *fakeBed) Inject(_ context.Context, f Fault) (Injection, error) {
 	b.asked = append(b.asked, "inject "+f.Scenario)
-	return "", nil
+	return Injection{}, nil
 }
 func (b *fakeBed) Heal(_ context.Context, f Fault) (string, error) {
 	b.asked = append(b.asked, "heal "+f.Scenario)
