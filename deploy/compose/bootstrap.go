@@ -36,6 +36,10 @@ type Config struct {
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
+	// ReplicationVia[region][addr] is the address a server in region
+	// dials to reach addr (its region's WAN gateway), as the controllers'
+	// node.Config.ReplicationVia gives it. Missing: addr itself.
+	ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
 	// KVReplicas and StreamReplicas are the copies of the control-plane
 	// buckets and of each region's enqueue stream, as the nodes' configs
 	// give them (node.Config). Default: one per NATS server, at most 3.
@@ -157,7 +161,11 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if k < len(s.ReplicaRegions) {
 				region = s.ReplicaRegions[k]
 			}
-			replicas = append(replicas, bed.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: s.Primary})
+			via := s.Primary
+			if v, ok := cfg.ReplicationVia[region][s.Primary]; ok {
+				via = v
+			}
+			replicas = append(replicas, bed.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: via})
 		}
 		return bed.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), replicas, progress)
 	})

@@ -1,16 +1,20 @@
 #!/bin/bash
-# down.sh — removes the compose bed: containers, networks and volumes of
-# project COMPOSE_PROJECT_NAME (default triage), giving each container
-# DOWN_TIMEOUT seconds (default 10) to stop. `make compose-down` runs it.
+# down.sh — removes the compose bed of project COMPOSE_PROJECT_NAME (default
+# triage): every container, network and volume docker-compose labelled
+# with the project. Containers are killed, not stopped: their volumes go
+# too, so there is nothing to shut down cleanly for, and docker-compose
+# down took over a minute on a loaded 2-core box. `make compose-down` runs
+# it.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
 project=${COMPOSE_PROJECT_NAME:-triage}
-env_file=${IMAGES_ENV:-$here/.images.env}
-if [ ! -f "$env_file" ]; then
-  # down needs no image, but the file's ${VAR:?} references must resolve.
-  env_file=$(mktemp)
-  trap 'rm -f "$env_file"' EXIT
-  printf 'TRIAGE_IMAGE=none\nTRIAGE_MARIADB_IMAGE=none\n' >"$env_file"
-fi
-docker-compose -f "$here/docker-compose.yml" --env-file "$env_file" -p "$project" \
-  down --volumes --remove-orphans --timeout "${DOWN_TIMEOUT:-10}"
+label=label=com.docker.compose.project=$project
+start=$(date +%s.%N)
+containers=$(docker ps -aq --filter "$label")
+[ -z "$containers" ] || docker rm -f --volumes $containers >/dev/null
+networks=$(docker network ls -q --filter "$label")
+[ -z "$networks" ] || docker network rm $networks >/dev/null
+volumes=$(docker volume ls -q --filter "$label")
+[ -z "$volumes" ] || docker volume rm $volumes >/dev/null
+awk -v s="$start" -v n="$(date +%s.%N)" -v p="$project" -v c="$(wc -w <<<"$containers")" \
+  -v w="$(wc -w <<<"$networks")" -v v="$(wc -w <<<"$volumes")" \
+  'BEGIN { printf "compose bed %s removed in %.1fs: %d containers, %d networks, %d volumes\n", p, n - s, c, w, v }'
