@@ -12,6 +12,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/bench"
+	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/regions/drill"
 )
 
@@ -40,7 +41,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("drill", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("dir", ".triage", "the running bed's directory (bed.json)")
+	bedKind := fs.String("bed", "process", "the bed to drill: process (make up; found by --dir) or compose (make compose-up; found by --project)")
+	dir := fs.String("dir", ".triage", "--bed process: the running bed's directory (bed.json)")
+	project := fs.String("project", "triage", "--bed compose: the docker-compose project (COMPOSE_PROJECT_NAME)")
 	region := fs.String("region", "us-east", "region to fault; the workload's items live there")
 	via := fs.String("via", "", "comma-separated regions whose routers carry the workload (default: every region's, the faulted one included)")
 	shard := fs.Uint("shard", 0, "primary-kill: the shard to kill (default: the region's lowest)")
@@ -66,7 +69,17 @@ func drillCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "triage drill: --producers and --consumers must be at least 1; --lease, --hold and --drain positive; --warmup not negative")
 		return 2
 	}
-	target, err := bed.Dial(*dir)
+	var target drill.Bed
+	var err error
+	switch *bedKind {
+	case "process":
+		target, err = bed.Dial(*dir)
+	case "compose":
+		target, err = compose.Open(ctx, *project)
+	default:
+		fmt.Fprintf(stderr, "triage drill: --bed %q: want process or compose\n", *bedKind)
+		return 2
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "triage drill:", err)
 		return 1
