@@ -67,12 +67,10 @@ func TestCompose(t *testing.T) {
 	bed, err := compose.Open(ctx, b.project)
 	require.NoError(t, err)
 	for _, from := range composeRegions {
-		for _, to := range composeRegions {
-			if from == to {
-				continue
-			}
-			rtt, err := bed.RoundTrip(ctx, from, to)
-			require.NoError(t, err)
+		rtts, err := bed.RoundTrips(ctx, from)
+		require.NoError(t, err)
+		require.Len(t, rtts, len(composeRegions)-1)
+		for to, rtt := range rtts {
 			t.Logf("WAN round trip %-8s -> %-8s %v", from, to, rtt)
 			require.GreaterOrEqual(t, rtt, 40*time.Millisecond, "a round trip from %s to a server of %s: want 2 x 20 ms through the gateways", from, to)
 		}
@@ -191,6 +189,7 @@ func (b *composeBed) down() {
 		if out, err := b.compose("ps"); err == nil {
 			t.Logf("docker-compose ps:\n%s", out)
 		}
+		b.keepLogs()
 	}
 	start := time.Now()
 	if out, err := b.script(3*time.Minute, "down.sh"); err != nil {
@@ -204,6 +203,41 @@ func (b *composeBed) down() {
 			t.Errorf("docker %s --filter %s after down: %v\n%s", strings.Join(what, " "), label, err, out)
 		}
 	}
+}
+
+// keepLogs writes every container's log to the artifact directory (kept
+// with go test -artifacts) and prints the tail of the controllers', where
+// a failover's steps are.
+func (b *composeBed) keepLogs() {
+	t := b.t
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label=com.docker.compose.project="+b.project,
+		"--format", `{{.ID}} {{.Label "com.docker.compose.service"}}`).CombinedOutput()
+	if err != nil {
+		t.Logf("docker ps: %v\n%s", err, out)
+		return
+	}
+	dir := filepath.Join(t.ArtifactDir(), "compose-logs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Log(err)
+		return
+	}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		logs, _ := exec.Command("docker", "logs", "--timestamps", f[0]).CombinedOutput()
+		_ = os.WriteFile(filepath.Join(dir, f[1]+".log"), logs, 0o644)
+		if strings.HasPrefix(f[1], "controller-") {
+			t.Logf("--- last 40 lines of %s (all logs in %s) ---\n%s", f[1], dir, tailLines(string(logs), 40))
+		}
+	}
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // post sends a JSON body to region's gateway and decodes the answer,

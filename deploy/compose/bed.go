@@ -696,51 +696,68 @@ func (b *Bed) describe(addr string) string {
 	return addr
 }
 
-// RoundTrip measures a round trip from region from to a MariaDB server of
-// region to, as a client there sees it: `mariadb -vvv` in one of from's
-// MariaDB containers runs SELECT 1 five times on one connection through
-// from's gateway, and the fastest statement's time is the answer
-// (millisecond resolution, as the client prints it).
-func (b *Bed) RoundTrip(ctx context.Context, from, to string) (time.Duration, error) {
+// RoundTrips measures a round trip from region from to a MariaDB server
+// of each other region, as a client in from sees it: one of from's
+// MariaDB containers runs `mariadb -vvv` with SELECT 1 five times on one
+// connection through from's gateway, per other region, and the fastest
+// statement's time is that region's figure (millisecond resolution, as
+// the client prints it).
+func (b *Bed) RoundTrips(ctx context.Context, from string) (map[string]time.Duration, error) {
 	cs, err := b.containers(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var client, server *container
+	var client *container
+	servers := map[string]container{} // one per other region
 	for i, c := range cs {
-		if c.Role != "mariadb" || c.State != "running" {
+		switch {
+		case c.Role != "mariadb" || c.State != "running":
+		case c.Region == from && client == nil:
+			client = &cs[i]
+		case c.Region != from:
+			if _, ok := servers[c.Region]; !ok {
+				servers[c.Region] = c
+			}
+		}
+	}
+	if client == nil || len(servers) == 0 {
+		return nil, fmt.Errorf("no running MariaDB container in %s, or none elsewhere", from)
+	}
+	var script strings.Builder
+	for r, c := range servers {
+		fmt.Fprintf(&script, "echo '== %s' && mariadb -h %s -P %d -u%s -p%s -vvv -e '%s' &&\n",
+			r, gateway(from), mysqlPort(c.Shard, c.RegionIndex), adminUser, adminPassword, strings.Repeat("SELECT 1;", 5))
+	}
+	script.WriteString("true")
+	out, err := docker(ctx, "exec", client.ID, "bash", "-c", script.String())
+	if err != nil {
+		return nil, err
+	}
+	rtt := map[string]time.Duration{}
+	region := ""
+	for line := range strings.Lines(out) {
+		if r, ok := strings.CutPrefix(strings.TrimSpace(line), "== "); ok {
+			region = r
 			continue
 		}
-		if c.Region == from && client == nil {
-			client = &cs[i]
+		m := statementTime.FindStringSubmatch(line)
+		if m == nil || region == "" {
+			continue
 		}
-		if c.Region == to && server == nil {
-			server = &cs[i]
-		}
-	}
-	if client == nil || server == nil {
-		return 0, fmt.Errorf("no running MariaDB container in %s and in %s", from, to)
-	}
-	port := strconv.Itoa(mysqlPort(server.Shard, server.RegionIndex))
-	out, err := docker(ctx, "exec", client.ID, "mariadb", "-h", gateway(from), "-P", port, "-u"+adminUser, "-p"+adminPassword,
-		"-vvv", "-e", strings.Repeat("SELECT 1;", 5))
-	if err != nil {
-		return 0, err
-	}
-	best := time.Duration(-1)
-	for _, m := range statementTime.FindAllStringSubmatch(out, -1) {
 		sec, err := strconv.ParseFloat(m[1], 64)
 		if err != nil {
 			continue
 		}
-		if d := time.Duration(sec * float64(time.Second)); best < 0 || d < best {
-			best = d
+		if d, ok := rtt[region]; !ok || time.Duration(sec*float64(time.Second)) < d {
+			rtt[region] = time.Duration(sec * float64(time.Second))
 		}
 	}
-	if best < 0 {
-		return 0, fmt.Errorf("no statement time in the output of mariadb -vvv: %s", out)
+	for r := range servers {
+		if _, ok := rtt[r]; !ok {
+			return nil, fmt.Errorf("no statement time to %s in the output of mariadb -vvv: %s", r, out)
+		}
 	}
-	return best, nil
+	return rtt, nil
 }
 
 // statementTime is how mariadb -vvv reports a statement's time: "1 row in
