@@ -18,7 +18,7 @@ GOOGLEAPIS_MODULE          := github.com/grpc-ecosystem/grpc-gateway@v1.16.0
 
 .PHONY: help
 help: ## List the targets.
-	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: deps
 deps: ## Install what the bed and tests need (MariaDB; apt-get when root).
@@ -53,9 +53,14 @@ compose-up: ## Run the three-region docker-compose bed (deploy/compose), wait he
 compose-down: ## Remove the compose bed's containers, networks and volumes.
 	@./deploy/compose/down.sh
 
+.PHONY: compose-drill
+compose-drill: build ## Drill the compose bed: SCENARIO=primary-kill|region-down|partition|nats-kill|dequeuer-kill [REGION=us-east] [DRILL_FLAGS=...].
+	$(BIN)/triage-bed drill --bed compose --project $(or $(COMPOSE_PROJECT_NAME),triage) --region $(or $(REGION),us-east) $(DRILL_FLAGS) \
+	  $(or $(SCENARIO),$(error SCENARIO is required: primary-kill, region-down, partition, nats-kill or dequeuer-kill))
+
 .PHONY: test
-test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e) with -race.
-	$(GO) test -race -count=1 -p 1 -timeout 20m ./...
+test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e and the compose bed) with -race.
+	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test/e2e
 test/e2e: deps ## Run only the end-to-end tests against the built binary.

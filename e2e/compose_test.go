@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/compose"
 )
 
 // composeRegions are the compose bed's regions, in port order.
@@ -29,21 +31,53 @@ type composeBed struct {
 	http map[string]string
 }
 
-// TestCompose brings the three-region docker-compose bed up under a
-// project name of its own (deploy/compose/up.sh: images, bootstrap, health
-// checks), enqueues through every region's JSON gateway, into its own
-// region and into the next one, dequeues each item back (through the same
-// gateway, and through the third region's) and acks it, then removes the
-// bed and asserts that no container, network or volume of the project is
-// left. Then it kills shard 1's primary (docker kill) with an item on it
-// and checks that the controller promotes a replica in another region and
-// that enqueue, dequeue and ack through us-east resume, the waiting item
-// included. Set TRIAGE_SKIP_DOCKER=1 to skip it where Docker is missing.
+// TestCompose brings the three-region docker-compose bed up from nothing
+// under a project name of its own (deploy/compose/up.sh: images built
+// without a registry, bootstrap, health checks), then:
+//
+//   - the WAN: a round trip from each region to a MariaDB server of each
+//     other region, as a client there sees it, takes at least 40 ms
+//     (20 ms one way through the gateways), and a region's containers
+//     cannot even resolve another region's servers: their gateway is the
+//     only way out;
+//   - a tour: enqueue through every region's JSON gateway, into its own
+//     region and into the next one, dequeue each item back (through the
+//     same gateway, and through the third region's) and ack it;
+//   - the partition drill on us-east (its gateway disconnected from the
+//     network between regions for 25 s) and then the primary-kill drill
+//     on eu-west (docker kill of shard 2's primary), with clients on all
+//     three routers, asserting what the process bed's drills assert:
+//     nothing lost, resurrected after ack or nack undone, nothing
+//     acknowledged by the cut-off region after the new primary was
+//     published, the old primary rejoined as a replica, and RTO within
+//     20 s and 10 s. Partition first: a primary-kill of us-east's shard
+//     would move it to another region, and the partition would not fault
+//     it.
+//
+// Then it removes the bed and asserts that no container, network or
+// volume of the project is left. Set TRIAGE_SKIP_DOCKER=1 to skip it
+// where Docker is missing.
 func TestCompose(t *testing.T) {
 	t.Parallel()
+	start := time.Now()
 	b := startCompose(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+
+	bed, err := compose.Open(ctx, b.project)
+	require.NoError(t, err)
+	for _, from := range composeRegions {
+		rtts, err := bed.RoundTrips(ctx, from)
+		require.NoError(t, err)
+		require.Len(t, rtts, len(composeRegions)-1)
+		for to, rtt := range rtts {
+			t.Logf("WAN round trip %-8s -> %-8s %v", from, to, rtt)
+			require.GreaterOrEqual(t, rtt, 40*time.Millisecond, "a round trip from %s to a server of %s: want 2 x 20 ms through the gateways", from, to)
+		}
+	}
+	out, err := exec.Command("docker", "exec", b.container("mariadb-s1-us-east"), "getent", "hosts", "mariadb-s2-eu-west").CombinedOutput()
+	require.Error(t, err, "us-east resolves eu-west's server directly: %s", out)
+
 	topic := fmt.Sprintf("compose-%d", time.Now().UnixNano())
 	for i, via := range composeRegions {
 		for _, store := range []string{via, composeRegions[(i+1)%3]} {
@@ -62,59 +96,15 @@ func TestCompose(t *testing.T) {
 			t.Logf("%-9s -> stored in %-9s -> dequeued and acked through %s: %s", via, store, reader, id)
 		}
 	}
+	t.Logf("compose bed up and toured %.1fs after the start", time.Since(start).Seconds())
 
-	// primary-kill: an item waits on shard 1's primary (us-east), which is
-	// killed; the controller promotes a replica in another region, and
-	// us-east's router serves the waiting item and new ones from there.
-	waiting := b.enqueue(ctx, "us-east", "us-east", topic, "before the kill")
-	killed := time.Now()
-	out, err := exec.Command("docker", "kill", b.container("mariadb-s1-us-east")).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	var primary string
-	require.Eventually(t, func() bool {
-		primary = b.primary(ctx, "eu-west", 1)
-		return primary != "" && primary != "mariadb-s1-us-east:3306"
-	}, time.Minute, 200*time.Millisecond, "shard 1 was not failed over within a minute of docker kill")
-	t.Logf("primary-kill: shard 1 promoted to %s %.1fs after docker kill", primary, time.Since(killed).Seconds())
-	after := b.enqueue(ctx, "us-east", "us-east", topic, "after the kill")
-	want := map[string]bool{waiting: true, after: true}
-	for range want {
-		got := b.dequeue(ctx, "us-east", "us-east", topic)
-		require.True(t, want[got.ID], "dequeued %s after the failover: want one of %v", got.ID, want)
-		delete(want, got.ID)
-		b.ack(ctx, "us-east", got)
-	}
-	t.Logf("primary-kill: the waiting item and a new one dequeued and acked through us-east %.1fs after docker kill", time.Since(killed).Seconds())
+	drills := time.Now()
+	checkPartition(t, runDrill(t, "partition", 25*time.Second, "--bed", "compose", "--project", b.project, "--region", "us-east"))
+	checkDrill(t, runDrill(t, "primary-kill", 10*time.Second, "--bed", "compose", "--project", b.project, "--region", "eu-west"), primaryKillRTO)
+	t.Logf("drills took %.1fs", time.Since(drills).Seconds())
 }
 
-// primary is shard's primary in the shard map region's router serves, or
-// "" when the router does not answer.
-func (b *composeBed) primary(ctx context.Context, region string, shard uint32) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.http[region]+"/v1/shardmap", nil)
-	require.NoError(b.t, err)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var m struct {
-		Shards []struct {
-			ID      uint32 `json:"id"`
-			Primary string `json:"primary"`
-		} `json:"shards"`
-	}
-	if json.NewDecoder(resp.Body).Decode(&m) != nil {
-		return ""
-	}
-	for _, s := range m.Shards {
-		if s.ID == shard {
-			return s.Primary
-		}
-	}
-	return ""
-}
-
-// shardOf is the shard whose home is region (generate.py: region i's
+// shardOf is the shard whose home is region (compose.DefaultTopology: region i's
 // shard is i+1).
 func shardOf(region string) int {
 	for i, r := range composeRegions {
@@ -139,15 +129,14 @@ func startCompose(t *testing.T) *composeBed {
 		}
 	}
 	b := &composeBed{t: t, project: fmt.Sprintf("triage-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6), http: map[string]string{}}
-	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"),
-		"DOWN_TIMEOUT=2") // the test keeps nothing: stop fast
+	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"))
 	for _, r := range composeRegions {
 		k := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 		b.env = append(b.env, "TRIAGE_HTTP_"+k+"=0", "TRIAGE_GRPC_"+k+"=0") // free ports, beside make compose-up
 	}
 	t.Cleanup(b.down)
 	start := time.Now()
-	out, err := b.script(10*time.Minute, "up.sh")
+	out, err := b.script(15*time.Minute, "up.sh") // a first build takes 5-8 minutes on 2 cores
 	require.NoError(t, err, "deploy/compose/up.sh:\n%s", out)
 	t.Logf("compose bed %s up in %.1fs (images included)", b.project, time.Since(start).Seconds())
 	for _, r := range composeRegions {
@@ -200,6 +189,7 @@ func (b *composeBed) down() {
 		if out, err := b.compose("ps"); err == nil {
 			t.Logf("docker-compose ps:\n%s", out)
 		}
+		b.keepLogs()
 	}
 	start := time.Now()
 	if out, err := b.script(3*time.Minute, "down.sh"); err != nil {
@@ -213,6 +203,41 @@ func (b *composeBed) down() {
 			t.Errorf("docker %s --filter %s after down: %v\n%s", strings.Join(what, " "), label, err, out)
 		}
 	}
+}
+
+// keepLogs writes every container's log to the artifact directory (kept
+// with go test -artifacts) and prints the tail of the controllers', where
+// a failover's steps are.
+func (b *composeBed) keepLogs() {
+	t := b.t
+	out, err := exec.Command("docker", "ps", "-a", "--filter", "label=com.docker.compose.project="+b.project,
+		"--format", `{{.ID}} {{.Label "com.docker.compose.service"}}`).CombinedOutput()
+	if err != nil {
+		t.Logf("docker ps: %v\n%s", err, out)
+		return
+	}
+	dir := filepath.Join(t.ArtifactDir(), "compose-logs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Log(err)
+		return
+	}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		logs, _ := exec.Command("docker", "logs", "--timestamps", f[0]).CombinedOutput()
+		_ = os.WriteFile(filepath.Join(dir, f[1]+".log"), logs, 0o644)
+		if strings.HasPrefix(f[1], "controller-") {
+			t.Logf("--- last 40 lines of %s (all logs in %s) ---\n%s", f[1], dir, tailLines(string(logs), 40))
+		}
+	}
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // post sends a JSON body to region's gateway and decodes the answer,

@@ -112,13 +112,15 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// runDrill runs `triage-bed drill --json` against the bed in dir. The drill's
-// report (JSON and human), its progress and exit status are written to
-// the artifact directory; when the test fails, the report and the
-// progress are printed. The drill gets a deadline well inside the test's,
-// so a hung drill is killed and reported instead of the whole test binary
-// timing out with nothing printed.
-func runDrill(t *testing.T, dir, scenario string, hold time.Duration) *drill.Report {
+// runDrill runs `triage-bed drill --json` with bed, the flags that name
+// the bed and the region to fault (--dir DIR --region R, or --bed compose
+// --project P --region R). The drill's report (JSON and human), its
+// progress and exit status are written to the artifact directory; when
+// the test fails, the report and the progress are printed. The drill gets
+// a deadline well inside the test's, so a hung drill is killed and
+// reported instead of the whole test binary timing out with nothing
+// printed.
+func runDrill(t *testing.T, scenario string, hold time.Duration, bed ...string) *drill.Report {
 	t.Helper()
 	limit := time.Now().Add(4 * time.Minute)
 	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(limit) {
@@ -126,8 +128,8 @@ func runDrill(t *testing.T, dir, scenario string, hold time.Duration) *drill.Rep
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bedBinary, "drill", "--dir", dir, "--region", "us-east", "--hold", hold.String(),
-		"--drain", "30s", "--json", scenario)
+	cmd := exec.CommandContext(ctx, bedBinary, append(append([]string{"drill"}, bed...), "--hold", hold.String(),
+		"--drain", "30s", "--json", scenario)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -200,7 +202,7 @@ func checkDrill(t *testing.T, rep *drill.Report, rtoBound time.Duration) {
 // acknowledged item is lost, no ack or nack is undone, and the old primary
 // rejoins as a replica.
 func TestDrillPrimaryKill(t *testing.T) {
-	checkDrill(t, runDrill(t, multiBed(t), "primary-kill", 10*time.Second), primaryKillRTO)
+	checkDrill(t, runDrill(t, "primary-kill", 10*time.Second, "--dir", multiBed(t), "--region", "us-east"), primaryKillRTO)
 }
 
 // TestDrillRegionDown: every process of us-east dies; its shard fails over
@@ -208,5 +210,5 @@ func TestDrillPrimaryKill(t *testing.T) {
 // The fault is held 20 s: when the controller leader dies with the region,
 // a new one is elected after the leader lease before detection starts.
 func TestDrillRegionDown(t *testing.T) {
-	checkDrill(t, runDrill(t, multiBed(t), "region-down", 20*time.Second), regionDownRTO)
+	checkDrill(t, runDrill(t, "region-down", 20*time.Second, "--dir", multiBed(t), "--region", "us-east"), regionDownRTO)
 }

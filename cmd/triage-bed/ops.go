@@ -2,9 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +13,7 @@ import (
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/bench"
+	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/regions/drill"
 )
 
@@ -161,7 +162,8 @@ func benchCommand() *cobra.Command {
 
 func drillCommand() *cobra.Command {
 	var (
-		dir, region, via           string
+		bedKind, dir, project      string
+		region, via                string
 		shard                      uint
 		warmup, hold, drain, lease time.Duration
 		producers, consumers       int
@@ -171,7 +173,7 @@ func drillCommand() *cobra.Command {
 		Use:     "drill [flags] SCENARIO",
 		GroupID: groupDrill,
 		Short:   "Run a failover drill against a running bed.",
-		Long: fmt.Sprintf("Run a failover drill against the running bed of --dir: a workload on the routers of --via,\n"+
+		Long: fmt.Sprintf("Run a failover drill against a running bed (--bed process: of --dir; --bed compose: of --project): a workload on the routers of --via,\n"+
 			"a fault in --region, the heal, and a report of what was lost, duplicated or undone.\n\nscenarios: %s",
 			strings.Join(drill.Scenarios, ", ")),
 		Args: cli.ExactArgs(1, "one SCENARIO"),
@@ -179,33 +181,35 @@ func drillCommand() *cobra.Command {
 			if producers < 1 || consumers < 1 || lease <= 0 || hold <= 0 || warmup < 0 || drain <= 0 {
 				return cli.Usagef("--producers and --consumers must be at least 1; --lease, --hold and --drain positive; --warmup not negative")
 			}
-			l, err := bed.ReadLayout(dir)
+			var target drill.Bed
+			var err error
+			switch bedKind {
+			case "process":
+				target, err = bed.Dial(dir)
+			case "compose":
+				target, err = compose.Open(c.Context(), project)
+			default:
+				return cli.Usagef("--bed %q: want process or compose", bedKind)
+			}
 			if err != nil {
-				return fmt.Errorf("no running bed found (start one with make up): %w", err)
-			}
-			if l.Control == "" {
-				return fmt.Errorf("this bed has no control endpoint")
-			}
-			var routers []drill.Router
-			var names []string
-			for _, r := range l.Regions {
-				names = append(names, r.Name)
-				if via == "" || slices.Contains(strings.Split(via, ","), r.Name) {
-					routers = append(routers, drill.Router{Region: r.Name, Addr: r.GRPC})
-				}
-			}
-			if len(routers) == 0 {
-				return cli.Usagef("--via %q names no region of the bed: its regions are %s", via, strings.Join(names, ","))
+				return err
 			}
 			stdout := c.OutOrStdout()
 			progress := stdout
 			if asJSON {
 				progress = c.ErrOrStderr()
 			}
-			rep, err := drill.Run(c.Context(), drill.Config{Scenario: args[0], Control: l.Control, Routers: routers, Region: region,
+			var viaList []string
+			if via != "" {
+				viaList = strings.Split(via, ",")
+			}
+			rep, err := drill.Run(c.Context(), drill.Config{Scenario: args[0], Bed: target, Via: viaList, Region: region,
 				Shard: uint32(shard), Warmup: warmup, Hold: hold, Drain: drain, Lease: lease,
 				Producers: producers, Consumers: consumers, Progress: progress})
 			if err != nil {
+				if _, ok := errors.AsType[*drill.ConfigError](err); ok {
+					return cli.Usagef("%v", err)
+				}
 				return err
 			}
 			if asJSON {
@@ -222,7 +226,9 @@ func drillCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", ".triage", "the running bed's directory (bed.json)")
+	f.StringVar(&bedKind, "bed", "process", "the bed to drill: process (make up; found by --dir) or compose (make compose-up; found by --project)")
+	f.StringVar(&dir, "dir", ".triage", "--bed process: the running bed's directory (bed.json)")
+	f.StringVar(&project, "project", "triage", "--bed compose: the docker-compose project (COMPOSE_PROJECT_NAME)")
 	f.StringVar(&region, "region", "us-east", "region to fault; the workload's items live there")
 	f.StringVar(&via, "via", "", "comma-separated regions whose routers carry the workload (default: every region's, the faulted one included)")
 	f.UintVar(&shard, "shard", 0, "primary-kill: the shard to kill (default: the region's lowest)")

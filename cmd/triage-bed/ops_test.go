@@ -26,7 +26,8 @@ func TestDrillBadFlags(t *testing.T) {
 	}{
 		{name: "no producers", args: []string{"--producers", "0", "partition"}, want: "--producers and --consumers must be at least 1"},
 		{name: "negative hold", args: []string{"--hold", "-1s", "partition"}, want: "--lease, --hold and --drain positive"},
-		{name: "unknown router region", args: []string{"--via", "mars", "partition"}, want: `--via "mars" names no region of the bed: its regions are us-east,eu-west`},
+		{name: "unknown router region", args: []string{"--via", "mars", "partition"}, want: "no router to run the workload through: via [mars], the bed's regions are [us-east eu-west]"},
+		{name: "unknown scenario", args: []string{"meteor"}, want: `unknown scenario "meteor": allowed primary-kill, region-down`},
 		{name: "no scenario", args: nil, want: "usage: triage-bed drill"},
 	}
 	for _, tt := range tests {

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
-	"github.com/triage-queue/triage/deploy/compose"
+	"github.com/triage-queue/triage/cmd/triage/bootstrap"
 	"github.com/triage-queue/triage/deploy/natsserver"
 )
 
@@ -72,7 +72,7 @@ func split(s string) []string {
 	return out
 }
 
-// bootstrapCommand runs compose.Bootstrap from a config file.
+// bootstrapCommand runs bootstrap.Run from a config file.
 func bootstrapCommand() *cobra.Command {
 	var config *configFile
 	cmd := &cobra.Command{
@@ -81,15 +81,15 @@ func bootstrapCommand() *cobra.Command {
 		Short:   "Set up the accounts, schema, replication, buckets and shard map of a bed.",
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			var cfg compose.Config
+			var cfg bootstrap.Config
 			log, err := config.load(c, &cfg)
 			if err != nil {
 				return err
 			}
-			return compose.Bootstrap(c.Context(), cfg, log)
+			return bootstrap.Run(c.Context(), cfg, log)
 		},
 	}
-	config = addConfigFlags(cmd, "deploy/compose.Config")
+	config = addConfigFlags(cmd, "cmd/triage/bootstrap.Config")
 	return cmd
 }
 

@@ -22,7 +22,8 @@ import (
 // and heal faults in this bed, which owns the processes, links and NATS
 // servers: POST /fault/SCENARIO, /heal/SCENARIO and /fate/SCENARIO with
 // ?region=R&shard=N, answered with {"description": ...} or {"error": ...}.
-// It listens on loopback only; bed.json names it ("control").
+// It listens on loopback only; bed.json names it ("control"), and Client
+// (client.go) is its client side.
 
 // serveControl starts the endpoint.
 func (b *Bed) serveControl() error {

@@ -1,18 +1,36 @@
 // Package compose is the Go side of the multi-region docker-compose bed in
-// this directory: Bootstrap, which `triage bootstrap` runs in the bed's
-// one-shot bootstrap container.
+// this directory: Generate, which writes docker-compose.yml and config/
+// from a Topology, and Bootstrap, which `triage bootstrap` runs in the
+// bed's one-shot bootstrap container.
 //
 // # The bed
 //
 // docker-compose.yml runs the local bed's topology (deploy/bed) with each
 // part in a container of its own: three regions (us-east, eu-west,
 // ap-south), one Docker network per region and a "wan" network between
-// them; per region the primary of the region's shard and a replica of each
-// other region's shard (MariaDB with GTID and semi-sync, AFTER_SYNC, no
-// fallback to async), one NATS server of a three-node JetStream cluster
-// (`triage nats`), and the router, enqueuer, dequeuer and controller roles
-// (`triage serve --config /etc/triage/<role>.json`). tc netem delays every
-// packet a container sends on the WAN network (WAN_DELAY, default 20ms).
+// them on which only the regions' WAN gateways sit (`triage-bed wan`,
+// deploy/wan.Gateway: 20 ms one way, a real network cut when a gateway is
+// disconnected); per region the primary of the region's shard and a
+// replica of each other region's shard (MariaDB with GTID and semi-sync,
+// AFTER_SYNC, no fallback to async), one NATS server of a three-node
+// JetStream cluster (`triage nats`), and the router, enqueuer, dequeuer
+// and controller roles (`triage serve --config /etc/triage/<role>.json`).
+// Processes reach another region's servers only through their region's
+// gateway.
+//
+// # Drills
+//
+// Bed drives a running bed for `triage-bed drill --bed compose` (a
+// drill.Bed): primary-kill and region-down are docker kill, a partition is
+// docker network disconnect of the region's gateway, and a heal starts and
+// reconnects what they broke.
+//
+// # Generated files
+//
+// docker-compose.yml and config/ are committed, so the bed reads as plain
+// files and runs with docker-compose alone, but written by Generate from
+// DefaultTopology (`go generate ./deploy/compose`); a test fails when they
+// differ from what it writes.
 //
 // # Images without a registry
 //

@@ -1,13 +1,13 @@
 #!/bin/bash
 # up.sh — builds the compose bed's images when their tags are missing
 # (build-images.sh), starts the bed with docker-compose, waits until every
-# container is healthy and every one-shot (bootstrap, netem-*) exited 0, and
-# prints each region's gateways and a curl tour. `make compose-up` runs it.
+# container is healthy and the one-shot bootstrap exited 0, and prints
+# each region's gateways and a curl tour. `make compose-up` runs it.
 #
 # Environment: COMPOSE_PROJECT_NAME (default triage), IMAGES_ENV (the env
 # file build-images.sh writes; default deploy/compose/.images.env),
-# WAN_DELAY (default 20ms), TRIAGE_HTTP_US_EAST ... (published ports, see
-# docker-compose.yml), UP_TIMEOUT seconds (default 300).
+# TRIAGE_HTTP_US_EAST ... (published ports, see docker-compose.yml),
+# UP_TIMEOUT seconds (default 300).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 project=${COMPOSE_PROJECT_NAME:-triage}

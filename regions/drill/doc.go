@@ -1,17 +1,21 @@
-// Package drill runs failover drills against a running local bed: a
-// workload of idempotent producers and consumers that ack, nack and
-// sometimes crash holding a lease runs through every region's router (the
+// Package drill runs failover drills against a running bed (the process
+// bed of `triage up` or the docker-compose bed): a workload of idempotent
+// producers and consumers that ack, nack and sometimes crash holding a
+// lease runs through every region's router (the
 // faulted region's own included: a fault test watches both sides) while a
 // fault is injected and later healed; then the queue is drained and the
 // report says how long dequeues and enqueues were down (RTO), whether any
 // acknowledged item was lost, every duplicate and its cause, early
 // deliveries, priority inversions, and what became of the old primary.
 //
-// Faults are injected by the bed process itself, through its control
-// endpoint (bed.json "control"): it owns the processes, links and NATS
-// servers. A scenario names what to break:
+// The drill reaches the bed through the Bed interface: its routers, and
+// Inject, Heal and Fate of a fault. The process bed of `triage up` (deploy/bed
+// Client) injects through its control endpoint (bed.json "control"), since
+// the bed process owns the processes, links and NATS servers; the
+// docker-compose bed (deploy/compose Bed) through the docker CLI, with real
+// kills and network cuts. A scenario names what to break:
 //
-//	primary-kill   kill -9 the primary of one of the region's shards
+//	primary-kill   kill the primary of one of the region's shards
 //	region-down    kill every process of the region (its mariadbds, NATS, node)
 //	partition      cut every cross-region link of the region
 //	nats-kill      stop the region's NATS server abruptly
@@ -45,5 +49,8 @@
 // RTO is measured per router from the fault to the answer of the first
 // successful call sent after it that touched a faulted shard (see
 // Report.DequeueRTOMS); the headline figure is the slowest surviving
-// router.
+// router. "The fault" is the moment it took effect, as the bed recorded
+// it (the compose bed reads docker's record of the kill or disconnect), or
+// else the moment the bed's Inject returned: a call sent while it was being
+// injected might have been served before it took effect.
 package drill

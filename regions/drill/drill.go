@@ -3,13 +3,9 @@ package drill
 import (
 	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -31,16 +27,63 @@ type Router struct {
 	Addr string
 }
 
+// Fault is what a drill breaks: Scenario (one of Scenarios) in Region;
+// Shard is the shard whose primary a primary-kill kills (Run resolves it
+// to the region's lowest when the Config leaves it 0), and the shard whose
+// old primary Fate describes.
+type Fault struct {
+	Scenario string
+	Region   string
+	Shard    uint32
+}
+
+// Bed is the running bed a drill works against. The process bed of
+// `triage up` implements it through its control endpoint (deploy/bed
+// Client), the docker-compose bed through the docker CLI (deploy/compose
+// Bed); the drill, its workload and its report are the same on both.
+type Bed interface {
+	// Routers lists the router of every region, in region order.
+	Routers(ctx context.Context) ([]Router, error)
+	// Inject breaks what f names and says what it did and when it took
+	// effect:
+	//
+	//	primary-kill   kill the shard's current primary (no clean shutdown)
+	//	region-down    kill every process of the region
+	//	partition      cut the region off from every other region
+	//	nats-kill      kill the region's NATS server
+	//	dequeuer-kill  kill the region's dequeuer (no lease hand-back)
+	Inject(ctx context.Context, f Fault) (Injection, error)
+	// Heal undoes Inject: it reconnects what was cut and restarts what was
+	// killed; a primary the shard failed over from is restarted so that
+	// crash recovery drops what no replica acknowledged and the controller
+	// rejoins it as a replica (replication.RejoinArgs).
+	Heal(ctx context.Context, f Fault) (string, error)
+	// Fate says what the shard's primary from before the fault is now,
+	// giving the controller a few seconds to rejoin it: "rejoined as a
+	// read-only replica of ..." is the good answer.
+	Fate(ctx context.Context, f Fault) (string, error)
+}
+
+// Injection is a fault Inject put in place.
+type Injection struct {
+	// Description says what was done, for the report.
+	Description string
+	// At is when the fault took effect, where the bed knows it exactly
+	// (the compose bed: docker's record of the kill or the disconnect);
+	// zero means "by the time Inject returned".
+	At time.Time
+}
+
 // Config of one drill.
 type Config struct {
 	Scenario string
-	// Control is the bed's control endpoint (host:port).
-	Control string
-	// Routers the workload talks to, each with its own producers and
-	// consumers. Include the faulted region's own router: a fault test
-	// watches both sides, and what the cut-off side acknowledges is what a
-	// partition loses.
-	Routers []Router
+	// Bed injects and heals the fault and names the routers. Required.
+	Bed Bed
+	// Via are the regions whose routers carry the workload, each with its
+	// own producers and consumers. Default: every region's, the faulted
+	// one's included: a fault test watches both sides, and what the
+	// cut-off side acknowledges is what a partition loses.
+	Via []string
 	// Region is the faulted region; the workload's items live there.
 	Region string
 	// Shard to kill for primary-kill (0: the region's lowest).
@@ -59,10 +102,25 @@ type Config struct {
 // Run runs one drill and returns its report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if !slices.Contains(Scenarios, cfg.Scenario) {
-		return nil, fmt.Errorf("unknown scenario %q: allowed %s", cfg.Scenario, strings.Join(Scenarios, ", "))
+		return nil, configError("unknown scenario %q: allowed %s", cfg.Scenario, strings.Join(Scenarios, ", "))
 	}
-	if len(cfg.Routers) == 0 {
-		return nil, errors.New("no router to run the workload through")
+	if cfg.Bed == nil {
+		return nil, configError("no bed to run against")
+	}
+	all, err := cfg.Bed.Routers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("find the bed's routers: %w", err)
+	}
+	var routers []Router
+	var names []string
+	for _, r := range all {
+		names = append(names, r.Region)
+		if len(cfg.Via) == 0 || slices.Contains(cfg.Via, r.Region) {
+			routers = append(routers, r)
+		}
+	}
+	if len(routers) == 0 {
+		return nil, configError("no router to run the workload through: via %v, the bed's regions are %v", cfg.Via, names)
 	}
 	cfg.Warmup = cmp.Or(cfg.Warmup, 5*time.Second)
 	cfg.Hold = cmp.Or(cfg.Hold, 15*time.Second)
@@ -78,7 +136,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var clients []client
 	var admin triagev1.AdminClient
 	var admins []triagev1.AdminClient
-	for _, r := range cfg.Routers {
+	for _, r := range routers {
 		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
@@ -96,7 +154,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if admin == nil {
 		// Only the faulted region's router: ask it, while it answers.
-		conn, err := grpc.NewClient(cfg.Routers[0].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(routers[0].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
 		}
@@ -122,11 +180,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	slices.Sort(home)
 	switch {
 	case len(home) == 0:
-		return nil, fmt.Errorf("no shard is homed in region %q", cfg.Region)
+		return nil, configError("no shard is homed in region %q", cfg.Region)
 	case cfg.Shard == 0:
 		cfg.Shard = home[0]
 	case !slices.Contains(home, cfg.Shard):
-		return nil, fmt.Errorf("shard %d is not homed in region %q: its shards are %v", cfg.Shard, cfg.Region, home)
+		return nil, configError("shard %d is not homed in region %q: its shards are %v", cfg.Shard, cfg.Region, home)
 	}
 	for _, id := range home {
 		if cfg.Scenario != "primary-kill" || id == cfg.Shard {
@@ -161,15 +219,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(f.routers, ", "), cfg.Region, rep.Shards)
 	sleep(ctx, cfg.Warmup)
 
-	f.faultAt = time.Now()
-	rep.FaultAt = f.faultAt
-	desc, err := control(ctx, cfg.Control, "fault", cfg.Scenario, cfg.Region, cfg.Shard)
+	fault := Fault{Scenario: cfg.Scenario, Region: cfg.Region, Shard: cfg.Shard}
+	injecting := time.Now()
+	inj, err := cfg.Bed.Inject(ctx, fault)
 	if err != nil {
 		return nil, fmt.Errorf("inject %s: %w", cfg.Scenario, err)
 	}
-	rep.Fault = desc
-	f.cutAt = time.Now()
-	fmt.Fprintf(progress, "fault injected: %s; holding %s\n", desc, cfg.Hold)
+	// The clocks start when the fault took effect: as the bed recorded it,
+	// or else once Inject returned, when it is certainly in place. A call
+	// sent while the bed was still injecting (the compose bed's docker
+	// CLI takes a second or more) may have been served before the fault
+	// took effect, which would pass for a recovery.
+	injected := time.Now()
+	f.faultAt = injected
+	if at := inj.At; !at.IsZero() && at.After(injecting) && at.Before(injected) {
+		f.faultAt = at
+	}
+	f.cutAt = f.faultAt
+	rep.FaultAt = f.faultAt
+	rep.InjectMS = injected.Sub(injecting).Milliseconds()
+	rep.Fault = inj.Description
+	fmt.Fprintf(progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
+		injected.Sub(f.faultAt).Round(time.Millisecond), inj.Description, cfg.Hold)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
@@ -189,12 +260,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	f.healAt = time.Now()
 	// A heal that fails still gets a report: the figures up to here are
 	// what the drill is for, and the failure is a violation of its own.
-	if _, err := control(ctx, cfg.Control, "heal", cfg.Scenario, cfg.Region, cfg.Shard); err != nil {
+	if healed, err := cfg.Bed.Heal(ctx, fault); err != nil {
 		rep.HealError = err.Error()
 		fmt.Fprintf(progress, "heal failed: %v; draining anyway (up to %s)\n", err, cfg.Drain)
 	} else {
-		fmt.Fprintf(progress, "healed in %s; producing 5s more, then draining (up to %s)\n",
-			time.Since(f.healAt).Round(time.Millisecond), cfg.Drain)
+		fmt.Fprintf(progress, "healed in %s: %s; producing 5s more, then draining (up to %s)\n",
+			time.Since(f.healAt).Round(time.Millisecond), healed, cfg.Drain)
 	}
 	rep.HealedAt = time.Now()
 	sleep(ctx, 5*time.Second)
@@ -227,8 +298,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	} else {
 		rep.MapAfter = "unavailable: " + err.Error()
 	}
-	if fate, err := control(ctx, cfg.Control, "fate", cfg.Scenario, cfg.Region, cfg.Shard); err == nil {
+	if fate, err := cfg.Bed.Fate(ctx, fault); err == nil {
 		rep.OldPrimary = fate
+	} else {
+		rep.OldPrimary = "unknown: " + err.Error()
 	}
 	return rep, nil
 }
@@ -317,32 +390,4 @@ func describeMap(m *triagev1.ShardMap, region string) string {
 		}
 	}
 	return fmt.Sprintf("v%d: %s", m.Version, strings.Join(parts, "; "))
-}
-
-// control asks the bed to inject, heal or describe a fault.
-func control(ctx context.Context, addr, action, scenario, region string, shard uint32) (string, error) {
-	u := url.URL{Scheme: "http", Host: addr, Path: "/" + action + "/" + scenario,
-		RawQuery: url.Values{"region": {region}, "shard": {fmt.Sprint(shard)}}.Encode()}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, u.String(), nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Description string `json:"description"`
-		Error       string `json:"error"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return "", fmt.Errorf("bed control %s: %s", u.Path, resp.Status)
-	}
-	if out.Error != "" {
-		return "", fmt.Errorf("bed control %s: %s", u.Path, out.Error)
-	}
-	return out.Description, nil
 }

@@ -22,9 +22,14 @@ type Report struct {
 	// Shards are the faulted shards: the killed primary's for
 	// primary-kill, every shard homed in the region otherwise.
 	Shards []uint32 `json:"shards"`
-	// FaultAt is when the fault was injected, HealedAt when it was healed.
+	// FaultAt is when the fault took effect (Injection.At, or when the
+	// bed's Inject returned), HealedAt when it was healed. Every figure in
+	// milliseconds counts from FaultAt.
 	FaultAt  time.Time `json:"fault_at"`
 	HealedAt time.Time `json:"healed_at"`
+	// InjectMS is how long the bed took to inject the fault; calls sent
+	// before it took effect count for no RTO.
+	InjectMS int64 `json:"inject_ms"`
 	// HealError: the bed could not heal the fault (the drill drained
 	// anyway; the figures after it mean less).
 	HealError string `json:"heal_error,omitempty"`
@@ -490,6 +495,7 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(tw, "drill %s: %s\n", r.Scenario, r.Fault)
 	row("routers with clients", strings.Join(r.Routers, ", "))
 	row("faulted shards", fmt.Sprint(r.Shards))
+	row("fault injected in", fmtMS(r.InjectMS))
 	if r.FailoverMS < 0 {
 		row("new primary published", "not during the fault")
 	} else {

@@ -1,7 +1,7 @@
 // Package provision brings the servers of a Triage deployment to the state
 // its nodes start from: the MariaDB accounts on every server, each shard
 // replicated to its replicas with semi-sync, and a JetStream cluster that
-// has elected its meta leader. `triage bootstrap` (deploy/compose.Bootstrap)
+// has elected its meta leader. `triage bootstrap` (cmd/triage/bootstrap.Run)
 // runs it against the compose bed's containers, and the local bed
 // (deploy/bed) against the mariadbd and NATS servers it spawns, so both
 // beds are set up by the same code, the way a deployment would be.

@@ -10,7 +10,12 @@
 #   READ_ONLY      ON for a server that starts as a replica (default OFF)
 #   ROOT_PASSWORD  password of root@'%', the admin account the bootstrap and
 #                  the controller log in with from other containers
-# Extra arguments are appended to mariadbd's command line.
+# Extra arguments are appended to mariadbd's command line, and so are the
+# lines of /var/lib/mysql/next-start-args, once: the file is removed as it
+# is read. A drill's heal leaves replication.RejoinArgs there (docker cp)
+# before it starts a deposed primary, so that crash recovery drops what no
+# replica acknowledged and the server comes back read-only, to be rejoined
+# as a replica by the controller.
 #
 # "triage-mariadb init" only initialises the datadir and exits: the image
 # build runs it, so the image carries a ready datadir that Docker copies into
@@ -34,6 +39,12 @@ SQL
 fi
 [ "${1:-}" = init ] && exit 0
 : "${SERVER_ID:?SERVER_ID is required}"
+once=()
+if [ -f /var/lib/mysql/next-start-args ]; then
+  mapfile -t once < /var/lib/mysql/next-start-args
+  rm -f /var/lib/mysql/next-start-args
+  echo "triage-mariadb: this start only: ${once[*]}" >&2
+fi
 exec mariadbd --no-defaults \
   --datadir="$data" --port=3306 --bind-address=0.0.0.0 \
   --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mysqld.pid \
@@ -49,4 +60,4 @@ exec mariadbd --no-defaults \
   --rpl-semi-sync-master-wait-no-slave=ON \
   --rpl-semi-sync-slave-enabled=ON \
   --read-only="${READ_ONLY:-OFF}" \
-  "$@"
+  "${once[@]}" "$@"

@@ -1,4 +1,4 @@
-package compose
+package bootstrap
 
 import (
 	"cmp"
@@ -36,6 +36,10 @@ type Config struct {
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
+	// ReplicationVia[region][addr] is the address a server in region
+	// dials to reach addr (its region's WAN gateway), as the controllers'
+	// node.Config.ReplicationVia gives it. Missing: addr itself.
+	ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
 	// KVReplicas and StreamReplicas are the copies of the control-plane
 	// buckets and of each region's enqueue stream, as the nodes' configs
 	// give them (node.Config). Default: one per NATS server, at most 3.
@@ -48,7 +52,7 @@ type Config struct {
 	Wait shardmap.Duration `json:"wait,omitempty"`
 }
 
-func (c *Config) fill() error {
+func (c *Config) Fill() error {
 	if c.ShardMapFile == "" || len(c.NATS) == 0 {
 		return errors.New("bootstrap config: shard_map_file and nats are required")
 	}
@@ -82,8 +86,8 @@ func (c *Config) fill() error {
 // several clients create at once; the nodes then only open what exists.
 // Every step is idempotent, so running it again on a bed that is up is
 // harmless.
-func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
-	if err := cfg.fill(); err != nil {
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Fill(); err != nil {
 		return err
 	}
 	data, err := os.ReadFile(cfg.ShardMapFile)
@@ -161,7 +165,11 @@ func Bootstrap(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if k < len(s.ReplicaRegions) {
 				region = s.ReplicaRegions[k]
 			}
-			replicas = append(replicas, provision.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: s.Primary})
+			via := s.Primary
+			if v, ok := cfg.ReplicationVia[region][s.Primary]; ok {
+				via = v
+			}
+			replicas = append(replicas, provision.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: via})
 		}
 		return provision.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), provision.BedAccounts.Repl, replicas, progress)
 	})

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/triage-queue/triage/cmd/internal/cli"
+	"github.com/triage-queue/triage/deploy/wan"
+)
+
+// wanCommand runs a region's WAN gateway (wan.Gateway) of the compose bed
+// until a signal. It lives in triage-bed, not triage: a simulated WAN is
+// part of the test bed, and deploy/wan links toxiproxy, which the
+// production binary must not (TestServeDoesNotLinkTheBed). The compose
+// images carry both binaries.
+func wanCommand() *cobra.Command {
+	var config, level string
+	cmd := &cobra.Command{
+		Use:     "wan --config FILE [flags]",
+		GroupID: groupBed,
+		Short:   "Run a region's WAN gateway of the compose bed: delays what leaves the region.",
+		Args:    cli.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var cfg wan.GatewayConfig
+			if err := cli.ReadJSON(config, &cfg); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			g, err := wan.StartGateway(cfg, cli.Logger(c.ErrOrStderr(), level))
+			if err != nil {
+				return err
+			}
+			<-c.Context().Done()
+			g.Close()
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&config, "config", "", "gateway config file (JSON; see deploy/wan.GatewayConfig)")
+	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

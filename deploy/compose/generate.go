@@ -1,0 +1,494 @@
+package compose
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/triage-queue/triage/deploy/wan"
+)
+
+//go:generate go run ./gen
+
+// Topology is what the bed's files are generated from: docker-compose.yml
+// and config/. DefaultTopology is the checked-in bed; to add a region or a
+// shard, change it and run `go generate ./deploy/compose`.
+type Topology struct {
+	// Regions in port order: region i's router publishes JSON on
+	// 18080+i and gRPC on 19090+i. Shard homes follow this order too. At
+	// least 2, at most 10.
+	Regions []string
+	// ShardsPerRegion is the number of shards homed in each region
+	// (region i's are i*n+1 ... i*n+n). Default 1.
+	ShardsPerRegion int
+	// WANLatency is the gateways' one-way delay between regions. Default
+	// 20ms.
+	WANLatency time.Duration
+}
+
+// DefaultTopology is the checked-in bed: three regions, one shard homed
+// in each, 20 ms one way between regions.
+func DefaultTopology() Topology {
+	return Topology{Regions: []string{"us-east", "eu-west", "ap-south"}, ShardsPerRegion: 1, WANLatency: wan.DefaultLatency}
+}
+
+// ownerTTL is the dequeuers' ownership TTL, as on the process bed's three
+// regions: a cut-off owner's claim lapses this long after its last
+// refresh, which is most of a partition's dequeue RTO.
+const ownerTTL = "5s"
+
+// Ports of the gateways (wan.Endpoint.Port): the MariaDB server of shard s
+// in region i is 30000+10*s+i, the NATS route port of region i 36200+i.
+func mysqlPort(shard uint32, region int) int { return 30000 + 10*int(shard) + region }
+func natsPort(region int) int                { return 36200 + region }
+
+// maxShard keeps mysqlPort below the NATS ports.
+const maxShard = 619
+
+// serverAt is the shard and region index of mysqlPort's port p.
+func serverAt(p int) (shard uint32, region int, ok bool) {
+	if p < mysqlPort(1, 0) || p > mysqlPort(maxShard, 9) {
+		return 0, 0, false
+	}
+	return uint32((p - 30000) / 10), (p - 30000) % 10, true
+}
+
+// server is one MariaDB container.
+type server struct {
+	service  string
+	shard    uint32
+	region   string
+	primary  bool // the shard's primary at start
+	serverID int
+	port     int // its gateway port
+}
+
+func (s server) addr() string { return s.service + ":3306" }
+
+// servers lists every MariaDB container: per shard its primary, then a
+// replica in each other region, the next region's first. server_id is the
+// shard for a primary and k*1000+shard for its k-th replica, as deploy/bed
+// numbers them.
+func (t Topology) servers() []server {
+	var out []server
+	n := max(t.ShardsPerRegion, 1)
+	for i, home := range t.Regions {
+		for j := range n {
+			id := uint32(i*n + j + 1)
+			out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, home), id, home, true, int(id), mysqlPort(id, i)})
+			for k := 1; k < len(t.Regions); k++ {
+				ri := (i + k) % len(t.Regions)
+				r := t.Regions[ri]
+				out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, r), id, r, false, k*1000 + int(id), mysqlPort(id, ri)})
+			}
+		}
+	}
+	return out
+}
+
+// endpoints are what the gateways carry between regions: every MariaDB
+// server and every NATS server's route port.
+func (t Topology) endpoints(servers []server) []wan.Endpoint {
+	var out []wan.Endpoint
+	for _, s := range servers {
+		out = append(out, wan.Endpoint{Addr: s.addr(), Region: s.region, Port: s.port})
+	}
+	for i, r := range t.Regions {
+		out = append(out, wan.Endpoint{Addr: "nats-" + r + ":6222", Region: r, Port: natsPort(i)})
+	}
+	return out
+}
+
+// gateway is region's gateway's host name, on its region's network and on
+// "wan".
+func gateway(region string) string { return "wan-" + region }
+
+// via maps the address of every endpoint outside region to region's
+// gateway: what processes of region dial instead.
+func via(region string, eps []wan.Endpoint) map[string]string {
+	out := map[string]string{}
+	for _, e := range eps {
+		if e.Region != region {
+			out[e.Addr] = net.JoinHostPort(gateway(region), strconv.Itoa(e.Port))
+		}
+	}
+	return out
+}
+
+// roles are the Triage role containers of each region, in file order.
+var roles = []string{"router", "enqueuer", "dequeuer", "controller"}
+
+// The generated config files. Field order is the files' key order.
+type (
+	genShard struct {
+		ID             uint32   `json:"id"`
+		HomeRegion     string   `json:"home_region"`
+		Primary        string   `json:"primary"`
+		Replicas       []string `json:"replicas"`
+		ReplicaRegions []string `json:"replica_regions"`
+		Database       string   `json:"database"`
+	}
+	genShardMap struct {
+		Version    int                 `json:"version"`
+		Regions    []string            `json:"regions"`
+		Namespaces []map[string]string `json:"namespaces"`
+		Shards     []genShard          `json:"shards"`
+	}
+	genAccount struct {
+		User     string `json:"user"`
+		Password string `json:"password"`
+	}
+	genBootstrap struct {
+		ShardMapFile   string                       `json:"shard_map_file"`
+		Admin          genAccount                   `json:"admin"`
+		NATS           []string                     `json:"nats"`
+		ReplicationVia map[string]map[string]string `json:"replication_via"`
+		KVReplicas     int                          `json:"kv_replicas"`
+		StreamReplicas int                          `json:"stream_replicas"`
+		OwnerTTL       string                       `json:"owner_ttl"`
+	}
+	genMySQL struct {
+		User     string            `json:"user"`
+		Password string            `json:"password"`
+		DialVia  map[string]string `json:"dial_via"`
+	}
+	// genReplication is replication.Credentials, which has no JSON tags.
+	genReplication struct {
+		User     string
+		Password string
+	}
+	genNode struct {
+		Region         string                       `json:"region"`
+		Roles          []string                     `json:"roles"`
+		NATS           string                       `json:"nats"`
+		GRPC           string                       `json:"grpc,omitempty"`
+		HTTP           string                       `json:"http,omitempty"`
+		MySQL          genMySQL                     `json:"mysql"`
+		Admin          *genAccount                  `json:"admin,omitempty"`
+		Replication    *genReplication              `json:"replication,omitempty"`
+		ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
+		OwnerTTL       string                       `json:"owner_ttl"`
+		KVReplicas     int                          `json:"kv_replicas"`
+		StreamReplicas int                          `json:"stream_replicas"`
+	}
+)
+
+// Generate returns the bed's files for t by path relative to this
+// directory: docker-compose.yml and every file of config/.
+func Generate(t Topology) (map[string][]byte, error) {
+	switch n := max(t.ShardsPerRegion, 1); {
+	case len(t.Regions) < 2 || len(t.Regions) > 10:
+		return nil, fmt.Errorf("compose topology: %d region(s): want 2 to 10", len(t.Regions))
+	case n*len(t.Regions) > maxShard:
+		return nil, fmt.Errorf("compose topology: %d shards: want at most %d", n*len(t.Regions), maxShard)
+	case t.WANLatency < 0:
+		return nil, fmt.Errorf("compose topology: WAN latency %v: want 0 or more", t.WANLatency)
+	}
+	files := map[string][]byte{}
+	put := func(name string, v any) error {
+		data, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		files[name] = append(data, '\n')
+		return nil
+	}
+	servers := t.servers()
+	eps := t.endpoints(servers)
+	replVia := map[string]map[string]string{}
+	for _, r := range t.Regions {
+		replVia[r] = via(r, eps[:len(servers)])
+	}
+
+	smap := genShardMap{Version: 1, Regions: t.Regions, Namespaces: []map[string]string{{"name": "default"}}}
+	for _, s := range servers {
+		if s.primary {
+			smap.Shards = append(smap.Shards, genShard{ID: s.shard, HomeRegion: s.region, Primary: s.addr(), Database: "triage"})
+			continue
+		}
+		sh := &smap.Shards[len(smap.Shards)-1]
+		sh.Replicas = append(sh.Replicas, s.addr())
+		sh.ReplicaRegions = append(sh.ReplicaRegions, s.region)
+	}
+	if err := put("config/shardmap.json", smap); err != nil {
+		return nil, err
+	}
+	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{"root", "root"}, ReplicationVia: replVia,
+		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+	for _, r := range t.Regions {
+		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
+	}
+	if err := put("config/bootstrap.json", boot); err != nil {
+		return nil, err
+	}
+	latency := wan.Duration(t.WANLatency)
+	gateways := map[string]string{}
+	for _, r := range t.Regions {
+		gateways[r] = gateway(r)
+	}
+	for _, r := range t.Regions {
+		gw := wan.GatewayConfig{Region: r, Latency: &latency, Gateways: gateways, Endpoints: eps, Health: "127.0.0.1:7070"}
+		if err := put(path.Join("config", r, "wan.json"), gw); err != nil {
+			return nil, err
+		}
+		for _, role := range roles {
+			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222",
+				MySQL:    genMySQL{User: "triage", Password: "triage", DialVia: via(r, eps[:len(servers)])},
+				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3}
+			if role == "router" {
+				c.GRPC, c.HTTP = "0.0.0.0:9090", "0.0.0.0:8080"
+			}
+			if role == "controller" {
+				c.Admin = &genAccount{"root", "root"}
+				c.Replication = &genReplication{"repl", "repl"}
+				c.ReplicationVia = replVia
+			}
+			if err := put(path.Join("config", r, role+".json"), c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	files["docker-compose.yml"] = composeFile(t, servers, eps)
+	return files, nil
+}
+
+// WriteFiles writes files (Generate's) under dir and removes every other
+// file of dir/config, so a region taken out of the topology leaves no
+// configs behind.
+func WriteFiles(dir string, files map[string][]byte) error {
+	stale, err := configFiles(dir)
+	if err != nil {
+		return err
+	}
+	for name, data := range files {
+		delete(stale, name)
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			return err
+		}
+	}
+	for name := range stale {
+		if err := os.Remove(filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// configFiles lists the files under dir/config by slash path relative to
+// dir.
+func configFiles(dir string) (map[string]bool, error) {
+	out := map[string]bool{}
+	root := filepath.Join(dir, "config")
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		out[filepath.ToSlash(rel)] = true
+		return err
+	})
+	if os.IsNotExist(err) {
+		return out, nil
+	}
+	return out, err
+}
+
+// Labels of the bed's containers, which deploy/compose.Bed finds them by.
+const (
+	// LabelRegion is the region a container belongs to (none: bootstrap).
+	LabelRegion = "triage.region"
+	// LabelRegionIndex is the region's place in the region order.
+	LabelRegionIndex = "triage.region-index"
+	// LabelRole is wan, mariadb, nats, router, enqueuer, dequeuer,
+	// controller or bootstrap.
+	LabelRole = "triage.role"
+	// LabelShard is a MariaDB container's shard.
+	LabelShard = "triage.shard"
+	// LabelAddr is a MariaDB container's address in the shard map.
+	LabelAddr = "triage.addr"
+	// LabelStartedAs is "primary" or "replica": a MariaDB container's
+	// place when the bed was created.
+	LabelStartedAs = "triage.started-as"
+)
+
+// composeFile writes docker-compose.yml.
+func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
+	var b bytes.Buffer
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	ex := mysqlPort(1, 1)
+	w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1])
+	labels := func(kv ...string) {
+		w("    labels:\n")
+		for i := 0; i < len(kv); i += 2 {
+			w("      %s: %q\n", kv[i], kv[i+1])
+		}
+	}
+	region := map[string]int{}
+	for i, r := range t.Regions {
+		region[r] = i
+		w("\n  # %s's WAN gateway (`triage-bed wan`), the region's only container on \"wan\":\n", r)
+		w("  # the region's processes reach other regions' servers through it (delayed),\n")
+		w("  # other regions reach this region's servers through it (as is).\n")
+		w("  %s:\n    image: %s\n", gateway(r), triageImage)
+		w("    entrypoint: [\"/triage-bed\"]\n")
+		w("    command: [\"wan\", \"--config\", \"/etc/triage/wan.json\"]\n")
+		w("%s", probe)
+		w("    volumes:\n      - ./config/%s/wan.json:/etc/triage/wan.json:ro\n", r)
+		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "wan")
+		w("    networks: [%s, wan]\n", r)
+	}
+	for _, s := range servers {
+		what, ro, as := "primary at start", "OFF", "primary"
+		if !s.primary {
+			what, ro, as = "replica at start (read-only)", "ON", "replica"
+		}
+		w("\n  # shard %d's server in %s: %s.\n  %s:\n    <<: *mariadb\n", s.shard, s.region, what, s.service)
+		w("    environment:\n      SERVER_ID: \"%d\"\n      READ_ONLY: \"%s\"\n      ROOT_PASSWORD: root\n", s.serverID, ro)
+		w("    volumes:\n      - %s:/var/lib/mysql\n", s.service)
+		labels(LabelRegion, s.region, LabelRegionIndex, strconv.Itoa(region[s.region]), LabelRole, "mariadb",
+			LabelShard, strconv.Itoa(int(s.shard)), LabelAddr, s.addr(), LabelStartedAs, as)
+		w("    networks: [%s]\n", s.region)
+	}
+	for i, r := range t.Regions {
+		svc := "nats-" + r
+		var routes []string
+		for j, o := range t.Regions {
+			if o != r {
+				routes = append(routes, "nats-route://"+net.JoinHostPort(gateway(r), strconv.Itoa(natsPort(j))))
+			}
+		}
+		w("\n  # NATS of %s, routed to the others through %s; it advertises an address\n", r, gateway(r))
+		w("  # nobody can dial, so gossip opens no route around the gateways.\n")
+		w("  %s:\n    image: %s\n", svc, triageImage)
+		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
+		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\"]\n", strings.Join(routes, ","))
+		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"http://127.0.0.1:8222/healthz\"]\n")
+		w("      interval: 5s\n      timeout: 5s\n      retries: 120\n")
+		w("    volumes:\n      - %s:/data\n", svc)
+		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
+		w("    networks: [%s]\n", r)
+	}
+	w("\n  # One-shot: accounts, schema, replication, NATS buckets and the shard map\n")
+	w("  # (triage bootstrap, cmd/triage/bootstrap.Run). The roles start after it.\n")
+	w("  # An administrator's job, on every region's network; it exits before\n")
+	w("  # anything is served.\n")
+	w("  bootstrap:\n    image: %s\n", triageImage)
+	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
+	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
+	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
+	labels(LabelRole, "bootstrap")
+	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
+	for _, r := range t.Regions {
+		w("      %s:\n        condition: service_healthy\n", gateway(r))
+	}
+	for _, s := range servers {
+		w("      %s:\n        condition: service_healthy\n", s.service)
+	}
+	for _, r := range t.Regions {
+		w("      nats-%s:\n        condition: service_healthy\n", r)
+	}
+	for i, r := range t.Regions {
+		for _, role := range roles {
+			svc := role + "-" + r
+			w("\n  %s:\n    <<: *triage\n", svc)
+			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
+			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
+			if role == "router" {
+				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
+				w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)
+				w("      - \"127.0.0.1:${TRIAGE_GRPC_%s:-%d}:9090\"\n", env, 19090+i)
+			}
+			labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, role)
+			w("    networks: [%s]\n", r)
+		}
+	}
+	w("\nnetworks:\n")
+	for _, r := range t.Regions {
+		w("  %s:\n", r)
+	}
+	w("  # Between regions: the gateways only. A partition disconnects a region's\n")
+	w("  # gateway from it (docker network disconnect).\n")
+	w("  wan:\n")
+	w("\nvolumes:\n")
+	for _, s := range servers {
+		w("  %s:\n", s.service)
+	}
+	for _, r := range t.Regions {
+		w("  nats-%s:\n", r)
+	}
+	return b.Bytes()
+}
+
+const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
+
+// Health checks run every 5 s (the first 5 s after start). Each is a
+// docker exec, a runc process and the probe: at 1 s, the 27 containers'
+// checks took most of a 2-core machine.
+
+const probe = `    healthcheck:
+      test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
+      interval: 5s
+      timeout: 5s
+      retries: 120
+`
+
+// composeHeader takes the WAN latency and an example (see composeFile).
+const composeHeader = `# The multi-region compose bed of Triage, written by generate.go (go generate
+# ./deploy/compose; do not edit). One Docker network per region and "wan"
+# between them, on which only the regions' gateways sit. Per region: a WAN
+# gateway, the primaries of the region's shards and replicas of the other
+# regions' shards (MariaDB, GTID, semi-sync), one NATS server of a JetStream
+# cluster, and the Triage roles router, enqueuer, dequeuer and controller in
+# containers of their own. See README.md beside this file.
+#
+# Images come from build-images.sh (no registry): run it, then
+#   docker-compose --env-file .images.env -p triage up -d
+# or just ` + "`make compose-up`" + ` at the top of the repository.
+#
+# Names: containers reach their own region's servers by service name
+# (mariadb-s1-us-east:3306), and every other region's through their own
+# region's gateway, on the server's gateway port (mysql.dial_via,
+# replication_via, NATS routes in config/): the gateway delays every byte
+# %v each way. E.g. port %d is %s's server of shard 1: %s's
+# processes dial %s:%d, the gateway forwards it over "wan"
+# to %s, which relays it to mariadb-s1-%s:3306. The routers'
+# JSON gateways and gRPC are published on 127.0.0.1:18080... and 19090...
+# (region order); TRIAGE_HTTP_US_EAST, TRIAGE_GRPC_US_EAST ... override
+# them (0: a free port, see docker port).
+version: "3.9"
+
+x-mariadb: &mariadb
+  image: ${TRIAGE_MARIADB_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
+  healthcheck:
+    test: ["CMD", "mariadb", "-uroot", "--socket=/run/mysqld/mysqld.sock", "-e", "SELECT 1"]
+    interval: 5s
+    timeout: 5s
+    retries: 120
+  stop_grace_period: 20s
+
+x-triage: &triage
+  image: ${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
+  healthcheck:
+    test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
+    interval: 5s
+    timeout: 5s
+    retries: 120
+  depends_on:
+    bootstrap:
+      condition: service_completed_successfully
+  stop_grace_period: 20s
+
+services:
+`

@@ -1,0 +1,62 @@
+package compose
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/cmd/triage/bootstrap"
+	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// TestGeneratedFilesAreCurrent: docker-compose.yml and config/ are what
+// the generator writes for DefaultTopology, and config/ holds nothing else.
+func TestGeneratedFilesAreCurrent(t *testing.T) {
+	t.Parallel()
+	files, err := Generate(DefaultTopology())
+	require.NoError(t, err)
+	onDisk, err := configFiles(".")
+	require.NoError(t, err)
+	for name, want := range files {
+		got, err := os.ReadFile(filepath.FromSlash(name))
+		require.NoError(t, err, "run go generate ./deploy/compose")
+		require.Equal(t, string(want), string(got), "%s is not what the generator writes: run go generate ./deploy/compose", name)
+		delete(onDisk, name)
+	}
+	require.Empty(t, onDisk, "files under config/ the generator does not write: run go generate ./deploy/compose")
+}
+
+// TestGeneratedConfigsDecode: every node config is a node.Config and the
+// bootstrap config a Config, field for field (triage serve and triage
+// bootstrap refuse unknown fields), and the shard map parses.
+func TestGeneratedConfigsDecode(t *testing.T) {
+	t.Parallel()
+	top := DefaultTopology()
+	top.ShardsPerRegion = 2
+	files, err := Generate(top)
+	require.NoError(t, err)
+	strict := func(name string, v any) {
+		dec := json.NewDecoder(bytes.NewReader(files[name]))
+		dec.DisallowUnknownFields()
+		require.NoError(t, dec.Decode(v), name)
+	}
+	var boot bootstrap.Config
+	strict("config/bootstrap.json", &boot)
+	require.NoError(t, boot.Fill())
+	m, err := shardmap.Parse(files["config/shardmap.json"])
+	require.NoError(t, err)
+	require.Len(t, m.Shards, 2*len(top.Regions))
+	for _, r := range top.Regions {
+		for _, role := range roles {
+			var c node.Config
+			strict("config/"+r+"/"+role+".json", &c)
+			require.Equal(t, r, c.Region)
+			require.Equal(t, []string{role}, c.Roles)
+		}
+	}
+}
