@@ -112,7 +112,6 @@ func TestOwnersReload(t *testing.T) {
 	_, ok = owners.Owner(1)
 	require.False(t, ok, "the expired claim is gone from the view")
 
-
 	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("alive"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { o, _ := owners.Owner(1); return o == "alive" }, 5*time.Second, 20*time.Millisecond)
