@@ -51,11 +51,7 @@ func TestOwnershipFollowsThePrimary(t *testing.T) {
 	require.NoError(t, err)
 
 	at := func(version uint64, primaryRegion string) *shardmap.Map {
-		m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"}, Shards: []shardmap.Shard{{
-			ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: "127.0.0.1:1", Database: "d",
-			Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}, Epoch: version}}})
-		require.NoError(t, err)
-		return m
+		return twoRegionMap(t, version, primaryRegion)
 	}
 	maps := shardmap.NewHolder(at(1, "a"))
 	dequeuer := func(region string) *Service {
@@ -135,11 +131,7 @@ func TestCutOffOwnerIsTakenOver(t *testing.T) {
 	kv, err := OpenOwners(ctx, js, ttl, 1)
 	require.NoError(t, err)
 	at := func(version uint64, primaryRegion string) *shardmap.Map {
-		m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"}, Shards: []shardmap.Shard{{
-			ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: "127.0.0.1:1", Database: "d",
-			Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}, Epoch: version}}})
-		require.NoError(t, err)
-		return m
+		return twoRegionMap(t, version, primaryRegion)
 	}
 	owner := func() string {
 		e, err := kv.Get(ctx, peer.OwnerKey(1))
@@ -205,4 +197,15 @@ func TestOwnersReloadIsPaced(t *testing.T) {
 	time.Sleep(reloadEvery)
 	owners.Reload(ctx, []uint32{1})
 	require.Equal(t, "second", owner())
+}
+
+// twoRegionMap is a map of regions a and b with one shard, homed in a, whose
+// primary runs in primaryRegion at epoch version.
+func twoRegionMap(t *testing.T, version uint64, primaryRegion string) *shardmap.Map {
+	t.Helper()
+	m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"}, Shards: []shardmap.Shard{{
+		ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: "127.0.0.1:1", Database: "d",
+		Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}, Epoch: version}}})
+	require.NoError(t, err)
+	return m
 }
