@@ -31,7 +31,9 @@ func TestKillEnqueuerAndDequeuerLosesNothing(t *testing.T) {
 		enq[name] = c.start(name, node.Config{Roles: []string{node.RoleEnqueuer}, EnqueueAckWait: ms(2 * time.Second), OwnerTTL: ms(2 * time.Second)})
 	}
 	deq := map[string]*proc{}
-	for _, name := range []string{"deq1", "deq2"} {
+	// Dequeuer IDs start with their region (dequeuer.Config.ID), so the
+	// ownership bucket names them so; the map is keyed the same way.
+	for _, name := range []string{"us-east-deq1", "us-east-deq2"} {
 		deq[name] = c.start(name, node.Config{Roles: []string{node.RoleDequeuer}, DequeuerID: name, OwnerTTL: ms(2 * time.Second)})
 	}
 	q := c.client(router)
