@@ -863,6 +863,20 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 		}
 		return
 	}
+	// Rejoining makes r read-only and a replica of s.Primary: irreversible,
+	// and a demotion of the real primary if s is stale (a controller that
+	// just came back from a partition leads with the map it had). Act only
+	// as the leader now, and only if the bucket still names s.Primary at
+	// s's epoch.
+	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
+		return
+	}
+	if m, err := shardmap.Load(ctx, c.cfg.MapKV); err != nil {
+		return
+	} else if cur, ok := m.Shard(s.ID); !ok || cur.Epoch != s.Epoch || cur.Primary != s.Primary || cur.Fenced {
+		c.log.Warn("rejoin skipped: the stored shard map moved on", "shard", s.ID, "server", r, "primary_in_memory", s.Primary)
+		return
+	}
 	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
 	defer cancel()
 	if err := a.RejoinAsReplica(rctx, want, c.cfg.Repl); err != nil {
