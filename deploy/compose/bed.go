@@ -123,6 +123,9 @@ func (b *Bed) containers(ctx context.Context) ([]container, error) {
 	for line := range strings.Lines(out) {
 		f := strings.Split(strings.TrimRight(line, "\n"), "\t")
 		if len(f) != len(fields) {
+			if strings.TrimSpace(line) != "" {
+				fmt.Fprintf(os.Stderr, "compose: docker ps line not understood (want %d tab-separated fields): %q\n", len(fields), line)
+			}
 			continue
 		}
 		c := container{ID: f[0], Service: f[1], State: f[2], Region: f[3], Role: f[4], Addr: f[7], StartedAs: f[8]}
@@ -231,7 +234,13 @@ func (b *Bed) Inject(ctx context.Context, f drill.Fault) (drill.Injection, error
 				return c, nil
 			}
 		}
-		return container{}, fmt.Errorf("region %q has no %s container", f.Region, role)
+		// Say what was seen: a CI run once failed here with every gateway
+		// up (see compose.Bed.containers, which drops lines it cannot parse).
+		seen := make([]string, 0, len(cs))
+		for _, c := range cs {
+			seen = append(seen, c.Region+"/"+c.Role+"/"+c.State)
+		}
+		return container{}, fmt.Errorf("region %q has no %s container among the %d of project %s: %v", f.Region, role, len(cs), b.project, seen)
 	}
 	switch f.Scenario {
 	case "primary-kill":
