@@ -13,7 +13,7 @@ import (
 // production binary must not (TestServeDoesNotLinkTheBed). The compose
 // images carry both binaries.
 func wanCommand() *cobra.Command {
-	var config, level string
+	var config *cli.ConfigFile
 	cmd := &cobra.Command{
 		Use:     "wan --config FILE [flags]",
 		GroupID: groupBed,
@@ -21,10 +21,11 @@ func wanCommand() *cobra.Command {
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var cfg wan.GatewayConfig
-			if err := cli.ReadJSON(config, &cfg); err != nil {
-				return cli.Usagef("%v", err)
+			log, err := config.Load(c, &cfg)
+			if err != nil {
+				return err
 			}
-			g, err := wan.StartGateway(cfg, cli.Logger(c.ErrOrStderr(), level))
+			g, err := wan.StartGateway(cfg, log)
 			if err != nil {
 				return err
 			}
@@ -33,7 +34,6 @@ func wanCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&config, "config", "", "gateway config file (JSON; see deploy/wan.GatewayConfig)")
-	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	config = cli.AddConfigFlags(cmd, "deploy/wan.GatewayConfig")
 	return cmd
 }

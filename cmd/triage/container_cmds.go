@@ -74,7 +74,7 @@ func split(s string) []string {
 
 // bootstrapCommand runs bootstrap.Run from a config file.
 func bootstrapCommand() *cobra.Command {
-	var config *configFile
+	var config *cli.ConfigFile
 	cmd := &cobra.Command{
 		Use:     "bootstrap --config FILE [flags]",
 		GroupID: groupCompose,
@@ -82,14 +82,14 @@ func bootstrapCommand() *cobra.Command {
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var cfg bootstrap.Config
-			log, err := config.load(c, &cfg)
+			log, err := config.Load(c, &cfg)
 			if err != nil {
 				return err
 			}
 			return bootstrap.Run(c.Context(), cfg, log)
 		},
 	}
-	config = addConfigFlags(cmd, "cmd/triage/bootstrap.Config")
+	config = cli.AddConfigFlags(cmd, "cmd/triage/bootstrap.Config")
 	return cmd
 }
 

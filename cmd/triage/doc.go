@@ -22,5 +22,5 @@
 // exit status. A verb whose name has a space ("namespace get") is a
 // sub-command of a group that holds the common flags, so they may come
 // before the sub-command's name. serve and bootstrap share the
-// --config/--log-level prologue (configFile).
+// --config/--log-level prologue (cli.ConfigFile).
 package main

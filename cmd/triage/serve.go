@@ -19,7 +19,7 @@ const nodeStartTimeout = time.Minute
 
 func serveCommand() *cobra.Command {
 	var health string
-	var config *configFile
+	var config *cli.ConfigFile
 	cmd := &cobra.Command{
 		Use:     "serve --config FILE [flags]",
 		GroupID: groupService,
@@ -27,7 +27,7 @@ func serveCommand() *cobra.Command {
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var cfg node.Config
-			log, err := config.load(c, &cfg)
+			log, err := config.Load(c, &cfg)
 			if err != nil {
 				return err
 			}
@@ -55,7 +55,7 @@ func serveCommand() *cobra.Command {
 			return nil
 		},
 	}
-	config = addConfigFlags(cmd, "cmd/triage/node.Config")
+	config = cli.AddConfigFlags(cmd, "cmd/triage/node.Config")
 	cmd.Flags().StringVar(&health, "health", "", "serve GET /healthz on this address (NATS, shard map, the region's primaries)")
 	return cmd
 }

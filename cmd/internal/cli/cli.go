@@ -198,3 +198,30 @@ func ReadJSON(file string, v any) error {
 	}
 	return nil
 }
+
+// ConfigFile holds --config and --log-level, the flags of a verb that runs
+// from a JSON config file (serve, bootstrap, wan).
+type ConfigFile struct {
+	path, level string
+}
+
+// AddConfigFlags registers --config (a file of what) and --log-level on
+// cmd.
+func AddConfigFlags(cmd *cobra.Command, what string) *ConfigFile {
+	f := &ConfigFile{}
+	cmd.Flags().StringVar(&f.path, "config", "", what+" config file (JSON; see "+what+")")
+	cmd.Flags().StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	return f
+}
+
+// Load decodes the config file into v and returns the logger that
+// --log-level asks for, on c's stderr.
+func (f *ConfigFile) Load(c *cobra.Command, v any) (*slog.Logger, error) {
+	if f.path == "" {
+		return nil, Usagef("--config is required")
+	}
+	if err := ReadJSON(f.path, v); err != nil {
+		return nil, err
+	}
+	return Logger(c.ErrOrStderr(), f.level), nil
+}
