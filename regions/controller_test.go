@@ -195,6 +195,7 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)
 		require.NoError(t, err)
 	}
+	before := c.ctl.cfg.Maps.Current()
 	res, err := c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, ToRegion: "b", Planned: true})
 	require.NoError(t, err)
 	require.Equal(t, c.replica.Addr(), res.NewPrimary)
@@ -218,6 +219,13 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 	_, err = pdb.Exec("INSERT INTO t VALUES (22)")
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "read-only")
+	// A rejoin pass run with the map from before the switchover (a
+	// controller back from a partition leads with the map it had) sees the
+	// new primary as a replica that replicates from the wrong server. It
+	// must not demote it: the stored map names it primary at epoch 2.
+	c.ctl.rejoin(t.Context(), before)
+	_, err = rdb.Exec("INSERT INTO t VALUES (23)")
+	require.NoError(t, err, "a rejoin from a stale map demoted the new primary")
 	// A planned switchover of a shard whose primary is down is refused.
 	require.NoError(t, c.replica.Kill())
 	_, err = c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, Planned: true})

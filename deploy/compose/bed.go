@@ -98,13 +98,20 @@ func Open(ctx context.Context, project string) (*Bed, error) {
 	return b, nil
 }
 
-// docker runs the docker CLI and returns its output; an error carries it.
+// docker runs the docker CLI and returns its standard output; an error
+// carries its standard error. The two are kept apart: a warning the CLI
+// writes to stderr while it writes a listing would otherwise land inside
+// the listing's lines, and a line of docker ps that does not parse is a
+// container the bed does not see.
 func docker(ctx context.Context, args ...string) (string, error) {
-	var out bytes.Buffer
+	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, "docker", args...)
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		return "", fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errOut.String()+" "+out.String()))
+	}
+	if w := strings.TrimSpace(errOut.String()); w != "" {
+		fmt.Fprintf(os.Stderr, "compose: docker %s said on stderr: %s\n", args[0], w)
 	}
 	return strings.TrimSpace(out.String()), nil
 }
