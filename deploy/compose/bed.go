@@ -116,22 +116,38 @@ func docker(ctx context.Context, args ...string) (string, error) {
 	return strings.TrimSpace(out.String()), nil
 }
 
+// psFields is the docker ps format of a container line, tab-separated.
+var psFields = []string{"{{.ID}}", `{{.Label "com.docker.compose.service"}}`, "{{.State}}", `{{.Label "` + LabelRegion + `"}}`,
+	`{{.Label "` + LabelRole + `"}}`, `{{.Label "` + LabelRegionIndex + `"}}`, `{{.Label "` + LabelShard + `"}}`,
+	`{{.Label "` + LabelAddr + `"}}`, `{{.Label "` + LabelStartedAs + `"}}`,
+	// A last field that is never empty: a line ending in empty labels
+	// ends in tabs, which docker's trimmed output loses on the last line
+	// (a gateway has no shard, address or start label). A CI run failed a
+	// partition drill on it: the gateway docker listed last was dropped.
+	"end"}
+
 // containers lists the project's containers, running or not.
 func (b *Bed) containers(ctx context.Context) ([]container, error) {
-	fields := []string{"{{.ID}}", `{{.Label "com.docker.compose.service"}}`, "{{.State}}", `{{.Label "` + LabelRegion + `"}}`,
-		`{{.Label "` + LabelRole + `"}}`, `{{.Label "` + LabelRegionIndex + `"}}`, `{{.Label "` + LabelShard + `"}}`,
-		`{{.Label "` + LabelAddr + `"}}`, `{{.Label "` + LabelStartedAs + `"}}`}
 	out, err := docker(ctx, "ps", "-a", "--filter", "label=com.docker.compose.project="+b.project,
-		"--format", strings.Join(fields, "\t"))
+		"--format", strings.Join(psFields, "\t"))
 	if err != nil {
 		return nil, err
 	}
-	var cs []container
+	cs, bad := parseContainers(out)
+	for _, line := range bad {
+		fmt.Fprintf(os.Stderr, "compose: docker ps line not understood (want %d tab-separated fields): %q\n", len(psFields), line)
+	}
+	return cs, nil
+}
+
+// parseContainers reads docker ps lines in the psFields format, sorted by
+// service, and returns the lines it could not read.
+func parseContainers(out string) (cs []container, bad []string) {
 	for line := range strings.Lines(out) {
 		f := strings.Split(strings.TrimRight(line, "\n"), "\t")
-		if len(f) != len(fields) {
+		if len(f) != len(psFields) {
 			if strings.TrimSpace(line) != "" {
-				fmt.Fprintf(os.Stderr, "compose: docker ps line not understood (want %d tab-separated fields): %q\n", len(fields), line)
+				bad = append(bad, line)
 			}
 			continue
 		}
@@ -143,7 +159,7 @@ func (b *Bed) containers(ctx context.Context) ([]container, error) {
 		cs = append(cs, c)
 	}
 	slices.SortFunc(cs, func(a, b container) int { return cmp.Compare(a.Service, b.Service) })
-	return cs, nil
+	return cs, bad
 }
 
 // service is the container of service name.
