@@ -226,10 +226,14 @@ func TestShardsOnline(t *testing.T) {
 		resp, err := qs[0].Dequeue(ctx, &triagev1.DequeueRequest{Namespace: "default", Topics: []*triagev1.TopicCount{{Topic: "order", Count: 7}},
 			LeaseDuration: lease, Wait: durationpb.New(time.Second)})
 		require.NoError(t, err)
+		ack := &triagev1.AckRequest{Namespace: "default"}
 		for _, it := range resp.Items {
 			prios = append(prios, it.Priority)
+			ack.Acks = append(ack.Acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
 		}
 		require.NotEmpty(t, resp.Items)
+		_, err = qs[0].Ack(ctx, ack)
+		require.NoError(t, err)
 	}
 	for i := 1; i < len(prios); i++ {
 		require.LessOrEqual(t, prios[i-1], prios[i], "priority order across shards: %v", prios)
@@ -278,7 +282,7 @@ func TestShardsOnline(t *testing.T) {
 		}
 		require.NoError(t, err)
 		return true
-	}, 60*time.Second, 250*time.Millisecond)
+	}, 60*time.Second, 250*time.Millisecond, "retire refused with: %q", notYet)
 	t.Logf("retire refused first with: %q", notYet)
 	require.NotEmpty(t, notYet)
 	sm := getMap(ctx, t, admins[1])

@@ -130,8 +130,8 @@ type Namespace struct {
 	// a later copy; so a region's table is filled once, when the namespace
 	// first has shards there (from that region's shards, sorted), and kept
 	// when its shard lists change. A shard a region's slots name cannot
-	// leave the namespace's shards in that region (moving slots is not
-	// supported yet).
+	// leave the namespace's shards in that region; draining the shard
+	// moves its slots (WithDrain, with SlotsFrom).
 	Slots DedupSlotTables `json:"dedup_slots,omitempty"`
 	// SlotsFrom records, per region and slot, the shard a slot moved
 	// away from when that shard was drained (0: not moved). That shard
