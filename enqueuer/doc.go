@@ -21,6 +21,11 @@
 // router on the batch's reply subject, and tells dequeuers which topics got
 // new items (ItemsReady).
 //
+// A draining shard (shardmap.Shard.Draining) keeps its worker: routers
+// publish nothing new to it, and what its buffer still holds is inserted
+// as usual; a retired shard leaves the map only with its subject empty,
+// and its worker stops with the next reconcile.
+//
 // # Idempotency
 //
 // JetStream redelivers a message whose ack was lost. The insert is

@@ -26,8 +26,8 @@
 // keeps the tables, so a shard list change cannot move a key, and it
 // refuses to drop a shard that a region's slots name (that shard may
 // still hold the keys' items and tombstones).
-// The rest of a request goes to one of the region's shards picked
-// round-robin. Each (request, shard) group is a batch, split so that each
+// The rest of a request goes to one of the region's shards that is not
+// draining, picked by weight. Each (request, shard) group is a batch, split so that each
 // batch fits one NATS message (the server's max_payload); an item that
 // cannot fit one alone is refused as INVALID_ARGUMENT before anything is
 // published, and PutNamespace refuses a max_payload_bytes that could not
@@ -68,6 +68,23 @@
 // committed (afterWrite): a write that landed on a primary deposed
 // meanwhile is reported as unknown, never as done. Admin.Failover forwards
 // to the controller leader (package regions).
+//
+// # Growing and shrinking
+//
+// AddShard (after migrating the new primary's schema), AddNamespaceShard,
+// SetShardWeight, DrainShard and RetireShard (shards.go) build the next
+// map with package shardmap and publish it with compare-and-set
+// (changeMap), re-applying the change, preconditions included, to the
+// newer map when another writer won. Enqueues without a dedup key go to
+// the namespace's shards that are not draining, by weight; a dedup key
+// whose slot moved off a draining shard is first looked up there
+// (movedHolder; the design is in shardmap's doc). A router refuses
+// enqueues while its map is unconfirmed for over shardmap.MaxStaleness,
+// so one that missed a drain stops publishing to the drained shard.
+// RetireShard answers FAILED_PRECONDITION, saying what is left, until
+// the shard drained for shardmap.DrainSettle, its enqueue-stream subject
+// is empty and it holds no items, dead letters, live tombstones or
+// refused items.
 //
 // # Storage
 //

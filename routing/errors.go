@@ -55,9 +55,9 @@ func toStatus(err error) error {
 	case errors.Is(err, ErrInvalid), errors.Is(err, itemid.ErrInvalid), errors.Is(err, store.ErrBadToken),
 		errors.Is(err, store.ErrMetadataTooLarge):
 		code = codes.InvalidArgument
-	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, store.ErrNotFound), errors.Is(err, shardmap.ErrUnknownShard):
 		code = codes.NotFound
-	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover):
+	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover), errors.Is(err, shardmap.ErrShardState):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted

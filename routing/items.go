@@ -338,8 +338,7 @@ func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*tr
 	m := r.cfg.Maps.Current()
 	out := &triagev1.ShardMap{Version: m.Version, Regions: m.Regions}
 	for _, s := range m.Shards {
-		out.Shards = append(out.Shards, &triagev1.Shard{Id: s.ID, HomeRegion: s.HomeRegion, Primary: s.Primary, Replicas: s.Replicas,
-			Epoch: s.Epoch, PrimaryRegion: cmp.Or(s.PrimaryRegion, s.HomeRegion), ReplicaRegions: s.ReplicaRegions, Fenced: s.Fenced})
+		out.Shards = append(out.Shards, shardProto(s))
 	}
 	for _, ns := range m.Namespaces {
 		for _, region := range m.Regions {

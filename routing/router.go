@@ -93,6 +93,10 @@ type Router struct {
 
 	quotas *quotas
 
+	// drained holds the drained shards whose buffer was seen empty after
+	// DrainSettle (movedHolder): nothing can be published to them again.
+	drained sync.Map
+
 	pubMu      sync.Mutex
 	publishers map[string]*shardPublisher
 	pubWG      sync.WaitGroup
@@ -206,6 +210,18 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	if err != nil {
 		return nil, err
 	}
+	// Only draining shards' neighbours take new items, by weight.
+	open, weights, err := m.EnqueueShards(req.Namespace, region)
+	if err != nil {
+		return nil, err
+	}
+	// A router that has not heard from the map store for MaxStaleness may
+	// have missed a drain: it stops publishing, so a drained shard's
+	// buffer is closed DrainSettle after the drain (see shardmap.DrainSettle).
+	if u, ok := r.cfg.Maps.(interface{ Unconfirmed() time.Duration }); ok && u.Unconfirmed() > shardmap.MaxStaleness {
+		return nil, errorf(ErrUnavailable, "shard map not confirmed by NATS for %s (over %s): refusing enqueues until it is, so none goes to a shard drained meanwhile",
+			u.Unconfirmed().Round(time.Millisecond), shardmap.MaxStaleness)
+	}
 	if r.cfg.Claim != nil {
 		// Only mint IDs while no other router can hold this node number.
 		if err := r.cfg.Claim.Check(time.Now()); err != nil {
@@ -232,18 +248,38 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	// A batch is closed when the next item would take it past what one
 	// JetStream message may carry; the shard's next batch goes on.
 	limit := r.batchLimit(req.Namespace, req.Topic)
-	spread := shards[r.rr.Add(1)%uint64(len(shards))]
+	//
+	// A key whose slot moved off a draining shard is looked up there
+	// first (movedHolder): while that shard holds its item or tombstone,
+	// the enqueue is a duplicate of it.
+	spread := shardmap.PickWeighted(open, weights, r.rr.Add(1))
 	groups := map[uint32]*shardBatch{}
 	sizes := map[uint32]int{}
 	var order []*shardBatch
+	results := make([]*triagev1.EnqueueResult, len(req.Items))
 	for i, it := range req.Items {
 		shard := spread
 		if it.DedupKey != "" {
 			var ok bool
-			if shard, ok = ns.DedupShard(region, req.Topic, it.DedupKey); !ok {
+			var from uint32
+			if shard, from, ok = ns.DedupRoute(region, req.Topic, it.DedupKey); !ok {
 				// New fills a region's table whenever the namespace has a
 				// shard there, and ShardsFor found one.
 				return nil, fmt.Errorf("namespace %q has shards in region %q but no dedup slot table there", req.Namespace, region)
+			}
+			if from != 0 {
+				key, found, err := r.movedHolder(ctx, m, from, req.Namespace, req.Topic, it.DedupKey)
+				if err != nil {
+					return nil, err
+				}
+				if found {
+					home := region
+					if s, ok := m.Shard(from); ok {
+						home = s.HomeRegion
+					}
+					results[i] = &triagev1.EnqueueResult{Id: itemid.ID{Shard: from, Key: key}.String(), Duplicate: true, Region: home}
+					continue
+				}
 			}
 		}
 		b := r.bufferedItem(it, ns, now)
@@ -288,10 +324,11 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			defer r.forget(g.batch.BatchId)
 		}
 	}
-	if err := r.publish(waitCtx, order); err != nil {
-		return nil, err
+	if len(order) > 0 {
+		if err := r.publish(waitCtx, order); err != nil {
+			return nil, err
+		}
 	}
-	results := make([]*triagev1.EnqueueResult, len(req.Items))
 	for i, g := range order {
 		var c *peerv1.EnqueueCommitted
 		if committed {

@@ -30,7 +30,48 @@
 // (from the region's shards, sorted: slot i names the (i mod n)th) when
 // the namespace first has shards there, including when a stored map has
 // no tables yet, and is kept across shard-list changes; a change that
-// drops a shard a table names is refused.
+// drops a shard a table names is refused. Only a drain moves slots (see
+// "Changing shards online").
+//
+// # Changing shards online
+//
+// Shards are added, weighed, drained and retired by new map versions
+// (change.go: WithNewShard, WithNamespaceShard, WithWeight, WithDrain,
+// WithoutShard), each published with compare-and-set on the stored
+// version (Publish), so two admins changing the map at once are applied
+// one after the other, each on the map the other left, or refused.
+//
+// Weight gives a shard its share of new enqueues without a dedup key
+// (PickWeighted, interleaved), so a new shard can take more until it is
+// balanced. Draining shards take no new enqueues (EnqueueShards) but stay
+// in ShardsFor, so dequeues, stats and item calls go on until they are
+// empty; merging by priority across a region's shards therefore still
+// includes them.
+//
+// Dedup must stay exact: a key's shard must not change while the key's
+// item or tombstone lives. A new shard takes no dedup slots. Slots move
+// only off a draining shard, and remember where they came from
+// (Namespace.SlotsFrom): a router looks a moved key up on the old shard
+// (live item, or tombstone within the window) before it enqueues the key
+// on the new one, and answers with the old item's ID when it is there.
+// That lookup is exact once nothing can insert the key on the old shard
+// any more: routers refuse enqueues when their map is unconfirmed for
+// MaxStaleness (Holder.Unconfirmed), so DrainSettle after the drain no
+// router publishes to it, and once its subject in the enqueue stream is
+// empty every batch published before is inserted. Until then a moved
+// key's enqueue waits (at most DrainSettle plus the buffer's drain, once
+// per drained shard and router). Two routers that both miss the key on
+// the old shard meet on the new shard's unique index. We chose this over
+// a key → shard record in NATS KV (a KV write per dedup enqueue,
+// forever) and over copying rows with the slot (item IDs name their
+// shard, so a copied item would change its ID under a consumer's lease).
+// A slot remembers one old shard, so a shard that holds slots moved from
+// a shard not yet retired cannot be drained (ErrShardState).
+//
+// Retiring removes a draining shard only when it holds nothing and its
+// buffer is drained (the router's RetireShard checks; the map cannot),
+// keeps its ID in Retired so it is never reused (an item ID names its
+// shard), and clears the slots' memory of it.
 //
 // # Writing only with a current map
 //

@@ -134,3 +134,17 @@ func (h *Holder) Offer(m *Map) bool {
 		}
 	}
 }
+
+// Unconfirmed returns how long the store has not confirmed the snapshot,
+// or 0 before its first confirmation (a holder nobody watches, as in
+// unit tests, never counts as stale here). Routers refuse enqueues once it
+// passes MaxStaleness, so a router that missed a drain stops publishing to
+// the drained shard's buffer within MaxStaleness (see DrainSettle).
+func (h *Holder) Unconfirmed() time.Duration {
+	select {
+	case <-h.confirmed:
+		return h.Age()
+	default:
+		return 0
+	}
+}

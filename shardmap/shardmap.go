@@ -77,6 +77,17 @@ type Shard struct {
 	// Fenced is set while a failover is under way: no process writes to
 	// the shard until a map with a new primary is published.
 	Fenced bool `json:"fenced,omitempty"`
+	// Weight is the shard's share of new enqueues without a dedup key
+	// among its namespace's shards in a region, 1 to MaxWeight. 0 reads
+	// as 1. A new shard can take a larger share until it is balanced.
+	Weight uint32 `json:"weight,omitempty"`
+	// Draining shards take no new enqueues; dequeues and item calls go
+	// on until they are empty and Retire removes them (see change.go).
+	Draining bool `json:"draining,omitempty"`
+	// DrainedAtMs is when Drain was published (unix ms, the admin
+	// router's clock): a drained shard's buffer is known closed to new
+	// publishes DrainSettle after it.
+	DrainedAtMs int64 `json:"drained_at_ms,omitempty"`
 }
 
 // Namespace is a tenant: its shards and its limits.
@@ -119,9 +130,16 @@ type Namespace struct {
 	// a later copy; so a region's table is filled once, when the namespace
 	// first has shards there (from that region's shards, sorted), and kept
 	// when its shard lists change. A shard a region's slots name cannot
-	// leave the namespace's shards in that region (moving slots is not
-	// supported yet).
+	// leave the namespace's shards in that region; draining the shard
+	// moves its slots (WithDrain, with SlotsFrom).
 	Slots DedupSlotTables `json:"dedup_slots,omitempty"`
+	// SlotsFrom records, per region and slot, the shard a slot moved
+	// away from when that shard was drained (0: not moved). That shard
+	// may still hold a live item or tombstone of the slot's keys, so a
+	// router looks a key up there before it enqueues the key on the
+	// slot's new shard (see "# Changing shards" in doc.go). Entries are
+	// cleared when the old shard is retired, which requires it empty.
+	SlotsFrom DedupSlotTables `json:"dedup_slots_from,omitempty"`
 }
 
 // DedupSlotTables maps a region to its DedupSlots shard IDs.
@@ -243,6 +261,10 @@ type Map struct {
 	Regions    []string    `json:"regions"`
 	Shards     []Shard     `json:"shards"`
 	Namespaces []Namespace `json:"namespaces"`
+	// Retired lists the IDs of retired shards. They are never reused:
+	// an item ID names its shard, so a stale ID of a retired shard must
+	// not find another shard's rows.
+	Retired []uint32 `json:"retired,omitempty"`
 
 	shards     map[uint32]*Shard
 	namespaces map[string]*Namespace
@@ -269,6 +291,7 @@ func New(m Map) (*Map, error) {
 	out := &Map{
 		Version:    m.Version,
 		Regions:    slices.Clone(m.Regions),
+		Retired:    slices.Sorted(slices.Values(m.Retired)),
 		shards:     map[uint32]*Shard{},
 		namespaces: map[string]*Namespace{},
 		byRegion:   map[string][]uint32{},
@@ -300,6 +323,12 @@ func New(m Map) (*Map, error) {
 		}
 		if s.Primary == "" {
 			return nil, fmt.Errorf("shard map: shard %d has no primary", s.ID)
+		}
+		if s.Weight > MaxWeight {
+			return nil, fmt.Errorf("shard map: shard %d: weight %d: allowed 1 to %d (0 reads as 1)", s.ID, s.Weight, MaxWeight)
+		}
+		if slices.Contains(m.Retired, s.ID) {
+			return nil, fmt.Errorf("shard map: shard %d is retired: shard IDs are never reused (item IDs name their shard); pick another ID", s.ID)
 		}
 		out.Shards = append(out.Shards, s)
 	}
@@ -374,6 +403,8 @@ func (m *Map) fillSlots(ns *Namespace) error {
 		}
 		table := ns.Slots[region]
 		if len(table) == 0 {
+			// A draining shard takes no new keys.
+			ids := slices.DeleteFunc(slices.Clone(ids), func(id uint32) bool { return m.shards[id].Draining })
 			if len(ids) == 0 {
 				continue // no shards here yet: filled once it has some
 			}
@@ -400,6 +431,27 @@ func (m *Map) fillSlots(ns *Namespace) error {
 	ns.Slots = nil
 	if len(tables) > 0 {
 		ns.Slots = tables
+	}
+	// A moved slot's old shard that is gone (retired) holds nothing more.
+	from := DedupSlotTables{}
+	for region, table := range ns.SlotsFrom {
+		if _, ok := ns.Slots[region]; !ok || len(table) != DedupSlots {
+			return fmt.Errorf("namespace %q: dedup_slots_from of region %q must have %d entries beside a dedup_slots table", ns.Name, region, DedupSlots)
+		}
+		out := make([]uint32, DedupSlots)
+		moved := false
+		for i, id := range table {
+			if _, ok := m.shards[id]; ok && id != ns.Slots[region][i] {
+				out[i], moved = id, true
+			}
+		}
+		if moved {
+			from[region] = out
+		}
+	}
+	ns.SlotsFrom = nil
+	if len(from) > 0 {
+		ns.SlotsFrom = from
 	}
 	return nil
 }
@@ -454,7 +506,7 @@ func (m *Map) ShardsFor(namespace, region string) ([]uint32, error) {
 
 // WithShard returns the next version of m with shard s replaced.
 func (m *Map) WithShard(s Shard) (*Map, error) {
-	next := Map{Version: m.Version + 1, Regions: m.Regions, Namespaces: m.Namespaces}
+	next := Map{Version: m.Version + 1, Regions: m.Regions, Namespaces: m.Namespaces, Retired: m.Retired}
 	for _, old := range m.Shards {
 		if old.ID == s.ID {
 			old = s
@@ -476,7 +528,7 @@ func (s Shard) ReplicaRegion(addr string) string {
 
 // WithNamespace returns the next version of m with ns added or replaced.
 func (m *Map) WithNamespace(ns Namespace) (*Map, error) {
-	next := Map{Version: m.Version + 1, Regions: m.Regions, Shards: m.Shards}
+	next := Map{Version: m.Version + 1, Regions: m.Regions, Shards: m.Shards, Retired: m.Retired}
 	for _, old := range m.Namespaces {
 		if old.Name != ns.Name {
 			next.Namespaces = append(next.Namespaces, old)

@@ -20,7 +20,7 @@ import (
 func upCommand() *cobra.Command {
 	var (
 		dir, regions, level, pprofAddr string
-		shards                         int
+		shards, spares                 int
 		multi, freePorts               bool
 		wanLatency                     time.Duration
 	)
@@ -45,7 +45,7 @@ func upCommand() *cobra.Command {
 			}
 			start := time.Now()
 			fmt.Fprintf(stdout, "starting the Triage bed: regions %s (MariaDB shards, NATS, Triage roles)...\n", strings.Join(regionList, ", "))
-			b, err := bed.Start(c.Context(), bed.Config{Dir: dir, Regions: regionList, ShardsPerRegion: shards, WANLatency: latency,
+			b, err := bed.Start(c.Context(), bed.Config{Dir: dir, Regions: regionList, ShardsPerRegion: shards, SpareShardsPerRegion: spares, WANLatency: latency,
 				HTTPBase: httpBase, GRPCBase: grpcBase, NATSPort: natsPort, Pprof: pprofAddr, Logger: cli.Logger(c.ErrOrStderr(), level),
 				Progress: func(line string) { fmt.Fprintln(stdout, "  "+line) }})
 			if err != nil {
@@ -62,6 +62,7 @@ func upCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", ".triage", "where bed.json and the shard map go")
 	f.IntVar(&shards, "shards", 0, "shard primaries per region (default 2 with one region, 1 with several)")
+	f.IntVar(&spares, "spare-shards", 0, "spare shard primaries per region, started (with replicas) but not in the shard map: add them with triage shard add (bed.json lists them as spare)")
 	f.StringVar(&regions, "regions", "us-east", "comma-separated regions, in port order (us-east,eu-west,ap-south)")
 	f.BoolVar(&multi, "multi-region", false, "run the three regions us-east, eu-west and ap-south (same as --regions "+strings.Join(bed.DefaultRegions, ",")+")")
 	f.DurationVar(&wanLatency, "wan-latency", 20*time.Millisecond, "one-way latency between regions (0 for none)")
@@ -79,7 +80,11 @@ func printBed(w io.Writer, b *bed.Bed, dir string, took time.Duration) {
 	for _, p := range b.Layout.Processes {
 		switch p.Role {
 		case bed.RolePrimary:
-			fmt.Fprintf(w, "  shard %d  primary  %-9s mariadbd 127.0.0.1:%d (pid %d)\n", p.Shard, p.Region, p.Port, p.PID)
+			spare := ""
+			if p.Spare {
+				spare = ", spare: not in the shard map"
+			}
+			fmt.Fprintf(w, "  shard %d  primary  %-9s mariadbd 127.0.0.1:%d (pid %d%s)\n", p.Shard, p.Region, p.Port, p.PID, spare)
 		case bed.RoleReplica:
 			fmt.Fprintf(w, "  shard %d  replica  %-9s mariadbd 127.0.0.1:%d (pid %d, read-only, semi-sync)\n", p.Shard, p.Region, p.Port, p.PID)
 		}

@@ -472,7 +472,7 @@ func TestNamespaceGroupUsage(t *testing.T) {
 			r := b.run(t, "", "namespace", tc.args...)
 			require.Equal(t, tc.code, r.code, r.stderr)
 			require.Contains(t, r.stderr, tc.want)
-			require.Contains(t, r.stderr, "usage: triage namespace get|put ...")
+			require.Contains(t, r.stderr, "usage: triage namespace add-shard|get|put ...")
 			require.Contains(t, lines(r.stderr), "triage namespace get NAME Show a namespace's configuration.")
 			require.Empty(t, r.stdout)
 		})

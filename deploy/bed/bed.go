@@ -37,6 +37,11 @@ type Config struct {
 	// 2 with one region, 1 with more (each shard then has a replica in
 	// every other region).
 	ShardsPerRegion int
+	// SpareShardsPerRegion are shard primaries started (with replicas and
+	// accounts, like the others) but left out of the shard map, numbered
+	// after every region's shards, for adding online (triage shard add;
+	// bed.json lists them with "spare": true). Default 0.
+	SpareShardsPerRegion int
 	// HTTPBase and GRPCBase are region 0's gateway and gRPC ports; region i
 	// uses base+i. Default 8080 and 9090. 0 after Defaults means "pick free".
 	HTTPBase, GRPCBase int
@@ -86,6 +91,8 @@ type Process struct {
 	PID    int    `json:"pid"`
 	// ClusterPort is a NATS server's route port (several regions only).
 	ClusterPort int `json:"cluster_port,omitempty"`
+	// Spare marks a shard's servers that are not in the shard map yet.
+	Spare bool `json:"spare,omitempty"`
 }
 
 // Layout is bed.json.
@@ -156,6 +163,7 @@ type region struct {
 type dbServer struct {
 	shard  uint32
 	role   string // RolePrimary or RoleReplica: the placement at start
+	spare  bool   // not in the bootstrap shard map (SpareShardsPerRegion)
 	region string
 	srv    *mariadb.Server
 	args   []string // mariadbd flags the bed started it with
@@ -196,6 +204,9 @@ func (c *Config) validate() error {
 	}
 	if c.ShardsPerRegion < 1 {
 		return fmt.Errorf("bed: %d shards per region: want at least 1", c.ShardsPerRegion)
+	}
+	if c.SpareShardsPerRegion < 0 || c.SpareShardsPerRegion > 8 {
+		return fmt.Errorf("bed: %d spare shards per region: allowed 0 to 8", c.SpareShardsPerRegion)
 	}
 	return nil
 }

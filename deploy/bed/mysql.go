@@ -58,16 +58,22 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 		shard        uint32
 		role, region string
 		k            int // replica number, from 1
+		spare        bool
 	}
 	var plans []plan
 	shard := uint32(0)
-	for i, r := range b.cfg.Regions {
-		for range b.cfg.ShardsPerRegion {
-			shard++
-			plans = append(plans, plan{shard, RolePrimary, r, 0})
-			if b.multi() {
-				for k := 1; k < len(b.cfg.Regions); k++ {
-					plans = append(plans, plan{shard, RoleReplica, b.cfg.Regions[(i+k)%len(b.cfg.Regions)], k})
+	// Spares come after every region's shards, so shard numbers do not
+	// depend on whether a bed has spares.
+	for _, spare := range []bool{false, true} {
+		n := map[bool]int{false: b.cfg.ShardsPerRegion, true: b.cfg.SpareShardsPerRegion}[spare]
+		for i, r := range b.cfg.Regions {
+			for range n {
+				shard++
+				plans = append(plans, plan{shard, RolePrimary, r, 0, spare})
+				if b.multi() {
+					for k := 1; k < len(b.cfg.Regions); k++ {
+						plans = append(plans, plan{shard, RoleReplica, b.cfg.Regions[(i+k)%len(b.cfg.Regions)], k, spare})
+					}
 				}
 			}
 		}
@@ -92,7 +98,7 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("shard %d %s in %s: %w", p.shard, p.role, p.region, err)
 		}
-		d := &dbServer{shard: p.shard, role: p.role, region: p.region, srv: s, args: args}
+		d := &dbServer{shard: p.shard, role: p.role, region: p.region, srv: s, args: args, spare: p.spare}
 		started[i] = d
 		b.mu.Lock()
 		b.servers = append(b.servers, d) // so Stop finds it even if a sibling fails
@@ -109,8 +115,12 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 		if d.role == RolePrimary {
 			b.Shards[d.shard] = d.srv
 		}
-		b.Layout.Processes = append(b.Layout.Processes, Process{Role: d.role, Region: d.region, Shard: d.shard, Port: d.srv.Port(), PID: d.srv.PID()})
-		b.progress("  shard %d %-7s %-9s mariadbd %s (pid %d)", d.shard, strings.TrimPrefix(d.role, "mysql-"), d.region, d.srv.Addr(), d.srv.PID())
+		b.Layout.Processes = append(b.Layout.Processes, Process{Role: d.role, Region: d.region, Shard: d.shard, Port: d.srv.Port(), PID: d.srv.PID(), Spare: d.spare})
+		spare := ""
+		if d.spare {
+			spare = " (spare: not in the shard map)"
+		}
+		b.progress("  shard %d %-7s %-9s mariadbd %s (pid %d)%s", d.shard, strings.TrimPrefix(d.role, "mysql-"), d.region, d.srv.Addr(), d.srv.PID(), spare)
 		if !b.multi() {
 			continue
 		}
@@ -178,7 +188,7 @@ func (b *Bed) replicate(ctx context.Context, shard uint32) error {
 func (b *Bed) writeShardMap() error {
 	m := shardmap.Map{Version: 1, Regions: b.cfg.Regions, Namespaces: []shardmap.Namespace{{Name: "default"}}}
 	for _, d := range b.serverList() {
-		if d.role != RolePrimary {
+		if d.role != RolePrimary || d.spare {
 			continue
 		}
 		s := shardmap.Shard{ID: d.shard, HomeRegion: d.region, Primary: d.srv.Addr(), Database: provision.BedAccounts.App.Database}

@@ -74,4 +74,11 @@
 // those names are the same values. Methods return them bare or wrapped
 // with %w under the same prefixes as before the store existed ("ack: ",
 // "nack: "), because routing sends err.Error() to API clients.
+//
+// # Changing shards
+//
+// DedupHolder (the lookup of a dedup key on the drained shard its slot
+// moved from) and ShardContentsCount (what RetireShard must see empty)
+// are in shard.go; neither takes locks, because both run on a shard that
+// nothing can insert into any more.
 package store

@@ -194,6 +194,306 @@ func (DequeuePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
 }
 
+type AddShardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id, home_region, primary are required; database defaults to
+	// "triage", weight to 1. epoch, fenced, draining are not set here.
+	Shard         *Shard `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddShardRequest) Reset() {
+	*x = AddShardRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddShardRequest) ProtoMessage() {}
+
+func (x *AddShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddShardRequest.ProtoReflect.Descriptor instead.
+func (*AddShardRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AddShardRequest) GetShard() *Shard {
+	if x != nil {
+		return x.Shard
+	}
+	return nil
+}
+
+type AddNamespaceShardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Shard         uint32                 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddNamespaceShardRequest) Reset() {
+	*x = AddNamespaceShardRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddNamespaceShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddNamespaceShardRequest) ProtoMessage() {}
+
+func (x *AddNamespaceShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddNamespaceShardRequest.ProtoReflect.Descriptor instead.
+func (*AddNamespaceShardRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AddNamespaceShardRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *AddNamespaceShardRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *AddNamespaceShardRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+type SetShardWeightRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Weight        uint32                 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetShardWeightRequest) Reset() {
+	*x = SetShardWeightRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetShardWeightRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetShardWeightRequest) ProtoMessage() {}
+
+func (x *SetShardWeightRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetShardWeightRequest.ProtoReflect.Descriptor instead.
+func (*SetShardWeightRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetShardWeightRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *SetShardWeightRequest) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type DrainShardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainShardRequest) Reset() {
+	*x = DrainShardRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainShardRequest) ProtoMessage() {}
+
+func (x *DrainShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainShardRequest.ProtoReflect.Descriptor instead.
+func (*DrainShardRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DrainShardRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+type RetireShardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireShardRequest) Reset() {
+	*x = RetireShardRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireShardRequest) ProtoMessage() {}
+
+func (x *RetireShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireShardRequest.ProtoReflect.Descriptor instead.
+func (*RetireShardRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RetireShardRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+// ShardChange is the shard map version a change published, and the
+// shard as it now stands (absent after RetireShard).
+type ShardChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Shard         *Shard                 `protobuf:"bytes,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardChange) Reset() {
+	*x = ShardChange{}
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardChange) ProtoMessage() {}
+
+func (x *ShardChange) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardChange.ProtoReflect.Descriptor instead.
+func (*ShardChange) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShardChange) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ShardChange) GetShard() *Shard {
+	if x != nil {
+		return x.Shard
+	}
+	return nil
+}
+
 type NewItem struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Payload []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -215,7 +515,7 @@ type NewItem struct {
 
 func (x *NewItem) Reset() {
 	*x = NewItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +527,7 @@ func (x *NewItem) String() string {
 func (*NewItem) ProtoMessage() {}
 
 func (x *NewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +540,7 @@ func (x *NewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewItem.ProtoReflect.Descriptor instead.
 func (*NewItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NewItem) GetPayload() []byte {
@@ -306,7 +606,7 @@ type EnqueueRequest struct {
 
 func (x *EnqueueRequest) Reset() {
 	*x = EnqueueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +618,7 @@ func (x *EnqueueRequest) String() string {
 func (*EnqueueRequest) ProtoMessage() {}
 
 func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +631,7 @@ func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EnqueueRequest) GetNamespace() string {
@@ -380,7 +680,7 @@ type EnqueueResult struct {
 
 func (x *EnqueueResult) Reset() {
 	*x = EnqueueResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +692,7 @@ func (x *EnqueueResult) String() string {
 func (*EnqueueResult) ProtoMessage() {}
 
 func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +705,7 @@ func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResult.ProtoReflect.Descriptor instead.
 func (*EnqueueResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EnqueueResult) GetId() string {
@@ -438,7 +738,7 @@ type EnqueueResponse struct {
 
 func (x *EnqueueResponse) Reset() {
 	*x = EnqueueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +750,7 @@ func (x *EnqueueResponse) String() string {
 func (*EnqueueResponse) ProtoMessage() {}
 
 func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +763,7 @@ func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResponse.ProtoReflect.Descriptor instead.
 func (*EnqueueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EnqueueResponse) GetResults() []*EnqueueResult {
@@ -483,7 +783,7 @@ type TopicCount struct {
 
 func (x *TopicCount) Reset() {
 	*x = TopicCount{}
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +795,7 @@ func (x *TopicCount) String() string {
 func (*TopicCount) ProtoMessage() {}
 
 func (x *TopicCount) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +808,7 @@ func (x *TopicCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicCount.ProtoReflect.Descriptor instead.
 func (*TopicCount) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TopicCount) GetTopic() string {
@@ -546,7 +846,7 @@ type DequeueRequest struct {
 
 func (x *DequeueRequest) Reset() {
 	*x = DequeueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +858,7 @@ func (x *DequeueRequest) String() string {
 func (*DequeueRequest) ProtoMessage() {}
 
 func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +871,7 @@ func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueRequest.ProtoReflect.Descriptor instead.
 func (*DequeueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DequeueRequest) GetNamespace() string {
@@ -642,7 +942,7 @@ type LeasedItem struct {
 
 func (x *LeasedItem) Reset() {
 	*x = LeasedItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +954,7 @@ func (x *LeasedItem) String() string {
 func (*LeasedItem) ProtoMessage() {}
 
 func (x *LeasedItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +967,7 @@ func (x *LeasedItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasedItem.ProtoReflect.Descriptor instead.
 func (*LeasedItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeasedItem) GetId() string {
@@ -749,7 +1049,7 @@ type DequeueResponse struct {
 
 func (x *DequeueResponse) Reset() {
 	*x = DequeueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +1061,7 @@ func (x *DequeueResponse) String() string {
 func (*DequeueResponse) ProtoMessage() {}
 
 func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +1074,7 @@ func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueResponse.ProtoReflect.Descriptor instead.
 func (*DequeueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DequeueResponse) GetItems() []*LeasedItem {
@@ -794,7 +1094,7 @@ type LeaseRef struct {
 
 func (x *LeaseRef) Reset() {
 	*x = LeaseRef{}
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1106,7 @@ func (x *LeaseRef) String() string {
 func (*LeaseRef) ProtoMessage() {}
 
 func (x *LeaseRef) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1119,7 @@ func (x *LeaseRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRef.ProtoReflect.Descriptor instead.
 func (*LeaseRef) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseRef) GetId() string {
@@ -848,7 +1148,7 @@ type ItemResult struct {
 
 func (x *ItemResult) Reset() {
 	*x = ItemResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +1160,7 @@ func (x *ItemResult) String() string {
 func (*ItemResult) ProtoMessage() {}
 
 func (x *ItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +1173,7 @@ func (x *ItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemResult.ProtoReflect.Descriptor instead.
 func (*ItemResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ItemResult) GetId() string {
@@ -907,7 +1207,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1219,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1232,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AckRequest) GetNamespace() string {
@@ -958,7 +1258,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1270,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1283,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AckResponse) GetResults() []*ItemResult {
@@ -1010,7 +1310,7 @@ type NackItem struct {
 
 func (x *NackItem) Reset() {
 	*x = NackItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1322,7 @@ func (x *NackItem) String() string {
 func (*NackItem) ProtoMessage() {}
 
 func (x *NackItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1335,7 @@ func (x *NackItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackItem.ProtoReflect.Descriptor instead.
 func (*NackItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NackItem) GetId() string {
@@ -1083,7 +1383,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1395,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1408,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NackRequest) GetNamespace() string {
@@ -1134,7 +1434,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1446,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1459,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NackResponse) GetResults() []*ItemResult {
@@ -1182,7 +1482,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1494,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1507,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExtendLeaseRequest) GetNamespace() string {
@@ -1247,7 +1547,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1559,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1572,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -1312,7 +1612,7 @@ type Item struct {
 
 func (x *Item) Reset() {
 	*x = Item{}
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1624,7 @@ func (x *Item) String() string {
 func (*Item) ProtoMessage() {}
 
 func (x *Item) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1637,7 @@ func (x *Item) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Item.ProtoReflect.Descriptor instead.
 func (*Item) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Item) GetId() string {
@@ -1490,7 +1790,7 @@ type GetItemRequest struct {
 
 func (x *GetItemRequest) Reset() {
 	*x = GetItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1802,7 @@ func (x *GetItemRequest) String() string {
 func (*GetItemRequest) ProtoMessage() {}
 
 func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1815,7 @@ func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetItemRequest.ProtoReflect.Descriptor instead.
 func (*GetItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetItemRequest) GetNamespace() string {
@@ -1550,7 +1850,7 @@ type UpdateItemRequest struct {
 
 func (x *UpdateItemRequest) Reset() {
 	*x = UpdateItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1862,7 @@ func (x *UpdateItemRequest) String() string {
 func (*UpdateItemRequest) ProtoMessage() {}
 
 func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1875,7 @@ func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateItemRequest.ProtoReflect.Descriptor instead.
 func (*UpdateItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UpdateItemRequest) GetNamespace() string {
@@ -1630,7 +1930,7 @@ type DeleteItemRequest struct {
 
 func (x *DeleteItemRequest) Reset() {
 	*x = DeleteItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1942,7 @@ func (x *DeleteItemRequest) String() string {
 func (*DeleteItemRequest) ProtoMessage() {}
 
 func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1955,7 @@ func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemRequest.ProtoReflect.Descriptor instead.
 func (*DeleteItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteItemRequest) GetNamespace() string {
@@ -1680,7 +1980,7 @@ type DeleteItemResponse struct {
 
 func (x *DeleteItemResponse) Reset() {
 	*x = DeleteItemResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1992,7 @@ func (x *DeleteItemResponse) String() string {
 func (*DeleteItemResponse) ProtoMessage() {}
 
 func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +2005,7 @@ func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemResponse.ProtoReflect.Descriptor instead.
 func (*DeleteItemResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
 }
 
 type GetTopicStatsRequest struct {
@@ -1720,7 +2020,7 @@ type GetTopicStatsRequest struct {
 
 func (x *GetTopicStatsRequest) Reset() {
 	*x = GetTopicStatsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +2032,7 @@ func (x *GetTopicStatsRequest) String() string {
 func (*GetTopicStatsRequest) ProtoMessage() {}
 
 func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +2045,7 @@ func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopicStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetTopicStatsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetTopicStatsRequest) GetNamespace() string {
@@ -1779,7 +2079,7 @@ type PriorityDepth struct {
 
 func (x *PriorityDepth) Reset() {
 	*x = PriorityDepth{}
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2091,7 @@ func (x *PriorityDepth) String() string {
 func (*PriorityDepth) ProtoMessage() {}
 
 func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2104,7 @@ func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityDepth.ProtoReflect.Descriptor instead.
 func (*PriorityDepth) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PriorityDepth) GetPriority() int32 {
@@ -1841,7 +2141,7 @@ type TopicStats struct {
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2153,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2166,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TopicStats) GetNamespace() string {
@@ -1946,7 +2246,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2258,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2271,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTopicsRequest) GetNamespace() string {
@@ -2012,7 +2312,7 @@ type TopicSummary struct {
 
 func (x *TopicSummary) Reset() {
 	*x = TopicSummary{}
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2324,7 @@ func (x *TopicSummary) String() string {
 func (*TopicSummary) ProtoMessage() {}
 
 func (x *TopicSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2337,7 @@ func (x *TopicSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicSummary.ProtoReflect.Descriptor instead.
 func (*TopicSummary) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TopicSummary) GetTopic() string {
@@ -2064,7 +2364,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2376,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2389,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicSummary {
@@ -2114,7 +2414,7 @@ type GetShardMapRequest struct {
 
 func (x *GetShardMapRequest) Reset() {
 	*x = GetShardMapRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2426,7 @@ func (x *GetShardMapRequest) String() string {
 func (*GetShardMapRequest) ProtoMessage() {}
 
 func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2439,7 @@ func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetShardMapRequest.ProtoReflect.Descriptor instead.
 func (*GetShardMapRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
 }
 
 type Shard struct {
@@ -2155,14 +2455,21 @@ type Shard struct {
 	// Region of each replica, in the order of replicas.
 	ReplicaRegions []string `protobuf:"bytes,7,rep,name=replica_regions,json=replicaRegions,proto3" json:"replica_regions,omitempty"`
 	// A failover is under way: no writes.
-	Fenced        bool `protobuf:"varint,8,opt,name=fenced,proto3" json:"fenced,omitempty"`
+	Fenced bool `protobuf:"varint,8,opt,name=fenced,proto3" json:"fenced,omitempty"`
+	// Schema name on the primary ("triage" when empty).
+	Database string `protobuf:"bytes,9,opt,name=database,proto3" json:"database,omitempty"`
+	// Share of new enqueues among a namespace's shards in a region (1 when 0).
+	Weight uint32 `protobuf:"varint,10,opt,name=weight,proto3" json:"weight,omitempty"`
+	// Takes no new enqueues; retired once empty.
+	Draining      bool                   `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	DrainedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=drained_at,json=drainedAt,proto3" json:"drained_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2481,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2494,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -2246,6 +2553,34 @@ func (x *Shard) GetFenced() bool {
 	return false
 }
 
+func (x *Shard) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *Shard) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Shard) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Shard) GetDrainedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainedAt
+	}
+	return nil
+}
+
 type NamespaceShards struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -2257,7 +2592,7 @@ type NamespaceShards struct {
 
 func (x *NamespaceShards) Reset() {
 	*x = NamespaceShards{}
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2604,7 @@ func (x *NamespaceShards) String() string {
 func (*NamespaceShards) ProtoMessage() {}
 
 func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2617,7 @@ func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceShards.ProtoReflect.Descriptor instead.
 func (*NamespaceShards) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NamespaceShards) GetNamespace() string {
@@ -2318,7 +2653,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2665,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2678,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ShardMap) GetVersion() uint64 {
@@ -2391,7 +2726,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2738,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2751,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2496,7 +2831,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2843,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2856,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -2569,7 +2904,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2916,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2929,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -2624,7 +2959,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2636,7 +2971,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2649,7 +2984,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -2689,7 +3024,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +3036,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +3049,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
@@ -2743,7 +3078,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3090,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3103,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TopicConfig) GetPolicy() DequeuePolicy {
@@ -2828,7 +3163,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +3175,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +3188,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Namespace) GetName() string {
@@ -2942,7 +3277,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3289,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3302,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -2987,7 +3322,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3334,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3347,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -3040,7 +3375,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3387,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3400,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -3100,7 +3435,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3447,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3460,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -3160,7 +3495,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3507,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3520,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -3213,7 +3548,23 @@ var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
-	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x03\n" +
+	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"9\n" +
+	"\x0fAddShardRequest\x12&\n" +
+	"\x05shard\x18\x01 \x01(\v2\x10.triage.v1.ShardR\x05shard\"f\n" +
+	"\x18AddNamespaceShardRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x14\n" +
+	"\x05shard\x18\x03 \x01(\rR\x05shard\"E\n" +
+	"\x15SetShardWeightRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\")\n" +
+	"\x11DrainShardRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\"*\n" +
+	"\x12RetireShardRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\"O\n" +
+	"\vShardChange\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12&\n" +
+	"\x05shard\x18\x02 \x01(\v2\x10.triage.v1.ShardR\x05shard\"\x87\x03\n" +
 	"\aNewItem\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12?\n" +
@@ -3389,7 +3740,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
-	"\x12GetShardMapRequest\"\xec\x01\n" +
+	"\x12GetShardMapRequest\"\xf7\x02\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1f\n" +
 	"\vhome_region\x18\x02 \x01(\tR\n" +
@@ -3399,7 +3750,13 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12%\n" +
 	"\x0eprimary_region\x18\x06 \x01(\tR\rprimaryRegion\x12'\n" +
 	"\x0freplica_regions\x18\a \x03(\tR\x0ereplicaRegions\x12\x16\n" +
-	"\x06fenced\x18\b \x01(\bR\x06fenced\"_\n" +
+	"\x06fenced\x18\b \x01(\bR\x06fenced\x12\x1a\n" +
+	"\bdatabase\x18\t \x01(\tR\bdatabase\x12\x16\n" +
+	"\x06weight\x18\n" +
+	" \x01(\rR\x06weight\x12\x1a\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\x129\n" +
+	"\n" +
+	"drained_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tdrainedAt\"_\n" +
 	"\x0fNamespaceShards\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x16\n" +
@@ -3516,12 +3873,19 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xa9\x03\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xce\a\n" +
 	"\x05Admin\x12W\n" +
 	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
 	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
 	"\fGetNamespace\x12\x1e.triage.v1.GetNamespaceRequest\x1a\x14.triage.v1.Namespace\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/namespaces/{namespace}\x12p\n" +
-	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"*\x82\xd3\xe4\x93\x02$:\x06config\x1a\x1a/v1/namespaces/{namespace}B9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
+	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"*\x82\xd3\xe4\x93\x02$:\x06config\x1a\x1a/v1/namespaces/{namespace}\x12Y\n" +
+	"\bAddShard\x12\x1a.triage.v1.AddShardRequest\x1a\x16.triage.v1.ShardChange\"\x19\x82\xd3\xe4\x93\x02\x13:\x05shard\"\n" +
+	"/v1/shards\x12~\n" +
+	"\x11AddNamespaceShard\x12#.triage.v1.AddNamespaceShardRequest\x1a\x16.triage.v1.ShardChange\",\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/namespaces/{namespace}/shards\x12s\n" +
+	"\x0eSetShardWeight\x12 .triage.v1.SetShardWeightRequest\x1a\x16.triage.v1.ShardChange\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/v1/shards/{shard}:setWeight\x12g\n" +
+	"\n" +
+	"DrainShard\x12\x1c.triage.v1.DrainShardRequest\x1a\x16.triage.v1.ShardChange\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/shards/{shard}:drain\x12j\n" +
+	"\vRetireShard\x12\x1d.triage.v1.RetireShardRequest\x1a\x16.triage.v1.ShardChange\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/v1/shards/{shard}:retireB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
 var (
 	file_triage_v1_triage_proto_rawDescOnce sync.Once
@@ -3536,157 +3900,176 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
 	(DequeuePolicy)(0),                 // 2: triage.v1.DequeuePolicy
-	(*NewItem)(nil),                    // 3: triage.v1.NewItem
-	(*EnqueueRequest)(nil),             // 4: triage.v1.EnqueueRequest
-	(*EnqueueResult)(nil),              // 5: triage.v1.EnqueueResult
-	(*EnqueueResponse)(nil),            // 6: triage.v1.EnqueueResponse
-	(*TopicCount)(nil),                 // 7: triage.v1.TopicCount
-	(*DequeueRequest)(nil),             // 8: triage.v1.DequeueRequest
-	(*LeasedItem)(nil),                 // 9: triage.v1.LeasedItem
-	(*DequeueResponse)(nil),            // 10: triage.v1.DequeueResponse
-	(*LeaseRef)(nil),                   // 11: triage.v1.LeaseRef
-	(*ItemResult)(nil),                 // 12: triage.v1.ItemResult
-	(*AckRequest)(nil),                 // 13: triage.v1.AckRequest
-	(*AckResponse)(nil),                // 14: triage.v1.AckResponse
-	(*NackItem)(nil),                   // 15: triage.v1.NackItem
-	(*NackRequest)(nil),                // 16: triage.v1.NackRequest
-	(*NackResponse)(nil),               // 17: triage.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),         // 18: triage.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),        // 19: triage.v1.ExtendLeaseResponse
-	(*Item)(nil),                       // 20: triage.v1.Item
-	(*GetItemRequest)(nil),             // 21: triage.v1.GetItemRequest
-	(*UpdateItemRequest)(nil),          // 22: triage.v1.UpdateItemRequest
-	(*DeleteItemRequest)(nil),          // 23: triage.v1.DeleteItemRequest
-	(*DeleteItemResponse)(nil),         // 24: triage.v1.DeleteItemResponse
-	(*GetTopicStatsRequest)(nil),       // 25: triage.v1.GetTopicStatsRequest
-	(*PriorityDepth)(nil),              // 26: triage.v1.PriorityDepth
-	(*TopicStats)(nil),                 // 27: triage.v1.TopicStats
-	(*ListTopicsRequest)(nil),          // 28: triage.v1.ListTopicsRequest
-	(*TopicSummary)(nil),               // 29: triage.v1.TopicSummary
-	(*ListTopicsResponse)(nil),         // 30: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 31: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 32: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 33: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 34: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 35: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 36: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 37: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 38: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 39: triage.v1.RedriveDeadLettersResponse
-	(*TopicConfig)(nil),                // 40: triage.v1.TopicConfig
-	(*Namespace)(nil),                  // 41: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 42: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 43: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 44: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 45: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 46: triage.v1.FailoverResponse
-	nil,                                // 47: triage.v1.NewItem.MetadataEntry
-	nil,                                // 48: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 49: triage.v1.NackItem.MetadataEntry
-	nil,                                // 50: triage.v1.Item.MetadataEntry
-	nil,                                // 51: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 52: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 53: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 54: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 55: google.protobuf.Duration
+	(*AddShardRequest)(nil),            // 3: triage.v1.AddShardRequest
+	(*AddNamespaceShardRequest)(nil),   // 4: triage.v1.AddNamespaceShardRequest
+	(*SetShardWeightRequest)(nil),      // 5: triage.v1.SetShardWeightRequest
+	(*DrainShardRequest)(nil),          // 6: triage.v1.DrainShardRequest
+	(*RetireShardRequest)(nil),         // 7: triage.v1.RetireShardRequest
+	(*ShardChange)(nil),                // 8: triage.v1.ShardChange
+	(*NewItem)(nil),                    // 9: triage.v1.NewItem
+	(*EnqueueRequest)(nil),             // 10: triage.v1.EnqueueRequest
+	(*EnqueueResult)(nil),              // 11: triage.v1.EnqueueResult
+	(*EnqueueResponse)(nil),            // 12: triage.v1.EnqueueResponse
+	(*TopicCount)(nil),                 // 13: triage.v1.TopicCount
+	(*DequeueRequest)(nil),             // 14: triage.v1.DequeueRequest
+	(*LeasedItem)(nil),                 // 15: triage.v1.LeasedItem
+	(*DequeueResponse)(nil),            // 16: triage.v1.DequeueResponse
+	(*LeaseRef)(nil),                   // 17: triage.v1.LeaseRef
+	(*ItemResult)(nil),                 // 18: triage.v1.ItemResult
+	(*AckRequest)(nil),                 // 19: triage.v1.AckRequest
+	(*AckResponse)(nil),                // 20: triage.v1.AckResponse
+	(*NackItem)(nil),                   // 21: triage.v1.NackItem
+	(*NackRequest)(nil),                // 22: triage.v1.NackRequest
+	(*NackResponse)(nil),               // 23: triage.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),         // 24: triage.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),        // 25: triage.v1.ExtendLeaseResponse
+	(*Item)(nil),                       // 26: triage.v1.Item
+	(*GetItemRequest)(nil),             // 27: triage.v1.GetItemRequest
+	(*UpdateItemRequest)(nil),          // 28: triage.v1.UpdateItemRequest
+	(*DeleteItemRequest)(nil),          // 29: triage.v1.DeleteItemRequest
+	(*DeleteItemResponse)(nil),         // 30: triage.v1.DeleteItemResponse
+	(*GetTopicStatsRequest)(nil),       // 31: triage.v1.GetTopicStatsRequest
+	(*PriorityDepth)(nil),              // 32: triage.v1.PriorityDepth
+	(*TopicStats)(nil),                 // 33: triage.v1.TopicStats
+	(*ListTopicsRequest)(nil),          // 34: triage.v1.ListTopicsRequest
+	(*TopicSummary)(nil),               // 35: triage.v1.TopicSummary
+	(*ListTopicsResponse)(nil),         // 36: triage.v1.ListTopicsResponse
+	(*GetShardMapRequest)(nil),         // 37: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 38: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 39: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 40: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 41: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 42: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 43: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 44: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 45: triage.v1.RedriveDeadLettersResponse
+	(*TopicConfig)(nil),                // 46: triage.v1.TopicConfig
+	(*Namespace)(nil),                  // 47: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 48: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 49: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 50: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 51: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 52: triage.v1.FailoverResponse
+	nil,                                // 53: triage.v1.NewItem.MetadataEntry
+	nil,                                // 54: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 55: triage.v1.NackItem.MetadataEntry
+	nil,                                // 56: triage.v1.Item.MetadataEntry
+	nil,                                // 57: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 58: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 59: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 61: google.protobuf.Duration
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	54, // 0: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	55, // 1: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	55, // 2: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	47, // 3: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	3,  // 4: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
-	0,  // 5: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	5,  // 6: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	7,  // 7: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	55, // 8: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	55, // 9: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	48, // 10: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	54, // 11: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	54, // 12: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	54, // 13: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	9,  // 14: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	11, // 15: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	12, // 16: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	55, // 17: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	49, // 18: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	15, // 19: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	12, // 20: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	55, // 21: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	54, // 22: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	50, // 23: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	54, // 24: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	55, // 25: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	54, // 26: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 27: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
-	1,  // 28: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	54, // 29: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	54, // 30: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	54, // 31: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	54, // 32: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	51, // 33: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	26, // 34: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	55, // 35: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	29, // 36: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	32, // 37: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	33, // 38: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	52, // 39: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	54, // 40: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	54, // 41: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	35, // 42: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	2,  // 43: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	55, // 44: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	33, // 45: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	55, // 46: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	55, // 47: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	55, // 48: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	53, // 49: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	41, // 50: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	54, // 51: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	45, // 52: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	40, // 53: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	4,  // 54: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	8,  // 55: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	13, // 56: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	16, // 57: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	18, // 58: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	21, // 59: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	22, // 60: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	23, // 61: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	25, // 62: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	28, // 63: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	36, // 64: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	38, // 65: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	31, // 66: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	44, // 67: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	42, // 68: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	43, // 69: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	6,  // 70: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	10, // 71: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	14, // 72: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	17, // 73: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	19, // 74: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	20, // 75: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	20, // 76: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	24, // 77: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	27, // 78: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	30, // 79: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	37, // 80: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	39, // 81: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	34, // 82: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	46, // 83: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	41, // 84: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	41, // 85: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	70, // [70:86] is the sub-list for method output_type
-	54, // [54:70] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	38, // 0: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	38, // 1: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	60, // 2: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	61, // 3: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	61, // 4: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	53, // 5: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	9,  // 6: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	0,  // 7: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
+	11, // 8: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	13, // 9: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	61, // 10: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	61, // 11: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	54, // 12: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	60, // 13: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 14: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	60, // 15: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	15, // 16: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	17, // 17: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	18, // 18: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	61, // 19: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	55, // 20: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	21, // 21: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	18, // 22: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	61, // 23: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	60, // 24: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	56, // 25: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	60, // 26: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	61, // 27: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	60, // 28: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 29: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	1,  // 30: triage.v1.Item.state:type_name -> triage.v1.ItemState
+	60, // 31: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 32: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	60, // 33: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	60, // 34: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	57, // 35: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	32, // 36: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	61, // 37: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	35, // 38: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	60, // 39: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	38, // 40: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	39, // 41: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	58, // 42: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	60, // 43: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	60, // 44: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	41, // 45: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	2,  // 46: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	61, // 47: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	39, // 48: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	61, // 49: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	61, // 50: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	61, // 51: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	59, // 52: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	47, // 53: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	60, // 54: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	51, // 55: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	46, // 56: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	10, // 57: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	14, // 58: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	19, // 59: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	22, // 60: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	24, // 61: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	27, // 62: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	28, // 63: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	29, // 64: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	31, // 65: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	34, // 66: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	42, // 67: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	44, // 68: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	37, // 69: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	50, // 70: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	48, // 71: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	49, // 72: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	3,  // 73: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	4,  // 74: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	5,  // 75: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	6,  // 76: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	7,  // 77: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	12, // 78: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	16, // 79: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	20, // 80: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	23, // 81: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	25, // 82: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	26, // 83: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	26, // 84: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	30, // 85: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	33, // 86: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	36, // 87: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	43, // 88: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	45, // 89: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	40, // 90: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	52, // 91: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	47, // 92: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	47, // 93: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	8,  // 94: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	8,  // 95: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	8,  // 96: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	8,  // 97: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	8,  // 98: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	78, // [78:99] is the sub-list for method output_type
+	57, // [57:78] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -3694,15 +4077,15 @@ func file_triage_v1_triage_proto_init() {
 	if File_triage_v1_triage_proto != nil {
 		return
 	}
-	file_triage_v1_triage_proto_msgTypes[5].OneofWrappers = []any{}
-	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[11].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   51,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

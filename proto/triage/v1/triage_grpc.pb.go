@@ -582,10 +582,15 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Admin_GetShardMap_FullMethodName  = "/triage.v1.Admin/GetShardMap"
-	Admin_Failover_FullMethodName     = "/triage.v1.Admin/Failover"
-	Admin_GetNamespace_FullMethodName = "/triage.v1.Admin/GetNamespace"
-	Admin_PutNamespace_FullMethodName = "/triage.v1.Admin/PutNamespace"
+	Admin_GetShardMap_FullMethodName       = "/triage.v1.Admin/GetShardMap"
+	Admin_Failover_FullMethodName          = "/triage.v1.Admin/Failover"
+	Admin_GetNamespace_FullMethodName      = "/triage.v1.Admin/GetNamespace"
+	Admin_PutNamespace_FullMethodName      = "/triage.v1.Admin/PutNamespace"
+	Admin_AddShard_FullMethodName          = "/triage.v1.Admin/AddShard"
+	Admin_AddNamespaceShard_FullMethodName = "/triage.v1.Admin/AddNamespaceShard"
+	Admin_SetShardWeight_FullMethodName    = "/triage.v1.Admin/SetShardWeight"
+	Admin_DrainShard_FullMethodName        = "/triage.v1.Admin/DrainShard"
+	Admin_RetireShard_FullMethodName       = "/triage.v1.Admin/RetireShard"
 )
 
 // AdminClient is the client API for Admin service.
@@ -606,6 +611,22 @@ type AdminClient interface {
 	// left out take their defaults. Every router sees the change within a
 	// second (the shard map in NATS KV).
 	PutNamespace(ctx context.Context, in *PutNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
+	// AddShard adds a shard (primary, replicas, home region, weight) to the
+	// shard map after migrating its schema. Namespaces that list no shards
+	// for its home region take it at once; others with AddNamespaceShard.
+	AddShard(ctx context.Context, in *AddShardRequest, opts ...grpc.CallOption) (*ShardChange, error)
+	// AddNamespaceShard adds an existing shard to a namespace's shards in
+	// the shard's home region.
+	AddNamespaceShard(ctx context.Context, in *AddNamespaceShardRequest, opts ...grpc.CallOption) (*ShardChange, error)
+	// SetShardWeight sets a shard's share of new enqueues (1 to 1000).
+	SetShardWeight(ctx context.Context, in *SetShardWeightRequest, opts ...grpc.CallOption) (*ShardChange, error)
+	// DrainShard stops new enqueues to a shard; dequeues and item calls go
+	// on until it is empty. Its dedup slots move to the namespace's other
+	// shards, which look a key up on it first while it holds any.
+	DrainShard(ctx context.Context, in *DrainShardRequest, opts ...grpc.CallOption) (*ShardChange, error)
+	// RetireShard removes a drained shard from the map once it is empty
+	// and its enqueue buffer drained; FAILED_PRECONDITION says what is left.
+	RetireShard(ctx context.Context, in *RetireShardRequest, opts ...grpc.CallOption) (*ShardChange, error)
 }
 
 type adminClient struct {
@@ -656,6 +677,56 @@ func (c *adminClient) PutNamespace(ctx context.Context, in *PutNamespaceRequest,
 	return out, nil
 }
 
+func (c *adminClient) AddShard(ctx context.Context, in *AddShardRequest, opts ...grpc.CallOption) (*ShardChange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardChange)
+	err := c.cc.Invoke(ctx, Admin_AddShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) AddNamespaceShard(ctx context.Context, in *AddNamespaceShardRequest, opts ...grpc.CallOption) (*ShardChange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardChange)
+	err := c.cc.Invoke(ctx, Admin_AddNamespaceShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) SetShardWeight(ctx context.Context, in *SetShardWeightRequest, opts ...grpc.CallOption) (*ShardChange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardChange)
+	err := c.cc.Invoke(ctx, Admin_SetShardWeight_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DrainShard(ctx context.Context, in *DrainShardRequest, opts ...grpc.CallOption) (*ShardChange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardChange)
+	err := c.cc.Invoke(ctx, Admin_DrainShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RetireShard(ctx context.Context, in *RetireShardRequest, opts ...grpc.CallOption) (*ShardChange, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardChange)
+	err := c.cc.Invoke(ctx, Admin_RetireShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -674,6 +745,22 @@ type AdminServer interface {
 	// left out take their defaults. Every router sees the change within a
 	// second (the shard map in NATS KV).
 	PutNamespace(context.Context, *PutNamespaceRequest) (*Namespace, error)
+	// AddShard adds a shard (primary, replicas, home region, weight) to the
+	// shard map after migrating its schema. Namespaces that list no shards
+	// for its home region take it at once; others with AddNamespaceShard.
+	AddShard(context.Context, *AddShardRequest) (*ShardChange, error)
+	// AddNamespaceShard adds an existing shard to a namespace's shards in
+	// the shard's home region.
+	AddNamespaceShard(context.Context, *AddNamespaceShardRequest) (*ShardChange, error)
+	// SetShardWeight sets a shard's share of new enqueues (1 to 1000).
+	SetShardWeight(context.Context, *SetShardWeightRequest) (*ShardChange, error)
+	// DrainShard stops new enqueues to a shard; dequeues and item calls go
+	// on until it is empty. Its dedup slots move to the namespace's other
+	// shards, which look a key up on it first while it holds any.
+	DrainShard(context.Context, *DrainShardRequest) (*ShardChange, error)
+	// RetireShard removes a drained shard from the map once it is empty
+	// and its enqueue buffer drained; FAILED_PRECONDITION says what is left.
+	RetireShard(context.Context, *RetireShardRequest) (*ShardChange, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -695,6 +782,21 @@ func (UnimplementedAdminServer) GetNamespace(context.Context, *GetNamespaceReque
 }
 func (UnimplementedAdminServer) PutNamespace(context.Context, *PutNamespaceRequest) (*Namespace, error) {
 	return nil, status.Error(codes.Unimplemented, "method PutNamespace not implemented")
+}
+func (UnimplementedAdminServer) AddShard(context.Context, *AddShardRequest) (*ShardChange, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddShard not implemented")
+}
+func (UnimplementedAdminServer) AddNamespaceShard(context.Context, *AddNamespaceShardRequest) (*ShardChange, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddNamespaceShard not implemented")
+}
+func (UnimplementedAdminServer) SetShardWeight(context.Context, *SetShardWeightRequest) (*ShardChange, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetShardWeight not implemented")
+}
+func (UnimplementedAdminServer) DrainShard(context.Context, *DrainShardRequest) (*ShardChange, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainShard not implemented")
+}
+func (UnimplementedAdminServer) RetireShard(context.Context, *RetireShardRequest) (*ShardChange, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetireShard not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -789,6 +891,96 @@ func _Admin_PutNamespace_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_AddShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).AddShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_AddShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).AddShard(ctx, req.(*AddShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_AddNamespaceShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddNamespaceShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).AddNamespaceShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_AddNamespaceShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).AddNamespaceShard(ctx, req.(*AddNamespaceShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_SetShardWeight_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetShardWeightRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetShardWeight(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetShardWeight_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetShardWeight(ctx, req.(*SetShardWeightRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DrainShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DrainShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DrainShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DrainShard(ctx, req.(*DrainShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RetireShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetireShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RetireShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RetireShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RetireShard(ctx, req.(*RetireShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -811,6 +1003,26 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PutNamespace",
 			Handler:    _Admin_PutNamespace_Handler,
+		},
+		{
+			MethodName: "AddShard",
+			Handler:    _Admin_AddShard_Handler,
+		},
+		{
+			MethodName: "AddNamespaceShard",
+			Handler:    _Admin_AddNamespaceShard_Handler,
+		},
+		{
+			MethodName: "SetShardWeight",
+			Handler:    _Admin_SetShardWeight_Handler,
+		},
+		{
+			MethodName: "DrainShard",
+			Handler:    _Admin_DrainShard_Handler,
+		},
+		{
+			MethodName: "RetireShard",
+			Handler:    _Admin_RetireShard_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
