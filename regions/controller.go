@@ -85,7 +85,7 @@ type Controller struct {
 	inflight map[uint32]bool      // automatic failovers running
 	diverged map[string]bool      // replicas alarmed as needing a rebuild
 	events   []Event
-	stepAt   time.Time  // the running failover's start or last step (metrics)
+	stepAt   time.Time  // the running failover's start or last step; zero between failovers
 	busy     sync.Mutex // one failover at a time
 
 	// stepHook, when set (tests), runs before each irreversible step.
@@ -333,10 +333,18 @@ func (c *Controller) Events() []Event {
 func (c *Controller) event(shard uint32, step, details string) {
 	now := time.Now()
 	c.mu.Lock()
-	took := now.Sub(c.stepAt)
-	c.stepAt = now
+	var took time.Duration
+	running := !c.stepAt.IsZero() // a step of Failover, not detection or rejoin
+	if running {
+		took = now.Sub(c.stepAt)
+		c.stepAt = now
+	}
 	c.events = append(c.events, Event{At: now, Shard: shard, Step: step, Details: details})
 	c.mu.Unlock()
+	if !running {
+		c.log.Info("failover", "shard", shard, "step", step, "details", details)
+		return
+	}
 	c.log.Info("failover", "shard", shard, "step", step, "details", details, "took", took.Round(time.Millisecond))
 	c.cfg.Metrics.FailoverStep(step, took)
 }
@@ -503,6 +511,9 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	c.stepAt = time.Now()
 	c.mu.Unlock()
 	defer func() {
+		c.mu.Lock()
+		c.stepAt = time.Time{}
+		c.mu.Unlock()
 		res.Events = c.Events()[first:]
 		if err == nil && len(res.Events) == 0 {
 			return // nothing to do (finished meanwhile, cooling down)

@@ -239,8 +239,7 @@ func (o *Observer) measure(ctx context.Context, s shardmap.Shard, r Report, semi
 	}
 	sm.PrimaryUp.Set(up)
 	if semi[0] >= 0 {
-		sm.SemiSyncOn.Set(float64(min(semi[0], 1)))
-		sm.SemiSyncClients.Set(float64(semi[1]))
+		sm.SemiSync(semi[0] > 0, semi[1])
 	}
 	for i, addr := range s.Replicas {
 		if i >= len(s.ReplicaRegions) || s.ReplicaRegions[i] != o.Region {

@@ -262,16 +262,25 @@ func (s *Set) Shard(id uint32) *Shard {
 	}
 	l := strconv.FormatUint(uint64(id), 10)
 	sh = &Shard{label: l, set: s,
-		Inserted:        s.inserted.WithLabelValues(l),
-		InsertSeconds:   s.insertSeconds.WithLabelValues(l),
-		BufferMessages:  s.bufferPending.WithLabelValues(l),
-		BufferAge:       s.bufferAge.WithLabelValues(l),
-		PrimaryUp:       s.primaryUp.WithLabelValues(l),
-		SemiSyncOn:      s.semiSync.WithLabelValues(l),
-		SemiSyncClients: s.semiSyncClients.WithLabelValues(l),
+		Inserted:       s.inserted.WithLabelValues(l),
+		InsertSeconds:  s.insertSeconds.WithLabelValues(l),
+		BufferMessages: s.bufferPending.WithLabelValues(l),
+		BufferAge:      s.bufferAge.WithLabelValues(l),
+		PrimaryUp:      s.primaryUp.WithLabelValues(l),
 	}
 	s.shards[id] = sh
 	return sh
+}
+
+// SemiSync sets the primary's semi-sync state. Only shards with replicas
+// get these series: a shard without any reads as nothing, not as off.
+func (sh *Shard) SemiSync(on bool, clients int) {
+	v := 0.0
+	if on {
+		v = 1
+	}
+	sh.set.semiSync.WithLabelValues(sh.label).Set(v)
+	sh.set.semiSyncClients.WithLabelValues(sh.label).Set(float64(clients))
 }
 
 // ReplicaLag sets the lag of replica (an address) of the shard; lag < 0
