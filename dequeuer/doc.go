@@ -144,4 +144,15 @@
 // with itself (waits, idle buffers, recheck pacing, quotas, request
 // validation) stay on the local clock (Config.Now). The enqueue path's
 // default deliver_after and expires_at are still the router's local time.
+//
+// # Metrics
+//
+// Config.Metrics (schema/metrics) counts each delivery when serving
+// stamps it (triage_dequeued_items_total by topic and band, the attempt
+// number, and for a first delivery the time since enqueued_at on the
+// primary's clock). A lease expiry is counted when a fetch reads a row
+// whose delivery lease had lapsed (store.LeaseHeadCounts): there is no
+// sweep to count them when they lapse, so an expired item nobody reads
+// again is not counted yet. A prefetch hit is an item served without the
+// request fetching or waiting for a fetch.
 package dequeuer

@@ -183,6 +183,9 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 	// of enqueues there is always a newer notice, and re-reading forever
 	// would serve nothing.
 	read := map[uint32]bool{}
+	// waited: this call fetched or waited for a fetch, so what it takes
+	// after that is a prefetch miss.
+	waited := false
 	for len(out) < n {
 		s.adopt(b, shards)
 		now := s.cfg.Now()
@@ -214,6 +217,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			out = append(out, got...)
 			if len(got) > 0 {
 				b.observe(len(got), now)
+				s.cfg.Metrics.Prefetch(!waited, len(got))
 			}
 			done := len(got) == 0 || len(out) >= n
 			b.mu.Unlock()
@@ -224,6 +228,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		}
 		size := b.fetchSize(n - len(out))
 		b.mu.Unlock()
+		waited = true
 		if len(stale) > 0 {
 			if err := s.fetch(ctx, b, stale, tails, size); err != nil && len(out) == 0 {
 				return nil, err
@@ -377,6 +382,11 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i],
 				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
 				Limit: size, NowUS: now.UnixMicro(), PrefetchUntilUS: until,
+				Observe: func(c store.LeaseHeadCounts) {
+					tm := s.cfg.Metrics.Topic(b.ns, b.topic)
+					tm.LeaseExpiries.Add(float64(c.Lapsed))
+					tm.DeadLettered.Add(float64(c.Dead))
+				},
 			})
 			if err == nil {
 				// Leased on a primary that may have been deposed while the

@@ -23,6 +23,7 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -63,6 +64,9 @@ type Config struct {
 	// shard and before they enter the buffer. It is a seam for tests that
 	// widen race windows (an update or delete landing mid-fetch).
 	BeforeBuffer func(shard uint32, keys []uint64)
+	// Metrics records deliveries, attempts, enqueue-to-delivery latency,
+	// lease expiries, dead letters and prefetch hits. Nil: none.
+	Metrics *metrics.Set
 }
 
 // Service is the dequeuer role: it owns shards, prefetches their ready
@@ -705,8 +709,20 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		it.token, it.untilUS = dl.Token, dl.UntilUS
 		it.Attempts++
 		out = append(out, it)
+		s.count(&it, shards[it.shard].now)
 	}
 	return out, errors.Join(errs...)
+}
+
+// count records one delivery of it at now (its primary's time).
+func (s *Service) count(it *bufItem, now time.Time) {
+	m := s.cfg.Metrics
+	m.Topic(it.buf.ns, it.buf.topic).Dequeued[metrics.Band(it.Priority)].Inc()
+	nm := m.Namespace(it.buf.ns)
+	nm.Attempts.Observe(float64(it.Attempts))
+	if it.Attempts == 1 {
+		nm.EnqueueToDelivery.Observe(max(now.Sub(time.UnixMicro(it.EnqueuedAt)).Seconds(), 0))
+	}
 }
 
 func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -51,6 +52,9 @@ type Config struct {
 	BatchRetention time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics records inserts and the buffer's depth and age per shard.
+	// Nil: none.
+	Metrics *metrics.Set
 }
 
 // pruneEvery is how often a worker prunes its shard's enqueue_batches.
@@ -214,6 +218,9 @@ func (w *worker) consume(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
+	mctx, stopMeasure := context.WithCancel(ctx)
+	defer stopMeasure()
+	go w.measure(mctx, cons)
 	msgs := make(chan jetstream.Msg, cfg.MaxBatchMessages)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
@@ -379,7 +386,8 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: time.Now().UnixMicro()})
+	start := time.Now()
+	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: start.UnixMicro()})
 	if store.IsPermanent(err) {
 		return w.isolate(ctx, kept)
 	}
@@ -395,8 +403,50 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	for _, m := range kept {
 		_ = m.Ack()
 	}
+	sm := cfg.Metrics.Shard(w.shard)
+	sm.InsertSeconds.Observe(time.Since(start).Seconds())
+	n := 0
+	for _, b := range batches {
+		n += len(b.Items)
+	}
+	sm.Inserted.Add(float64(n))
 	w.announce(batches, results)
 	return nil
+}
+
+// measureEvery is how often a worker reads its buffer's depth and age.
+const measureEvery = 2 * time.Second
+
+// measure keeps the shard's buffer gauges: envelopes pending or
+// unacknowledged on the consumer, and the age of the oldest
+// unacknowledged one (the first message of the shard's subject after the
+// ack floor, a direct read of one message).
+func (w *worker) measure(ctx context.Context, cons jetstream.Consumer) {
+	sm := w.svc.cfg.Metrics.Shard(w.shard)
+	t := time.NewTicker(measureEvery)
+	defer t.Stop()
+	for {
+		ictx, cancel := context.WithTimeout(ctx, time.Second)
+		if info, err := cons.Info(ictx); err == nil {
+			pending := info.NumPending + uint64(info.NumAckPending)
+			sm.BufferMessages.Set(float64(pending))
+			age := 0.0
+			if pending > 0 {
+				if st, err := w.svc.cfg.JS.Stream(ictx, info.Stream); err == nil {
+					if msg, err := st.GetMsg(ictx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(info.Config.FilterSubject)); err == nil {
+						age = max(time.Since(msg.Time).Seconds(), 0)
+					}
+				}
+			}
+			sm.BufferAge.Set(age)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // announce tells dequeuers about committed BUFFERED batches and answers

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -58,6 +59,8 @@ type Config struct {
 	DetectRefused time.Duration
 	// Cooldown blocks another failover of a shard after one. Default 60s.
 	Cooldown time.Duration
+	// Metrics counts failovers and times their steps. Nil: none.
+	Metrics *metrics.Set
 	// KVReplicas for the control buckets. Default 1.
 	KVReplicas int
 	Logger     *slog.Logger
@@ -82,6 +85,7 @@ type Controller struct {
 	inflight map[uint32]bool      // automatic failovers running
 	diverged map[string]bool      // replicas alarmed as needing a rebuild
 	events   []Event
+	stepAt   time.Time  // the running failover's start or last step; zero between failovers
 	busy     sync.Mutex // one failover at a time
 
 	// stepHook, when set (tests), runs before each irreversible step.
@@ -327,10 +331,22 @@ func (c *Controller) Events() []Event {
 }
 
 func (c *Controller) event(shard uint32, step, details string) {
-	c.log.Info("failover", "shard", shard, "step", step, "details", details)
+	now := time.Now()
 	c.mu.Lock()
-	c.events = append(c.events, Event{At: time.Now(), Shard: shard, Step: step, Details: details})
+	var took time.Duration
+	running := !c.stepAt.IsZero() // a step of Failover, not detection or rejoin
+	if running {
+		took = now.Sub(c.stepAt)
+		c.stepAt = now
+	}
+	c.events = append(c.events, Event{At: now, Shard: shard, Step: step, Details: details})
 	c.mu.Unlock()
+	if !running {
+		c.log.Info("failover", "shard", shard, "step", step, "details", details)
+		return
+	}
+	c.log.Info("failover", "shard", shard, "step", step, "details", details, "took", took.Round(time.Millisecond))
+	c.cfg.Metrics.FailoverStep(step, took)
 }
 
 // evaluate runs one leader pass: finish fenced shards, fail over dead
@@ -491,7 +507,26 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	c.busy.Lock()
 	defer c.busy.Unlock()
 	first := len(c.Events())
-	defer func() { res.Events = c.Events()[first:] }()
+	c.mu.Lock()
+	c.stepAt = time.Now()
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.stepAt = time.Time{}
+		c.mu.Unlock()
+		res.Events = c.Events()[first:]
+		if err == nil && len(res.Events) == 0 {
+			return // nothing to do (finished meanwhile, cooling down)
+		}
+		kind, result := "emergency", "done"
+		if req.Planned {
+			kind = "planned"
+		}
+		if err != nil {
+			result = "failed"
+		}
+		c.cfg.Metrics.Failover(req.Shard, kind, result)
+	}()
 	s, ok := c.cfg.Maps.Current().Shard(req.Shard)
 	if !ok {
 		return res, fmt.Errorf("shard %d is not in the shard map", req.Shard)

@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/mariadb"
@@ -20,6 +21,7 @@ import (
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -129,7 +131,8 @@ func (c *cluster) newController(id string) (*Controller, *nats.Conn) {
 	t.Cleanup(cancel)
 	go shardmap.Watch(runCtx, js, kv, maps, discard())
 	ctl, err := New(Config{ID: id, Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
-		Detect: time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)})
+		Metrics: metrics.New(prometheus.NewRegistry(), metrics.Options{}),
+		Detect:  time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)})
 	require.NoError(t, err)
 	require.NoError(t, ctl.Run(runCtx))
 	return ctl, nc
@@ -204,6 +207,9 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 		steps[e.Step] = true
 	}
 	require.True(t, steps["old-primary-read-only"] && steps["promoted"] && steps["published"], "%+v", res.Events)
+	reg := c.ctl.cfg.Metrics.Registry
+	require.Equal(t, 1.0, gathered(t, reg, "triage_failovers_total", "kind", "planned", "result", "done"))
+	require.Equal(t, 1.0, gathered(t, reg, "triage_failover_phase_duration_seconds", "step", "published"))
 	rdb := appDB(t, c.replica.Addr())
 	var n int
 	require.NoError(t, rdb.QueryRow("SELECT COUNT(*) FROM t").Scan(&n))
@@ -234,6 +240,37 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 		s, _ := c.maps.Current().Shard(1)
 		return !s.Fenced
 	}, 10*time.Second, 20*time.Millisecond, "a refused planned switchover unfences")
+	require.Equal(t, 1.0, gathered(t, reg, "triage_failovers_total", "kind", "planned", "result", "failed"))
+}
+
+// gathered returns the value (a histogram's count) of the sample of name
+// in reg whose labels include the pairs kv; 0 if none.
+func gathered(t *testing.T, reg *prometheus.Registry, name string, kv ...string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.Metric {
+			have := map[string]string{}
+			for _, l := range m.Label {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(kv); i += 2 {
+				if have[kv[i]] != kv[i+1] {
+					continue next
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }
 
 // TestEmergencyFailoverWaitsForTheCandidate: with the old primary

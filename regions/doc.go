@@ -89,4 +89,9 @@
 // threads both run, and a replica stopped on an error against the current
 // primary (1236: diverged) raises an alarm: it must be rebuilt. It never serves as a second primary: the map
 // names one primary, and the old one is read-only before it is repointed.
+//
+// Metrics (Config.Metrics on the controller and the Observer): failovers
+// by kind and result, the time each step of a failover took since the
+// previous one, and from each observer the primary's reachability and
+// semi-sync state and the lag of the replicas in its own region.
 package regions

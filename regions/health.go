@@ -22,6 +22,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/triage-queue/triage/regions/replication"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -104,6 +106,9 @@ type Observer struct {
 	// Every is the ping period (default ObserveEvery).
 	Every  time.Duration
 	Logger *slog.Logger
+	// Metrics, when set, gets each shard primary's reachability and
+	// semi-sync state, and the lag of the replicas in this region.
+	Metrics *metrics.Set
 
 	mu      sync.Mutex
 	dbs     map[string]*sql.DB
@@ -172,6 +177,8 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	if err == nil {
 		_, err = o.db(s.Primary).ExecContext(pctx, "DO 1")
 	}
+	var semi [2]int // semi-sync status, clients; -1 unknown
+	semi[0], semi[1] = -1, -1
 	if err == nil && len(s.Replicas) > 0 {
 		var status, clients int
 		if qerr := o.db(s.Primary).QueryRowContext(pctx, `SELECT
@@ -180,6 +187,7 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 			FROM information_schema.global_status
 			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients); qerr == nil {
 			r.SemiSyncOff = status == 0
+			semi[0], semi[1] = status, clients
 			r.NoReplicas = !r.SemiSyncOff && clients == 0
 			if r.SemiSyncOff {
 				semiSyncFallbacks.Add(1)
@@ -207,6 +215,9 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 		r.Error = err.Error()
 		r.Refused = refusedAtOnce(err)
 	}
+	if o.Metrics != nil {
+		o.measure(pctx, s, r, semi)
+	}
 	r.At = time.Now().UnixMilli()
 	data, _ := json.Marshal(r)
 	if o.NC != nil {
@@ -215,6 +226,36 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	kctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+}
+
+// measure sets the shard's gauges from one observation, and reads the
+// lag of the shard's replicas in this observer's region (one each, so
+// every replica is measured by the observers of its own region).
+func (o *Observer) measure(ctx context.Context, s shardmap.Shard, r Report, semi [2]int) {
+	sm := o.Metrics.Shard(s.ID)
+	up := 0.0
+	if r.OK {
+		up = 1
+	}
+	sm.PrimaryUp.Set(up)
+	if semi[0] >= 0 {
+		sm.SemiSync(semi[0] > 0, semi[1])
+	}
+	for i, addr := range s.Replicas {
+		if i >= len(s.ReplicaRegions) || s.ReplicaRegions[i] != o.Region {
+			continue
+		}
+		a, err := replication.New(o.db(addr), addr, replication.MariaDB)
+		if err != nil {
+			continue
+		}
+		st, err := a.Status(ctx)
+		if err != nil {
+			sm.ReplicaLag(addr, 0, false)
+			continue
+		}
+		sm.ReplicaLag(addr, st.Lag, st.LagKnown)
+	}
 }
 
 // refusedAtOnce tells a ping that failed because the far side refused or

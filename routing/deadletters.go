@@ -192,6 +192,7 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	r.cfg.Metrics.Topic(req.Namespace, req.Topic).Redriven.Add(float64(total))
 	return &triagev1.RedriveDeadLettersResponse{Redriven: total}, nil
 }
 

@@ -100,4 +100,9 @@
 // Packages return domain errors; toStatus in errors.go is the one place
 // they become gRPC codes, and the gateway turns those into HTTP statuses.
 // Every message says what was wrong and what is allowed.
+//
+// Metrics (Config.Metrics): items accepted per topic and band, call
+// latency per namespace, ack and nack results, redrives, dead letters from
+// nacks, and quota refusals by reason (rate, depth, buffer_full; a batch
+// over the burst is bad input, not a refusal).
 package routing

@@ -15,6 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -23,6 +26,7 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -73,6 +77,9 @@ type Config struct {
 	// (see "# Clocks" in dequeuer/doc.go). Default: a Clock of the
 	// router's own.
 	Clock *shardmap.Clock
+	// Metrics records enqueue, dequeue, ack and nack counts and latencies
+	// and quota refusals. Nil: none.
+	Metrics *metrics.Set
 }
 
 // Router implements the Queue and Admin services.
@@ -177,7 +184,16 @@ func (r *Router) region(req string, m *shardmap.Map) (string, error) {
 
 // Enqueue implements triagev1.QueueServer.
 func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
+	start := time.Now()
 	resp, err := r.enqueue(ctx, req)
+	if err == nil {
+		nm := r.cfg.Metrics.Namespace(req.Namespace)
+		if req.Durability == triagev1.Durability_BUFFERED {
+			nm.EnqueueBuffered.Observe(time.Since(start).Seconds())
+		} else {
+			nm.EnqueueCommitted.Observe(time.Since(start).Seconds())
+		}
+	}
 	return resp, toStatus(err)
 }
 
@@ -228,12 +244,17 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			return nil, err
 		}
 	}
+	nm := r.cfg.Metrics.Namespace(req.Namespace)
 	if err := r.quotas.admitRate(ns, len(req.Items), now); err != nil {
+		if status.Code(err) == codes.ResourceExhausted {
+			nm.QuotaRate.Inc() // not a batch over the burst: that is bad input
+		}
 		return nil, err
 	}
 	if err := r.quotas.admitDepth(ns, region, len(req.Items), now, func(ctx context.Context) (int64, error) {
 		return r.countItems(ctx, m, req.Namespace, shards, ns.MaxDepth+1)
 	}); err != nil {
+		nm.QuotaDepth.Inc()
 		return nil, err
 	}
 	// Items with a dedup key go to the shard the slot table of the
@@ -326,6 +347,9 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	}
 	if len(order) > 0 {
 		if err := r.publish(waitCtx, order); err != nil {
+			if errors.Is(err, ErrBufferFull) {
+				nm.QuotaBufferFull.Inc()
+			}
 			return nil, err
 		}
 	}
@@ -352,6 +376,10 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			}
 			results[pos] = res
 		}
+	}
+	tm := r.cfg.Metrics.Topic(req.Namespace, req.Topic)
+	for _, it := range req.Items {
+		tm.Enqueued[metrics.Band(it.Priority)].Inc()
 	}
 	return &triagev1.EnqueueResponse{Results: results}, nil
 }
@@ -417,10 +445,12 @@ const MaxDequeueTotal = 1000
 // Dequeue implements triagev1.QueueServer: it forwards to the dequeuers
 // that own the region's shards and merges their answers.
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
+	start := time.Now()
 	items, err := r.dequeue(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	r.cfg.Metrics.Namespace(req.Namespace).Dequeue.Observe(time.Since(start).Seconds())
 	return &triagev1.DequeueResponse{Items: items}, nil
 }
 
@@ -660,6 +690,7 @@ func itemResults(ids []string, errs []error) []*triagev1.ItemResult {
 
 // Ack implements triagev1.QueueServer.
 func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.AckResponse, error) {
+	start := time.Now()
 	m := r.cfg.Maps.Current()
 	ns, err := m.Namespace(req.Namespace)
 	if err != nil {
@@ -707,7 +738,22 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	nm := r.cfg.Metrics.Namespace(req.Namespace)
+	countResults(errs, nm.AckOK, nm.AckRefused)
+	nm.Ack.Observe(time.Since(start).Seconds())
 	return &triagev1.AckResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// countResults adds a batch's per-item outcomes to ok and refused.
+func countResults(errs []error, ok, refused prometheus.Counter) {
+	n := 0
+	for _, err := range errs {
+		if err != nil {
+			n++
+		}
+	}
+	ok.Add(float64(len(errs) - n))
+	refused.Add(float64(n))
 }
 
 // Nack implements triagev1.QueueServer.
@@ -717,6 +763,7 @@ func (r *Router) Nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 }
 
 func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
+	start := time.Now()
 	m := r.cfg.Maps.Current()
 	ns, err := m.Namespace(req.Namespace)
 	if err != nil {
@@ -770,7 +817,8 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 			batch[j] = nacks[i]
 		}
 		res, readyNow, err := store.New(db).ItemNack(ctx, store.ItemNackParams{Namespace: req.Namespace, Nacks: batch,
-			MaxAttempts: ns.MaxAttempts, DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro(),
+			OnDeadLetter: func(topic string) { r.cfg.Metrics.Topic(req.Namespace, topic).DeadLettered.Inc() },
+			MaxAttempts:  ns.MaxAttempts, DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro(),
 			Backoff: store.Backoff})
 		if err == nil {
 			err = r.afterWrite(shard)
@@ -797,6 +845,9 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	if err != nil {
 		return nil, err
 	}
+	nm := r.cfg.Metrics.Namespace(req.Namespace)
+	countResults(errs, nm.NackOK, nm.NackRefused)
+	nm.Nack.Observe(time.Since(start).Seconds())
 	return &triagev1.NackResponse{Results: itemResults(ids, errs)}, nil
 }
 

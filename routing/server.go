@@ -23,23 +23,33 @@ import (
 const MaxRequestBytes = 64 << 20
 
 // NewGRPCServer returns a gRPC server with the Queue and Admin services,
-// health (SERVING) and reflection, so grpcurl works without proto files.
-func NewGRPCServer(r *Router, opts ...grpc.ServerOption) *grpc.Server {
+// health and reflection, so grpcurl works without proto files. h is the
+// health service whose status the caller keeps (see cmd/triage/node's
+// readiness); nil serves a constant SERVING.
+func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
 	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)...)
 	triagev1.RegisterQueueServer(s, r)
 	triagev1.RegisterAdminServer(s, r)
-	h := health.NewServer()
-	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	h.SetServingStatus("triage.v1.Queue", healthpb.HealthCheckResponse_SERVING)
+	if h == nil {
+		h = health.NewServer()
+		h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		h.SetServingStatus(QueueService, healthpb.HealthCheckResponse_SERVING)
+	}
 	healthpb.RegisterHealthServer(s, h)
 	reflection.Register(s)
 	return s
 }
 
+// QueueService is the gRPC health service name of the queue API.
+const QueueService = "triage.v1.Queue"
+
 // NewGateway returns the JSON gateway calling r in-process. JSON uses the
 // proto field names (lease_token, not leaseToken) as the API docs do, and
 // prints every field, so a false "ok" is visible. bytes travel as base64.
-func NewGateway(ctx context.Context, r *Router) (http.Handler, error) {
+//
+// extra, when set, serves the paths it is given (the node's /metrics,
+// /readyz, /livez) beside the API.
+func NewGateway(ctx context.Context, r *Router, extra map[string]http.Handler) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, jsonBody{&runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
@@ -54,6 +64,9 @@ func NewGateway(ctx context.Context, r *Router) (http.Handler, error) {
 	}
 	top := http.NewServeMux()
 	top.Handle("/v1/", mux)
+	for path, h := range extra {
+		top.Handle(path, h)
+	}
 	top.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

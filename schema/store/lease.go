@@ -92,6 +92,19 @@ type ItemLeaseHeadParams struct {
 	NowUS       int64
 	// PrefetchUntilUS: the prefetch lease's expiry.
 	PrefetchUntilUS int64
+	// Observe, when set, is told what the read found besides ready rows
+	// (metrics), once the dead and expired rows are retired.
+	Observe func(LeaseHeadCounts)
+}
+
+// LeaseHeadCounts is what one ItemLeaseHead read found.
+type LeaseHeadCounts struct {
+	// Lapsed: rows whose delivery lease had lapsed (redelivered now,
+	// dead-lettered or deleted).
+	Lapsed int
+	// Dead: rows moved to dead_letters; Expired: rows of an at-most-once
+	// topic deleted because their delivery lease lapsed.
+	Dead, Expired int
 }
 
 // ItemLeaseHead prefetch-leases up to Limit ready items of a topic's band
@@ -114,8 +127,12 @@ func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows [
 	}
 	full = len(rows) == p.Limit
 	var dead, expired []uint64
+	lapsed := 0
 	kept := rows[:0]
 	for _, r := range rows {
+		if r.LeaseToken != 0 && r.LeasedUntil.Valid {
+			lapsed++
+		}
 		switch {
 		case p.AtMostOnce && r.LeaseToken != 0 && r.LeasedUntil.Valid:
 			// A delivery lease lapsed (a lapsed prefetch lease has no
@@ -130,6 +147,9 @@ func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows [
 	rows = kept
 	if err := s.retire(ctx, dead, expired, p.DedupWindow, p.NowUS); err != nil {
 		return nil, 0, false, err
+	}
+	if p.Observe != nil && lapsed+len(dead)+len(expired) > 0 {
+		p.Observe(LeaseHeadCounts{Lapsed: lapsed, Dead: len(dead), Expired: len(expired)})
 	}
 	if len(rows) == 0 {
 		return nil, 0, full, nil
@@ -464,6 +484,9 @@ type ItemNackParams struct {
 	// Backoff is the delay of a nack with Backoff set, after attempts
 	// deliveries.
 	Backoff func(attempts int) time.Duration
+	// OnDeadLetter, when set, is called after the commit with the topic of
+	// each item the batch dead-lettered (metrics).
+	OnDeadLetter func(topic string)
 }
 
 // ItemNack returns items to the ready set after their delay, in one
@@ -479,8 +502,10 @@ func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error,
 	results = make([]error, len(p.Nacks))
 	readyNow = make([]string, len(p.Nacks))
 	nowUS := p.NowUS
+	var deadTopics []string
 	err = inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		clear(readyNow)
+		deadTopics = deadTopics[:0]
 		keys := make([]uint64, len(p.Nacks))
 		for i, n := range p.Nacks {
 			keys[i] = n.Key
@@ -520,6 +545,7 @@ func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error,
 				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, p.DedupWindow, nowUS); err != nil {
 					return err
 				}
+				deadTopics = append(deadTopics, st[n.Key].Topic)
 			} else if delay <= 0 {
 				readyNow[i] = st[n.Key].Topic
 			}
@@ -529,6 +555,11 @@ func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nack: %w", err)
+	}
+	if p.OnDeadLetter != nil {
+		for _, t := range deadTopics {
+			p.OnDeadLetter(t)
+		}
 	}
 	return results, readyNow, nil
 }

@@ -179,9 +179,23 @@ func flagError(err error) string {
 // Logger returns a text logger on w at level: debug, info, warn or error
 // (anything else is info).
 func Logger(w io.Writer, level string) *slog.Logger {
+	l, _ := FormatLogger(w, level, "text")
+	return l
+}
+
+// FormatLogger returns a logger on w at level (as Logger) in format: text
+// (logfmt, for people) or json (one object per line, for log pipelines).
+func FormatLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, Usagef("--log-format %q: allowed text or json", format)
 }
 
 // ReadJSON decodes the JSON config file into v, refusing unknown fields so
@@ -199,10 +213,10 @@ func ReadJSON(file string, v any) error {
 	return nil
 }
 
-// ConfigFile holds --config and --log-level, the flags of a verb that runs
-// from a JSON config file (serve, bootstrap, wan).
+// ConfigFile holds --config, --log-level and --log-format, the flags of a
+// verb that runs from a JSON config file (serve, bootstrap, wan).
 type ConfigFile struct {
-	path, level string
+	path, level, format string
 }
 
 // AddConfigFlags registers --config (a file of what) and --log-level on
@@ -211,11 +225,12 @@ func AddConfigFlags(cmd *cobra.Command, what string) *ConfigFile {
 	f := &ConfigFile{}
 	cmd.Flags().StringVar(&f.path, "config", "", what+" config file (JSON; see "+what+")")
 	cmd.Flags().StringVar(&f.level, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&f.format, "log-format", "text", "text or json (one object per line)")
 	return f
 }
 
 // Load decodes the config file into v and returns the logger that
-// --log-level asks for, on c's stderr.
+// --log-level and --log-format ask for, on c's stderr.
 func (f *ConfigFile) Load(c *cobra.Command, v any) (*slog.Logger, error) {
 	if f.path == "" {
 		return nil, Usagef("--config is required")
@@ -223,5 +238,5 @@ func (f *ConfigFile) Load(c *cobra.Command, v any) (*slog.Logger, error) {
 	if err := ReadJSON(f.path, v); err != nil {
 		return nil, err
 	}
-	return Logger(c.ErrOrStderr(), f.level), nil
+	return FormatLogger(c.ErrOrStderr(), f.level, f.format)
 }

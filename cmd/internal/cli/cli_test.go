@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"os"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -182,4 +184,46 @@ func TestVersion(t *testing.T) {
 	info = &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}}
 	require.Equal(t, "triage-bed (devel)\n  revision unknown (built without VCS stamping)\n  go       go1.26.8\n", Version("triage-bed", info))
 	require.Equal(t, "triage (no build information)\n", Version("triage", nil))
+}
+
+// --log-format json gives one JSON object per line; an unknown format is
+// a usage error.
+func TestConfigFileLogFormat(t *testing.T) {
+	t.Parallel()
+	file := t.TempDir() + "/c.json"
+	require.NoError(t, os.WriteFile(file, []byte(`{"name":"x"}`), 0o644))
+	run := func(args ...string) (result, string) {
+		var logged string
+		cmd := &cobra.Command{Use: "serve", Args: NoArgs}
+		cf := AddConfigFlags(cmd, "demo")
+		cmd.RunE = func(c *cobra.Command, _ []string) error {
+			var v struct {
+				Name string `json:"name"`
+			}
+			log, err := cf.Load(c, &v)
+			if err != nil {
+				return err
+			}
+			log.Info("hello", "name", v.Name)
+			return nil
+		}
+		root := NewRoot("demo", "demo")
+		root.AddCommand(cmd)
+		var out, errb bytes.Buffer
+		code := Run(t.Context(), root, append([]string{"serve", "--config", file}, args...), strings.NewReader(""), &out, &errb)
+		logged = errb.String()
+		return result{code: code, stdout: out.String(), stderr: errb.String()}, logged
+	}
+	r, logged := run("--log-format", "json")
+	require.Zero(t, r.code, r.stderr)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(logged)), &line))
+	require.Equal(t, "hello", line["msg"])
+	require.Equal(t, "x", line["name"])
+	r, logged = run()
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, logged, `msg=hello name=x`)
+	r, _ = run("--log-format", "yaml")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `--log-format "yaml": allowed text or json`)
 }

@@ -22,6 +22,9 @@
 //   - A command with sub-commands and no known one given says "missing
 //     command" or "unknown command" with its list of sub-commands, the
 //     binary as much for an unknown verb.
+//   - A verb that runs from a config file (ConfigFile) takes --config,
+//     --log-level and --log-format (text, the default, or json: one object
+//     per line for log pipelines); its logger writes to stderr.
 //   - Every binary has `version` (module version, VCS revision, time and
 //     modified flag from runtime/debug.ReadBuildInfo) and `completion
 //     bash|zsh|fish|powershell` (cobra's).

@@ -11,6 +11,23 @@
 // nothing from deploy/, so the `serve` binary does not link the bed, the
 // bench or toxiproxy (cmd/triage's TestServeDoesNotLinkTheBed).
 //
+// # Observability
+//
+// Each node has its own Prometheus registry (schema/metrics.Set), handed
+// to every role it runs, and serves /metrics, /readyz and /livez on the
+// router's HTTP listener and on Config.Metrics when set (observe.go). The
+// router's gRPC server records RPC metrics with go-grpc-middleware's
+// prometheus provider and gives every RPC a request ID (x-request-id),
+// logged with its outcome; the JSON gateway does the same for /v1/ with
+// the X-Request-Id header.
+//
+// Readiness is Healthy, re-checked every ReadyEvery by one goroutine; its
+// last answer drives /readyz and the gRPC health status of "" and
+// triage.v1.Queue, so probes never fan out pings to the primaries. A node
+// is NOT_SERVING until its first check passes and from the moment Stop
+// begins. /livez answers ok while the process serves HTTP: restarting a
+// node does not fix NATS or a primary.
+//
 // Its tests are the integration tests of the whole queue: a real node
 // against a spawned mariadbd and an embedded NATS server, driven through
 // the gRPC and JSON APIs, including the model-based test against

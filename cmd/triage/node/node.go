@@ -28,6 +28,7 @@ import (
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -56,6 +57,16 @@ type Config struct {
 	HTTP string `json:"http,omitempty"`
 	// Pprof, when set, serves net/http/pprof on this address.
 	Pprof string `json:"pprof,omitempty"`
+	// Metrics, when set, serves /metrics, /readyz and /livez on this
+	// address. The router's HTTP listener serves them too, so a node
+	// without the router role needs this to be scraped. Default none.
+	Metrics string `json:"metrics,omitempty"`
+	// MaxTopicLabels caps the topics per namespace that get their own
+	// metric label; the rest add up under "_other". Default 100.
+	MaxTopicLabels int `json:"max_topic_labels,omitempty"`
+	// DepthEvery is the least time between two depth counts of the
+	// region's shards for /metrics (router role). Default 5s.
+	DepthEvery shardmap.Duration `json:"depth_every,omitempty"`
 	// MySQL credentials for shard primaries. Default user root, no password.
 	MySQL shardmap.Credentials `json:"mysql"`
 	// ShardMapFile bootstraps the shard map in NATS KV when none is stored.
@@ -133,6 +144,7 @@ type Node struct {
 	grpc   *grpc.Server
 	http   *http.Server
 	pprof  *http.Server
+	obs    *observability
 	done   chan struct{}
 
 	// Controller is the failover controller (controller role only).
@@ -140,6 +152,8 @@ type Node struct {
 
 	// GRPCAddr and HTTPAddr are the bound addresses (router role only).
 	GRPCAddr, HTTPAddr string
+	// MetricsAddr is the bound Config.Metrics address, if any.
+	MetricsAddr string
 }
 
 // Start connects to NATS, loads the shard map, migrates the region's
@@ -149,6 +163,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), clock: &shardmap.Clock{}, done: make(chan struct{})}
+	n.obs = newObservability(cfg, logger)
+	met := n.obs.set
 	ok := false
 	defer func() {
 		if !ok {
@@ -209,14 +225,15 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err != nil {
 		return nil, err
 	}
-	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, NC: n.nc, Logger: logger}
+	met.RegisterShardMap(maps)
+	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, NC: n.nc, Logger: logger, Metrics: met}
 	go obs.Run(runCtx)
 	if slices.Contains(cfg.Roles, RoleController) {
 		ctl, err := regions.New(regions.Config{
 			ID: cfg.Region + "-" + nuid.Next(), Region: cfg.Region, Maps: maps, MapKV: kv, NC: n.nc, JS: js,
 			Admin: cfg.Admin, Repl: cfg.Replication, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
 			Detect: time.Duration(cfg.FailoverDetect), Cooldown: time.Duration(cfg.FailoverCooldown),
-			KVReplicas: cfg.KVReplicas, Logger: logger,
+			KVReplicas: cfg.KVReplicas, Logger: logger, Metrics: met,
 		})
 		if err != nil {
 			return nil, err
@@ -233,7 +250,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
 			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners,
-			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger})
+			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met})
 		if err != nil {
 			return nil, err
 		}
@@ -243,7 +260,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock}
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return nil, err
@@ -266,6 +283,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		n.pprof = &http.Server{Addr: cfg.Pprof, Handler: mux}
 		go func() { _ = n.pprof.ListenAndServe() }()
 	}
+	if cfg.Metrics != "" {
+		if n.MetricsAddr, err = n.obs.serve(cfg.Metrics); err != nil {
+			return nil, err
+		}
+	}
+	go n.obs.readiness(runCtx, n.Healthy)
 	ok = true
 	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr)
 	return n, nil
@@ -301,7 +324,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		return err
 	}
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
-		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock}
+		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}
@@ -323,11 +346,19 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		return fmt.Errorf("http listen: %w", err)
 	}
 	n.GRPCAddr, n.HTTPAddr = gl.Addr().String(), hl.Addr().String()
-	n.grpc = routing.NewGRPCServer(n.router)
-	gw, err := routing.NewGateway(runCtx, n.router)
+	n.grpc = routing.NewGRPCServer(n.router, n.obs.health, n.obs.grpcOptions()...)
+	n.obs.rpc.InitializeMetrics(n.grpc)
+	// The router counts its region's items for /metrics.
+	depthEvery := time.Duration(n.cfg.DepthEvery)
+	if depthEvery == 0 {
+		depthEvery = 5 * time.Second
+	}
+	n.obs.set.RegisterDepth(metrics.DepthConfig{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Clock: n.clock, MinInterval: depthEvery})
+	gw, err := routing.NewGateway(runCtx, n.router, n.obs.handlers())
 	if err != nil {
 		return err
 	}
+	gw = n.obs.logHTTP(gw)
 	// ReadTimeout bounds reading a request (a body up to 64 MiB) so a slow
 	// client cannot hold a connection forever; no WriteTimeout, since a
 	// long-polled dequeue answers after up to 20 s.
@@ -349,6 +380,9 @@ func (n *Node) Stop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if n.obs != nil {
+		n.obs.stop()
+	}
 	if n.http != nil {
 		_ = n.http.Shutdown(ctx)
 	}

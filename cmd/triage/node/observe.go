@@ -1,0 +1,240 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/triage-queue/triage/routing"
+	"github.com/triage-queue/triage/schema/metrics"
+)
+
+// ReadyEvery is how often a node re-checks its readiness (the gRPC
+// health status and /readyz follow the last check).
+const ReadyEvery = time.Second
+
+// RequestIDHeader carries a request's ID: taken from the request when the
+// client sent one, else minted, and sent back in the response (HTTP
+// header, gRPC header metadata "x-request-id"), so a client's report and
+// the server's log line can be matched.
+const RequestIDHeader = "X-Request-Id"
+
+// observability is a node's metrics registry, readiness state and the
+// handlers that serve them.
+type observability struct {
+	reg    *prometheus.Registry
+	set    *metrics.Set
+	rpc    *grpcprom.ServerMetrics
+	health *health.Server
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	notReady error // last readiness check; nil: ready
+	srv      *http.Server
+}
+
+func newObservability(cfg Config, log *slog.Logger) *observability {
+	reg := prometheus.NewRegistry()
+	o := &observability{reg: reg, log: log,
+		set:      metrics.New(reg, metrics.Options{MaxTopics: cfg.MaxTopicLabels}),
+		health:   health.NewServer(),
+		notReady: fmt.Errorf("starting"),
+	}
+	o.rpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20})))
+	reg.MustRegister(o.rpc)
+	o.setStatus(healthpb.HealthCheckResponse_NOT_SERVING)
+	return o
+}
+
+func (o *observability) setStatus(st healthpb.HealthCheckResponse_ServingStatus) {
+	o.health.SetServingStatus("", st)
+	o.health.SetServingStatus(routing.QueueService, st)
+}
+
+// readiness re-checks check every ReadyEvery until ctx ends, logging each
+// change once.
+func (o *observability) readiness(ctx context.Context, check func(context.Context) error) {
+	t := time.NewTicker(ReadyEvery)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, ReadyEvery)
+		err := check(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		o.mu.Lock()
+		was := o.notReady
+		o.notReady = err
+		o.mu.Unlock()
+		switch {
+		case err == nil && was != nil:
+			o.log.Info("node ready")
+			o.setStatus(healthpb.HealthCheckResponse_SERVING)
+		case err != nil && (was == nil || was.Error() != err.Error()):
+			o.log.Warn("node not ready", "reason", err)
+			o.setStatus(healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stop marks the node not ready (a stopping node takes no new work) and
+// closes the metrics listener.
+func (o *observability) stop() {
+	o.mu.Lock()
+	o.notReady = fmt.Errorf("node is stopping")
+	srv := o.srv
+	o.mu.Unlock()
+	o.health.Shutdown()
+	if srv != nil {
+		_ = srv.Close()
+	}
+}
+
+// handlers are /metrics, /readyz and /livez.
+func (o *observability) handlers() map[string]http.Handler {
+	return map[string]http.Handler{
+		"/metrics": promhttp.HandlerFor(o.reg, promhttp.HandlerOpts{Registry: o.reg}),
+		"/readyz": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			o.mu.Lock()
+			err := o.notReady
+			o.mu.Unlock()
+			w.Header().Set("Content-Type", "text/plain")
+			if err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not ready: %v\n", err)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		}),
+		// The process runs and serves HTTP: nothing more, so a liveness
+		// probe never restarts a node for what a dependency does.
+		"/livez": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			fmt.Fprintln(w, "ok")
+		}),
+	}
+}
+
+// serve serves the handlers on addr (a node's metrics listener).
+func (o *observability) serve(addr string) (string, error) {
+	mux := http.NewServeMux()
+	for p, h := range o.handlers() {
+		mux.Handle(p, h)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("metrics listen: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	o.mu.Lock()
+	o.srv = srv
+	o.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+	return lis.Addr().String(), nil
+}
+
+// grpcOptions are the router's gRPC server options: RPC metrics, then
+// request IDs and RPC logs.
+func (o *observability) grpcOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(o.rpc.UnaryServerInterceptor(), o.logUnary)}
+}
+
+// logUnary gives each RPC a request ID and logs it: at debug when it
+// succeeded or the client was at fault, at warn when the server was
+// (Internal, Unknown, Unavailable, DeadlineExceeded, DataLoss).
+func (o *observability) logUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	id := ""
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("x-request-id"); len(v) > 0 {
+			id = v[0]
+		}
+	}
+	if id == "" {
+		id = nuid.Next()
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs("x-request-id", id))
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	code := status.Code(err)
+	lvl := slog.LevelDebug
+	switch code {
+	case codes.Internal, codes.Unknown, codes.Unavailable, codes.DeadlineExceeded, codes.DataLoss:
+		lvl = slog.LevelWarn
+	}
+	if o.log.Enabled(ctx, lvl) {
+		attrs := []any{"request_id", id, "method", info.FullMethod, "code", code.String(), "took", time.Since(start).Round(time.Microsecond)}
+		if err != nil {
+			attrs = append(attrs, "err", status.Convert(err).Message())
+		}
+		o.log.Log(ctx, lvl, "rpc", attrs...)
+	}
+	return resp, err
+}
+
+// statusWriter keeps the status code an HTTP handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Flush lets streaming through (the gateway flushes).
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// logHTTP is logUnary for the JSON gateway, which calls the router
+// in-process (no gRPC interceptor runs): request IDs in X-Request-Id, and
+// a log line per API request, at warn for 5xx answers.
+func (o *observability) logHTTP(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			next.ServeHTTP(w, r) // probes and scrapes: not logged
+			return
+		}
+		id := r.Header.Get(RequestIDHeader)
+		if id == "" {
+			id = nuid.Next()
+		}
+		w.Header().Set(RequestIDHeader, id)
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		start := time.Now()
+		next.ServeHTTP(sw, r)
+		lvl := slog.LevelDebug
+		if sw.code >= 500 {
+			lvl = slog.LevelWarn
+		}
+		if o.log.Enabled(r.Context(), lvl) {
+			o.log.Log(r.Context(), lvl, "http", "request_id", id, "method", r.Method, "path", r.URL.Path, "status", sw.code, "took", time.Since(start).Round(time.Microsecond))
+		}
+	})
+}
