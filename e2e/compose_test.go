@@ -139,6 +139,12 @@ func startCompose(t *testing.T) *composeBed {
 	out, err := b.script(15*time.Minute, "up.sh") // a first build takes 5-8 minutes on 2 cores
 	require.NoError(t, err, "deploy/compose/up.sh:\n%s", out)
 	t.Logf("compose bed %s up in %.1fs (images included)", b.project, time.Since(start).Seconds())
+	// Where the time went: the scripts' timed steps ("[ 12.3s] ...").
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "[") {
+			t.Logf("  up.sh %s", strings.TrimSpace(line))
+		}
+	}
 	for _, r := range composeRegions {
 		out, err := exec.Command("docker", "port", b.container("router-"+r), "8080/tcp").CombinedOutput()
 		require.NoError(t, err, "%s", out)
