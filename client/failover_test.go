@@ -21,8 +21,8 @@ import (
 // and every connection at once: what a client sees of a router killed
 // with calls in flight.
 type cutProxy struct {
-	lis   net.Listener
-	to    string
+	lis      net.Listener
+	to       string
 	mu       sync.Mutex
 	conns    []net.Conn
 	accepted atomic.Int32
