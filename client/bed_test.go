@@ -22,7 +22,7 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }
 
 // bed is a one-region Triage: an embedded NATS server, shards as
 // databases on the package's shared mariadbd, and nodes (routers,

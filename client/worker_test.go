@@ -168,8 +168,9 @@ func TestWorkerHeartbeatsSlowHandler(t *testing.T) {
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
 
-	// Another consumer polls the topic the whole time: a lapsed lease
-	// would hand it the item.
+	require.Eventually(t, func() bool { return len(calls.get()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	// Another consumer polls the topic the whole time the handler runs: a
+	// lapsed lease would hand it the item.
 	other := b.dial(t)
 	deadline := time.Now().Add(3 * lease)
 	for time.Now().Before(deadline) {
