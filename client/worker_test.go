@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -99,7 +100,18 @@ func (c *counter) get() map[string]int {
 // batches (every item gone afterwards).
 func TestWorkerHandlesAndAcks(t *testing.T) {
 	b := newBed(t, bedOpts{shards: 2})
-	c := b.dial(t)
+	// Record the size of every Ack the worker sends.
+	var ackMu sync.Mutex
+	var ackSizes []int
+	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if a, ok := req.(*triagev1.AckRequest); ok {
+			ackMu.Lock()
+			ackSizes = append(ackSizes, len(a.Acks))
+			ackMu.Unlock()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c := b.dial(t, client.WithDialOptions(grpc.WithChainUnaryInterceptor(record)))
 	var plain, typed counter
 	var seen atomic.Int32
 	w := newWorker(t, c, client.WorkerConfig{})
@@ -144,6 +156,15 @@ func TestWorkerHandlesAndAcks(t *testing.T) {
 	for id, n := range plain.get() {
 		require.Equal(t, 1, n, id)
 	}
+	ackMu.Lock()
+	defer ackMu.Unlock()
+	total := 0
+	for _, n := range ackSizes {
+		total += n
+	}
+	require.Equal(t, 40, total)
+	require.Less(t, len(ackSizes), 40, "acks of several handlers share calls: %v", ackSizes)
+	t.Logf("ack batches: %v", ackSizes)
 }
 
 // A handler that runs three times its lease is never handed the item a
