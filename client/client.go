@@ -3,6 +3,9 @@ package client
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -14,14 +17,17 @@ import (
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
-// Client is a connection to a Triage router. It is safe for concurrent use.
+// Client is a connection to one or more Triage routers. It is safe for
+// concurrent use.
 type Client struct {
-	// Queue is the data plane: every Queue RPC with its full request.
+	// Queue is the data plane: every Queue RPC with its full request,
+	// with failover and retries (see DialEndpoints).
 	Queue triagev1.QueueClient
-	// Admin is the control plane.
+	// Admin is the control plane, with the same failover; its changes are
+	// never repeated.
 	Admin triagev1.AdminClient
 
-	conn *grpc.ClientConn
+	mc *multiConn
 }
 
 // Option configures Dial.
@@ -29,14 +35,21 @@ type Option func(*options)
 
 type options struct {
 	region   string
+	retry    RetryPolicy
 	dialOpts []grpc.DialOption
 }
 
 // WithRegion sets the region put in Enqueue, Dequeue, GetTopicStats and
-// ListTopics requests that leave theirs empty. Default: none, so the router
-// uses its own region.
+// ListTopics requests that leave theirs empty, and makes the endpoints of
+// that region preferred. Default: none, so the router uses its own region.
 func WithRegion(region string) Option {
 	return func(o *options) { o.region = region }
+}
+
+// WithRetry sets how calls failing with UNAVAILABLE are retried and
+// failed over (RetryPolicy documents the defaults).
+func WithRetry(p RetryPolicy) Option {
+	return func(o *options) { o.retry = p }
 }
 
 // WithDialOptions adds gRPC dial options after the defaults (plaintext
@@ -49,8 +62,21 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 // wait for the connection to come up; ctx only stops a Dial that is already
 // cancelled.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	return DialEndpoints(ctx, []Endpoint{{Addr: addr}}, opts...)
+}
+
+// DialEndpoints creates a client for several routers. Calls go to the
+// first endpoint of the preferred region (WithRegion) that is up, then to
+// the others in the order given; a call that fails with UNAVAILABLE moves
+// on to the next endpoint at once and, once all were tried, backs off with
+// jitter (WithRetry). Any router serves any call, so failover needs no
+// state: a lease taken through one router is acked through another.
+func DialEndpoints(ctx context.Context, endpoints []Endpoint, opts ...Option) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("%w: no endpoints; give at least one router address", ErrInvalid)
 	}
 	var o options
 	for _, opt := range opts {
@@ -60,20 +86,44 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if o.region != "" {
 		dialOpts = append(dialOpts, grpc.WithChainUnaryInterceptor(regionInterceptor(o.region)))
 	}
-	conn, err := grpc.NewClient(addr, append(dialOpts, o.dialOpts...)...)
-	if err != nil {
-		return nil, err
+	mc := &multiConn{policy: o.retry.withDefaults(), sleep: sleepCtx}
+	for _, ep := range endpoints {
+		conn, err := grpc.NewClient(ep.Addr, append(dialOpts, o.dialOpts...)...)
+		if err != nil {
+			mc.close()
+			return nil, fmt.Errorf("endpoint %s: %w", ep.Addr, err)
+		}
+		mc.eps = append(mc.eps, &endpoint{Endpoint: ep, conn: conn})
 	}
+	// Preferred region first, each group in the caller's order.
+	slices.SortStableFunc(mc.eps, func(a, b *endpoint) int {
+		return cmp.Compare(rank(a.Region, o.region), rank(b.Region, o.region))
+	})
 	return &Client{
-		Queue: triagev1.NewQueueClient(conn),
-		Admin: triagev1.NewAdminClient(conn),
-		conn:  conn,
+		Queue: triagev1.NewQueueClient(mc),
+		Admin: triagev1.NewAdminClient(mc),
+		mc:    mc,
 	}, nil
 }
 
-// Close closes the connection; RPCs in flight fail with codes.Canceled.
+func rank(region, preferred string) int {
+	if preferred != "" && region == preferred {
+		return 0
+	}
+	return 1
+}
+
+// Close closes the connections; RPCs in flight fail with codes.Canceled.
 func (c *Client) Close() error {
-	return c.conn.Close()
+	return c.mc.close()
+}
+
+func (m *multiConn) close() error {
+	var errs []error
+	for _, e := range m.eps {
+		errs = append(errs, e.conn.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // regionInterceptor fills an empty region with the default, in every

@@ -794,8 +794,12 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		if err := checkMetadata(n.Metadata); err != nil {
 			return nil, err
 		}
+		if n.DeadLetter && n.Release {
+			return nil, invalid("nacks[%d]: dead_letter and release exclude each other: dead_letter ends the item, release hands it back uncounted", i)
+		}
 		nacks[i] = store.Nack{LeaseRef: store.LeaseRef{Key: parsed[i].Key, Token: tok},
-			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata}
+			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata,
+			DeadLetter: n.DeadLetter, Release: n.Release}
 	}
 	if len(groups) > 1 {
 		// Each shard's batch is one transaction that a too-large metadata

@@ -66,8 +66,11 @@ func itemLockLeasesSQL(k string) string {
 		FROM ` + k + ` WHERE i.namespace = ? FOR UPDATE`
 }
 
-// itemNackSQL hands one locked row back to the ready set.
+// itemNackSQL hands one locked row back to the ready set, taking back
+// the attempt its delivery counted when the second argument is 1 (a
+// release: the delivery does not count).
 const itemNackSQL = `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
+				attempts = GREATEST(attempts - ?, 0),
 				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`
 
 // itemExtendSQL moves one locked row's delivery lease.
@@ -470,6 +473,13 @@ type Nack struct {
 	Error string
 	// Metadata is merged into the item's; an empty value deletes a key.
 	Metadata map[string]string
+	// DeadLetter moves the item to dead_letters now, whatever attempts it
+	// has left (a permanent failure).
+	DeadLetter bool
+	// Release: the delivery does not count. The attempt it counted is
+	// taken back and the nack never dead-letters; Backoff is ignored (no
+	// failure to back off from), so the item waits Delay only.
+	Release bool
 }
 
 // ItemNackParams: see ItemNack.
@@ -491,8 +501,10 @@ type ItemNackParams struct {
 
 // ItemNack returns items to the ready set after their delay, in one
 // transaction, recording the error and merging metadata. An item that has
-// been delivered MaxAttempts times goes to dead_letters instead, with the
-// nack's error and metadata, its dedup key kept taken for DedupWindow.
+// been delivered MaxAttempts times, or whose nack says DeadLetter, goes to
+// dead_letters instead, with the nack's error and metadata, its dedup key
+// kept taken for DedupWindow. A Release nack takes back the attempt its
+// delivery counted and never dead-letters.
 //
 // A merge whose result would exceed MaxMetadataBytes fails the whole
 // batch with ErrMetadataTooLarge and changes nothing. readyNow lists, per
@@ -529,17 +541,25 @@ func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error,
 				lastErr = n.Error
 			}
 			attempts := int(st[n.Key].Attempts)
-			dead := p.MaxAttempts > 0 && attempts >= p.MaxAttempts
+			dead := n.DeadLetter || p.MaxAttempts > 0 && attempts >= p.MaxAttempts
 			delay := n.Delay
-			if n.Backoff {
+			if n.Backoff && !n.Release && !dead {
 				delay = p.Backoff(attempts)
 			}
-			if _, err := tx.ExecContext(ctx, itemNackSQL, nowUS+delay.Microseconds(), lastErr, meta, nowUS, n.Key); err != nil {
+			uncount := 0
+			if n.Release {
+				dead, uncount = false, 1
+			}
+			if _, err := tx.ExecContext(ctx, itemNackSQL, nowUS+delay.Microseconds(), uncount, lastErr, meta, nowUS, n.Key); err != nil {
 				return err
 			}
 			if dead {
 				reason := n.Error
-				if reason == "" {
+				switch {
+				case reason != "":
+				case n.DeadLetter:
+					reason = fmt.Sprintf("dead-lettered by the consumer after %d deliveries", attempts)
+				default:
 					reason = fmt.Sprintf("nacked after %d deliveries", attempts)
 				}
 				if _, err := moveToDeadLetters(ctx, tx, []uint64{n.Key}, "1 = 1", nil, reason, p.DedupWindow, nowUS); err != nil {

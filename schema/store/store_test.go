@@ -328,6 +328,37 @@ func TestNack(t *testing.T) {
 	require.Equal(t, uint64(1001), f.get(1).LeaseToken, "nothing changed")
 }
 
+func TestNackDeadLetterAndRelease(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2, 3)
+	rows, token := f.leaseHead(ItemLeaseHeadParams{})
+	f.serve(rows, token)
+	// 3 is on its last attempt: a release must not dead-letter it.
+	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 5 WHERE id = 3")
+	require.NoError(t, err)
+	backoffs := 0
+	res, readyNow, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, MaxAttempts: 5, NowUS: f.nowUS,
+		Backoff: func(int) time.Duration { backoffs++; return time.Minute },
+		Nacks: []Nack{
+			{LeaseRef: LeaseRef{Key: 1, Token: 1001}, DeadLetter: true, Backoff: true},
+			{LeaseRef: LeaseRef{Key: 2, Token: 1002}, Release: true, Backoff: true},
+			{LeaseRef: LeaseRef{Key: 3, Token: 1003}, Release: true, Delay: time.Hour, Error: "snoozed"},
+		}})
+	require.NoError(t, err)
+	require.Equal(t, []error{nil, nil, nil}, res)
+	require.Equal(t, []string{"", topic, ""}, readyNow, "a release without delay is ready at once")
+	require.Zero(t, backoffs, "neither a dead letter nor a release backs off")
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dead_letters WHERE id = 1 AND attempts = 1 AND last_error = 'dead-lettered by the consumer after 1 deliveries'"))
+	two := f.get(2)
+	require.Zero(t, two.Attempts, "the released delivery is not counted")
+	require.Equal(t, f.nowUS, two.DeliverAfter)
+	three := f.get(3)
+	require.Equal(t, int32(4), three.Attempts)
+	require.Equal(t, f.nowUS+time.Hour.Microseconds(), three.DeliverAfter)
+	require.Equal(t, "snoozed", three.LastError.String)
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dead_letters"))
+}
+
 func TestExtend(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1)

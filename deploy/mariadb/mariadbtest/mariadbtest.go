@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -75,18 +76,28 @@ func MainCheckingLeaks(m *testing.M) int {
 // so DSNs handed out earlier stay valid.
 func Server(t testing.TB) *mariadb.Server {
 	t.Helper()
+	s, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Shared is Server for code that has no testing.TB, such as examples: it
+// returns the failure instead of failing a test.
+func Shared() (*mariadb.Server, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	if !inMain {
-		t.Fatal("mariadbtest: the shared server needs func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }")
+		return nil, errors.New("mariadbtest: the shared server needs func TestMain(m *testing.M) { os.Exit(mariadbtest.Main(m)) }")
 	}
 	if sharedErr == nil && (shared == nil || exited(shared)) {
 		sharedErr = startShared()
 	}
 	if sharedErr != nil {
-		t.Fatalf("mariadbtest: shared server: %v", sharedErr)
+		return nil, fmt.Errorf("mariadbtest: shared server: %w", sharedErr)
 	}
-	return shared
+	return shared, nil
 }
 
 func startShared() error {

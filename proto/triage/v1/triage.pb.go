@@ -1303,7 +1303,17 @@ type NackItem struct {
 	// Last error, kept on the item.
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	// Merged into the item's metadata; an empty value deletes the key.
-	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Move the item to its topic's dead letters now, whatever attempts it
+	// has left: the consumer knows a retry cannot succeed (a permanent
+	// error). delay is then ignored. Not with release.
+	DeadLetter bool `protobuf:"varint,6,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	// The delivery does not count: attempts goes back by one and this nack
+	// never dead-letters. For an item the consumer never started (handed
+	// back at shutdown) or asks to see again later without failing (snooze).
+	// With delay unset the item is ready at once, not after the backoff,
+	// which is for failures.
+	Release       bool `protobuf:"varint,7,opt,name=release,proto3" json:"release,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1371,6 +1381,20 @@ func (x *NackItem) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *NackItem) GetDeadLetter() bool {
+	if x != nil {
+		return x.DeadLetter
+	}
+	return false
+}
+
+func (x *NackItem) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
 }
 
 type NackRequest struct {
@@ -3638,14 +3662,17 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12'\n" +
 	"\x04acks\x18\x02 \x03(\v2\x13.triage.v1.LeaseRefR\x04acks\">\n" +
 	"\vAckResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.triage.v1.ItemResultR\aresults\"\xfe\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.triage.v1.ItemResultR\aresults\"\xb9\x02\n" +
 	"\bNackItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vlease_token\x18\x02 \x01(\tR\n" +
 	"leaseToken\x12/\n" +
 	"\x05delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12=\n" +
-	"\bmetadata\x18\x05 \x03(\v2!.triage.v1.NackItem.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\x05 \x03(\v2!.triage.v1.NackItem.MetadataEntryR\bmetadata\x12\x1f\n" +
+	"\vdead_letter\x18\x06 \x01(\bR\n" +
+	"deadLetter\x12\x18\n" +
+	"\arelease\x18\a \x01(\bR\arelease\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"V\n" +

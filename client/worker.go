@@ -1,0 +1,660 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+)
+
+// WorkerConfig configures a Worker. Zero values take the defaults given.
+type WorkerConfig struct {
+	// Namespace to work. Required.
+	Namespace string
+	// Region whose shards are read. Default: the client's (WithRegion),
+	// else the router's own.
+	Region string
+	// Lease asked for on every dequeue and extension. Default 30s. The
+	// worker extends a held item's lease every Lease/3, so a handler may
+	// run far longer than Lease while a crashed worker's items come back
+	// within Lease. The worker asks for it explicitly rather than trusting
+	// each item's own lease so the heartbeat needs no clock shared with
+	// the server.
+	Lease time.Duration
+	// Wait is the long poll of each dequeue. Default 5s.
+	Wait time.Duration
+	// MaxBatch is the most acks (or nacks) sent in one call. Default 100.
+	MaxBatch int
+	// ShutdownTimeout bounds Run's graceful stop. Default 30s.
+	ShutdownTimeout time.Duration
+	// Logger receives the worker's own failures (dequeue errors, refused
+	// acks, lost leases). Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.Wait <= 0 {
+		c.Wait = 5 * time.Second
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 100
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Worker leases items of the topics it has handlers for and runs them:
+// see the package documentation. Handle and Use before Start.
+type Worker struct {
+	c   *Client
+	cfg WorkerConfig
+	log *slog.Logger
+
+	topics map[string]*topic
+	mws    []Middleware
+
+	// mu guards held counts, started and the deliveries map.
+	mu        sync.Mutex
+	started   bool
+	stopped   bool
+	inflight  map[*delivery]struct{} // dequeued and not yet settled
+	slotFree  chan struct{}          // a topic has room again (cap 1)
+	fetchStop context.CancelFunc
+	fetchDone chan struct{}
+	stopping  chan struct{}           // runners take no new items
+	hardStop  context.CancelCauseFunc // cancels handler contexts
+	keepStop  context.CancelFunc      // stops lease extension
+	handlerBG context.Context         // parent of handler contexts
+	keepBG    context.Context         // parent of extension calls
+	runners   sync.WaitGroup          // topic runners
+	settlers  sync.WaitGroup          // ack and nack senders
+	flush     chan struct{}           // runners are done: send what is left and exit
+	acks      chan *delivery          // to settle
+	nacks     chan nackReq            //
+	settleCtx context.Context         // for ack and nack calls
+	settleEnd context.CancelFunc      //
+	gone      chan struct{}           // settlers exited: late results are dropped
+	goneN     atomic.Int32            // settlers exited so far
+}
+
+type topic struct {
+	name    string
+	handler Handler
+	cfg     topicConfig
+	queue   chan *delivery
+	held    int // guarded by Worker.mu
+}
+
+// delivery is one leased item inside the worker.
+type delivery struct {
+	item  *Item
+	t     *topic
+	done  chan struct{} // closed when the item is settled or handed back: stops its lease keeper
+	lost  chan struct{} // closed when the lease is lost
+	once  sync.Once
+	mu    sync.Mutex
+	abort context.CancelCauseFunc // the running handler's, once started
+}
+
+type nackReq struct {
+	d *delivery
+	n *triagev1.NackItem
+}
+
+// NewWorker makes a worker on c. c must stay open until the worker stops.
+func NewWorker(c *Client, cfg WorkerConfig) (*Worker, error) {
+	if cfg.Namespace == "" {
+		return nil, fmt.Errorf("%w: worker namespace is required", ErrInvalid)
+	}
+	cfg = cfg.withDefaults()
+	return &Worker{c: c, cfg: cfg, log: cfg.Logger.With("namespace", cfg.Namespace), topics: map[string]*topic{}}, nil
+}
+
+// Handle registers h for topic. Registering a topic twice replaces its
+// handler. It panics after Start: the set of topics is what the worker
+// dequeues.
+func (w *Worker) Handle(topicName string, h Handler, opts ...HandleOption) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		panic("client: Worker.Handle after Start")
+	}
+	tc := topicConfig{concurrency: 1, prefetch: -1}
+	for _, o := range opts {
+		o(&tc)
+	}
+	tc.concurrency = max(tc.concurrency, 1)
+	if tc.prefetch < 0 {
+		tc.prefetch = tc.concurrency
+	}
+	w.topics[topicName] = &topic{name: topicName, handler: h, cfg: tc}
+}
+
+// Use adds middleware around every handler; the first is outermost.
+func (w *Worker) Use(mw ...Middleware) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		panic("client: Worker.Use after Start")
+	}
+	w.mws = append(w.mws, mw...)
+}
+
+// Start begins dequeuing and handling. ctx bounds nothing but Start
+// itself: stop the worker with Stop (or use Run).
+func (w *Worker) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("client: worker already started")
+	}
+	if len(w.topics) == 0 {
+		return fmt.Errorf("%w: worker has no handlers; call Handle first", ErrInvalid)
+	}
+	w.started = true
+	capacity := 0
+	for _, t := range w.topics {
+		h := recoverHandler(t.handler)
+		for i := len(w.mws) - 1; i >= 0; i-- {
+			h = w.mws[i](h)
+		}
+		t.handler = h
+		t.queue = make(chan *delivery, t.cfg.concurrency+t.cfg.prefetch)
+		capacity += t.cfg.concurrency + t.cfg.prefetch
+	}
+	w.inflight = map[*delivery]struct{}{}
+	w.slotFree = make(chan struct{}, 1)
+	w.stopping = make(chan struct{})
+	w.flush = make(chan struct{})
+	w.gone = make(chan struct{})
+	w.fetchDone = make(chan struct{})
+	w.acks = make(chan *delivery, capacity)
+	w.nacks = make(chan nackReq, capacity)
+	bg := context.WithoutCancel(ctx)
+	var fetchCtx context.Context
+	fetchCtx, w.fetchStop = context.WithCancel(bg)
+	w.handlerBG, w.hardStop = context.WithCancelCause(bg)
+	w.keepBG, w.keepStop = context.WithCancel(bg)
+	w.settleCtx, w.settleEnd = context.WithCancel(bg)
+
+	w.settlers.Add(2)
+	go w.settleAcks()
+	go w.settleNacks()
+	for _, t := range w.topics {
+		for range t.cfg.concurrency {
+			w.runners.Add(1)
+			go w.run(t)
+		}
+	}
+	go w.fetch(fetchCtx)
+	return nil
+}
+
+// Run starts the worker, works until ctx is done, then stops it
+// gracefully within ShutdownTimeout. It returns Stop's error.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.ShutdownTimeout)
+	defer cancel()
+	return w.Stop(sctx)
+}
+
+// Stop shuts the worker down: it stops dequeuing, hands back prefetched
+// items that no handler started (ready again at once, no attempt
+// counted), lets running handlers finish until ctx is done and sends
+// their acks and nacks. If ctx ends first, the handlers' contexts are
+// cancelled with ErrWorkerStopped and Stop returns ctx's error without
+// waiting for handlers that ignore it; their leases are no longer
+// extended, so their items come back when the lease lapses.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	if !w.started || w.stopped {
+		w.mu.Unlock()
+		return errors.New("client: worker not running")
+	}
+	w.stopped = true
+	w.mu.Unlock()
+
+	w.fetchStop()
+	<-w.fetchDone
+	close(w.stopping)
+	for _, t := range w.topics {
+		w.drain(t)
+	}
+	runnersDone := make(chan struct{})
+	go func() { w.runners.Wait(); close(runnersDone) }()
+	var err error
+	select {
+	case <-runnersDone:
+	case <-ctx.Done():
+		err = ctx.Err()
+		w.hardStop(ErrWorkerStopped)
+		// Handlers that honour their context return promptly; their
+		// results still count. The others are abandoned.
+		select {
+		case <-runnersDone:
+		case <-time.After(time.Second):
+		}
+	}
+	// A runner may have picked an item while stopping was being closed.
+	for _, t := range w.topics {
+		w.drain(t)
+	}
+	w.keepStop()
+	close(w.flush)
+	settled := make(chan struct{})
+	go func() { w.settlers.Wait(); close(settled) }()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	select {
+	case <-settled:
+	case <-fctx.Done():
+		w.settleEnd()
+		<-settled
+		err = cmpErr(err, fmt.Errorf("client: acks and nacks not all sent before shutdown: %w", fctx.Err()))
+	}
+	w.settleEnd()
+	w.hardStop(ErrWorkerStopped)
+	return err
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// drain hands back every item waiting in t's queue.
+func (w *Worker) drain(t *topic) {
+	for {
+		select {
+		case d := <-t.queue:
+			w.release(d)
+		default:
+			return
+		}
+	}
+}
+
+// release hands an unstarted item back: ready at once, attempt not
+// counted, so another consumer gets it without waiting for the lease.
+func (w *Worker) release(d *delivery) {
+	w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Release: true, Delay: durationpb.New(0)})
+}
+
+// wants lists the topics with room and how many items each can take.
+func (w *Worker) wants() []*triagev1.TopicCount {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*triagev1.TopicCount
+	for _, t := range w.topics {
+		if free := t.cfg.concurrency + t.cfg.prefetch - t.held; free > 0 {
+			out = append(out, &triagev1.TopicCount{Topic: t.name, Count: int32(free)})
+		}
+	}
+	// A stable order keeps requests comparable in logs; the server's
+	// policy, not this order, decides among topics.
+	sort.Slice(out, func(i, j int) bool { return out[i].Topic < out[j].Topic })
+	return out
+}
+
+// fetch is the dequeue loop: one long-polling Dequeue at a time, for every
+// topic with room, so a worker with several topics makes one call, not
+// one per topic.
+func (w *Worker) fetch(ctx context.Context) {
+	defer close(w.fetchDone)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		want := w.wants()
+		if len(want) == 0 {
+			select {
+			case <-w.slotFree:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		req := &triagev1.DequeueRequest{Namespace: w.cfg.Namespace, Topics: want, Region: w.cfg.Region,
+			LeaseDuration: durationpb.New(w.cfg.Lease), Wait: durationpb.New(w.cfg.Wait)}
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+15*time.Second)
+		resp, err := w.c.Queue.Dequeue(rctx, req)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("triage worker: dequeue failed", "err", err, "retry_in", backoff)
+			_ = sleepCtx(ctx, jitter(backoff))
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		for _, li := range resp.GetItems() {
+			w.accept(li, sent)
+		}
+	}
+}
+
+// accept takes a dequeued item into the worker: counted against its
+// topic, its lease kept, queued for a runner.
+func (w *Worker) accept(li *triagev1.LeasedItem, sent time.Time) {
+	it := newItem(w.cfg.Namespace, li)
+	w.mu.Lock()
+	t := w.topics[it.Topic]
+	if t == nil {
+		w.mu.Unlock()
+		// Not asked for; hand it straight back.
+		w.log.Warn("triage worker: dequeued an item of a topic it has no handler for", "topic", it.Topic, "id", it.ID)
+		d := &delivery{item: it, done: make(chan struct{}), lost: make(chan struct{})}
+		w.release(d)
+		return
+	}
+	t.held++
+	d := &delivery{item: it, t: t, done: make(chan struct{}), lost: make(chan struct{})}
+	w.inflight[d] = struct{}{}
+	w.mu.Unlock()
+	go w.keep(d, sent.Add(w.cfg.Lease))
+	t.queue <- d // never blocks: held <= capacity
+}
+
+// run is one of a topic's Concurrency runners.
+func (w *Worker) run(t *topic) {
+	defer w.runners.Done()
+	for {
+		select {
+		case <-w.stopping:
+			return
+		case d := <-t.queue:
+			select {
+			case <-w.stopping:
+				w.release(d)
+				return
+			default:
+			}
+			w.handle(d)
+		}
+	}
+}
+
+// handle runs the handler on d and settles the item from its result.
+func (w *Worker) handle(d *delivery) {
+	ctx, cancel := context.WithCancelCause(w.handlerBG)
+	defer cancel(nil)
+	d.mu.Lock()
+	select {
+	case <-d.lost:
+		d.mu.Unlock()
+		w.log.Warn("triage worker: lease lost before the handler started", "topic", d.item.Topic, "id", d.item.ID)
+		w.forget(d)
+		return
+	default:
+	}
+	d.abort = cancel
+	d.mu.Unlock()
+
+	err := func() (err error) {
+		defer func() { // a panicking middleware
+			if r := recover(); r != nil {
+				err = &PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		return d.t.handler(ctx, d.item)
+	}()
+
+	select {
+	case <-d.lost:
+		// Someone else may hold the item now: an ack or nack would be
+		// refused, and must not be tried with a stale view anyway.
+		w.log.Warn("triage worker: lease lost while handling; result dropped", "topic", d.item.Topic, "id", d.item.ID, "result", err)
+		w.forget(d)
+		return
+	default:
+	}
+	var snooze *snoozeError
+	switch {
+	case err == nil:
+		w.settle(d, d, nil)
+	case errors.As(err, &snooze):
+		w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Release: true, Delay: durationpb.New(snooze.d)})
+	case IsPermanent(err):
+		w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, DeadLetter: true, Error: truncateError(err.Error())})
+	default:
+		// No delay: the server applies the namespace's backoff.
+		w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Error: truncateError(err.Error())})
+	}
+}
+
+// settle stops d's lease keeper, frees its slot and queues its ack (ack
+// set) or nack.
+func (w *Worker) settle(d *delivery, ack *delivery, n *triagev1.NackItem) {
+	w.forget(d)
+	if ack != nil {
+		select {
+		case w.acks <- ack:
+		case <-w.gone:
+			w.log.Warn("triage worker: ack after shutdown dropped; the item comes back when its lease lapses", "id", d.item.ID)
+		}
+		return
+	}
+	select {
+	case w.nacks <- nackReq{d, n}:
+	case <-w.gone:
+		w.log.Warn("triage worker: nack after shutdown dropped; the item comes back when its lease lapses", "id", d.item.ID)
+	}
+}
+
+// forget stops d's lease keeper and frees its topic slot.
+func (w *Worker) forget(d *delivery) {
+	d.once.Do(func() { close(d.done) })
+	w.mu.Lock()
+	if _, ok := w.inflight[d]; ok {
+		delete(w.inflight, d)
+		d.t.held--
+	}
+	w.mu.Unlock()
+	select {
+	case w.slotFree <- struct{}{}:
+	default:
+	}
+}
+
+// keep extends d's lease every Lease/3 until d is settled. A refusal
+// (stale token, item gone) means another consumer may hold it: the
+// handler's context is cancelled with ErrLeaseLost. Transient failures
+// are retried more often until the lease would have lapsed by the local
+// clock (expires, counted from when the dequeue or extension was sent).
+func (w *Worker) keep(d *delivery, expires time.Time) {
+	lease := w.cfg.Lease
+	next := lease / 3
+	for {
+		t := time.NewTimer(next)
+		select {
+		case <-d.done:
+			t.Stop()
+			return
+		case <-w.keepBG.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(w.keepBG, lease/3)
+		_, err := w.c.Queue.ExtendLease(ctx, &triagev1.ExtendLeaseRequest{Namespace: w.cfg.Namespace, Id: d.item.ID,
+			LeaseToken: d.item.token, LeaseDuration: durationpb.New(lease)})
+		cancel()
+		switch {
+		case err == nil:
+			expires = sent.Add(lease)
+			next = lease / 3
+			continue
+		case w.keepBG.Err() != nil:
+			return
+		case errors.Is(err, ErrStaleLease), errors.Is(err, ErrNotFound):
+			w.loseLease(d, err)
+			return
+		}
+		select {
+		case <-d.done:
+			return
+		default:
+		}
+		if time.Until(expires) <= 0 {
+			w.loseLease(d, err)
+			return
+		}
+		w.log.Warn("triage worker: extend lease failed; retrying", "id", d.item.ID, "err", err)
+		next = max(min(lease/10, time.Until(expires)/2), 10*time.Millisecond)
+	}
+}
+
+func (w *Worker) loseLease(d *delivery, err error) {
+	select {
+	case <-d.done:
+		return // settled meanwhile: the refusal is the ack's doing
+	default:
+	}
+	w.log.Warn("triage worker: lease lost", "topic", d.item.Topic, "id", d.item.ID, "err", err)
+	d.mu.Lock()
+	close(d.lost)
+	if d.abort != nil {
+		d.abort(ErrLeaseLost)
+	}
+	d.mu.Unlock()
+}
+
+// settleAcks sends acks in batches: whatever queued up while the last
+// call was in flight goes in the next, so batches grow with load and an
+// idle worker acks at once.
+func (w *Worker) settleAcks() {
+	defer w.settlers.Done()
+	for {
+		var batch []*delivery
+		select {
+		case d := <-w.acks:
+			batch = append(batch, d)
+		case <-w.flush:
+			for {
+				batch = batch[:0]
+				w.collectAcks(&batch)
+				if len(batch) == 0 {
+					w.closeGone()
+					return
+				}
+				w.sendAcks(batch)
+			}
+		}
+		w.collectAcks(&batch)
+		w.sendAcks(batch)
+	}
+}
+
+func (w *Worker) collectAcks(batch *[]*delivery) {
+	for len(*batch) < w.cfg.MaxBatch {
+		select {
+		case d := <-w.acks:
+			*batch = append(*batch, d)
+		default:
+			return
+		}
+	}
+}
+
+func (w *Worker) sendAcks(batch []*delivery) {
+	req := &triagev1.AckRequest{Namespace: w.cfg.Namespace}
+	for _, d := range batch {
+		req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: d.item.ID, LeaseToken: d.item.token})
+	}
+	resp, err := w.c.Queue.Ack(w.settleCtx, req)
+	if err != nil {
+		w.log.Error("triage worker: ack failed; the items come back when their leases lapse", "items", len(batch), "err", err)
+		return
+	}
+	for _, r := range resp.GetResults() {
+		if !r.GetOk() {
+			w.log.Warn("triage worker: ack refused", "id", r.GetId(), "reason", r.GetError())
+		}
+	}
+}
+
+// settleNacks is settleAcks for nacks.
+func (w *Worker) settleNacks() {
+	defer w.settlers.Done()
+	for {
+		var batch []nackReq
+		select {
+		case n := <-w.nacks:
+			batch = append(batch, n)
+		case <-w.flush:
+			for {
+				batch = batch[:0]
+				w.collectNacks(&batch)
+				if len(batch) == 0 {
+					w.closeGone()
+					return
+				}
+				w.sendNacks(batch)
+			}
+		}
+		w.collectNacks(&batch)
+		w.sendNacks(batch)
+	}
+}
+
+func (w *Worker) collectNacks(batch *[]nackReq) {
+	for len(*batch) < w.cfg.MaxBatch {
+		select {
+		case n := <-w.nacks:
+			*batch = append(*batch, n)
+		default:
+			return
+		}
+	}
+}
+
+func (w *Worker) sendNacks(batch []nackReq) {
+	req := &triagev1.NackRequest{Namespace: w.cfg.Namespace}
+	for _, n := range batch {
+		req.Nacks = append(req.Nacks, n.n)
+	}
+	resp, err := w.c.Queue.Nack(w.settleCtx, req)
+	if err != nil {
+		w.log.Error("triage worker: nack failed; the items come back when their leases lapse", "items", len(batch), "err", err)
+		return
+	}
+	for _, r := range resp.GetResults() {
+		if !r.GetOk() {
+			w.log.Warn("triage worker: nack refused", "id", r.GetId(), "reason", r.GetError())
+		}
+	}
+}
+
+// closeGone closes gone once both settlers have exited.
+func (w *Worker) closeGone() {
+	if w.goneN.Add(1) == 2 {
+		close(w.gone)
+	}
+}
