@@ -57,14 +57,20 @@ func (s *security) grpcOptions(a *auth.Authorizer) []grpc.ServerOption {
 		grpc.ConnectionTimeout(10*time.Second),
 	)
 	if s.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls.Clone())))
 	}
 	return opts
 }
 
 // httpServer is an HTTP listener's server with the limits of the config.
 func (s *security) httpServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: auth.HTTP(h), TLSConfig: s.tls, MaxHeaderBytes: s.cfg.MaxHeaderBytes,
+	// Each listener gets its own copy of the TLS config (net/http sets up
+	// HTTP/2 in it); they share the certificate reloader.
+	var tc *tls.Config
+	if s.tls != nil {
+		tc = s.tls.Clone()
+	}
+	return &http.Server{Handler: auth.HTTP(h), TLSConfig: tc, MaxHeaderBytes: s.cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Duration(s.cfg.HTTPReadTimeout),
 		WriteTimeout: time.Duration(s.cfg.HTTPWriteTimeout), IdleTimeout: 2 * time.Minute}
 }
