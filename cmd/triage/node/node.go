@@ -178,9 +178,9 @@ type Node struct {
 	// adminGRPC and adminHTTP serve Config.AdminGRPC and AdminHTTP.
 	adminGRPC *grpc.Server
 	adminHTTP *http.Server
-	pprof  *http.Server
-	obs    *observability
-	done   chan struct{}
+	pprof     *http.Server
+	obs       *observability
+	done      chan struct{}
 
 	// Controller is the failover controller (controller role only).
 	Controller *regions.Controller
