@@ -17,7 +17,7 @@
 // bytes, base64url). The keys file (JSON, KeysFile) stores only their
 // SHA-256: a stolen file gives no usable key, and a slow password hash
 // would buy nothing against 256 random bits while costing every request.
-// The file is re-read when its size or modification time changes (checked
+// The file is re-read when its content changes (checked
 // at most once a second, on the request path); a file that no longer
 // parses keeps the last good set and logs why, so a bad edit never locks
 // everyone out or lets everyone in.

@@ -222,8 +222,7 @@ type Keys struct {
 
 	mu      sync.Mutex
 	cur     *KeySet
-	mtime   time.Time
-	size    int64
+	sum     [sha256.Size]byte // of the file last read
 	checked time.Time
 }
 
@@ -237,24 +236,22 @@ func LoadKeys(path string, log *slog.Logger) (*Keys, error) {
 	return k, nil
 }
 
-// reload reads the file if its size or modification time changed. k.mu
-// is held or k is not shared yet.
+// reload re-parses the file if its content changed (compared whole: a
+// same-size edit within one mtime tick is still seen). k.mu is held or k
+// is not shared yet.
 func (k *Keys) reload(now time.Time) error {
 	k.checked = now
-	st, err := os.Stat(k.path)
-	if err != nil {
-		return fmt.Errorf("keys file: %w", err)
-	}
-	if k.cur != nil && st.ModTime().Equal(k.mtime) && st.Size() == k.size {
-		return nil
-	}
 	data, err := os.ReadFile(k.path)
 	if err != nil {
 		return fmt.Errorf("keys file: %w", err)
 	}
+	sum := sha256.Sum256(data)
+	if sum == k.sum {
+		return nil
+	}
 	// Remembered even when the file is bad, so a bad version is reported
 	// once, not every second.
-	k.mtime, k.size = st.ModTime(), st.Size()
+	k.sum = sum
 	s, err := ParseKeys(data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", k.path, err)

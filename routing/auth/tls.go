@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -85,35 +86,28 @@ type certReloader struct {
 
 	mu      sync.Mutex
 	pair    *tls.Certificate
-	stamp   string // both files' mtimes and sizes
+	stamp   [sha256.Size]byte // of both files' contents
 	checked time.Time
 }
 
-func fileStamp(paths ...string) (string, error) {
-	s := ""
-	for _, p := range paths {
-		st, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		s += fmt.Sprintf("%s:%d:%d;", p, st.ModTime().UnixNano(), st.Size())
-	}
-	return s, nil
-}
-
-// load re-reads the pair if the files changed; c.mu is held or c is not
-// shared yet.
+// load re-reads the pair if either file's content changed; c.mu is held
+// or c is not shared yet.
 func (c *certReloader) load(now time.Time) error {
 	c.checked = now
-	stamp, err := fileStamp(c.cert, c.key)
+	certPEM, err := os.ReadFile(c.cert)
 	if err != nil {
-		return fmt.Errorf("tls: %w", err)
+		return fmt.Errorf("tls: cert_file: %w", err)
 	}
+	keyPEM, err := os.ReadFile(c.key)
+	if err != nil {
+		return fmt.Errorf("tls: key_file: %w", err)
+	}
+	stamp := sha256.Sum256(append(append(certPEM, 0), keyPEM...))
 	if stamp == c.stamp {
 		return nil
 	}
 	c.stamp = stamp
-	pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return fmt.Errorf("tls: cert_file %s and key_file %s: %w", c.cert, c.key, err)
 	}
