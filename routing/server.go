@@ -40,6 +40,20 @@ func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc
 	return s
 }
 
+// NewAdminGRPCServer returns a gRPC server with only the Admin service
+// (and health and reflection), for a node's admin listener.
+func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
+	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)...)
+	triagev1.RegisterAdminServer(s, r)
+	if h == nil {
+		h = health.NewServer()
+		h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(s, h)
+	reflection.Register(s)
+	return s
+}
+
 // QueueService is the gRPC health service name of the queue API.
 const QueueService = "triage.v1.Queue"
 
@@ -50,17 +64,29 @@ const QueueService = "triage.v1.Queue"
 // extra, when set, serves the paths it is given (the node's /metrics,
 // /readyz, /livez) beside the API.
 func NewGateway(ctx context.Context, r *Router, extra map[string]http.Handler) (http.Handler, error) {
+	return NewGatewayFor(ctx, r, r, extra)
+}
+
+// NewGatewayFor is NewGateway calling q and a, which may wrap the router
+// (cmd/triage/node puts routing/auth's guards in between, as the gateway
+// calls in-process where no gRPC interceptor runs). A nil q or a leaves
+// that service's routes out.
+func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.AdminServer, extra map[string]http.Handler) (http.Handler, error) {
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, jsonBody{&runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
 	)
-	if err := triagev1.RegisterQueueHandlerServer(ctx, mux, r); err != nil {
-		return nil, err
+	if q != nil {
+		if err := triagev1.RegisterQueueHandlerServer(ctx, mux, q); err != nil {
+			return nil, err
+		}
 	}
-	if err := triagev1.RegisterAdminHandlerServer(ctx, mux, r); err != nil {
-		return nil, err
+	if a != nil {
+		if err := triagev1.RegisterAdminHandlerServer(ctx, mux, a); err != nil {
+			return nil, err
+		}
 	}
 	top := http.NewServeMux()
 	top.Handle("/v1/", mux)

@@ -23,6 +23,7 @@ func upCommand() *cobra.Command {
 		shards, spares                 int
 		multi, freePorts               bool
 		wanLatency                     time.Duration
+		noAuth                         bool
 	)
 	cmd := &cobra.Command{
 		Use:     "up [flags]",
@@ -46,7 +47,7 @@ func upCommand() *cobra.Command {
 			start := time.Now()
 			fmt.Fprintf(stdout, "starting the Triage bed: regions %s (MariaDB shards, NATS, Triage roles)...\n", strings.Join(regionList, ", "))
 			b, err := bed.Start(c.Context(), bed.Config{Dir: dir, Regions: regionList, ShardsPerRegion: shards, SpareShardsPerRegion: spares, WANLatency: latency,
-				HTTPBase: httpBase, GRPCBase: grpcBase, NATSPort: natsPort, Pprof: pprofAddr, Logger: cli.Logger(c.ErrOrStderr(), level),
+				HTTPBase: httpBase, GRPCBase: grpcBase, NATSPort: natsPort, Pprof: pprofAddr, Logger: cli.Logger(c.ErrOrStderr(), level), Auth: !noAuth,
 				Progress: func(line string) { fmt.Fprintln(stdout, "  "+line) }})
 			if err != nil {
 				return err
@@ -68,6 +69,7 @@ func upCommand() *cobra.Command {
 	f.DurationVar(&wanLatency, "wan-latency", 20*time.Millisecond, "one-way latency between regions (0 for none)")
 	f.StringVar(&level, "log-level", "warn", "debug, info, warn or error")
 	f.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6060)")
+	f.BoolVar(&noAuth, "no-auth", false, "serve without authentication (by default the bed writes a throwaway keys file with one cluster-admin key and prints it as TRIAGE_TOKEN)")
 	f.BoolVar(&freePorts, "free-ports", false, "pick free ports instead of 808x/909x/4222 (tests, or beside another bed)")
 	return cmd
 }
@@ -93,23 +95,33 @@ func printBed(w io.Writer, b *bed.Bed, dir string, took time.Duration) {
 		fmt.Fprintf(w, "  %d WAN links, %.0f ms one way (listed in bed.json)\n", n, b.Layout.Links[0].LatencyMS)
 	}
 	http := b.Layout.Regions[0].HTTP
+	curlAuth, grpcAuth := "", ""
+	if b.Layout.Token != "" {
+		fmt.Fprintf(w, `
+Authentication is on (a throwaway cluster-admin key, in %s; --no-auth turns it off).
+Every request needs it:
+  export TRIAGE_TOKEN=%s
+`, b.Layout.KeysFile, b.Layout.Token)
+		curlAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
+		grpcAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
+	}
 	fmt.Fprintf(w, `
 Try (namespace "default" exists):
-  curl -s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
+  curl -s%[3]s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
        -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
-  curl -s -X POST http://%[1]s/v1/namespaces/default:dequeue \
+  curl -s%[3]s -X POST http://%[1]s/v1/namespaces/default:dequeue \
        -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
-  grpcurl -plaintext -d '{"namespace":"default","topics":[{"topic":"emails","count":1}]}' %[2]s triage.v1.Queue/Dequeue
+  grpcurl -plaintext%[4]s -d '{"namespace":"default","topics":[{"topic":"emails","count":1}]}' %[2]s triage.v1.Queue/Dequeue
   .bin/triage enqueue emails "hello"   .bin/triage dequeue --ack emails
-`, http, b.Layout.Regions[0].GRPC)
+`, http, b.Layout.Regions[0].GRPC, curlAuth, grpcAuth)
 	if len(b.Layout.Regions) > 1 {
 		last := b.Layout.Regions[len(b.Layout.Regions)-1]
 		fmt.Fprintf(w, `  # store in %[2]s through %[3]s's router, read it back through %[4]s's:
-  curl -s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
+  curl -s%[6]s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
        -d '{"region":"%[2]s","items":[{"payload":"aGVsbG8="}]}'
-  curl -s -X POST http://%[5]s/v1/namespaces/default:dequeue \
+  curl -s%[6]s -X POST http://%[5]s/v1/namespaces/default:dequeue \
        -d '{"region":"%[2]s","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
-`, http, b.Layout.Regions[1].Name, b.Layout.Regions[0].Name, last.Name, last.HTTP)
+`, http, b.Layout.Regions[1].Name, b.Layout.Regions[0].Name, last.Name, last.HTTP, curlAuth)
 	}
 	fmt.Fprint(w, "\nCtrl-C or \"make down\" stops everything.\n")
 }

@@ -253,7 +253,7 @@ func (f *clientFlags) runE(run clientRun) func(*cobra.Command, []string) error {
 			return usagef("--timeout must be positive")
 		}
 		ctx := c.Context()
-		conn, err := client.Dial(ctx, f.addr, client.WithRegion(f.region))
+		conn, err := client.Dial(ctx, f.addr, client.WithRegion(f.region), client.WithDialOptions(dialSecurity(os.Getenv)...))
 		if err == nil {
 			defer conn.Close()
 			err = run(ctx, &clientEnv{

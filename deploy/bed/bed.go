@@ -22,6 +22,7 @@ import (
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/wan"
+	"github.com/triage-queue/triage/routing/auth"
 )
 
 // DefaultRegions are the bed's regions, in port order.
@@ -59,6 +60,10 @@ type Config struct {
 	MariaDBArgs []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Auth turns authentication on: the bed writes a throwaway keys file
+	// (keys.json in Dir) with one cluster-admin key, which bed.json and
+	// `triage-bed up` give out (Layout.Token). Default off (tests, bench).
+	Auth bool
 	// Progress, when set, receives one line per step of the bring-up, for
 	// a person watching `triage-bed up`.
 	Progress func(line string)
@@ -110,6 +115,11 @@ type Layout struct {
 	// Empty while the bed serves none.
 	Control   string    `json:"control,omitempty"`
 	StartedAt time.Time `json:"started_at"`
+	// Token is the bed's throwaway cluster-admin API key (Config.Auth),
+	// and KeysFile the keys file holding its hash. bed.json is written
+	// 0600 for it.
+	Token    string `json:"token,omitempty"`
+	KeysFile string `json:"keys_file,omitempty"`
 }
 
 // Via returns the address a process of region from dials to reach addr:
@@ -223,7 +233,14 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 	if err := refuseRunning(cfg.Dir); err != nil {
 		return nil, err
 	}
+	var token, keysFile string
+	if cfg.Auth {
+		if token, keysFile, err = writeKeys(cfg.Dir); err != nil {
+			return nil, err
+		}
+	}
 	b = &Bed{cfg: cfg, log: cfg.Logger, started: time.Now(), Shards: map[uint32]*mariadb.Server{}, via: map[string]map[string]string{}}
+	b.Layout.Token, b.Layout.KeysFile = token, keysFile
 	for i, name := range cfg.Regions {
 		b.regions = append(b.regions, &region{name: name, index: i})
 		b.via[name] = map[string]string{}
@@ -313,6 +330,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],
 			KVReplicas:     replicas,
 			StreamReplicas: replicas,
+			KeysFile:       b.Layout.KeysFile,
 		}, b.log)
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.name, err)
@@ -360,7 +378,7 @@ func (b *Bed) writeLayout() error {
 		return err
 	}
 	tmp := LayoutPath(b.cfg.Dir) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	if err := os.WriteFile(tmp, data, 0o600); err != nil { // it may hold the bed's key
 		return err
 	}
 	return os.Rename(tmp, LayoutPath(b.cfg.Dir))
@@ -441,3 +459,22 @@ func refuseRunning(dir string) error {
 }
 
 var errNotRunning = errors.New("no bed is running")
+
+// writeKeys writes a keys file with one new cluster-admin key into dir and
+// returns the key and the file's path.
+func writeKeys(dir string) (token, path string, err error) {
+	token, hash, err := auth.NewToken()
+	if err != nil {
+		return "", "", err
+	}
+	data, err := json.MarshalIndent(auth.File{Keys: []auth.Key{{Name: "bed", SHA256: hash, ClusterAdmin: true}}}, "", "  ")
+	if err != nil {
+		return "", "", err
+	}
+	path = filepath.Join(dir, "keys.json")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", "", err
+	}
+	abs, err := filepath.Abs(path)
+	return token, abs, err
+}

@@ -29,7 +29,7 @@ func TestBedUpAndDown(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := Start(ctx, Config{Dir: dir, NATSPort: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	b, err := Start(ctx, Config{Dir: dir, NATSPort: -1, Auth: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	defer b.Stop()
 
@@ -44,9 +44,24 @@ func TestBedUpAndDown(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"mysql-primary": 2, "nats": 1, "triage": 1}, roles)
 
-	resp, err := http.Post("http://"+l.Regions[0].HTTP+"/v1/namespaces/default/topics/t/items", "application/json",
-		strings.NewReader(`{"items":[{"payload":"aGk="}]}`))
-	require.NoError(t, err)
+	// make up's bed has authentication on: its key in bed.json works, no
+	// key does not.
+	require.NotEmpty(t, l.Token)
+	enqueue := func(token string) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, "http://"+l.Regions[0].HTTP+"/v1/namespaces/default/topics/t/items",
+			strings.NewReader(`{"items":[{"payload":"aGk="}]}`))
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	resp := enqueue("")
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	resp = enqueue(l.Token)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))

@@ -37,7 +37,7 @@ func Dial(dir string) (*Client, error) {
 func (c *Client) Routers(context.Context) ([]drill.Router, error) {
 	var out []drill.Router
 	for _, r := range c.layout.Regions {
-		out = append(out, drill.Router{Region: r.Name, Addr: r.GRPC})
+		out = append(out, drill.Router{Region: r.Name, Addr: r.GRPC, Token: c.layout.Token})
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
@@ -36,6 +37,9 @@ func (b *Bed) waitReady(ctx context.Context) error {
 		return provision.Poll(ctx, 200*time.Millisecond, func(ctx context.Context) error {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
+			if b.Layout.Token != "" {
+				rctx = metadata.AppendToOutgoingContext(rctx, "authorization", "Bearer "+b.Layout.Token)
+			}
 			_, err := q.Enqueue(rctx, &triagev1.EnqueueRequest{Namespace: "default", Topic: readyTopic, Region: r.name,
 				Items: []*triagev1.NewItem{{Payload: []byte("ready")}}})
 			if err != nil {

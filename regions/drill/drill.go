@@ -25,7 +25,29 @@ type Router struct {
 	Region string
 	// Addr is its gRPC address.
 	Addr string
+	// Token, when set, is the API key sent with every RPC (a bed with
+	// authentication on).
+	Token string
 }
+
+// dial connects to r, with its key when it has one.
+func dial(r Router) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if r.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(r.Token)))
+	}
+	return grpc.NewClient(r.Addr, opts...)
+}
+
+// bearer sends "authorization: Bearer <key>"; beds are on loopback, so
+// plaintext is allowed.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
 
 // Fault is what a drill breaks: Scenario (one of Scenarios) in Region;
 // Shard is the shard whose primary a primary-kill kills (Run resolves it
@@ -137,7 +159,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var admin triagev1.AdminClient
 	var admins []triagev1.AdminClient
 	for _, r := range routers {
-		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := dial(r)
 		if err != nil {
 			return nil, err
 		}
@@ -154,7 +176,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if admin == nil {
 		// Only the faulted region's router: ask it, while it answers.
-		conn, err := grpc.NewClient(routers[0].Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := dial(routers[0])
 		if err != nil {
 			return nil, err
 		}

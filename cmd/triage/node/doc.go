@@ -28,6 +28,18 @@
 // begins. /livez answers ok while the process serves HTTP: restarting a
 // node does not fix NATS or a primary.
 //
+// # Security
+//
+// security.go wires routing/auth into the router's listeners: one
+// Authorizer per listener kind (public, admin), as gRPC interceptors and
+// as guards around the router for the in-process JSON gateway, so both
+// paths make the same decision from the same table. Without keys_file the
+// Authorizer still runs, admitting everyone as "anonymous", so the admin
+// listener split and the audit lines hold either way. TLS configs are
+// cloned per listener (net/http writes HTTP/2 settings into its copy) and
+// share one certificate reloader. auth_test.go is the table of every RPC
+// × credentials over gRPC and HTTPS.
+//
 // Its tests are the integration tests of the whole queue: a real node
 // against a spawned mariadbd and an embedded NATS server, driven through
 // the gRPC and JSON APIs, including the model-based test against

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"expvar"
@@ -26,6 +27,7 @@ import (
 	"github.com/triage-queue/triage/regions"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
+	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
@@ -97,6 +99,30 @@ type Config struct {
 	// three-region cluster, so a region's buffer survives losing it.
 	StreamReplicas int `json:"stream_replicas,omitempty"`
 
+	// KeysFile turns authentication and authorization on: the API keys,
+	// client certificate names and roles of every caller (routing/auth),
+	// re-read when the file changes. Default none: every caller may do
+	// everything, fit only for tests and a bed on 127.0.0.1.
+	KeysFile string `json:"keys_file,omitempty"`
+	// AdminGRPC and AdminHTTP, when set, serve the Admin service on their
+	// own addresses, where only cluster-admin identities are admitted;
+	// cluster-admin RPCs (shard map, failover, shard changes) then leave
+	// the public listeners. Default none: the public listeners serve them.
+	AdminGRPC string `json:"admin_grpc,omitempty"`
+	AdminHTTP string `json:"admin_http,omitempty"`
+	// TLS, when set, serves the router's gRPC, HTTP and admin listeners
+	// over TLS (optionally requiring client certificates). Default none.
+	TLS *auth.TLSFiles `json:"tls,omitempty"`
+	// MaxHeaderBytes bounds a request's headers, over HTTP and gRPC.
+	// Default 64 KiB.
+	MaxHeaderBytes int `json:"max_header_bytes,omitempty"`
+	// HTTPReadTimeout bounds reading a whole HTTP request (body up to 64
+	// MiB). Default 1m.
+	HTTPReadTimeout shardmap.Duration `json:"http_read_timeout,omitempty"`
+	// HTTPWriteTimeout bounds an HTTP request from its headers to the end
+	// of its answer. Default 2m, above the longest dequeue wait (20s).
+	HTTPWriteTimeout shardmap.Duration `json:"http_write_timeout,omitempty"`
+
 	// routerNow and dequeuerNow, for tests, are the roles' local clocks
 	// (default time.Now): a seam to give one process two skewed hosts.
 	routerNow, dequeuerNow func() time.Time
@@ -119,6 +145,12 @@ func (c *Config) fill() error {
 	}
 	if c.HTTP == "" {
 		c.HTTP = "127.0.0.1:8080"
+	}
+	c.MaxHeaderBytes = cmp.Or(c.MaxHeaderBytes, 64<<10)
+	c.HTTPReadTimeout = cmp.Or(c.HTTPReadTimeout, shardmap.Duration(time.Minute))
+	c.HTTPWriteTimeout = cmp.Or(c.HTTPWriteTimeout, shardmap.Duration(2*time.Minute))
+	if c.MaxHeaderBytes < 0 || c.HTTPReadTimeout < 0 || c.HTTPWriteTimeout < 0 {
+		return errors.New("node config: max_header_bytes, http_read_timeout and http_write_timeout must not be negative")
 	}
 	return nil
 }
@@ -143,9 +175,12 @@ type Node struct {
 	maps   *shardmap.Holder
 	grpc   *grpc.Server
 	http   *http.Server
-	pprof  *http.Server
-	obs    *observability
-	done   chan struct{}
+	// adminGRPC and adminHTTP serve Config.AdminGRPC and AdminHTTP.
+	adminGRPC *grpc.Server
+	adminHTTP *http.Server
+	pprof     *http.Server
+	obs       *observability
+	done      chan struct{}
 
 	// Controller is the failover controller (controller role only).
 	Controller *regions.Controller
@@ -154,6 +189,9 @@ type Node struct {
 	GRPCAddr, HTTPAddr string
 	// MetricsAddr is the bound Config.Metrics address, if any.
 	MetricsAddr string
+	// AdminGRPCAddr and AdminHTTPAddr are the bound admin addresses, if
+	// any.
+	AdminGRPCAddr, AdminHTTPAddr string
 }
 
 // Start connects to NATS, loads the shard map, migrates the region's
@@ -336,6 +374,10 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err := n.router.Start(ctx); err != nil {
 		return err
 	}
+	sec, err := n.security()
+	if err != nil {
+		return err
+	}
 	gl, err := net.Listen("tcp", n.cfg.GRPC)
 	if err != nil {
 		return fmt.Errorf("grpc listen: %w", err)
@@ -346,7 +388,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		return fmt.Errorf("http listen: %w", err)
 	}
 	n.GRPCAddr, n.HTTPAddr = gl.Addr().String(), hl.Addr().String()
-	n.grpc = routing.NewGRPCServer(n.router, n.obs.health, n.obs.grpcOptions()...)
+	n.grpc = routing.NewGRPCServer(n.router, n.obs.health, append(n.obs.grpcOptions(), sec.grpcOptions(sec.public)...)...)
 	n.obs.rpc.InitializeMetrics(n.grpc)
 	// The router counts its region's items for /metrics.
 	depthEvery := time.Duration(n.cfg.DepthEvery)
@@ -354,18 +396,19 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		depthEvery = 5 * time.Second
 	}
 	n.obs.set.RegisterDepth(metrics.DepthConfig{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Clock: n.clock, MinInterval: depthEvery})
-	gw, err := routing.NewGateway(runCtx, n.router, n.obs.handlers())
+	var q triagev1.QueueServer = n.router
+	var a triagev1.AdminServer = n.router
+	if sec.public != nil {
+		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router, sec.public)
+	}
+	gw, err := routing.NewGatewayFor(runCtx, q, a, n.obs.handlers())
 	if err != nil {
 		return err
 	}
-	gw = n.obs.logHTTP(gw)
-	// ReadTimeout bounds reading a request (a body up to 64 MiB) so a slow
-	// client cannot hold a connection forever; no WriteTimeout, since a
-	// long-polled dequeue answers after up to 20 s.
-	n.http = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	n.http = sec.httpServer(n.obs.logHTTP(gw))
 	go func() { _ = n.grpc.Serve(gl) }()
-	go func() { _ = n.http.Serve(hl) }()
-	return nil
+	go func() { _ = sec.serveHTTP(n.http, hl) }()
+	return n.startAdmin(runCtx, sec)
 }
 
 // Stop shuts the roles down gracefully: servers first (in-flight requests
@@ -387,13 +430,13 @@ func (n *Node) Stop() {
 		_ = n.http.Shutdown(ctx)
 	}
 	if n.grpc != nil {
-		stopped := make(chan struct{})
-		go func() { n.grpc.GracefulStop(); close(stopped) }()
-		select {
-		case <-stopped:
-		case <-ctx.Done():
-			n.grpc.Stop()
-		}
+		stopGRPC(ctx, n.grpc)
+	}
+	if n.adminHTTP != nil {
+		_ = n.adminHTTP.Shutdown(ctx)
+	}
+	if n.adminGRPC != nil {
+		stopGRPC(ctx, n.adminGRPC)
 	}
 	if n.pprof != nil {
 		_ = n.pprof.Close()
@@ -417,6 +460,17 @@ func (n *Node) Stop() {
 		n.nc.Close()
 	}
 	n.pool.Close()
+}
+
+// stopGRPC stops s gracefully, and at once when ctx ends first.
+func stopGRPC(ctx context.Context, s *grpc.Server) {
+	stopped := make(chan struct{})
+	go func() { s.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.Stop()
+	}
 }
 
 // Done is closed once Stop has begun.

@@ -1,0 +1,312 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/api/annotations"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/routing/auth"
+	"github.com/triage-queue/triage/routing/auth/authtest"
+)
+
+// secureBed is a node with a keys file, TLS (client certificates
+// verified when given) and the admin listeners, and one key per
+// (namespace, role) to call it with.
+type secureBed struct {
+	*bed
+	node   *Node
+	tokens map[string]string // key name → key
+	ca     *authtest.CA
+	client *tls.Config
+}
+
+func setupSecure(t *testing.T) *secureBed {
+	b := setup(t, bedOpts{noNode: true})
+	dir := t.TempDir()
+	ca := authtest.NewCA(t, "triage test CA")
+	keys := []auth.Key{
+		{Name: "producer", Namespaces: map[string][]auth.Role{"default": {auth.Producer}}},
+		{Name: "consumer", Namespaces: map[string][]auth.Role{"default": {auth.Consumer}}},
+		{Name: "reader", Namespaces: map[string][]auth.Role{"default": {auth.Reader}}},
+		{Name: "admin", Namespaces: map[string][]auth.Role{"default": {auth.Admin}}},
+		// every namespace role, on the other namespace only
+		{Name: "other", Namespaces: map[string][]auth.Role{"other": {auth.Producer, auth.Consumer, auth.Reader, auth.Admin}}},
+		{Name: "ops", ClusterAdmin: true},
+		{Name: "limited", Namespaces: map[string][]auth.Role{"default": {auth.Reader}}, RateLimit: 0.01, Burst: 2},
+		{Name: "cert-reader", ClientCerts: []string{"reader.client.test"}, Namespaces: map[string][]auth.Role{"default": {auth.Reader}}},
+	}
+	s := &secureBed{bed: b, tokens: map[string]string{}, ca: ca}
+	for i := range keys {
+		if keys[i].ClientCerts == nil {
+			s.tokens[keys[i].Name] = authtest.Token(t, &keys[i])
+		}
+	}
+	keysFile := filepath.Join(dir, "keys.json")
+	authtest.KeysFile(t, keysFile, keys...)
+	tlsFiles := ca.ServerFiles(t, dir, auth.ClientAuthVerifyIfGiven)
+	s.node = b.startNode(Config{KeysFile: keysFile, TLS: &tlsFiles, AdminGRPC: "127.0.0.1:0", AdminHTTP: "127.0.0.1:0"})
+	s.client = &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	return s
+}
+
+// conn dials addr over TLS with tc.
+func (s *secureBed) conn(t *testing.T, addr string, tc *tls.Config) *grpc.ClientConn {
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rpcCase is one RPC with a request that passes authorization's view of
+// it: namespace "default", shard 999 (none), the rest empty or invalid on
+// purpose, so that the right role gets an answer from the router itself.
+type rpcCase struct {
+	method string // full gRPC name
+	role   auth.Role
+	in     protoreflect.MessageType
+	out    protoreflect.MessageType
+	rule   *annotations.HttpRule
+}
+
+func (c rpcCase) request(ns string) proto.Message {
+	m := c.in.New()
+	fields := m.Descriptor().Fields()
+	if f := fields.ByName("namespace"); f != nil {
+		m.Set(f, protoreflect.ValueOfString(ns))
+	}
+	if f := fields.ByName("shard"); f != nil && f.Kind() == protoreflect.Uint32Kind {
+		m.Set(f, protoreflect.ValueOfUint32(999))
+	}
+	if f := fields.ByName("config"); f != nil {
+		// a body whose name differs from the URL's: refused as invalid,
+		// so the table never rewrites the namespace
+		cfg := m.Mutable(f).Message()
+		cfg.Set(cfg.Descriptor().Fields().ByName("name"), protoreflect.ValueOfString("not-"+ns))
+	}
+	return m.Interface()
+}
+
+// httpRequest is the gateway route of c with the same request.
+func (c rpcCase) httpRequest(ns string) (method, path, body string) {
+	r := c.rule
+	switch p := r.Pattern.(type) {
+	case *annotations.HttpRule_Get:
+		method, path = http.MethodGet, p.Get
+	case *annotations.HttpRule_Post:
+		method, path = http.MethodPost, p.Post
+	case *annotations.HttpRule_Put:
+		method, path = http.MethodPut, p.Put
+	case *annotations.HttpRule_Patch:
+		method, path = http.MethodPatch, p.Patch
+	case *annotations.HttpRule_Delete:
+		method, path = http.MethodDelete, p.Delete
+	}
+	path = strings.NewReplacer("{namespace}", ns, "{shard}", "999", "{topic}", "t", "{id}", "x").Replace(path)
+	switch r.Body {
+	case "":
+	case "config":
+		body = fmt.Sprintf(`{"name":"not-%s"}`, ns)
+	default:
+		body = "{}"
+	}
+	return method, path, body
+}
+
+// rpcCases lists every method of the services s serves with the role the
+// table gives it; a method missing from the table fails t.
+func rpcCases(t *testing.T, srv *grpc.Server) []rpcCase {
+	var out []rpcCase
+	for svc, info := range srv.GetServiceInfo() {
+		for _, m := range info.Methods {
+			full := "/" + svc + "/" + m.Name
+			role, ok := auth.MethodRole(full)
+			require.True(t, ok, "%s has no entry in routing/auth's methodRoles", full)
+			if role == "" || !strings.HasPrefix(svc, "triage.") {
+				continue // public: health, reflection
+			}
+			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+			require.NoError(t, err)
+			md := d.(protoreflect.ServiceDescriptor).Methods().ByName(protoreflect.Name(m.Name))
+			in, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
+			require.NoError(t, err)
+			outT, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
+			require.NoError(t, err)
+			rule, _ := proto.GetExtension(md.Options(), annotations.E_Http).(*annotations.HttpRule)
+			require.NotNil(t, rule, "%s has no HTTP route", full)
+			require.Equal(t, specRoles[m.Name], role, "%s: role in routing/auth's table", full)
+			out = append(out, rpcCase{method: full, role: role, in: in, out: outT, rule: rule})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].method < out[j].method })
+	return out
+}
+
+// specRoles is the issue's table of roles, written out again so that a
+// change to routing/auth's table must be made twice, on purpose.
+var specRoles = map[string]auth.Role{
+	"Enqueue": auth.Producer, "UpdateItem": auth.Producer, "DeleteItem": auth.Producer,
+	"Dequeue": auth.Consumer, "Ack": auth.Consumer, "Nack": auth.Consumer, "ExtendLease": auth.Consumer,
+	"GetItem": auth.Reader, "GetTopicStats": auth.Reader, "ListTopics": auth.Reader, "ListDeadLetters": auth.Reader,
+	"RedriveDeadLetters": auth.Admin, "GetNamespace": auth.Admin, "PutNamespace": auth.Admin,
+	"GetShardMap": auth.ClusterAdmin, "Failover": auth.ClusterAdmin, "AddShard": auth.ClusterAdmin,
+	"AddNamespaceShard": auth.ClusterAdmin, "SetShardWeight": auth.ClusterAdmin, "DrainShard": auth.ClusterAdmin,
+	"RetireShard": auth.ClusterAdmin,
+}
+
+// keyWithout returns a key on "default" that lacks role.
+func keyWithout(role auth.Role) string {
+	if role == auth.Producer {
+		return "reader"
+	}
+	return "producer"
+}
+
+// TestAuthTable is the done-when table of routing/auth: every RPC × {no
+// credentials, wrong namespace, wrong role, right role} over gRPC and the
+// JSON gateway, each on the listener that serves it (cluster-admin RPCs
+// on the admin listeners).
+func TestAuthTable(t *testing.T) {
+	t.Parallel()
+	s := setupSecure(t)
+	pub := s.conn(t, s.node.GRPCAddr, s.client)
+	adm := s.conn(t, s.node.AdminGRPCAddr, s.client)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: s.client}}
+
+	cases := rpcCases(t, s.node.grpc)
+	adminCases := rpcCases(t, s.node.adminGRPC)
+	require.Len(t, cases, 21, "Queue (12) and Admin (9) RPCs on the public listener")
+	require.Len(t, adminCases, 9)
+
+	type cred struct{ name, key string }
+	for _, c := range cases {
+		grpcConn, httpAddr := pub, s.node.HTTPAddr
+		if c.role == auth.ClusterAdmin {
+			grpcConn, httpAddr = adm, s.node.AdminHTTPAddr
+		}
+		right, wrongNS := string(c.role), "other"
+		if c.role == auth.ClusterAdmin {
+			right, wrongNS = "ops", "admin" // cluster RPCs have no namespace: a namespace admin is the near miss
+		}
+		rows := []struct {
+			name string
+			cred cred
+			want codes.Code // codes.OK: any answer but the auth refusals
+		}{
+			{"no credentials", cred{}, codes.Unauthenticated},
+			{"bad key", cred{"forged", auth.TokenPrefix + strings.Repeat("A", 43)}, codes.Unauthenticated},
+			{"wrong namespace", cred{wrongNS, s.tokens[wrongNS]}, codes.PermissionDenied},
+			{"wrong role", cred{keyWithout(c.role), s.tokens[keyWithout(c.role)]}, codes.PermissionDenied},
+			{"right role", cred{right, s.tokens[right]}, codes.OK},
+		}
+		for _, row := range rows {
+			t.Run(c.method+"/grpc/"+row.name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if row.cred.key != "" {
+					ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+row.cred.key)
+				}
+				err := grpcConn.Invoke(ctx, c.method, c.request("default"), c.out.New().Interface())
+				checkAuthCode(t, row.want, status.Code(err), err)
+			})
+			t.Run(c.method+"/http/"+row.name, func(t *testing.T) {
+				method, path, body := c.httpRequest("default")
+				req, err := http.NewRequest(method, "https://"+httpAddr+path, strings.NewReader(body))
+				require.NoError(t, err)
+				if row.cred.key != "" {
+					req.Header.Set("Authorization", "Bearer "+row.cred.key)
+				}
+				resp, err := hc.Do(req)
+				require.NoError(t, err)
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var got codes.Code
+				switch resp.StatusCode {
+				case http.StatusUnauthorized:
+					got = codes.Unauthenticated
+				case http.StatusForbidden:
+					got = codes.PermissionDenied
+				case http.StatusNotImplemented:
+					got = codes.Unimplemented
+				}
+				checkAuthCode(t, row.want, got, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, data))
+			})
+		}
+	}
+
+	// The listeners' split: cluster RPCs are not served publicly even to
+	// cluster-admin, and the admin listener admits cluster-admin only.
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.tokens["ops"])
+	_, err := s.admin(pub).GetShardMap(ctx, nil)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "admin listener only")
+	ctx = metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.tokens["admin"])
+	_, err = s.admin(adm).GetNamespace(ctx, nil)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+
+	// A key's rate limit (burst 2, then one per 100 s) holds over gRPC and
+	// HTTP together.
+	stats := &triagev1.GetTopicStatsRequest{Namespace: "default", Topic: "t"}
+	ctx = metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.tokens["limited"])
+	for range 2 {
+		_, err = triagev1.NewQueueClient(pub).GetTopicStats(ctx, stats)
+		require.NoError(t, err)
+	}
+	_, err = triagev1.NewQueueClient(pub).GetTopicStats(ctx, stats)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	req, err := http.NewRequest(http.MethodGet, "https://"+s.node.HTTPAddr+"/v1/namespaces/default/topics/t/stats", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+s.tokens["limited"])
+	resp, err := hc.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+
+	// A client certificate from the CA authenticates as the identity that
+	// lists its name, without a key; one that no entry lists does not.
+	for _, c := range []struct {
+		cn   string
+		want codes.Code
+	}{{"reader.client.test", codes.OK}, {"stranger.client.test", codes.Unauthenticated}} {
+		tc := s.client.Clone()
+		tc.Certificates = []tls.Certificate{s.ca.ClientCert(t, c.cn)}
+		_, err = triagev1.NewQueueClient(s.conn(t, s.node.GRPCAddr, tc)).GetTopicStats(context.Background(), stats)
+		require.Equal(t, c.want, status.Code(err), "%s: %v", c.cn, err)
+		hcc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+		resp, err := hcc.Get("https://" + s.node.HTTPAddr + "/v1/namespaces/default/topics/t/stats")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, map[codes.Code]int{codes.OK: 200, codes.Unauthenticated: 401}[c.want], resp.StatusCode, c.cn)
+	}
+}
+
+// checkAuthCode: want OK means "passed authentication and authorization",
+// whatever the router then answered.
+func checkAuthCode(t *testing.T, want, got codes.Code, err error) {
+	t.Helper()
+	if want != codes.OK {
+		require.Equal(t, want, got, "%v", err)
+		return
+	}
+	require.NotContains(t, []codes.Code{codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented}, got, "%v", err)
+}
+
+func (s *secureBed) admin(c *grpc.ClientConn) triagev1.AdminClient { return triagev1.NewAdminClient(c) }
