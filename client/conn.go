@@ -120,11 +120,19 @@ func (m *multiConn) Invoke(ctx context.Context, method string, args, reply any, 
 	}
 	backoff := m.policy.Initial
 	tried := map[*endpoint]bool{}
+	var last *endpoint // and lastErr: the UNAVAILABLE of the last try
+	var lastErr error
 	for n := 1; ; n++ {
 		e := m.pick(tried)
 		if e == nil { // every endpoint tried this round
 			clear(tried)
 			if err := m.sleep(ctx, jitter(backoff)); err != nil {
+				// The caller's deadline ended the backoff: what it
+				// needs to hear is why the calls failed (UNAVAILABLE,
+				// and from which router), not that time ran out.
+				if lastErr != nil {
+					return wrapErr(method, last, lastErr, n-1)
+				}
 				return err
 			}
 			backoff = min(2*backoff, m.policy.Max)
@@ -143,6 +151,7 @@ func (m *multiConn) Invoke(ctx context.Context, method string, args, reply any, 
 			return wrapErr(method, e, err, n)
 		}
 		m.markDown(e)
+		last, lastErr = e, err
 	}
 }
 

@@ -26,7 +26,7 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, ttl time.Duration, 
 	if ttl <= 0 {
 		ttl = DefaultOwnerTTL
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:   peer.OwnersBucket,
 		TTL:      ttl,
 		Storage:  jetstream.MemoryStorage,

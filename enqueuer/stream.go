@@ -27,7 +27,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cf
 	if cfg.MaxMsgs == 0 {
 		cfg.MaxMsgs = 1_000_000
 	}
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	s, err := peer.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        peer.EnqueueStream(region),
 		Description: "Triage enqueue buffer of region " + region,
 		Subjects:    []string{peer.EnqueueSubjects(region)},

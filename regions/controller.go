@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
@@ -152,7 +153,7 @@ type FailoverResult struct {
 // LeaseTTL) with replicas copies. Controller.Run opens it; a deployment's
 // bootstrap creates it first, alone (see deploy/compose).
 func OpenControl(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ControlBucket, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
 	if err != nil {
 		return nil, fmt.Errorf("open kv bucket %s: %w", ControlBucket, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
@@ -77,7 +78,7 @@ func healthKey(shard uint32, region string) string {
 
 // OpenHealth creates or opens the health bucket.
 func OpenHealth(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket: HealthBucket, TTL: 10 * time.Second, Storage: jetstream.MemoryStorage, Replicas: max(replicas, 1),
 	})
 	if err != nil {

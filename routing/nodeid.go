@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/schema/itemid"
 )
 
@@ -84,7 +85,7 @@ func ClaimNodeWith(ctx context.Context, js jetstream.JetStream, cfg NodeClaimCon
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultNodeTTL
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: NodesBucket, TTL: cfg.TTL,
+	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{Bucket: NodesBucket, TTL: cfg.TTL,
 		Storage: jetstream.FileStorage, Replicas: max(cfg.Replicas, 1)})
 	if err != nil {
 		return nil, fmt.Errorf("open kv bucket %s: %w", NodesBucket, err)

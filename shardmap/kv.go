@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 const (
@@ -26,7 +28,7 @@ const (
 // OpenBucket creates or opens the shard-map bucket with replicas copies
 // (one per region in a multi-region cluster, so losing a region keeps it).
 func OpenBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:   Bucket,
 		History:  16,
 		Replicas: max(replicas, 1),
