@@ -28,6 +28,10 @@
 // begins. /livez answers ok while the process serves HTTP: restarting a
 // node does not fix NATS or a primary.
 //
+// The router's HTTP listener also serves the web console
+// (routing/console) at /console unless Config.DisableConsole; it calls
+// the same gateway routes any client does, through the same guards.
+//
 // # Security
 //
 // security.go wires routing/auth into the router's listeners: one

@@ -28,6 +28,7 @@ import (
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/routing/auth"
+	"github.com/triage-queue/triage/routing/console"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
@@ -63,6 +64,9 @@ type Config struct {
 	// address. The router's HTTP listener serves them too, so a node
 	// without the router role needs this to be scraped. Default none.
 	Metrics string `json:"metrics,omitempty"`
+	// DisableConsole turns off the web console the router serves at
+	// /console on its HTTP listener (routing/console). Default on.
+	DisableConsole bool `json:"disable_console,omitempty"`
 	// MaxTopicLabels caps the topics per namespace that get their own
 	// metric label; the rest add up under "_other". Default 100.
 	MaxTopicLabels int `json:"max_topic_labels,omitempty"`
@@ -401,7 +405,11 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if sec.public != nil {
 		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router, sec.public)
 	}
-	gw, err := routing.NewGatewayFor(runCtx, q, a, n.obs.handlers())
+	extra := n.obs.handlers()
+	if !n.cfg.DisableConsole {
+		extra = console.Register(extra)
+	}
+	gw, err := routing.NewGatewayFor(runCtx, q, a, extra)
 	if err != nil {
 		return err
 	}
