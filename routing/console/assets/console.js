@@ -133,7 +133,8 @@ function svgEl(tag, attrs, text) {
 function depthChart(stats) {
   const rowH = 22, labelW = 160, width = 760, barW = width - labelW - 70;
   const max = Math.max(1, ...stats.map((s) => num(s.ready) + num(s.leased) + num(s.delayed)));
-  const svg = svgEl("svg", { width, height: rowH * stats.length + 28, role: "img", "aria-label": "Depth by topic" });
+  const height = rowH * stats.length + 28;
+  const svg = svgEl("svg", { width, height, viewBox: "0 0 " + width + " " + height, role: "img", "aria-label": "Depth by topic" });
   stats.forEach((s, i) => {
     const y = i * rowH;
     svg.appendChild(svgEl("text", { x: 0, y: y + 15 }, s.topic));
@@ -200,7 +201,9 @@ async function loadTopics() {
     const dl = document.createElement("a");
     dl.href = "#deadletters";
     dl.textContent = String(num(s.dead_letters));
-    dl.addEventListener("click", () => { $("dl-topic").value = s.topic; setTimeout(() => loadDeadLetters().catch(showError)); });
+    // The hash change that follows shows the dead letters page, which
+    // lists this topic's.
+    dl.addEventListener("click", () => { $("dl-topic").value = s.topic; });
     cell(tr, dl, "num");
     cell(tr, priorityChart(s.ready_by_priority || []));
     tbody.appendChild(tr);
