@@ -81,4 +81,9 @@
 // every 2 s per shard the envelopes pending or unacknowledged on its
 // consumer and the age of the oldest unacknowledged one (a direct get of
 // the first message of the shard's subject after the ack floor).
+//
+// Tracing (Config.Tracer): each insert transaction is an
+// "enqueuer.insert" span in the traces of the Enqueue requests whose
+// batches it stores, read from the messages' traceparent headers (one
+// value per batch; schema/tracing.StartLinked).
 package enqueuer

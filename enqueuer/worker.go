@@ -10,12 +10,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
+	"github.com/triage-queue/triage/schema/tracing"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -55,6 +58,10 @@ type Config struct {
 	// Metrics records inserts and the buffer's depth and age per shard.
 	// Nil: none.
 	Metrics *metrics.Set
+	// Tracer traces each insert transaction ("enqueuer.insert"), in the
+	// traces of the Enqueue requests whose batches it inserts (carried in
+	// the messages' headers; schema/tracing). Nil: no tracing.
+	Tracer trace.TracerProvider
 }
 
 // pruneEvery is how often a worker prunes its shard's enqueue_batches.
@@ -66,7 +73,8 @@ const AdoptAfter = 3 * time.Second
 
 // Service runs one worker per shard homed in the region.
 type Service struct {
-	cfg Config
+	cfg    Config
+	tracer trace.Tracer
 
 	mu      sync.Mutex
 	workers map[uint32]context.CancelFunc
@@ -96,7 +104,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Logger = cfg.Logger.With("role", "enqueuer", "region", cfg.Region)
-	return &Service{cfg: cfg, workers: map[uint32]context.CancelFunc{}, absent: map[string]time.Time{}}, nil
+	return &Service{cfg: cfg, tracer: tracing.Tracer(cfg.Tracer), workers: map[uint32]context.CancelFunc{}, absent: map[string]time.Time{}}, nil
 }
 
 // Start creates the stream and starts the workers. They follow the shard
@@ -360,9 +368,10 @@ func waitRetry(ctx context.Context, d time.Duration, changed <-chan struct{}) bo
 	return true
 }
 
-func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
+func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) {
 	cfg := w.svc.cfg
 	var batches []*peerv1.EnqueueBatch
+	var parents []trace.SpanContext
 	kept := msgs[:0:0]
 	for _, m := range msgs {
 		env := &peerv1.EnqueueEnvelope{}
@@ -377,11 +386,20 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 			continue
 		}
 		batches = append(batches, env.Batches...)
+		parents = append(parents, tracing.Extract(m.Headers(), len(env.Batches))...)
 		kept = append(kept, m)
 	}
 	if len(batches) == 0 {
 		return nil
 	}
+	items := 0
+	for _, b := range batches {
+		items += len(b.Items)
+	}
+	ctx, end := tracing.StartLinked(ctx, w.svc.tracer, "enqueuer.insert", parents, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.Int64("triage.shard", int64(w.shard)), attribute.Int("triage.batches", len(batches)),
+			attribute.Int("triage.items", items), attribute.Int("triage.messages", len(kept)), attribute.String("db.system", "mysql")))
+	defer func() { end(err) }()
 	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
 		return err
@@ -405,11 +423,7 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 	sm := cfg.Metrics.Shard(w.shard)
 	sm.InsertSeconds.Observe(time.Since(start).Seconds())
-	n := 0
-	for _, b := range batches {
-		n += len(b.Items)
-	}
-	sm.Inserted.Add(float64(n))
+	sm.Inserted.Add(float64(items))
 	w.announce(batches, results)
 	return nil
 }

@@ -85,9 +85,10 @@ type Controller struct {
 	blocked  map[uint32]time.Time // the cooldown end a "down but cooling" alarm was raised for
 	inflight map[uint32]bool      // automatic failovers running
 	diverged map[string]bool      // replicas alarmed as needing a rebuild
-	events   []Event
-	stepAt   time.Time  // the running failover's start or last step; zero between failovers
-	busy     sync.Mutex // one failover at a time
+	events   []Event              // the last MaxEvents
+	nEvents  int                  // events ever recorded
+	stepAt   time.Time            // the running failover's start or last step; zero between failovers
+	busy     sync.Mutex           // one failover at a time
 
 	// stepHook, when set (tests), runs before each irreversible step.
 	stepHook func(shard uint32, step string)
@@ -128,6 +129,25 @@ func New(cfg Config) (*Controller, error) {
 
 // FailoverSubject is where the leader takes failover requests.
 const FailoverSubject = "triage.ctl.failover"
+
+// EventsSubject is where the leader answers for its recent failover steps
+// (an EventsRequest, answered with EventsResult): the console's history.
+const EventsSubject = "triage.ctl.events"
+
+// MaxEvents is how many failover steps a controller keeps.
+const MaxEvents = 1000
+
+// EventsRequest asks the leader for its last Limit events (100 when 0).
+type EventsRequest struct {
+	Limit int `json:"limit,omitempty"`
+}
+
+// EventsResult is the leader's answer to an EventsRequest: its ID and
+// events, oldest first.
+type EventsResult struct {
+	Controller string  `json:"controller"`
+	Events     []Event `json:"events"`
+}
 
 // FailoverRequest asks for a failover of Shard (to a replica in ToRegion,
 // if set). Planned makes the old primary read-only first and refuses when
@@ -285,10 +305,12 @@ func (c *Controller) checkLeader(ctx context.Context, shard uint32, step string)
 }
 
 func (c *Controller) campaign(ctx context.Context) {
-	var sub *nats.Subscription
+	var sub, evSub *nats.Subscription
 	defer func() {
-		if sub != nil {
-			_ = sub.Unsubscribe()
+		for _, s := range []*nats.Subscription{sub, evSub} {
+			if s != nil {
+				_ = s.Unsubscribe()
+			}
 		}
 	}()
 	t := time.NewTicker(renewEvery)
@@ -302,9 +324,14 @@ func (c *Controller) campaign(ctx context.Context) {
 			// Only the leader takes failover requests.
 			if now {
 				sub, _ = c.cfg.NC.Subscribe(FailoverSubject, c.handleFailover)
-			} else if sub != nil {
-				_ = sub.Unsubscribe()
-				sub = nil
+				evSub, _ = c.cfg.NC.Subscribe(EventsSubject, c.handleEvents)
+			} else {
+				for _, s := range []**nats.Subscription{&sub, &evSub} {
+					if *s != nil {
+						_ = (*s).Unsubscribe()
+						*s = nil
+					}
+				}
 			}
 			was = now
 		}
@@ -331,6 +358,14 @@ func (c *Controller) Events() []Event {
 	return slices.Clone(c.events)
 }
 
+// eventsSince returns the events recorded after the first n.
+func (c *Controller) eventsSince(n int) []Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := min(c.nEvents-n, len(c.events))
+	return slices.Clone(c.events[len(c.events)-k:])
+}
+
 func (c *Controller) event(shard uint32, step, details string) {
 	now := time.Now()
 	c.mu.Lock()
@@ -341,6 +376,10 @@ func (c *Controller) event(shard uint32, step, details string) {
 		c.stepAt = now
 	}
 	c.events = append(c.events, Event{At: now, Shard: shard, Step: step, Details: details})
+	c.nEvents++
+	if len(c.events) > MaxEvents {
+		c.events = slices.Delete(c.events, 0, len(c.events)-MaxEvents)
+	}
 	c.mu.Unlock()
 	if !running {
 		c.log.Info("failover", "shard", shard, "step", step, "details", details)
@@ -450,6 +489,20 @@ func (c *Controller) handleFailover(m *nats.Msg) {
 	_ = m.Respond(data)
 }
 
+// handleEvents answers an EventsRequest with the last events.
+func (c *Controller) handleEvents(m *nats.Msg) {
+	var req EventsRequest
+	_ = json.Unmarshal(m.Data, &req) // an empty or bad request asks for the default
+	limit := req.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	ev := c.Events()
+	ev = ev[max(0, len(ev)-limit):]
+	data, _ := json.Marshal(EventsResult{Controller: c.cfg.ID, Events: ev})
+	_ = m.Respond(data)
+}
+
 // admin opens a replication admin connection to addr as this node dials it.
 func (c *Controller) admin(addr string) (*replication.Admin, error) {
 	cfg := mysql.NewConfig()
@@ -507,7 +560,9 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res FailoverResult, err error) {
 	c.busy.Lock()
 	defer c.busy.Unlock()
-	first := len(c.Events())
+	c.mu.Lock()
+	first := c.nEvents
+	c.mu.Unlock()
 	c.mu.Lock()
 	c.stepAt = time.Now()
 	c.mu.Unlock()
@@ -515,7 +570,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		c.mu.Lock()
 		c.stepAt = time.Time{}
 		c.mu.Unlock()
-		res.Events = c.Events()[first:]
+		res.Events = c.eventsSince(first)
 		if err == nil && len(res.Events) == 0 {
 			return // nothing to do (finished meanwhile, cooling down)
 		}

@@ -47,7 +47,7 @@ func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*
 	}
 	out := &triagev1.FailoverResponse{NewPrimary: res.NewPrimary, Epoch: res.Epoch}
 	for _, e := range res.Events {
-		out.Events = append(out.Events, &triagev1.FailoverEvent{At: timestamppb.New(e.At), Step: e.Step, Details: e.Details})
+		out.Events = append(out.Events, failoverEvent(e))
 	}
 	if res.Error != "" {
 		return out, toStatus(errorf(ErrFailover, "%s", res.Error))
@@ -215,4 +215,33 @@ func namespaceFromProto(name string, p *triagev1.Namespace, m *shardmap.Map) (sh
 		ns.Topics[topic] = c
 	}
 	return ns, nil
+}
+
+// ListFailoverEvents implements triagev1.AdminServer by asking the
+// controller leader for its recent failover steps (NATS request on
+// regions.EventsSubject, which only the leader subscribes to).
+func (r *Router) ListFailoverEvents(ctx context.Context, req *triagev1.ListFailoverEventsRequest) (*triagev1.ListFailoverEventsResponse, error) {
+	if req.Limit < 0 || req.Limit > 1000 {
+		return nil, toStatus(invalid("limit %d: allowed 0 (100) to 1000", req.Limit))
+	}
+	data, _ := json.Marshal(regions.EventsRequest{Limit: int(req.Limit)})
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := r.cfg.NC.RequestWithContext(rctx, regions.EventsSubject, data)
+	if err != nil {
+		return nil, toStatus(errorf(ErrUnavailable, "no failover controller answered: %v", err))
+	}
+	var res regions.EventsResult
+	if err := json.Unmarshal(msg.Data, &res); err != nil {
+		return nil, toStatus(err)
+	}
+	out := &triagev1.ListFailoverEventsResponse{Controller: res.Controller}
+	for _, e := range res.Events {
+		out.Events = append(out.Events, failoverEvent(e))
+	}
+	return out, nil
+}
+
+func failoverEvent(e regions.Event) *triagev1.FailoverEvent {
+	return &triagev1.FailoverEvent{At: timestamppb.New(e.At), Shard: e.Shard, Step: e.Step, Details: e.Details}
 }

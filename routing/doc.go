@@ -105,4 +105,12 @@
 // latency per namespace, ack and nack results, redrives, dead letters from
 // nacks, and quota refusals by reason (rate, depth, buffer_full; a batch
 // over the burst is bad input, not a refusal).
+//
+// Tracing (Config.Tracer): an Enqueue's publish to the enqueue buffer is
+// an "enqueue.publish" span, and its traceparent rides in the JetStream
+// message's header beside the batch (one value per batch of an envelope;
+// schema/tracing), so the enqueuer's insert joins the request's trace.
+//
+// ListFailoverEvents asks the controller leader over NATS for its recent
+// failover steps (regions.EventsSubject), as Failover asks it to act.
 package routing

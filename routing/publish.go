@@ -8,11 +8,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema/tracing"
 )
 
 // Publisher limits: how many batches and bytes one envelope carries, and
@@ -68,7 +72,10 @@ const maxItemFields = 64 + MaxDedupKeyBytes
 type pubReq struct {
 	batch *peerv1.EnqueueBatch
 	size  int
-	done  chan error
+	// traceparent is the request's publish span ("" without tracing),
+	// carried beside the batch to the enqueuer's insert.
+	traceparent string
+	done        chan error
 }
 
 // shardPublisher coalesces the batches of concurrent requests bound for one
@@ -119,7 +126,7 @@ func (r *Router) publishLoop(p *shardPublisher) {
 					// Not in this envelope: it goes alone, so that no
 					// message is larger than the server takes.
 					go func() {
-						q.done <- r.publishEnvelope(p.subject, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
+						q.done <- r.publishEnvelope(p.subject, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
 					}()
 					break drain
 				}
@@ -130,17 +137,21 @@ func (r *Router) publishLoop(p *shardPublisher) {
 			}
 		}
 		env := &peerv1.EnqueueEnvelope{Batches: make([]*peerv1.EnqueueBatch, len(reqs))}
+		tps := make([]string, len(reqs))
 		for i, q := range reqs {
 			env.Batches[i] = q.batch
+			tps[i] = q.traceparent
 		}
-		err := r.publishEnvelope(p.subject, env)
+		err := r.publishEnvelope(p.subject, env, tps)
 		for _, q := range reqs {
 			q.done <- err
 		}
 	}
 }
 
-func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope) error {
+// publishEnvelope publishes env, its batches' trace contexts
+// (traceparents, in order) in the message header.
+func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope, traceparents []string) error {
 	data, err := proto.Marshal(env)
 	if err != nil {
 		return err
@@ -149,6 +160,7 @@ func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope) er
 	msg.Data = data
 	// The stream drops a retried publish of the same envelope.
 	msg.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(env.Batches[0].BatchId, 16))
+	tracing.Inject(msg.Header, traceparents)
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	_, err = r.cfg.JS.PublishMsg(ctx, msg)
@@ -158,15 +170,25 @@ func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope) er
 // publish stores every batch of a request in the enqueue stream of its
 // shard's home region (the stream that region's enqueuers drain into the
 // shard) and returns once JetStream has acknowledged them all.
-func (r *Router) publish(ctx context.Context, order []*shardBatch) error {
+func (r *Router) publish(ctx context.Context, order []*shardBatch) (err error) {
+	ctx, span := r.tracer.Start(ctx, "enqueue.publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.Int("triage.batches", len(order))))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	tp := tracing.Traceparent(ctx)
 	reqs := make([]pubReq, len(order))
 	for i, g := range order {
 		// The envelope's framing of the batch: a tag and a length.
-		reqs[i] = pubReq{batch: g.batch, size: protowire.SizeBytes(proto.Size(g.batch)) + 1, done: make(chan error, 1)}
+		reqs[i] = pubReq{batch: g.batch, size: protowire.SizeBytes(proto.Size(g.batch)) + 1, traceparent: tp, done: make(chan error, 1)}
 		if reqs[i].size > r.envelopeLimit()/2 {
 			// Too big to share an envelope; it goes alone.
 			go func(q pubReq) {
-				q.done <- r.publishEnvelope(peer.EnqueueSubject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}})
+				q.done <- r.publishEnvelope(peer.EnqueueSubject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
 			}(reqs[i])
 			continue
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -28,6 +29,7 @@ import (
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
+	"github.com/triage-queue/triage/schema/tracing"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -67,6 +69,9 @@ type Config struct {
 	// CommitTimeout bounds how long a COMMITTED enqueue waits for the
 	// enqueuer when the client set no deadline. Default 10s.
 	CommitTimeout time.Duration
+	// Tracer traces what a request does beyond its RPC span (publishing
+	// to the enqueue buffer). Nil: no tracing.
+	Tracer trace.TracerProvider
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Now is the local clock: request validation, quotas. Default
@@ -87,13 +92,14 @@ type Router struct {
 	triagev1.UnimplementedQueueServer
 	triagev1.UnimplementedAdminServer
 
-	cfg   Config
-	log   *slog.Logger
-	inbox string
-	sub   *nats.Subscription
-	rr    atomic.Uint64
-	acks  store.AckBatcher
-	dq    Dequeuers
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	inbox  string
+	sub    *nats.Subscription
+	rr     atomic.Uint64
+	acks   store.AckBatcher
+	dq     Dequeuers
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
@@ -132,6 +138,7 @@ func New(cfg Config) (*Router, error) {
 		cfg:        cfg,
 		dq:         localFirst{local: cfg.Local, remote: cfg.Dequeuers},
 		log:        cfg.Logger.With("role", "router", "region", cfg.Region),
+		tracer:     tracing.Tracer(cfg.Tracer),
 		inbox:      "triage.committed." + nuid.Next(),
 		waiting:    map[uint64]chan *peerv1.EnqueueCommitted{},
 		publishers: map[string]*shardPublisher{},

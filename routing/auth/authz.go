@@ -47,6 +47,7 @@ var methodRoles = map[string]Role{
 	"/triage.v1.Admin/SetShardWeight":     ClusterAdmin,
 	"/triage.v1.Admin/DrainShard":         ClusterAdmin,
 	"/triage.v1.Admin/RetireShard":        ClusterAdmin,
+	"/triage.v1.Admin/ListFailoverEvents": ClusterAdmin,
 
 	"/grpc.health.v1.Health/Check":                                   public,
 	"/grpc.health.v1.Health/Watch":                                   public,

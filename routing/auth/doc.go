@@ -31,8 +31,9 @@
 //	reader         GetItem, GetTopicStats, ListTopics, ListDeadLetters
 //	admin          GetNamespace, PutNamespace, RedriveDeadLetters
 //	cluster-admin  GetShardMap, Failover, AddShard, AddNamespaceShard,
-//	               SetShardWeight, DrainShard, RetireShard (a key entry's
-//	               cluster_admin; it also holds every namespace role)
+//	               SetShardWeight, DrainShard, RetireShard,
+//	               ListFailoverEvents (a key entry's cluster_admin; it
+//	               also holds every namespace role)
 //
 // Roles do not imply one another (a consumer cannot read stats unless it
 // is also a reader): grants name what a key may do, nothing more.

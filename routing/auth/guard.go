@@ -124,6 +124,10 @@ func (g adminGuard) RetireShard(ctx context.Context, r *triagev1.RetireShardRequ
 	return call(ctx, g.a, triagev1.Admin_RetireShard_FullMethodName, r, g.inner.RetireShard)
 }
 
+func (g adminGuard) ListFailoverEvents(ctx context.Context, r *triagev1.ListFailoverEventsRequest) (*triagev1.ListFailoverEventsResponse, error) {
+	return call(ctx, g.a, triagev1.Admin_ListFailoverEvents_FullMethodName, r, g.inner.ListFailoverEvents)
+}
+
 // HTTP passes each request's TLS state (its client certificate) to the
 // gateway's in-process calls, where the guards look for it.
 func HTTP(next http.Handler) http.Handler {

@@ -169,7 +169,7 @@ var specRoles = map[string]auth.Role{
 	"RedriveDeadLetters": auth.Admin, "GetNamespace": auth.Admin, "PutNamespace": auth.Admin,
 	"GetShardMap": auth.ClusterAdmin, "Failover": auth.ClusterAdmin, "AddShard": auth.ClusterAdmin,
 	"AddNamespaceShard": auth.ClusterAdmin, "SetShardWeight": auth.ClusterAdmin, "DrainShard": auth.ClusterAdmin,
-	"RetireShard": auth.ClusterAdmin,
+	"RetireShard": auth.ClusterAdmin, "ListFailoverEvents": auth.ClusterAdmin,
 }
 
 // keyWithout returns a key on "default" that lacks role.
@@ -193,8 +193,8 @@ func TestAuthTable(t *testing.T) {
 
 	cases := rpcCases(t, s.node.grpc)
 	adminCases := rpcCases(t, s.node.adminGRPC)
-	require.Len(t, cases, 21, "Queue (12) and Admin (9) RPCs on the public listener")
-	require.Len(t, adminCases, 9)
+	require.Len(t, cases, 22, "Queue (12) and Admin (10) RPCs on the public listener")
+	require.Len(t, adminCases, 10)
 
 	type cred struct{ name, key string }
 	for _, c := range cases {

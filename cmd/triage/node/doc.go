@@ -28,6 +28,16 @@
 // begins. /livez answers ok while the process serves HTTP: restarting a
 // node does not fix NATS or a primary.
 //
+// Tracing (Config.Tracing, off by default) is one TracerProvider per
+// node (schema/tracing), handed to the router and enqueuer and to the
+// gRPC servers' otelgrpc stats handler; the JSON gateway gets a server
+// span per /v1/ request from traceHTTP. Tests give the provider through
+// an unexported Config field, with an in-memory exporter.
+//
+// The router's HTTP listener also serves the web console
+// (routing/console) at /console unless Config.DisableConsole; it calls
+// the same gateway routes any client does, through the same guards.
+//
 // # Security
 //
 // security.go wires routing/auth into the router's listeners: one

@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/triage-queue/triage/dequeuer"
@@ -28,9 +30,11 @@ import (
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/routing/auth"
+	"github.com/triage-queue/triage/routing/console"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
+	"github.com/triage-queue/triage/schema/tracing"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -63,6 +67,14 @@ type Config struct {
 	// address. The router's HTTP listener serves them too, so a node
 	// without the router role needs this to be scraped. Default none.
 	Metrics string `json:"metrics,omitempty"`
+	// Tracing, when set, turns OpenTelemetry tracing on: spans of every
+	// RPC and gateway request, the enqueue buffer's publish and the
+	// enqueuer's insert, exported over OTLP/gRPC (schema/tracing).
+	// Default none: no tracing at all.
+	Tracing *tracing.Config `json:"tracing,omitempty"`
+	// DisableConsole turns off the web console the router serves at
+	// /console on its HTTP listener (routing/console). Default on.
+	DisableConsole bool `json:"disable_console,omitempty"`
 	// MaxTopicLabels caps the topics per namespace that get their own
 	// metric label; the rest add up under "_other". Default 100.
 	MaxTopicLabels int `json:"max_topic_labels,omitempty"`
@@ -126,6 +138,9 @@ type Config struct {
 	// routerNow and dequeuerNow, for tests, are the roles' local clocks
 	// (default time.Now): a seam to give one process two skewed hosts.
 	routerNow, dequeuerNow func() time.Time
+	// tracerProvider, for tests, turns tracing on with this provider
+	// (an in-memory exporter's) instead of Tracing's exporter.
+	tracerProvider trace.TracerProvider
 }
 
 func (c *Config) fill() error {
@@ -180,6 +195,7 @@ type Node struct {
 	adminHTTP *http.Server
 	pprof     *http.Server
 	obs       *observability
+	tracing   *sdktrace.TracerProvider // the exporter's, flushed by Stop
 	done      chan struct{}
 
 	// Controller is the failover controller (controller role only).
@@ -210,6 +226,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		}
 	}()
 	var err error
+	if cfg.Tracing != nil && cfg.tracerProvider == nil {
+		if n.tracing, err = tracing.New(ctx, *cfg.Tracing, "triage", cfg.Region); err != nil {
+			return nil, fmt.Errorf("node config: %w", err)
+		}
+		n.cfg.tracerProvider = n.tracing
+		cfg.tracerProvider = n.tracing
+	}
+	n.obs.tracer = cfg.tracerProvider
 	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
@@ -288,7 +312,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
 			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners,
-			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met})
+			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met, Tracer: cfg.tracerProvider})
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +386,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		return err
 	}
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
-		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set}
+		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}
@@ -401,11 +425,15 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if sec.public != nil {
 		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router, sec.public)
 	}
-	gw, err := routing.NewGatewayFor(runCtx, q, a, n.obs.handlers())
+	extra := n.obs.handlers()
+	if !n.cfg.DisableConsole {
+		extra = console.Register(extra)
+	}
+	gw, err := routing.NewGatewayFor(runCtx, q, a, extra)
 	if err != nil {
 		return err
 	}
-	n.http = sec.httpServer(n.obs.logHTTP(gw))
+	n.http = sec.httpServer(n.obs.traceHTTP(n.obs.logHTTP(gw)))
 	go func() { _ = n.grpc.Serve(gl) }()
 	go func() { _ = sec.serveHTTP(n.http, hl) }()
 	return n.startAdmin(runCtx, sec)
@@ -460,6 +488,9 @@ func (n *Node) Stop() {
 		n.nc.Close()
 	}
 	n.pool.Close()
+	if n.tracing != nil {
+		_ = n.tracing.Shutdown(ctx) // flushes the spans still batched
+	}
 }
 
 // stopGRPC stops s gracefully, and at once when ctx ends first.

@@ -14,15 +14,23 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/schema/metrics"
+	"github.com/triage-queue/triage/schema/tracing"
 )
 
 // ReadyEvery is how often a node re-checks its readiness (the gRPC
@@ -43,6 +51,9 @@ type observability struct {
 	rpc    *grpcprom.ServerMetrics
 	health *health.Server
 	log    *slog.Logger
+
+	// tracer is the node's tracer provider; nil: tracing off.
+	tracer trace.TracerProvider
 
 	mu       sync.Mutex
 	notReady error // last readiness check; nil: ready
@@ -159,7 +170,46 @@ func (o *observability) serve(addr string) (string, error) {
 // grpcOptions are the router's gRPC server options: RPC metrics, then
 // request IDs and RPC logs.
 func (o *observability) grpcOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(o.rpc.UnaryServerInterceptor(), o.logUnary)}
+	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(o.rpc.UnaryServerInterceptor(), o.logUnary)}
+	if o.tracer != nil {
+		// A span per RPC, continuing the caller's W3C trace context;
+		// health probes are left out.
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(tracing.Propagator),
+			otelgrpc.WithMeterProvider(noopmetric.NewMeterProvider()), // metrics are Prometheus's
+			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+				return !strings.HasPrefix(info.FullMethodName, "/grpc.health.")
+			}))))
+	}
+	return opts
+}
+
+// traceHTTP gives each JSON API request (/v1/) a server span, continuing
+// the caller's traceparent header, when tracing is on. The gateway calls
+// the router in-process, so this span is the parent of what the router
+// does. (A few lines rather than otelhttp, which would add its semantic
+// conventions and httpsnoop to the binary for one span.)
+func (o *observability) traceHTTP(next http.Handler) http.Handler {
+	if o.tracer == nil {
+		return next
+	}
+	tr := tracing.Tracer(o.tracer)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tr.Start(ctx, "gateway "+r.Method, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		defer span.End()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(sw, r.WithContext(ctx))
+		span.SetAttributes(attribute.Int("http.response.status_code", sw.code))
+		if sw.code >= 500 {
+			span.SetStatus(otelcodes.Error, http.StatusText(sw.code))
+		}
+	})
 }
 
 // logUnary gives each RPC a request ID and logs it: at debug when it
@@ -186,6 +236,9 @@ func (o *observability) logUnary(ctx context.Context, req any, info *grpc.UnaryS
 	}
 	if o.log.Enabled(ctx, lvl) {
 		attrs := []any{"request_id", id, "method", info.FullMethod, "code", code.String(), "took", time.Since(start).Round(time.Microsecond)}
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			attrs = append(attrs, "trace_id", sc.TraceID().String())
+		}
 		if err != nil {
 			attrs = append(attrs, "err", status.Convert(err).Message())
 		}
@@ -234,7 +287,11 @@ func (o *observability) logHTTP(next http.Handler) http.Handler {
 			lvl = slog.LevelWarn
 		}
 		if o.log.Enabled(r.Context(), lvl) {
-			o.log.Log(r.Context(), lvl, "http", "request_id", id, "method", r.Method, "path", r.URL.Path, "status", sw.code, "took", time.Since(start).Round(time.Microsecond))
+			attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path, "status", sw.code, "took", time.Since(start).Round(time.Microsecond)}
+			if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
+				attrs = append(attrs, "trace_id", sc.TraceID().String())
+			}
+			o.log.Log(r.Context(), lvl, "http", attrs...)
 		}
 	})
 }

@@ -103,7 +103,7 @@ func (n *Node) startAdmin(ctx context.Context, sec *security) error {
 			return fmt.Errorf("admin http listen: %w", err)
 		}
 		n.AdminHTTPAddr = l.Addr().String()
-		n.adminHTTP = sec.httpServer(n.obs.logHTTP(gw))
+		n.adminHTTP = sec.httpServer(n.obs.traceHTTP(n.obs.logHTTP(gw)))
 		go func() { _ = sec.serveHTTP(n.adminHTTP, l) }()
 	}
 	return nil

@@ -3453,6 +3453,7 @@ type FailoverEvent struct {
 	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
 	Step          string                 `protobuf:"bytes,2,opt,name=step,proto3" json:"step,omitempty"`
 	Details       string                 `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
+	Shard         uint32                 `protobuf:"varint,4,opt,name=shard,proto3" json:"shard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3506,6 +3507,13 @@ func (x *FailoverEvent) GetDetails() string {
 		return x.Details
 	}
 	return ""
+}
+
+func (x *FailoverEvent) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
 }
 
 type FailoverResponse struct {
@@ -3562,6 +3570,104 @@ func (x *FailoverResponse) GetEpoch() uint64 {
 }
 
 func (x *FailoverResponse) GetEvents() []*FailoverEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type ListFailoverEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Up to this many of the most recent events. Default 100, at most 1000.
+	Limit         int32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFailoverEventsRequest) Reset() {
+	*x = ListFailoverEventsRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFailoverEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFailoverEventsRequest) ProtoMessage() {}
+
+func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListFailoverEventsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListFailoverEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ID of the controller leader that answered.
+	Controller    string           `protobuf:"bytes,1,opt,name=controller,proto3" json:"controller,omitempty"`
+	Events        []*FailoverEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFailoverEventsResponse) Reset() {
+	*x = ListFailoverEventsResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFailoverEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFailoverEventsResponse) ProtoMessage() {}
+
+func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListFailoverEventsResponse) GetController() string {
+	if x != nil {
+		return x.Controller
+	}
+	return ""
+}
+
+func (x *ListFailoverEventsResponse) GetEvents() []*FailoverEvent {
 	if x != nil {
 		return x.Events
 	}
@@ -3859,16 +3965,24 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x0fFailoverRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tto_region\x18\x02 \x01(\tR\btoRegion\x12\x18\n" +
-	"\aplanned\x18\x03 \x01(\bR\aplanned\"i\n" +
+	"\aplanned\x18\x03 \x01(\bR\aplanned\"\x7f\n" +
 	"\rFailoverEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
-	"\adetails\x18\x03 \x01(\tR\adetails\"{\n" +
+	"\adetails\x18\x03 \x01(\tR\adetails\x12\x14\n" +
+	"\x05shard\x18\x04 \x01(\rR\x05shard\"{\n" +
 	"\x10FailoverResponse\x12\x1f\n" +
 	"\vnew_primary\x18\x01 \x01(\tR\n" +
 	"newPrimary\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x120\n" +
-	"\x06events\x18\x03 \x03(\v2\x18.triage.v1.FailoverEventR\x06events*E\n" +
+	"\x06events\x18\x03 \x03(\v2\x18.triage.v1.FailoverEventR\x06events\"1\n" +
+	"\x19ListFailoverEventsRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\x05R\x05limit\"n\n" +
+	"\x1aListFailoverEventsResponse\x12\x1e\n" +
+	"\n" +
+	"controller\x18\x01 \x01(\tR\n" +
+	"controller\x120\n" +
+	"\x06events\x18\x02 \x03(\v2\x18.triage.v1.FailoverEventR\x06events*E\n" +
 	"\n" +
 	"Durability\x12\x1a\n" +
 	"\x16DURABILITY_UNSPECIFIED\x10\x00\x12\r\n" +
@@ -3900,7 +4014,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xce\a\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xc8\b\n" +
 	"\x05Admin\x12W\n" +
 	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
 	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
@@ -3912,7 +4026,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x0eSetShardWeight\x12 .triage.v1.SetShardWeightRequest\x1a\x16.triage.v1.ShardChange\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/v1/shards/{shard}:setWeight\x12g\n" +
 	"\n" +
 	"DrainShard\x12\x1c.triage.v1.DrainShardRequest\x1a\x16.triage.v1.ShardChange\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/shards/{shard}:drain\x12j\n" +
-	"\vRetireShard\x12\x1d.triage.v1.RetireShardRequest\x1a\x16.triage.v1.ShardChange\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/v1/shards/{shard}:retireB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
+	"\vRetireShard\x12\x1d.triage.v1.RetireShardRequest\x1a\x16.triage.v1.ShardChange\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/v1/shards/{shard}:retire\x12x\n" +
+	"\x12ListFailoverEvents\x12$.triage.v1.ListFailoverEventsRequest\x1a%.triage.v1.ListFailoverEventsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/failoversB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
 var (
 	file_triage_v1_triage_proto_rawDescOnce sync.Once
@@ -3927,7 +4042,7 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
@@ -3982,121 +4097,126 @@ var file_triage_v1_triage_proto_goTypes = []any{
 	(*FailoverRequest)(nil),            // 50: triage.v1.FailoverRequest
 	(*FailoverEvent)(nil),              // 51: triage.v1.FailoverEvent
 	(*FailoverResponse)(nil),           // 52: triage.v1.FailoverResponse
-	nil,                                // 53: triage.v1.NewItem.MetadataEntry
-	nil,                                // 54: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 55: triage.v1.NackItem.MetadataEntry
-	nil,                                // 56: triage.v1.Item.MetadataEntry
-	nil,                                // 57: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 58: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 59: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 61: google.protobuf.Duration
+	(*ListFailoverEventsRequest)(nil),  // 53: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 54: triage.v1.ListFailoverEventsResponse
+	nil,                                // 55: triage.v1.NewItem.MetadataEntry
+	nil,                                // 56: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 57: triage.v1.NackItem.MetadataEntry
+	nil,                                // 58: triage.v1.Item.MetadataEntry
+	nil,                                // 59: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 60: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 61: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 62: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 63: google.protobuf.Duration
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
 	38, // 0: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
 	38, // 1: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	60, // 2: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	61, // 3: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	61, // 4: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	53, // 5: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	62, // 2: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	63, // 3: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	63, // 4: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	55, // 5: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
 	9,  // 6: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 7: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
 	11, // 8: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
 	13, // 9: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	61, // 10: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	61, // 11: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	54, // 12: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	60, // 13: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	60, // 14: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	60, // 15: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	63, // 10: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	63, // 11: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	56, // 12: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	62, // 13: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	62, // 14: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	62, // 15: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
 	15, // 16: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
 	17, // 17: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
 	18, // 18: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	61, // 19: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	55, // 20: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	63, // 19: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	57, // 20: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
 	21, // 21: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
 	18, // 22: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	61, // 23: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	60, // 24: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	56, // 25: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	60, // 26: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	61, // 27: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	60, // 28: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	60, // 29: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	63, // 23: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	62, // 24: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	58, // 25: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	62, // 26: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	63, // 27: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	62, // 28: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	62, // 29: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 30: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	60, // 31: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	60, // 32: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	60, // 33: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	60, // 34: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	57, // 35: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	62, // 31: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	62, // 32: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 33: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	62, // 34: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	59, // 35: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
 	32, // 36: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	61, // 37: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	63, // 37: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
 	35, // 38: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	60, // 39: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	62, // 39: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
 	38, // 40: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
 	39, // 41: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	58, // 42: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	60, // 43: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	60, // 44: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	60, // 42: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	62, // 43: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	62, // 44: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
 	41, // 45: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
 	2,  // 46: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	61, // 47: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	63, // 47: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
 	39, // 48: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	61, // 49: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	61, // 50: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	61, // 51: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	59, // 52: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	63, // 49: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	63, // 50: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	63, // 51: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	61, // 52: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
 	47, // 53: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	60, // 54: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	62, // 54: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
 	51, // 55: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	46, // 56: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	10, // 57: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	14, // 58: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	19, // 59: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	22, // 60: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	24, // 61: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	27, // 62: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	28, // 63: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	29, // 64: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	31, // 65: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	34, // 66: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	42, // 67: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	44, // 68: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	37, // 69: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	50, // 70: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	48, // 71: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	49, // 72: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	3,  // 73: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	4,  // 74: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	5,  // 75: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	6,  // 76: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	7,  // 77: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	12, // 78: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	16, // 79: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	20, // 80: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	23, // 81: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	25, // 82: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	26, // 83: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	26, // 84: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	30, // 85: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	33, // 86: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	36, // 87: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	43, // 88: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	45, // 89: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	40, // 90: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	52, // 91: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	47, // 92: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	47, // 93: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	8,  // 94: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	8,  // 95: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	8,  // 96: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	8,  // 97: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	8,  // 98: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	78, // [78:99] is the sub-list for method output_type
-	57, // [57:78] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	51, // 56: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	46, // 57: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	10, // 58: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	14, // 59: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	19, // 60: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	22, // 61: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	24, // 62: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	27, // 63: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	28, // 64: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	29, // 65: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	31, // 66: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	34, // 67: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	42, // 68: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	44, // 69: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	37, // 70: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	50, // 71: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	48, // 72: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	49, // 73: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	3,  // 74: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	4,  // 75: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	5,  // 76: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	6,  // 77: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	7,  // 78: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	53, // 79: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	12, // 80: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	16, // 81: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	20, // 82: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	23, // 83: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	25, // 84: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	26, // 85: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	26, // 86: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	30, // 87: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	33, // 88: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	36, // 89: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	43, // 90: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	45, // 91: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	40, // 92: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	52, // 93: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	47, // 94: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	47, // 95: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	8,  // 96: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	8,  // 97: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	8,  // 98: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	8,  // 99: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	8,  // 100: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	54, // 101: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	80, // [80:102] is the sub-list for method output_type
+	58, // [58:80] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -4112,7 +4232,7 @@ func file_triage_v1_triage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -582,15 +582,16 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Admin_GetShardMap_FullMethodName       = "/triage.v1.Admin/GetShardMap"
-	Admin_Failover_FullMethodName          = "/triage.v1.Admin/Failover"
-	Admin_GetNamespace_FullMethodName      = "/triage.v1.Admin/GetNamespace"
-	Admin_PutNamespace_FullMethodName      = "/triage.v1.Admin/PutNamespace"
-	Admin_AddShard_FullMethodName          = "/triage.v1.Admin/AddShard"
-	Admin_AddNamespaceShard_FullMethodName = "/triage.v1.Admin/AddNamespaceShard"
-	Admin_SetShardWeight_FullMethodName    = "/triage.v1.Admin/SetShardWeight"
-	Admin_DrainShard_FullMethodName        = "/triage.v1.Admin/DrainShard"
-	Admin_RetireShard_FullMethodName       = "/triage.v1.Admin/RetireShard"
+	Admin_GetShardMap_FullMethodName        = "/triage.v1.Admin/GetShardMap"
+	Admin_Failover_FullMethodName           = "/triage.v1.Admin/Failover"
+	Admin_GetNamespace_FullMethodName       = "/triage.v1.Admin/GetNamespace"
+	Admin_PutNamespace_FullMethodName       = "/triage.v1.Admin/PutNamespace"
+	Admin_AddShard_FullMethodName           = "/triage.v1.Admin/AddShard"
+	Admin_AddNamespaceShard_FullMethodName  = "/triage.v1.Admin/AddNamespaceShard"
+	Admin_SetShardWeight_FullMethodName     = "/triage.v1.Admin/SetShardWeight"
+	Admin_DrainShard_FullMethodName         = "/triage.v1.Admin/DrainShard"
+	Admin_RetireShard_FullMethodName        = "/triage.v1.Admin/RetireShard"
+	Admin_ListFailoverEvents_FullMethodName = "/triage.v1.Admin/ListFailoverEvents"
 )
 
 // AdminClient is the client API for Admin service.
@@ -627,6 +628,10 @@ type AdminClient interface {
 	// RetireShard removes a drained shard from the map once it is empty
 	// and its enqueue buffer drained; FAILED_PRECONDITION says what is left.
 	RetireShard(ctx context.Context, in *RetireShardRequest, opts ...grpc.CallOption) (*ShardChange, error)
+	// ListFailoverEvents returns the failover steps the controller leader
+	// took since it started (most recent last; read-only). UNAVAILABLE when
+	// no controller answers.
+	ListFailoverEvents(ctx context.Context, in *ListFailoverEventsRequest, opts ...grpc.CallOption) (*ListFailoverEventsResponse, error)
 }
 
 type adminClient struct {
@@ -727,6 +732,16 @@ func (c *adminClient) RetireShard(ctx context.Context, in *RetireShardRequest, o
 	return out, nil
 }
 
+func (c *adminClient) ListFailoverEvents(ctx context.Context, in *ListFailoverEventsRequest, opts ...grpc.CallOption) (*ListFailoverEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFailoverEventsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListFailoverEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -761,6 +776,10 @@ type AdminServer interface {
 	// RetireShard removes a drained shard from the map once it is empty
 	// and its enqueue buffer drained; FAILED_PRECONDITION says what is left.
 	RetireShard(context.Context, *RetireShardRequest) (*ShardChange, error)
+	// ListFailoverEvents returns the failover steps the controller leader
+	// took since it started (most recent last; read-only). UNAVAILABLE when
+	// no controller answers.
+	ListFailoverEvents(context.Context, *ListFailoverEventsRequest) (*ListFailoverEventsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -797,6 +816,9 @@ func (UnimplementedAdminServer) DrainShard(context.Context, *DrainShardRequest) 
 }
 func (UnimplementedAdminServer) RetireShard(context.Context, *RetireShardRequest) (*ShardChange, error) {
 	return nil, status.Error(codes.Unimplemented, "method RetireShard not implemented")
+}
+func (UnimplementedAdminServer) ListFailoverEvents(context.Context, *ListFailoverEventsRequest) (*ListFailoverEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFailoverEvents not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -981,6 +1003,24 @@ func _Admin_RetireShard_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListFailoverEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFailoverEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListFailoverEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListFailoverEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListFailoverEvents(ctx, req.(*ListFailoverEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1023,6 +1063,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RetireShard",
 			Handler:    _Admin_RetireShard_Handler,
+		},
+		{
+			MethodName: "ListFailoverEvents",
+			Handler:    _Admin_ListFailoverEvents_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,98 @@
+package node
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema/tracing"
+)
+
+// TestTraceEnqueueToInsert: with tracing on, an Enqueue RPC's trace goes
+// through the enqueue buffer (the NATS message's traceparent) into the
+// enqueuer's insert; a JSON API request continues the caller's trace the
+// same way; Dequeue and Ack are spans of their own.
+func TestTraceEnqueueToInsert(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{noNode: true})
+	exp := tracetest.NewInMemoryExporter()
+	b.startNode(Config{tracerProvider: tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)})
+
+	find := func(name string, traceID trace.TraceID) (tracetest.SpanStub, bool) {
+		for _, s := range exp.GetSpans() {
+			if s.Name == name && (!traceID.IsValid() || s.SpanContext.TraceID() == traceID) {
+				return s, true
+			}
+		}
+		return tracetest.SpanStub{}, false
+	}
+	waitFor := func(name string, traceID trace.TraceID) tracetest.SpanStub {
+		t.Helper()
+		var s tracetest.SpanStub
+		require.Eventually(t, func() bool {
+			var ok bool
+			s, ok = find(name, traceID)
+			return ok
+		}, 10*time.Second, 10*time.Millisecond, "no span %q in trace %s; have %d spans", name, traceID, len(exp.GetSpans()))
+		return s
+	}
+
+	// gRPC: the server span, the publish span under it, the insert under
+	// that.
+	id := enqueue(t, b, "traced", &triagev1.NewItem{Payload: []byte("x")})[0].Id
+	rpc := waitFor("triage.v1.Queue/Enqueue", trace.TraceID{})
+	require.Equal(t, trace.SpanKindServer, rpc.SpanKind)
+	pub := waitFor("enqueue.publish", rpc.SpanContext.TraceID())
+	require.Equal(t, rpc.SpanContext.SpanID(), pub.Parent.SpanID())
+	require.Equal(t, trace.SpanKindProducer, pub.SpanKind)
+	ins := waitFor("enqueuer.insert", rpc.SpanContext.TraceID())
+	require.Equal(t, pub.SpanContext.SpanID(), ins.Parent.SpanID(), "the insert is a child of the publish, across NATS")
+	require.True(t, ins.Parent.IsRemote())
+	require.Equal(t, trace.SpanKindConsumer, ins.SpanKind)
+	require.Contains(t, ins.Attributes, attribute.Int("triage.items", 1))
+
+	// JSON gateway, with the caller's trace context.
+	const callerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	req, err := http.NewRequest(http.MethodPost, b.http+"/v1/namespaces/default/topics/traced/items",
+		strings.NewReader(`{"items":[{"payload":"eQ=="}]}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+callerTrace+"-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	caller, err := trace.TraceIDFromHex(callerTrace)
+	require.NoError(t, err)
+	gw := waitFor("gateway POST", caller)
+	require.Equal(t, "00f067aa0ba902b7", gw.Parent.SpanID().String())
+	waitFor("enqueuer.insert", caller)
+
+	// Dequeue and ack: spans as they come.
+	var got []*triagev1.LeasedItem
+	require.Eventually(t, func() bool { got = dequeue(t, b, "traced", 2, 0); return len(got) == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, []string{got[0].Id, got[1].Id}, id)
+	for _, r := range ack(t, b, got...) {
+		require.True(t, r.Ok)
+	}
+	waitFor("triage.v1.Queue/Dequeue", trace.TraceID{})
+	waitFor("triage.v1.Queue/Ack", trace.TraceID{})
+	conn, err := grpc.NewClient(b.node.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = healthpb.NewHealthClient(conn).Check(b.ctx(), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	_, health := find("grpc.health.v1.Health/Check", trace.TraceID{})
+	require.False(t, health, "health probes are not traced")
+}

@@ -1,0 +1,33 @@
+// Package tracing is Triage's OpenTelemetry tracing: the OTLP exporter a
+// node turns on with its config's "tracing" section (off by default), and
+// the W3C trace context carried through the NATS enqueue buffer.
+//
+// # Off by default
+//
+// With no tracing section a node installs no stats handler, no HTTP
+// middleware and no exporter, and the roles hold a no-op tracer: the
+// request path pays nothing. With one, New builds a TracerProvider that
+// samples a share of new traces (sample_ratio, parent-based: a request
+// that arrives with a sampled traceparent is traced whatever the ratio)
+// and batches spans to an OTLP/gRPC collector.
+//
+// # One trace from Enqueue to the insert
+//
+// The router's gRPC server (otelgrpc stats handler) and JSON gateway
+// (otelhttp) start a span per request. An Enqueue's batches go through
+// the enqueue buffer, where a router coalesces the batches of several
+// requests into one JetStream message (an envelope). The router's
+// "enqueue.publish" span (a child of the RPC's) is what each batch
+// carries: the message's "traceparent" header has one value per batch,
+// in the envelope's order ("-" for a batch without a trace), written by
+// Inject and read by Extract. The enqueuer's worker inserts the batches
+// of several messages in one transaction: its "enqueuer.insert" span is a
+// child of the first batch's context and links the others, and every
+// other sampled trace among the batches gets its own "enqueuer.insert"
+// span, with the same timing, so each Enqueue's trace ends in the insert
+// that stored it.
+//
+// Dequeue, Ack, Nack and ExtendLease are traced as the RPCs they are (a
+// lease's delivery and its ack are separate requests, each its own
+// trace).
+package tracing
