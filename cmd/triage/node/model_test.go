@@ -55,7 +55,7 @@ var modelTopics = []string{"t0", "t1"}
 
 // TestModelBased runs random sequences of enqueue (both durabilities,
 // dedup keys, delays, TTLs, short and long leases, priorities), dequeue,
-// ack, nack, extend, update, delete, get, dead-letter listing, redrive and
+// ack, nack (backoff, delay, dead_letter, release), extend, update, delete, get, dead-letter listing, redrive and
 // plain waiting (so leases lapse) against a real node, and checks every
 // answer against queuemodel's model of the documented semantics. At the
 // end it drains everything and checks nothing acknowledged was lost.
@@ -393,13 +393,25 @@ func (r *modelRun) nack() {
 	if r.rng.IntN(3) == 0 {
 		n.Metadata = map[string]string{"a": "", "n": fmt.Sprint(r.step)}
 	}
+	// Mostly failures; some permanent ones (dead letters at once), some
+	// releases (uncounted, ready at once without a delay) and, rarely,
+	// both, which the router must refuse whole.
+	switch r.pick(12, 2, 5, 1) {
+	case 1:
+		n.DeadLetter = true
+	case 2:
+		n.Release = true
+	case 3:
+		n.DeadLetter, n.Release = true, true
+	}
 	req := &triagev1.NackRequest{Namespace: r.ns, Nacks: []*triagev1.NackItem{n}}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	var resp *triagev1.NackResponse
 	var err error
 	sp := r.span(func() { resp, err = r.b.queue.Nack(ctx, req) })
-	r.logf("nack %s tok %s delay %v err %q meta %v -> %s %v", n.Id, n.LeaseToken, fmtDur(n.Delay), n.Error, n.Metadata, fmtItemResults(resp.GetResults()), err)
+	r.logf("nack %s tok %s delay %v err %q meta %v dead_letter %t release %t -> %s %v", n.Id, n.LeaseToken, fmtDur(n.Delay), n.Error, n.Metadata,
+		n.DeadLetter, n.Release, fmtItemResults(resp.GetResults()), err)
 	r.check(r.m.Nack(sp, req, resp, err))
 }
 
