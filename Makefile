@@ -46,8 +46,8 @@ compose-images: ## Build the compose bed's images (no registry; cached by conten
 	@./deploy/compose/build-images.sh
 
 .PHONY: compose-up
-compose-up: ## Run the three-region docker-compose bed (deploy/compose), wait healthy, print the gateways.
-	@./deploy/compose/up.sh
+compose-up: ## Run the three-region docker-compose bed (deploy/compose), wait healthy, print the gateways (SPARE_SHARDS=1: and a spare shard).
+	@SPARE_SHARDS=$(SPARE_SHARDS) ./deploy/compose/up.sh
 
 .PHONY: compose-down
 compose-down: ## Remove the compose bed's containers, networks and volumes.

@@ -109,7 +109,7 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"nack": {
 		args:    "ID:TOKEN...",
-		summary: "Return leased items to their topic after --delay, or without --delay after the server's\nexponential backoff (1s * 2^(attempts-1), at most 15m, with jitter).\nExit code 1 if any item was refused.",
+		summary: "Return leased items to their topic after --delay, or without --delay after the server's\nexponential backoff (1s * 2^(attempts-1), at most 15m, with jitter). --dead-letter moves them\nto the dead letters now (a permanent failure); --release hands them back uncounted (the\nattempt is taken back, never dead-letters; ready at once without --delay).\nExit code 1 if any item was refused.",
 		setup:   nackCmd,
 	},
 	"extend": {
@@ -641,6 +641,8 @@ func nackCmd(fs *pflag.FlagSet) clientRun {
 	errMsg := fs.String("error", "", "last error, kept on the item")
 	meta := metaFlag{}
 	fs.Var(meta, "meta", "metadata `k=v` merged into the item's; an empty value deletes the key (repeatable)")
+	dead := fs.Bool("dead-letter", false, "move the items to their topic's dead letters now, whatever attempts they have left (a retry cannot succeed)")
+	release := fs.Bool("release", false, "hand the items back uncounted: the attempt is taken back, never dead-letters; ready at once unless --delay")
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		ids, tokens, err := parseRefs(args)
 		if err != nil {
@@ -649,9 +651,17 @@ func nackCmd(fs *pflag.FlagSet) clientRun {
 		// Without --delay the field stays unset and the server backs off
 		// exponentially; "--delay 0s" is sent and means at once.
 		delaySet := flagsSet(fs)["delay"]
+		// The server refuses both at once, and ignores a delay with
+		// dead_letter: say so here rather than let a flag do nothing.
+		switch {
+		case *dead && *release:
+			return usagef("--dead-letter and --release exclude each other: one ends the item, the other hands it back uncounted")
+		case *dead && delaySet:
+			return usagef("--delay has no effect with --dead-letter: the item is not redelivered")
+		}
 		req := &triagev1.NackRequest{Namespace: e.ns}
 		for i, id := range ids {
-			n := &triagev1.NackItem{Id: id, LeaseToken: tokens[i], Error: *errMsg}
+			n := &triagev1.NackItem{Id: id, LeaseToken: tokens[i], Error: *errMsg, DeadLetter: *dead, Release: *release}
 			if delaySet {
 				n.Delay = durationpb.New(*delay)
 			}

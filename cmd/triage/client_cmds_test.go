@@ -563,6 +563,50 @@ func TestNack(t *testing.T) {
 	require.Equal(t, "not found", got.Results[0].Error)
 }
 
+// --dead-letter and --release set the NackItem fields the server acts on
+// (dead letters at once; the attempt taken back); together, or
+// --dead-letter with a --delay it would ignore, they are usage errors that
+// send nothing.
+func TestNackDeadLetterAndRelease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		args          []string
+		dead, release bool
+		delay         *durationpb.Duration
+		usage         string
+	}{
+		{name: "neither", args: nil},
+		{name: "dead letter", args: []string{"--dead-letter"}, dead: true},
+		{name: "release", args: []string{"--release"}, release: true},
+		{name: "release after a delay", args: []string{"--release", "--delay", "5s"}, release: true, delay: durationpb.New(5 * time.Second)},
+		{name: "both", args: []string{"--dead-letter", "--release"}, usage: "--dead-letter and --release exclude each other"},
+		{name: "dead letter with a delay", args: []string{"--dead-letter", "--delay", "0s"}, usage: "--delay has no effect with --dead-letter"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.fake.set("Nack", &triagev1.NackResponse{Results: []*triagev1.ItemResult{{Id: "2-a", Ok: true}, {Id: "3-b", Ok: true}}})
+			r := b.run(t, "", "nack", append([]string{"2-a:tokA", "3-b:tokB"}, tc.args...)...)
+			if tc.usage != "" {
+				require.Equal(t, 2, r.code, r.stderr)
+				require.Contains(t, r.stderr, tc.usage)
+				require.Contains(t, r.stderr, "usage: triage nack")
+				require.Empty(t, b.fake.got("Nack"))
+				return
+			}
+			require.Equal(t, 0, r.code, r.stderr)
+			req := b.fake.got("Nack")[0].(*triagev1.NackRequest)
+			require.Len(t, req.Nacks, 2)
+			for _, n := range req.Nacks {
+				require.Equal(t, tc.dead, n.DeadLetter, n.Id)
+				require.Equal(t, tc.release, n.Release, n.Id)
+				require.True(t, proto.Equal(tc.delay, n.Delay), "delay %v", n.Delay)
+			}
+		})
+	}
+}
+
 // An unset delay asks the server for its exponential backoff; "0s" asks
 // for redelivery at once. The two must reach the server differently.
 func TestNackDelay(t *testing.T) {

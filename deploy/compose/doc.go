@@ -30,7 +30,9 @@
 // docker-compose.yml and config/ are committed, so the bed reads as plain
 // files and runs with docker-compose alone, but written by Generate from
 // DefaultTopology (`go generate ./deploy/compose`); a test fails when they
-// differ from what it writes.
+// differ from what it writes. docker-compose.spare.yml, an override, adds
+// spare shards: provisioned by the bootstrap but outside the shard map, to
+// add online with `triage shard add` (`make compose-up SPARE_SHARDS=1`).
 //
 // # Images without a registry
 //

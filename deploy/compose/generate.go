@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,9 +19,10 @@ import (
 
 //go:generate go run ./gen
 
-// Topology is what the bed's files are generated from: docker-compose.yml
-// and config/. DefaultTopology is the checked-in bed; to add a region or a
-// shard, change it and run `go generate ./deploy/compose`.
+// Topology is what the bed's files are generated from: docker-compose.yml,
+// docker-compose.spare.yml and config/. DefaultTopology is the checked-in
+// bed; to add a region or a shard, change it and run `go generate
+// ./deploy/compose`.
 type Topology struct {
 	// Regions in port order: region i's router publishes JSON on
 	// 18080+i and gRPC on 19090+i. Shard homes follow this order too. At
@@ -32,12 +34,22 @@ type Topology struct {
 	// WANLatency is the gateways' one-way delay between regions. Default
 	// 20ms.
 	WANLatency time.Duration
+	// SpareShards are shards outside the bootstrapped map, to grow the bed
+	// online with `triage shard add` (as `triage-bed up --spare-shards`
+	// does for the process bed). Their servers are in
+	// docker-compose.spare.yml, an override that `make compose-up
+	// SPARE_SHARDS=n` adds, so the bed without it stays as small as
+	// before; the bootstrap provisions them (bootstrap-spare.json). Spare
+	// k (from 0) is homed in region k mod len(Regions) and numbered after
+	// the map's shards, so shard numbers do not depend on spares.
+	SpareShards int
 }
 
 // DefaultTopology is the checked-in bed: three regions, one shard homed
-// in each, 20 ms one way between regions.
+// in each, 20 ms one way between regions, and one spare shard (homed in
+// us-east; its three servers start only with the override).
 func DefaultTopology() Topology {
-	return Topology{Regions: []string{"us-east", "eu-west", "ap-south"}, ShardsPerRegion: 1, WANLatency: wan.DefaultLatency}
+	return Topology{Regions: []string{"us-east", "eu-west", "ap-south"}, ShardsPerRegion: 1, WANLatency: wan.DefaultLatency, SpareShards: 1}
 }
 
 // ownerTTL is the dequeuers' ownership TTL, as on the process bed's three
@@ -68,28 +80,50 @@ type server struct {
 	region   string
 	primary  bool // the shard's primary at start
 	serverID int
-	port     int // its gateway port
+	port     int  // its gateway port
+	spare    bool // of a spare shard: in docker-compose.spare.yml, not in the map
 }
 
 func (s server) addr() string { return s.service + ":3306" }
 
-// servers lists every MariaDB container: per shard its primary, then a
-// replica in each other region, the next region's first. server_id is the
-// shard for a primary and k*1000+shard for its k-th replica, as deploy/bed
-// numbers them.
+// servers lists every MariaDB container, the spare shards' last: per shard
+// its primary, then a replica in each other region, the next region's
+// first. server_id is the shard for a primary and k*1000+shard for its k-th
+// replica, as deploy/bed numbers them.
 func (t Topology) servers() []server {
 	var out []server
-	n := max(t.ShardsPerRegion, 1)
-	for i, home := range t.Regions {
-		for j := range n {
-			id := uint32(i*n + j + 1)
-			out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, home), id, home, true, int(id), mysqlPort(id, i)})
-			for k := 1; k < len(t.Regions); k++ {
-				ri := (i + k) % len(t.Regions)
-				r := t.Regions[ri]
-				out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, r), id, r, false, k*1000 + int(id), mysqlPort(id, ri)})
-			}
+	shard := func(id uint32, i int, spare bool) {
+		home := t.Regions[i]
+		out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, home), id, home, true, int(id), mysqlPort(id, i), spare})
+		for k := 1; k < len(t.Regions); k++ {
+			ri := (i + k) % len(t.Regions)
+			r := t.Regions[ri]
+			out = append(out, server{fmt.Sprintf("mariadb-s%d-%s", id, r), id, r, false, k*1000 + int(id), mysqlPort(id, ri), spare})
 		}
+	}
+	n := max(t.ShardsPerRegion, 1)
+	for i := range t.Regions {
+		for j := range n {
+			shard(uint32(i*n+j+1), i, false)
+		}
+	}
+	for k := range t.SpareShards {
+		shard(uint32(n*len(t.Regions)+k+1), k%len(t.Regions), true)
+	}
+	return out
+}
+
+// shards groups servers (in servers' order) into shard-map entries.
+func shards(servers []server) []genShard {
+	var out []genShard
+	for _, s := range servers {
+		if s.primary {
+			out = append(out, genShard{ID: s.shard, HomeRegion: s.region, Primary: s.addr(), Database: "triage"})
+			continue
+		}
+		sh := &out[len(out)-1]
+		sh.Replicas = append(sh.Replicas, s.addr())
+		sh.ReplicaRegions = append(sh.ReplicaRegions, s.region)
 	}
 	return out
 }
@@ -154,6 +188,7 @@ type (
 		KVReplicas     int                          `json:"kv_replicas"`
 		StreamReplicas int                          `json:"stream_replicas"`
 		OwnerTTL       string                       `json:"owner_ttl"`
+		SpareShards    []genShard                   `json:"spare_shards,omitempty"`
 	}
 	genMySQL struct {
 		User     string            `json:"user"`
@@ -182,13 +217,16 @@ type (
 )
 
 // Generate returns the bed's files for t by path relative to this
-// directory: docker-compose.yml and every file of config/.
+// directory: docker-compose.yml, every file of config/ and, with spare
+// shards, SpareFile.
 func Generate(t Topology) (map[string][]byte, error) {
 	switch n := max(t.ShardsPerRegion, 1); {
 	case len(t.Regions) < 2 || len(t.Regions) > 10:
 		return nil, fmt.Errorf("compose topology: %d region(s): want 2 to 10", len(t.Regions))
-	case n*len(t.Regions) > maxShard:
-		return nil, fmt.Errorf("compose topology: %d shards: want at most %d", n*len(t.Regions), maxShard)
+	case t.SpareShards < 0:
+		return nil, fmt.Errorf("compose topology: %d spare shards: want 0 or more", t.SpareShards)
+	case n*len(t.Regions)+t.SpareShards > maxShard:
+		return nil, fmt.Errorf("compose topology: %d shards and %d spares: want at most %d in all", n*len(t.Regions), t.SpareShards, maxShard)
 	case t.WANLatency < 0:
 		return nil, fmt.Errorf("compose topology: WAN latency %v: want 0 or more", t.WANLatency)
 	}
@@ -201,23 +239,19 @@ func Generate(t Topology) (map[string][]byte, error) {
 		files[name] = append(data, '\n')
 		return nil
 	}
+	// Every config knows the spare shards' servers (gateway ports,
+	// dial_via, replication_via) whether they run or not: a node dials them
+	// only once they are added, and the gateways dial per connection.
 	servers := t.servers()
 	eps := t.endpoints(servers)
 	replVia := map[string]map[string]string{}
 	for _, r := range t.Regions {
 		replVia[r] = via(r, eps[:len(servers)])
 	}
+	inMap := slices.DeleteFunc(slices.Clone(servers), func(s server) bool { return s.spare })
+	spares := servers[len(inMap):]
 
-	smap := genShardMap{Version: 1, Regions: t.Regions, Namespaces: []map[string]string{{"name": "default"}}}
-	for _, s := range servers {
-		if s.primary {
-			smap.Shards = append(smap.Shards, genShard{ID: s.shard, HomeRegion: s.region, Primary: s.addr(), Database: "triage"})
-			continue
-		}
-		sh := &smap.Shards[len(smap.Shards)-1]
-		sh.Replicas = append(sh.Replicas, s.addr())
-		sh.ReplicaRegions = append(sh.ReplicaRegions, s.region)
-	}
+	smap := genShardMap{Version: 1, Regions: t.Regions, Namespaces: []map[string]string{{"name": "default"}}, Shards: shards(inMap)}
 	if err := put("config/shardmap.json", smap); err != nil {
 		return nil, err
 	}
@@ -228,6 +262,13 @@ func Generate(t Topology) (map[string][]byte, error) {
 	}
 	if err := put("config/bootstrap.json", boot); err != nil {
 		return nil, err
+	}
+	if len(spares) > 0 {
+		boot.SpareShards = shards(spares)
+		if err := put("config/bootstrap-spare.json", boot); err != nil {
+			return nil, err
+		}
+		files[SpareFile] = spareFile(t, spares)
 	}
 	latency := wan.Duration(t.WANLatency)
 	gateways := map[string]string{}
@@ -256,15 +297,15 @@ func Generate(t Topology) (map[string][]byte, error) {
 			}
 		}
 	}
-	files["docker-compose.yml"] = composeFile(t, servers, eps)
+	files["docker-compose.yml"] = composeFile(t, inMap)
 	return files, nil
 }
 
 // WriteFiles writes files (Generate's) under dir and removes every other
-// file of dir/config, so a region taken out of the topology leaves no
-// configs behind.
+// file of dir/config, and SpareFile unless it is one of them, so a region
+// or the spares taken out of the topology leave nothing behind.
 func WriteFiles(dir string, files map[string][]byte) error {
-	stale, err := configFiles(dir)
+	stale, err := generatedFiles(dir)
 	if err != nil {
 		return err
 	}
@@ -286,10 +327,16 @@ func WriteFiles(dir string, files map[string][]byte) error {
 	return nil
 }
 
-// configFiles lists the files under dir/config by slash path relative to
-// dir.
-func configFiles(dir string) (map[string]bool, error) {
+// generatedFiles lists the files under dir/config, and SpareFile if it
+// exists, by slash path relative to dir: what the generator may have
+// written.
+func generatedFiles(dir string) (map[string]bool, error) {
 	out := map[string]bool{}
+	if _, err := os.Stat(filepath.Join(dir, SpareFile)); err == nil {
+		out[SpareFile] = true
+	} else if !os.IsNotExist(err) {
+		return nil, err
+	}
 	root := filepath.Join(dir, "config")
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -321,20 +368,56 @@ const (
 	// LabelStartedAs is "primary" or "replica": a MariaDB container's
 	// place when the bed was created.
 	LabelStartedAs = "triage.started-as"
+	// LabelSpare is "true" on the servers of a spare shard (SpareFile),
+	// which the bootstrapped map does not name.
+	LabelSpare = "triage.spare"
 )
 
-// composeFile writes docker-compose.yml.
-func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
-	var b bytes.Buffer
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+// writer appends formatted text to a generated file.
+type writer struct{ bytes.Buffer }
+
+func (b *writer) w(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+
+// labels writes a service's labels.
+func (b *writer) labels(kv ...string) {
+	b.w("    labels:\n")
+	for i := 0; i < len(kv); i += 2 {
+		b.w("      %s: %q\n", kv[i], kv[i+1])
+	}
+}
+
+// mariadb writes the service of MariaDB server s (its region's index i),
+// which uses the file's x-mariadb anchor.
+func (b *writer) mariadb(s server, i int) {
+	what, ro, as := "primary at start", "OFF", "primary"
+	if !s.primary {
+		what, ro, as = "replica at start (read-only)", "ON", "replica"
+	}
+	if s.spare {
+		what += ", spare: not in the shard map"
+	}
+	b.w("\n  # shard %d's server in %s: %s.\n  %s:\n    <<: *mariadb\n", s.shard, s.region, what, s.service)
+	b.w("    environment:\n      SERVER_ID: \"%d\"\n      READ_ONLY: \"%s\"\n      ROOT_PASSWORD: root\n", s.serverID, ro)
+	b.w("    volumes:\n      - %s:/var/lib/mysql\n", s.service)
+	kv := []string{LabelRegion, s.region, LabelRegionIndex, strconv.Itoa(i), LabelRole, "mariadb",
+		LabelShard, strconv.Itoa(int(s.shard)), LabelAddr, s.addr(), LabelStartedAs, as}
+	if s.spare {
+		kv = append(kv, LabelSpare, "true")
+	}
+	b.labels(kv...)
+	b.w("    networks: [%s]\n", s.region)
+}
+
+// composeFile writes docker-compose.yml: every container but the spare
+// shards'.
+func composeFile(t Topology, servers []server) []byte {
+	var b writer
+	w, labels := b.w, b.labels
 	ex := mysqlPort(1, 1)
 	w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1])
-	labels := func(kv ...string) {
-		w("    labels:\n")
-		for i := 0; i < len(kv); i += 2 {
-			w("      %s: %q\n", kv[i], kv[i+1])
-		}
-	}
+	w("%s", mariadbAnchor)
+	w("%s", triageAnchor)
+	w("\nservices:\n")
 	region := map[string]int{}
 	for i, r := range t.Regions {
 		region[r] = i
@@ -350,16 +433,7 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 		w("    networks: [%s, wan]\n", r)
 	}
 	for _, s := range servers {
-		what, ro, as := "primary at start", "OFF", "primary"
-		if !s.primary {
-			what, ro, as = "replica at start (read-only)", "ON", "replica"
-		}
-		w("\n  # shard %d's server in %s: %s.\n  %s:\n    <<: *mariadb\n", s.shard, s.region, what, s.service)
-		w("    environment:\n      SERVER_ID: \"%d\"\n      READ_ONLY: \"%s\"\n      ROOT_PASSWORD: root\n", s.serverID, ro)
-		w("    volumes:\n      - %s:/var/lib/mysql\n", s.service)
-		labels(LabelRegion, s.region, LabelRegionIndex, strconv.Itoa(region[s.region]), LabelRole, "mariadb",
-			LabelShard, strconv.Itoa(int(s.shard)), LabelAddr, s.addr(), LabelStartedAs, as)
-		w("    networks: [%s]\n", s.region)
+		b.mariadb(s, region[s.region])
 	}
 	for i, r := range t.Regions {
 		svc := "nats-" + r
@@ -431,6 +505,58 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 	return b.Bytes()
 }
 
+// SpareFile is the override with the spare shards' servers, beside
+// docker-compose.yml.
+const SpareFile = "docker-compose.spare.yml"
+
+// spareFile writes SpareFile: the spare shards' servers, and the bootstrap
+// switched to bootstrap-spare.json and made to wait for them too. Compose
+// merges it into docker-compose.yml (-f both): depends_on and volumes add
+// up, command is replaced.
+func spareFile(t Topology, spares []server) []byte {
+	var b writer
+	w := b.w
+	region := map[string]int{}
+	for i, r := range t.Regions {
+		region[r] = i
+	}
+	var ids []string
+	for _, s := range spares {
+		if s.primary {
+			ids = append(ids, strconv.Itoa(int(s.shard)))
+		}
+	}
+	w(spareHeader, len(ids), strings.Join(ids, ", "))
+	for _, sh := range shards(spares) {
+		w("#   triage shard add %d --home %s --primary %s", sh.ID, sh.HomeRegion, sh.Primary)
+		for i, r := range sh.Replicas {
+			w(" \\\n#     --replica %s@%s", r, sh.ReplicaRegions[i])
+		}
+		w("\n")
+	}
+	w("%s", spareHeaderEnd)
+	w("%s", mariadbAnchor)
+	w("\nservices:\n")
+	for _, s := range spares {
+		b.mariadb(s, region[s.region])
+	}
+	w("\n  # The bootstrap provisions the spare shards as well (spare_shards of\n")
+	w("  # bootstrap-spare.json: accounts, database, replication) but publishes\n")
+	w("  # only the map.\n")
+	w("  bootstrap:\n")
+	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap-spare.json\"]\n")
+	w("    volumes:\n      - ./config/bootstrap-spare.json:/etc/triage/bootstrap-spare.json:ro\n")
+	w("    depends_on:\n")
+	for _, s := range spares {
+		w("      %s:\n        condition: service_healthy\n", s.service)
+	}
+	w("\nvolumes:\n")
+	for _, s := range spares {
+		w("  %s:\n", s.service)
+	}
+	return b.Bytes()
+}
+
 const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
 
 // Health checks run every 5 s (the first 5 s after start). Each is a
@@ -468,7 +594,11 @@ const composeHeader = `# The multi-region compose bed of Triage, written by gene
 # (region order); TRIAGE_HTTP_US_EAST, TRIAGE_GRPC_US_EAST ... override
 # them (0: a free port, see docker port).
 version: "3.9"
+`
 
+// mariadbAnchor is the MariaDB servers' common part (x-mariadb), in each
+// file that has servers: YAML anchors do not reach across files.
+const mariadbAnchor = `
 x-mariadb: &mariadb
   image: ${TRIAGE_MARIADB_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
   healthcheck:
@@ -477,7 +607,10 @@ x-mariadb: &mariadb
     timeout: 5s
     retries: 120
   stop_grace_period: 20s
+`
 
+// triageAnchor is the Triage role containers' common part (x-triage).
+const triageAnchor = `
 x-triage: &triage
   image: ${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
   healthcheck:
@@ -489,6 +622,21 @@ x-triage: &triage
     bootstrap:
       condition: service_completed_successfully
   stop_grace_period: 20s
+`
 
-services:
+// spareHeader takes the number of spare shards and their IDs; the add
+// commands and spareHeaderEnd follow it.
+const spareHeader = `# Spare shards of the compose bed, written by generate.go (go generate
+# ./deploy/compose; do not edit): an override of docker-compose.yml that adds
+# %d spare shard(s) (%s), each a primary in its home region and a replica in
+# every other one, replicated like the others but not in the shard map, to
+# grow the bed online. ` + "`make compose-up SPARE_SHARDS=n`" + ` uses it, or
+#   docker-compose -f docker-compose.yml -f docker-compose.spare.yml --env-file .images.env -p triage up -d
+# Every config under config/ already knows their servers (gateway ports,
+# dial_via, replication_via). Add them with (TRIAGE_ADDR: a router's gRPC):
+`
+
+const spareHeaderEnd = `# and, for namespaces that list their shards, triage namespace add-shard
+# (README.md, "Spare shards").
+version: "3.9"
 `

@@ -7,7 +7,9 @@
 # Environment: COMPOSE_PROJECT_NAME (default triage), IMAGES_ENV (the env
 # file build-images.sh writes; default deploy/compose/.images.env),
 # TRIAGE_HTTP_US_EAST ... (published ports, see docker-compose.yml),
-# UP_TIMEOUT seconds (default 300).
+# UP_TIMEOUT seconds (default 300), SPARE_SHARDS (default 0; n adds
+# docker-compose.spare.yml, whose n spare shards start and are replicated
+# but stay out of the shard map until triage shard add: README.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 project=${COMPOSE_PROJECT_NAME:-triage}
@@ -21,9 +23,23 @@ port() {
   id=$(docker ps -q --filter "label=com.docker.compose.project=$project" --filter "label=com.docker.compose.service=$1")
   docker port "$id" "$2/tcp" | head -1
 }
-dc() { docker-compose -f "$here/docker-compose.yml" --env-file "$env_file" -p "$project" "$@"; }
+files=(-f "$here/docker-compose.yml")
+spare=${SPARE_SHARDS:-0}
+if [ "$spare" != 0 ]; then
+  # The override holds a fixed set of spares (compose.DefaultTopology):
+  # refuse a count it cannot give rather than start a different bed.
+  have=$(grep -c 'triage.started-as: "primary"' "$here/docker-compose.spare.yml" 2>/dev/null || true)
+  if [ "$spare" != "${have:-0}" ]; then
+    echo "SPARE_SHARDS=$spare: docker-compose.spare.yml has ${have:-0} spare shard(s); set SpareShards in" \
+      "compose.DefaultTopology (deploy/compose/generate.go) and run go generate ./deploy/compose" >&2
+    exit 2
+  fi
+  files+=(-f "$here/docker-compose.spare.yml")
+fi
+dc() { docker-compose "${files[@]}" --env-file "$env_file" -p "$project" "$@"; }
 
 "$here/build-images.sh" "$env_file"
+[ "$spare" = 0 ] || say "with $spare spare shard(s) of docker-compose.spare.yml (not in the shard map)"
 say "docker-compose -p $project up -d (MariaDB and NATS, then bootstrap, then the Triage roles)"
 if ! dc up -d 2>&1 | grep -v -e '^Creating' -e '^Starting' >&2; then :; fi
 # up -d fails when a depends_on condition fails (e.g. bootstrap exits 1).
@@ -70,7 +86,15 @@ Try (namespace "default" exists):
   curl -s -X POST http://$last/v1/namespaces/default:dequeue \\
        -d '{"region":"eu-west","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
   curl -s http://$first/v1/shardmap
-  docker-compose -p $project -f deploy/compose/docker-compose.yml --env-file $env_file ps
+  docker-compose -p $project ${files[*]} --env-file $env_file ps
 
 "make compose-down" removes every container, network and volume.
 TOUR
+if [ "$spare" != 0 ]; then
+  # The add commands are the override's header (written by generate.go).
+  echo
+  echo "Spare shards: started and replicated, not in the shard map. Add them online (README.md, Spare shards):"
+  echo "  export TRIAGE_ADDR=$(port router-us-east 9090)"
+  awk '/^#   triage shard add/ { p = 1 } /^# and,/ { p = 0 }
+       p { sub(/^#   triage/, "  .bin/triage"); sub(/^#     /, "      "); print }' "$here/docker-compose.spare.yml"
+fi

@@ -695,8 +695,21 @@ func NackBackoff(n int) (time.Duration, time.Duration) {
 }
 
 // Nack checks a nack's answers and applies them: back to the queue after
-// the delay, or to the dead-letter table when out of attempts.
+// the delay, or to the dead-letter table when out of attempts or asked to
+// (dead_letter). A release nack takes back the attempt its delivery counted
+// and never dead-letters; without a delay its item is ready at once (the
+// backoff is for failures). A request with a nack that asks for both is
+// refused whole (InvalidArgument) and changes nothing.
 func (m *Model) Nack(sp Span, req *triagev1.NackRequest, resp *triagev1.NackResponse, err error) error {
+	for i, n := range req.Nacks {
+		if !n.DeadLetter || !n.Release {
+			continue
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			return violation("nack %s with dead_letter and release: got %v, want the request refused (InvalidArgument)", req.Nacks[i].Id, err)
+		}
+		return nil
+	}
 	if err != nil {
 		return violation("nack refused: %v", err)
 	}
@@ -725,7 +738,15 @@ func (m *Model) Nack(sp Span, req *triagev1.NackRequest, resp *triagev1.NackResp
 		}
 		it.Token, it.TokenMaybeStale, it.MaybeDead = "", false, false
 		it.LastError = n.Error // checked against the dead letter's when it dies of this nack
-		if it.Attempts >= m.cfg.MaxAttempts {
+		if n.DeadLetter && n.Error == "" {
+			// The server names the reason when the consumer gave none.
+			it.LastError = fmt.Sprintf("dead-lettered by the consumer after %d deliveries", it.Attempts)
+		}
+		if n.Release {
+			// The delivery does not count, so it cannot exhaust attempts.
+			it.Attempts = max(it.Attempts-1, 0)
+		}
+		if !n.Release && (n.DeadLetter || it.Attempts >= m.cfg.MaxAttempts) {
 			if !m.cfg.Tolerate[KnownNackDeadMetadata] {
 				mergeMeta(it.Meta, n.Metadata)
 			}
@@ -735,7 +756,7 @@ func (m *Model) Nack(sp Span, req *triagev1.NackRequest, resp *triagev1.NackResp
 		mergeMeta(it.Meta, n.Metadata)
 		it.LastError, it.Timed = "", true
 		dlo, dhi := n.Delay.AsDuration(), n.Delay.AsDuration()
-		if n.Delay == nil {
+		if n.Delay == nil && !n.Release {
 			dlo, dhi = NackBackoff(it.Attempts)
 		}
 		it.DALo, it.DAHi = lo(sp.Start).Add(dlo-m.cfg.ClockSlack).Add(-time.Microsecond), sp.End.Add(dhi+m.cfg.ClockSlack)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -196,4 +198,117 @@ func TestDeadLetterAndRedrive(t *testing.T) {
 	require.NoError(t, m.Redrive(at(1300), &triagev1.RedriveDeadLettersRequest{Topic: "q"}, &triagev1.RedriveDeadLettersResponse{Redriven: 1}, nil, nil))
 	require.Equal(t, 0, m.Item(id(1)).Attempts, "redrive resets attempts")
 	require.NoError(t, deq(m, 2000, 1, leased(id(1), 0, 1, at(1300), 3000, "c")))
+}
+
+func nackReq(s, tok string, n *triagev1.NackItem) *triagev1.NackRequest {
+	n.Id, n.LeaseToken = s, tok
+	return &triagev1.NackRequest{Nacks: []*triagev1.NackItem{n}}
+}
+
+func nackOK(s string) *triagev1.NackResponse {
+	return &triagev1.NackResponse{Results: []*triagev1.ItemResult{{Id: s, Ok: true}}}
+}
+
+// A dead_letter nack ends the item at once, attempts left or not, with the
+// consumer's error or the server's reason; a release nack takes the attempt
+// back, never dead-letters and, without a delay, is ready at once (not after
+// the backoff). Each case is a history whose last step the model must
+// accept or flag.
+func TestNackDeadLetterAndRelease(t *testing.T) {
+	// Items are leased at 500 (attempts 1), nacked at 600 (nack), and for
+	// a second round delivered at 700 and nacked at 800 (nack2).
+	first := func(t *testing.T, m *Model, n *triagev1.NackItem) {
+		t.Helper()
+		enq(t, m, 0, []*triagev1.NewItem{{}}, id(1))
+		require.NoError(t, deq(m, 500, 1, leased(id(1), 0, 1, at(0), 1500, "a")))
+		require.NoError(t, m.Nack(at(600), nackReq(id(1), "a", n), nackOK(id(1)), nil))
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, m *Model) error
+		ok   bool
+	}{
+		{"dead letter: listed with the server's reason", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true, Delay: durationpb.New(0)})
+			require.Equal(t, Dead, m.Item(id(1)).State, "one attempt of two used, dead-lettered anyway")
+			return m.DeadLetters(at(700), "q", []*triagev1.DeadLetter{{Id: id(1), Attempts: 1, LastError: "dead-lettered by the consumer after 1 deliveries"}})
+		}, true},
+		{"dead letter: another reason", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true})
+			return m.DeadLetters(at(700), "q", []*triagev1.DeadLetter{{Id: id(1), Attempts: 1, LastError: "nacked after 1 deliveries"}})
+		}, false},
+		{"dead letter: the consumer's error", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true, Error: "bad address", Metadata: map[string]string{"why": "permanent"}})
+			return m.DeadLetters(at(700), "q", []*triagev1.DeadLetter{{Id: id(1), Attempts: 1, LastError: "bad address", Metadata: map[string]string{"why": "permanent"}}})
+		}, true},
+		{"dead letter: wrong last_error", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true, Error: "bad address"})
+			return m.DeadLetters(at(700), "q", []*triagev1.DeadLetter{{Id: id(1), Attempts: 1, LastError: "nacked after 1 deliveries"}})
+		}, false},
+		{"dead letter: missing from the listing", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true})
+			return m.DeadLetters(at(700), "q", nil)
+		}, false},
+		{"dead letter: delivered again", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{DeadLetter: true})
+			return deq(m, 1500, 1, leased(id(1), 0, 2, at(600), 2500, "b"))
+		}, false},
+		{"release: ready at once, the attempt taken back", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Release: true})
+			require.Equal(t, 0, m.Item(id(1)).Attempts)
+			return deq(m, 1000, 1, leased(id(1), 0, 1, at(600), 2000, "b"))
+		}, true},
+		{"release: not delivered although ready at once", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Release: true})
+			return deq(m, 1000, 1)
+		}, false},
+		{"release: attempt counted", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Release: true})
+			return deq(m, 1000, 1, leased(id(1), 0, 2, at(600), 2000, "b"))
+		}, false},
+		{"release: delivered before its delay", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Release: true, Delay: durationpb.New(2 * time.Second)})
+			return deq(m, 1000, 1, leased(id(1), 0, 1, at(600), 2000, "b"))
+		}, false},
+		{"plain nack without a delay backs off", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{})
+			return deq(m, 1000, 1, leased(id(1), 0, 2, at(600), 2000, "b"))
+		}, false},
+		{"release at max_attempts: not dead-lettered", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Delay: durationpb.New(0)})
+			require.NoError(t, deq(m, 1000, 1, leased(id(1), 0, 2, at(600), 2000, "b")))
+			require.NoError(t, m.Nack(at(1100), nackReq(id(1), "b", &triagev1.NackItem{Release: true}), nackOK(id(1)), nil))
+			require.Equal(t, InItems, m.Item(id(1)).State)
+			isViolation(t, m.DeadLetters(at(1200), "q", []*triagev1.DeadLetter{{Id: id(1), Attempts: 1}}))
+			return deq(m, 1500, 1, leased(id(1), 0, 2, at(1100), 2500, "c"))
+		}, true},
+		{"plain nack at max_attempts: dead-lettered", func(t *testing.T, m *Model) error {
+			first(t, m, &triagev1.NackItem{Delay: durationpb.New(0)})
+			require.NoError(t, deq(m, 1000, 1, leased(id(1), 0, 2, at(600), 2000, "b")))
+			require.NoError(t, m.Nack(at(1100), nackReq(id(1), "b", &triagev1.NackItem{Delay: durationpb.New(0)}), nackOK(id(1)), nil))
+			return deq(m, 1500, 1, leased(id(1), 0, 3, at(1100), 2500, "c"))
+		}, false},
+		{"both: refused whole", func(t *testing.T, m *Model) error {
+			enq(t, m, 0, []*triagev1.NewItem{{}}, id(1))
+			require.NoError(t, deq(m, 500, 1, leased(id(1), 0, 1, at(0), 1500, "a")))
+			require.NoError(t, m.Nack(at(600), nackReq(id(1), "a", &triagev1.NackItem{DeadLetter: true, Release: true}), nil,
+				status.Error(codes.InvalidArgument, "nacks[0]: dead_letter and release exclude each other")))
+			require.Equal(t, InItems, m.Item(id(1)).State)
+			return ack(m, 700, id(1), "a", okResult) // the lease still holds
+		}, true},
+		{"both: accepted", func(t *testing.T, m *Model) error {
+			enq(t, m, 0, []*triagev1.NewItem{{}}, id(1))
+			require.NoError(t, deq(m, 500, 1, leased(id(1), 0, 1, at(0), 1500, "a")))
+			return m.Nack(at(600), nackReq(id(1), "a", &triagev1.NackItem{DeadLetter: true, Release: true}), nackOK(id(1)), nil)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run(t, newModel())
+			if tc.ok {
+				require.NoError(t, err)
+			} else {
+				isViolation(t, err)
+			}
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -50,6 +51,12 @@ type Config struct {
 	OwnerTTL shardmap.Duration `json:"owner_ttl,omitempty"`
 	// Wait bounds the wait for MariaDB and NATS to answer. Default 3m.
 	Wait shardmap.Duration `json:"wait,omitempty"`
+	// SpareShards are provisioned like the map's shards (accounts, their
+	// database, replication) but left out of the map: servers ready for
+	// `triage shard add`, which migrates their schema and publishes them
+	// (the compose bed's docker-compose.spare.yml). Their IDs must not be
+	// the map's.
+	SpareShards []shardmap.Shard `json:"spare_shards,omitempty"`
 }
 
 func (c *Config) Fill() error {
@@ -68,15 +75,16 @@ func (c *Config) Fill() error {
 // containers start from, with the functions the local bed (deploy/bed)
 // uses too (cmd/triage/provision):
 //
-//  1. waits until every MariaDB server of the shard map answers, creates
-//     the bed's accounts on each (provision.EnsureAccounts with
-//     provision.BedAccounts, unlogged) and the shard database on each
-//     primary;
-//  2. migrates the schema on each primary (schema.Migrate), once, before
-//     a dozen role containers would race to;
-//  3. replicates every shard to its replicas with semi-sync
-//     (provision.Replicate: GTID, AFTER_SYNC, one acknowledgement, no
-//     fallback);
+//  1. waits until every MariaDB server of the shard map and of the spare
+//     shards answers, creates the bed's accounts on each
+//     (provision.EnsureAccounts with provision.BedAccounts, unlogged) and
+//     the shard database on each primary;
+//  2. migrates the schema on each primary of the map (schema.Migrate),
+//     once, before a dozen role containers would race to; a spare's is
+//     left to `triage shard add`, as on the process bed;
+//  3. replicates every shard, spares included, to its replicas with
+//     semi-sync (provision.Replicate: GTID, AFTER_SYNC, one
+//     acknowledgement, no fallback);
 //  4. waits for JetStream's meta leader (provision.WaitJetStream), then creates,
 //     one after the other, every bucket and stream the nodes open, and
 //     publishes the shard map (shardmap.Bootstrap: a map already stored is
@@ -105,18 +113,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info(fmt.Sprintf("[%5.1fs] ", time.Since(start).Seconds()) + fmt.Sprintf(format, args...))
 	}
 
-	shards := m.Shards
-	type server struct {
-		shard   shardmap.Shard
-		addr    string
-		primary bool
-	}
-	var servers []server
-	for _, s := range shards {
-		servers = append(servers, server{s, s.Primary, true})
-		for _, r := range s.Replicas {
-			servers = append(servers, server{s, r, false})
-		}
+	shards, servers, err := plan(m, cfg.SpareShards)
+	if err != nil {
+		return fmt.Errorf("%s: %w", cfg.ShardMapFile, err)
 	}
 	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers),
 		provision.BedAccounts.App.User, provision.BedAccounts.Repl.User)
@@ -139,6 +138,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer db.Close()
 		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+sv.shard.Database+"`"); err != nil {
 			return fmt.Errorf("shard %d primary %s: %w", sv.shard.ID, sv.addr, err)
+		}
+		if sv.spare {
+			progress("  shard %d primary %s: database %s (spare: not in the map)", sv.shard.ID, sv.addr, sv.shard.Database)
+			return nil
 		}
 		sdb, err := sql.Open("mysql", cfg.dsn(sv.addr, sv.shard.Database))
 		if err != nil {
@@ -252,4 +255,56 @@ func deadline(ctx context.Context) time.Time {
 		return time.Now().Add(time.Minute)
 	}
 	return d
+}
+
+// server is one MariaDB server the bootstrap provisions.
+type server struct {
+	shard   shardmap.Shard
+	addr    string
+	primary bool
+	spare   bool // of a spare shard: no migration, not published
+}
+
+// plan lists the shards to replicate (the map's, then the spares) and
+// every server to provision. A spare whose ID or a server address the map
+// (or another spare) already has is refused: provisioning it would write
+// over a live shard's accounts and replication.
+func plan(m *shardmap.Map, spares []shardmap.Shard) ([]shardmap.Shard, []server, error) {
+	shards := slices.Clone(m.Shards)
+	ids := map[uint32]bool{}
+	addrs := map[string]bool{}
+	for _, s := range m.Shards {
+		ids[s.ID] = true
+		for _, a := range append([]string{s.Primary}, s.Replicas...) {
+			addrs[a] = true
+		}
+	}
+	for _, s := range spares {
+		switch {
+		case s.ID == 0 || s.Primary == "":
+			return nil, nil, fmt.Errorf("spare shard %d: id and primary are required", s.ID)
+		case ids[s.ID]:
+			return nil, nil, fmt.Errorf("spare shard %d: the map (or another spare) has that shard", s.ID)
+		case len(s.ReplicaRegions) != len(s.Replicas):
+			return nil, nil, fmt.Errorf("spare shard %d: %d replicas but %d replica regions", s.ID, len(s.Replicas), len(s.ReplicaRegions))
+		}
+		ids[s.ID] = true
+		for _, a := range append([]string{s.Primary}, s.Replicas...) {
+			if addrs[a] {
+				return nil, nil, fmt.Errorf("spare shard %d: server %s is already another shard's", s.ID, a)
+			}
+			addrs[a] = true
+		}
+		s.Database = cmp.Or(s.Database, "triage")
+		shards = append(shards, s)
+	}
+	var servers []server
+	for i, s := range shards {
+		spare := i >= len(m.Shards)
+		servers = append(servers, server{s, s.Primary, true, spare})
+		for _, r := range s.Replicas {
+			servers = append(servers, server{s, r, false, spare})
+		}
+	}
+	return shards, servers, nil
 }

@@ -47,6 +47,9 @@ type modelRun struct {
 	step  int
 	log   []string // the last logKeep steps
 	ns    string
+	// nacks counts the nacks answered ok (or refused, for both flags) by
+	// kind, so a run shows it exercised each.
+	nacks map[string]int
 }
 
 const logKeep = 400
@@ -55,7 +58,7 @@ var modelTopics = []string{"t0", "t1"}
 
 // TestModelBased runs random sequences of enqueue (both durabilities,
 // dedup keys, delays, TTLs, short and long leases, priorities), dequeue,
-// ack, nack, extend, update, delete, get, dead-letter listing, redrive and
+// ack, nack (backoff, delay, dead_letter, release), extend, update, delete, get, dead-letter listing, redrive and
 // plain waiting (so leases lapse) against a real node, and checks every
 // answer against queuemodel's model of the documented semantics. At the
 // end it drains everything and checks nothing acknowledged was lost.
@@ -83,7 +86,7 @@ func TestModelBased(t *testing.T) {
 	if known[knownShortLease] {
 		defaultLease = 30 * time.Second
 	}
-	r := &modelRun{t: t, b: b, rng: rand.New(rand.NewPCG(seed, 0x7472696167)), known: known, ns: "model",
+	r := &modelRun{t: t, b: b, rng: rand.New(rand.NewPCG(seed, 0x7472696167)), known: known, ns: "model", nacks: map[string]int{},
 		m: queuemodel.New(queuemodel.Config{MaxAttempts: maxAttempts, DefaultLease: defaultLease, Slack: *modelSlack, Tolerate: known})}
 	putNamespace(t, b, &triagev1.Namespace{Name: r.ns, MaxAttempts: maxAttempts, DefaultLeaseDuration: durationpb.New(defaultLease)})
 	// The namespace is served once the router's map has it.
@@ -102,7 +105,7 @@ func TestModelBased(t *testing.T) {
 		r.randomOp()
 	}
 	r.drain()
-	t.Logf("seed %d: %d steps, %d items", seed, r.step, len(r.m.Items()))
+	t.Logf("seed %d: %d steps, %d items; nacks by kind: %v", seed, r.step, len(r.m.Items()), r.nacks)
 }
 
 func (r *modelRun) logf(format string, args ...any) {
@@ -393,14 +396,38 @@ func (r *modelRun) nack() {
 	if r.rng.IntN(3) == 0 {
 		n.Metadata = map[string]string{"a": "", "n": fmt.Sprint(r.step)}
 	}
+	// Mostly failures; some permanent ones (dead letters at once), some
+	// releases (uncounted, ready at once without a delay) and, rarely,
+	// both, which the router must refuse whole.
+	switch r.pick(12, 2, 5, 1) {
+	case 1:
+		n.DeadLetter = true
+	case 2:
+		n.Release = true
+	case 3:
+		n.DeadLetter, n.Release = true, true
+	}
 	req := &triagev1.NackRequest{Namespace: r.ns, Nacks: []*triagev1.NackItem{n}}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	var resp *triagev1.NackResponse
 	var err error
 	sp := r.span(func() { resp, err = r.b.queue.Nack(ctx, req) })
-	r.logf("nack %s tok %s delay %v err %q meta %v -> %s %v", n.Id, n.LeaseToken, fmtDur(n.Delay), n.Error, n.Metadata, fmtItemResults(resp.GetResults()), err)
+	r.logf("nack %s tok %s delay %v err %q meta %v dead_letter %t release %t -> %s %v", n.Id, n.LeaseToken, fmtDur(n.Delay), n.Error, n.Metadata,
+		n.DeadLetter, n.Release, fmtItemResults(resp.GetResults()), err)
 	r.check(r.m.Nack(sp, req, resp, err))
+	kind := "plain"
+	switch {
+	case n.DeadLetter && n.Release:
+		kind = "both (refused)"
+	case n.DeadLetter:
+		kind = "dead_letter"
+	case n.Release:
+		kind = "release"
+	}
+	if err != nil || resp.GetResults()[0].GetOk() {
+		r.nacks[kind]++
+	}
 }
 
 func (r *modelRun) extend() {
