@@ -310,6 +310,10 @@ func (b *Bed) progress(format string, args ...any) {
 func (b *Bed) startNodes(ctx context.Context) error {
 	b.progress("starting %d Triage node(s) (router, enqueuer, dequeuer)", len(b.regions))
 	replicas := min(len(b.regions), 3)
+	password, err := b.writeAppPassword()
+	if err != nil {
+		return err
+	}
 	startOne := func(i int) error {
 		r := b.regions[i]
 		roles := []string{node.RoleRouter, node.RoleEnqueuer, node.RoleDequeuer}
@@ -324,7 +328,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 			NATS:           r.nats.ClientURL(),
 			GRPC:           addr(b.cfg.GRPCBase, i),
 			HTTP:           addr(b.cfg.HTTPBase, i),
-			MySQL:          b.appMySQL(r.name),
+			MySQL:          b.appMySQL(r.name, password),
 			ShardMapFile:   b.Layout.ShardMap,
 			OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
 			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],
@@ -338,7 +342,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		r.node = n
 		return nil
 	}
-	err := startOne(0)
+	err = startOne(0)
 	if err == nil {
 		err = provision.Parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/wan"
 )
 
@@ -143,8 +144,8 @@ type (
 		Shards     []genShard          `json:"shards"`
 	}
 	genAccount struct {
-		User     string `json:"user"`
-		Password string `json:"password"`
+		User         string `json:"user"`
+		PasswordFile string `json:"password_file"`
 	}
 	genBootstrap struct {
 		ShardMapFile   string                       `json:"shard_map_file"`
@@ -156,9 +157,9 @@ type (
 		OwnerTTL       string                       `json:"owner_ttl"`
 	}
 	genMySQL struct {
-		User     string            `json:"user"`
-		Password string            `json:"password"`
-		DialVia  map[string]string `json:"dial_via"`
+		User         string            `json:"user"`
+		PasswordFile string            `json:"password_file"`
+		DialVia      map[string]string `json:"dial_via"`
 	}
 	// genReplication is replication.Credentials, which has no JSON tags.
 	genReplication struct {
@@ -221,7 +222,13 @@ func Generate(t Topology) (map[string][]byte, error) {
 	if err := put("config/shardmap.json", smap); err != nil {
 		return nil, err
 	}
-	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{"root", "root"}, ReplicationVia: replVia,
+	// Passwords are secrets mounted into the containers that need them:
+	// the application account's into every role, the admin's (root) into
+	// the controllers and the bootstrap only. provision.BedAccounts and
+	// the MariaDB image's ROOT_PASSWORD fix their values.
+	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
+	files[adminSecret] = []byte(adminPassword + "\n")
+	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
 		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
@@ -241,13 +248,13 @@ func Generate(t Topology) (map[string][]byte, error) {
 		}
 		for _, role := range roles {
 			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222",
-				MySQL:    genMySQL{User: "triage", Password: "triage", DialVia: via(r, eps[:len(servers)])},
+				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
 				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3}
 			if role == "router" {
 				c.GRPC, c.HTTP = "0.0.0.0:9090", "0.0.0.0:8080"
 			}
 			if role == "controller" {
-				c.Admin = &genAccount{"root", "root"}
+				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
 				c.Replication = &genReplication{"repl", "repl"}
 				c.ReplicationVia = replVia
 			}
@@ -258,6 +265,20 @@ func Generate(t Topology) (map[string][]byte, error) {
 	}
 	files["docker-compose.yml"] = composeFile(t, servers, eps)
 	return files, nil
+}
+
+// The password files under config/, and where containers see them.
+const (
+	appSecret   = "config/secrets/mysql-app"
+	adminSecret = "config/secrets/mysql-admin"
+)
+
+func secretPath(name string) string { return "/run/secrets/" + path.Base(name) }
+
+// mountSecret is the volume line that shows the secret name to a
+// container.
+func mountSecret(name string) string {
+	return fmt.Sprintf("      - ./%s:%s:ro\n", name, secretPath(name))
 }
 
 // WriteFiles writes files (Generate's) under dir and removes every other
@@ -388,6 +409,7 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
+	w("%s", mountSecret(adminSecret))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -405,6 +427,10 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 			w("\n  %s:\n    <<: *triage\n", svc)
 			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
+			w("%s", mountSecret(appSecret))
+			if role == "controller" {
+				w("%s", mountSecret(adminSecret))
+			}
 			if role == "router" {
 				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 				w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,6 +58,23 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			strict("config/"+r+"/"+role+".json", &c)
 			require.Equal(t, r, c.Region)
 			require.Equal(t, []string{role}, c.Roles)
+			// Least privilege: every role logs in as the application
+			// account with its password from a mounted secret; only the
+			// controller holds the admin account.
+			require.Equal(t, "triage", c.MySQL.User, role)
+			require.Empty(t, c.MySQL.Password, role)
+			require.Equal(t, secretPath(appSecret), c.MySQL.PasswordFile, role)
+			if role == "controller" {
+				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
+				require.Empty(t, c.Admin.Password)
+			} else {
+				require.Zero(t, c.Admin, role)
+			}
 		}
 	}
+	require.Equal(t, secretPath(adminSecret), boot.Admin.PasswordFile)
+	require.Empty(t, boot.Admin.Password)
+	yml := string(files["docker-compose.yml"])
+	require.Equal(t, len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "every role mounts the application password, the bootstrap does not")
+	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
 }

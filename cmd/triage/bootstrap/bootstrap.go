@@ -31,7 +31,8 @@ type Config struct {
 	// addresses other containers dial. Required.
 	ShardMapFile string `json:"shard_map_file"`
 	// Admin is the account with every privilege on each MariaDB server
-	// (root@'%' in the bed). Default root, no password.
+	// (root@'%' in the bed), its password best from password_file or
+	// password_env. Default root, no password.
 	Admin shardmap.Credentials `json:"admin"`
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
@@ -89,6 +90,10 @@ func (c *Config) Fill() error {
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Fill(); err != nil {
 		return err
+	}
+	var err error
+	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
+		return fmt.Errorf("bootstrap config admin: %w", err)
 	}
 	data, err := os.ReadFile(cfg.ShardMapFile)
 	if err != nil {
@@ -225,7 +230,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 // dsn is the admin DSN of the server at addr.
 func (c *Config) dsn(addr, database string) string {
 	mc := mysql.NewConfig()
-	mc.User, mc.Passwd = c.Admin.User, c.Admin.Password
+	c.Admin.Apply(mc)
 	mc.Net, mc.Addr, mc.DBName = "tcp", addr, database
 	mc.Timeout = 5 * time.Second
 	mc.MultiStatements = true
