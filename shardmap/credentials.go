@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 )
 
 // Credentials are the MySQL account a process connects to shards as.
@@ -60,31 +61,11 @@ type MySQLTLS struct {
 // variable is unset, so a typo never silently connects without a
 // password.
 func (c Credentials) Resolve() (Credentials, error) {
-	n := 0
-	for _, s := range []string{c.Password, c.PasswordFile, c.PasswordEnv} {
-		if s != "" {
-			n++
-		}
+	var err error
+	if c.Password, err = Secret("mysql user "+c.User, c.Password, c.PasswordFile, c.PasswordEnv); err != nil {
+		return c, err
 	}
-	if n > 1 {
-		return c, fmt.Errorf("mysql user %q: give one of password, password_file and password_env", c.User)
-	}
-	switch {
-	case c.PasswordFile != "":
-		data, err := os.ReadFile(c.PasswordFile)
-		if err != nil {
-			return c, fmt.Errorf("mysql user %q: password_file: %w", c.User, err)
-		}
-		c.Password = strings.TrimRight(string(data), "\r\n")
-		c.PasswordFile = ""
-	case c.PasswordEnv != "":
-		v, ok := os.LookupEnv(c.PasswordEnv)
-		if !ok {
-			return c, fmt.Errorf("mysql user %q: password_env: %s is not set", c.User, c.PasswordEnv)
-		}
-		c.Password = v
-		c.PasswordEnv = ""
-	}
+	c.PasswordFile, c.PasswordEnv = "", ""
 	if c.TLS != nil && c.tlsName == "" {
 		name, err := c.TLS.register()
 		if err != nil {
@@ -123,4 +104,62 @@ func (t *MySQLTLS) register() (string, error) {
 	name := "triage-" + hex.EncodeToString(sum[:8])
 	err = mysql.RegisterTLSConfig(name, &tls.Config{RootCAs: pool, ServerName: t.ServerName, MinVersion: tls.VersionTLS12})
 	return name, err
+}
+
+// Secret returns the secret given either as value, in the file named by
+// file (a trailing newline is dropped) or in the environment variable
+// named by env; what names it in errors. More than one source, an
+// unreadable file or an unset variable is an error, so that a typo never
+// silently leaves the secret empty.
+func Secret(what, value, file, env string) (string, error) {
+	n := 0
+	for _, s := range []string{value, file, env} {
+		if s != "" {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return "", fmt.Errorf("%s: give one of password, password_file and password_env", what)
+	case file != "":
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s: password_file: %w", what, err)
+		}
+		return strings.TrimRight(string(data), "\r\n"), nil
+	case env != "":
+		v, ok := os.LookupEnv(env)
+		if !ok {
+			return "", fmt.Errorf("%s: password_env: %s is not set", what, env)
+		}
+		return v, nil
+	}
+	return value, nil
+}
+
+// NATSLogin is the user a Triage process logs in to NATS as: the Triage
+// login of natsserver.Auth, which may use the internal subjects that
+// clients may not. Its password comes from Password, PasswordFile or
+// PasswordEnv, like Credentials'.
+type NATSLogin struct {
+	User         string `json:"user"`
+	Password     string `json:"password,omitempty"`
+	PasswordFile string `json:"password_file,omitempty"`
+	PasswordEnv  string `json:"password_env,omitempty"`
+}
+
+// Option returns the nats.go option that logs in as l; nil l is no login
+// (a server without auth).
+func (l *NATSLogin) Option() (nats.Option, error) {
+	if l == nil {
+		return func(*nats.Options) error { return nil }, nil
+	}
+	if l.User == "" {
+		return nil, errors.New("nats login: user is required")
+	}
+	pw, err := Secret("nats user "+l.User, l.Password, l.PasswordFile, l.PasswordEnv)
+	if err != nil {
+		return nil, err
+	}
+	return nats.UserInfo(l.User, pw), nil
 }

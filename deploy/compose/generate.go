@@ -151,6 +151,7 @@ type (
 		ShardMapFile   string                       `json:"shard_map_file"`
 		Admin          genAccount                   `json:"admin"`
 		NATS           []string                     `json:"nats"`
+		NATSAuth       genAccount                   `json:"nats_auth"`
 		ReplicationVia map[string]map[string]string `json:"replication_via"`
 		KVReplicas     int                          `json:"kv_replicas"`
 		StreamReplicas int                          `json:"stream_replicas"`
@@ -170,6 +171,7 @@ type (
 		Region         string                       `json:"region"`
 		Roles          []string                     `json:"roles"`
 		NATS           string                       `json:"nats"`
+		NATSAuth       genAccount                   `json:"nats_auth"`
 		GRPC           string                       `json:"grpc,omitempty"`
 		HTTP           string                       `json:"http,omitempty"`
 		MySQL          genMySQL                     `json:"mysql"`
@@ -228,8 +230,13 @@ func Generate(t Topology) (map[string][]byte, error) {
 	// the MariaDB image's ROOT_PASSWORD fix their values.
 	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
 	files[adminSecret] = []byte(adminPassword + "\n")
+	// NATS: the Triage login for every role and the bootstrap, a client
+	// login refused on the internal subjects for anyone else.
+	files[natsSecret] = []byte(natsPassword + "\n")
+	files[natsClientSecret] = []byte(natsClientPassword + "\n")
+	natsLogin := genAccount{natsUser, secretPath(natsSecret)}
 	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
-		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+		NATSAuth: natsLogin, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
 	}
@@ -247,7 +254,7 @@ func Generate(t Topology) (map[string][]byte, error) {
 			return nil, err
 		}
 		for _, role := range roles {
-			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222",
+			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222", NATSAuth: natsLogin,
 				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
 				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3}
 			if role == "router" {
@@ -269,8 +276,19 @@ func Generate(t Topology) (map[string][]byte, error) {
 
 // The password files under config/, and where containers see them.
 const (
-	appSecret   = "config/secrets/mysql-app"
-	adminSecret = "config/secrets/mysql-admin"
+	appSecret        = "config/secrets/mysql-app"
+	adminSecret      = "config/secrets/mysql-admin"
+	natsSecret       = "config/secrets/nats-triage"
+	natsClientSecret = "config/secrets/nats-client"
+)
+
+// The NATS logins of the bed (natsserver.Auth). Fixed like the MariaDB
+// accounts: a test rig on private networks.
+const (
+	natsUser           = "triage"
+	natsPassword       = "triage-nats"
+	natsClientUser     = "client"
+	natsClientPassword = "client-nats"
 )
 
 func secretPath(name string) string { return "/run/secrets/" + path.Base(name) }
@@ -394,10 +412,13 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 		w("  # nobody can dial, so gossip opens no route around the gateways.\n")
 		w("  %s:\n    image: %s\n", svc, triageImage)
 		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
-		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\"]\n", strings.Join(routes, ","))
+		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
+		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
+		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\"]\n", natsClientUser, secretPath(natsClientSecret))
 		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"http://127.0.0.1:8222/healthz\"]\n")
 		w("      interval: 5s\n      timeout: 5s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
+		w("%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
 		w("    networks: [%s]\n", r)
 	}
@@ -409,7 +430,7 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
-	w("%s", mountSecret(adminSecret))
+	w("%s%s", mountSecret(adminSecret), mountSecret(natsSecret))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -427,7 +448,7 @@ func composeFile(t Topology, servers []server, eps []wan.Endpoint) []byte {
 			w("\n  %s:\n    <<: *triage\n", svc)
 			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
-			w("%s", mountSecret(appSecret))
+			w("%s%s", mountSecret(appSecret), mountSecret(natsSecret))
 			if role == "controller" {
 				w("%s", mountSecret(adminSecret))
 			}

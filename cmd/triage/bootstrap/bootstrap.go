@@ -37,6 +37,9 @@ type Config struct {
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
+	// NATSAuth is the Triage login of the NATS servers, as the nodes'
+	// node.Config.NATSAuth. Default none.
+	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
 	// ReplicationVia[region][addr] is the address a server in region
 	// dials to reach addr (its region's WAN gateway), as the controllers'
 	// node.Config.ReplicationVia gives it. Missing: addr itself.
@@ -94,6 +97,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var err error
 	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
 		return fmt.Errorf("bootstrap config admin: %w", err)
+	}
+	login, err := cfg.NATSAuth.Option()
+	if err != nil {
+		return fmt.Errorf("bootstrap config nats_auth: %w", err)
 	}
 	data, err := os.ReadFile(cfg.ShardMapFile)
 	if err != nil {
@@ -183,10 +190,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 
 	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
-	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx))); err != nil {
+	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx)), login); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"))
+	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"), login)
 	if err != nil {
 		return err
 	}

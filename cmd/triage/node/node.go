@@ -52,6 +52,11 @@ type Config struct {
 	Roles []string `json:"roles,omitempty"`
 	// NATS is the URL of the region's NATS server. Required.
 	NATS string `json:"nats"`
+	// NATSAuth is the Triage login of the NATS servers (natsserver.Auth):
+	// the user that may publish on the internal triage.* subjects and use
+	// JetStream, which client logins may not. Default none (a server
+	// without auth).
+	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
 	// GRPC and HTTP are the router's listen addresses. Default
 	// 127.0.0.1:9090 and 127.0.0.1:8080.
 	GRPC string `json:"grpc,omitempty"`
@@ -235,7 +240,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		}
 	}()
 	var err error
-	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	login, err := cfg.NATSAuth.Option()
+	if err != nil {
+		return nil, fmt.Errorf("node config nats_auth: %w", err)
+	}
+	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), login)
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
 	}
