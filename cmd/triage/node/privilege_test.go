@@ -16,6 +16,7 @@ import (
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
+	"github.com/triage-queue/triage/deploy/natsserver"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
@@ -64,10 +65,14 @@ func mysqlErr(err error) uint16 {
 // account, its password read from a file, migrates the fresh shard through
 // its admin account (the application account has no DDL) and then
 // enqueues, dequeues and acks; the application account cannot create or
-// drop tables or lift read_only, and never appears in the shard map.
+// drop tables or lift read_only, and never appears in the shard map. NATS
+// requires logins: the node's Triage login (password from the
+// environment) has every subject the roles use.
 func TestLeastPrivilegeAccount(t *testing.T) {
-	t.Parallel()
-	b := setup(t, bedOpts{shards: 1, noNode: true})
+	natsAuth := &natsserver.Auth{Triage: natsserver.Login{User: "triage", Password: "nats-" + t.Name()},
+		Clients: []natsserver.Login{{User: "client", Password: "client-" + t.Name()}}}
+	t.Setenv("TRIAGE_TEST_NATS_PASSWORD", natsAuth.Triage.Password)
+	b := setup(t, bedOpts{shards: 1, noNode: true, natsAuth: natsAuth})
 	m, err := shardmap.Parse(mustRead(t, b.mapFile))
 	require.NoError(t, err)
 	shard := m.Shards[0]
@@ -75,7 +80,8 @@ func TestLeastPrivilegeAccount(t *testing.T) {
 	pwFile := filepath.Join(t.TempDir(), "mysql-app.password")
 	require.NoError(t, os.WriteFile(pwFile, []byte(app.Password+"\n"), 0o600))
 
-	b.startNode(Config{MySQL: shardmap.Credentials{User: app.User, PasswordFile: pwFile}})
+	b.startNode(Config{MySQL: shardmap.Credentials{User: app.User, PasswordFile: pwFile},
+		NATSAuth: &shardmap.NATSLogin{User: "triage", PasswordEnv: "TRIAGE_TEST_NATS_PASSWORD"}})
 	res := enqueue(t, b, "jobs", &triagev1.NewItem{Payload: []byte("a"), Priority: 1}, &triagev1.NewItem{Payload: []byte("b"), Priority: 0})
 	require.Len(t, res, 2)
 	got := dequeue(t, b, "jobs", 2, 0)
