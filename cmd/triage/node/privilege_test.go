@@ -15,11 +15,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
+	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
+	"github.com/triage-queue/triage/routing/auth/authtest"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -212,4 +214,54 @@ func mustRead(t *testing.T, path string) []byte {
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return data
+}
+
+// TestMySQLTLS: with mysql.tls the pool verifies the server's certificate
+// against ca_file and the session is encrypted, so an account that
+// REQUIREs SSL logs in; a CA that did not sign the server's certificate
+// is refused, and so is the account without TLS.
+func TestMySQLTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := authtest.NewCA(t, "mysql test CA")
+	crt, key := ca.Issue(t, "mariadb", true)
+	authtest.Write(t, filepath.Join(dir, "server.crt"), crt)
+	authtest.Write(t, filepath.Join(dir, "server.key"), key)
+	authtest.Write(t, filepath.Join(dir, "ca.crt"), ca.PEM)
+	authtest.Write(t, filepath.Join(dir, "other-ca.crt"), authtest.NewCA(t, "another CA").PEM)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	srv, err := mariadb.Start(ctx, mariadb.Config{Dir: filepath.Join(dir, "db"), ExtraArgs: []string{
+		"--ssl-ca=" + filepath.Join(dir, "ca.crt"), "--ssl-cert=" + filepath.Join(dir, "server.crt"), "--ssl-key=" + filepath.Join(dir, "server.key")}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	require.NoError(t, srv.CreateDatabase(ctx, "triage"))
+	root, err := sql.Open("mysql", srv.DSN(""))
+	require.NoError(t, err)
+	defer root.Close()
+	for _, stmt := range []string{"CREATE USER tls_app IDENTIFIED BY 'pw' REQUIRE SSL", "GRANT SELECT ON triage.* TO tls_app"} {
+		_, err := root.ExecContext(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"us-east"}, Namespaces: []shardmap.Namespace{{Name: "default"}},
+		Shards: []shardmap.Shard{{ID: 1, HomeRegion: "us-east", Primary: srv.Addr(), Database: "triage"}}})
+	require.NoError(t, err)
+	cipher := func(c shardmap.Credentials) (string, error) {
+		c, err := c.Resolve()
+		require.NoError(t, err)
+		p := shardmap.NewPool(c)
+		defer p.Close()
+		db, _, err := p.Primary(m, 1)
+		require.NoError(t, err)
+		var name, value string
+		err = db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &value)
+		return value, err
+	}
+	got, err := cipher(shardmap.Credentials{User: "tls_app", Password: "pw", TLS: &shardmap.MySQLTLS{CAFile: filepath.Join(dir, "ca.crt")}})
+	require.NoError(t, err)
+	require.NotEmpty(t, got, "the session is encrypted")
+	_, err = cipher(shardmap.Credentials{User: "tls_app", Password: "pw", TLS: &shardmap.MySQLTLS{CAFile: filepath.Join(dir, "other-ca.crt")}})
+	require.ErrorContains(t, err, "certificate", "a server certificate from another CA is refused")
+	_, err = cipher(shardmap.Credentials{User: "tls_app", Password: "pw"})
+	require.Equal(t, uint16(1045), mysqlErr(err), "REQUIRE SSL refuses a plain login: %v", err)
 }
