@@ -6,8 +6,11 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,6 +96,18 @@ func TestLeastPrivilegeAccount(t *testing.T) {
 		require.True(t, r.Ok, r.Error)
 	}
 	require.Equal(t, 0, b.rowCount("items"))
+
+	// The health checks and the observer ping as the application account.
+	require.NoError(t, b.node.Healthy(b.ctx()))
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(b.http + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(data), `triage_shard_primary_up{shard="1"} 1`)
+	}, 10*time.Second, 50*time.Millisecond, "the observer reaches the primary as the application account")
 
 	sm, err := b.admin.GetShardMap(b.ctx(), &triagev1.GetShardMapRequest{})
 	require.NoError(t, err)
