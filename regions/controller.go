@@ -506,7 +506,8 @@ func (c *Controller) handleEvents(m *nats.Msg) {
 // admin opens a replication admin connection to addr as this node dials it.
 func (c *Controller) admin(addr string) (*replication.Admin, error) {
 	cfg := mysql.NewConfig()
-	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = c.cfg.Admin.User, c.cfg.Admin.Password, "tcp", c.cfg.Dial(addr)
+	c.cfg.Admin.Apply(cfg)
+	cfg.Net, cfg.Addr = "tcp", c.cfg.Dial(addr)
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = 2*time.Second, 30*time.Second, 10*time.Second
 	return replication.Open(cfg.FormatDSN())
 }

@@ -99,9 +99,14 @@ type Observer struct {
 	Maps   shardmap.Source
 	// Dial maps an address to the one this region dials (Pool.Addr).
 	Dial func(string) string
-	// Cred is the account pinged with.
+	// Cred is the account pinged with: the application account, so a
+	// primary counts as up when the roles can log in to it.
 	Cred shardmap.Credentials
-	KV   jetstream.KeyValue
+	// Monitor, when set, is the account replica lag is read with (SHOW
+	// SLAVE STATUS needs SLAVE MONITOR or more, which the application
+	// account lacks). Default Cred.
+	Monitor *shardmap.Credentials
+	KV      jetstream.KeyValue
 	// NC, when set, also carries each report on HealthSubject.
 	NC *nats.Conn
 	// Every is the ping period (default ObserveEvery).
@@ -154,19 +159,31 @@ func (o *Observer) Run(ctx context.Context) {
 	}
 }
 
-func (o *Observer) db(addr string) *sql.DB {
+func (o *Observer) db(addr string) *sql.DB { return o.conn(addr, o.Cred) }
+
+// monitor is the pool of o.Monitor to addr.
+func (o *Observer) monitor(addr string) *sql.DB {
+	if o.Monitor == nil {
+		return o.db(addr)
+	}
+	return o.conn(addr, *o.Monitor)
+}
+
+func (o *Observer) conn(addr string, cred shardmap.Credentials) *sql.DB {
+	key := cmp.Or(cred.User, "root") + "@" + addr
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if db, ok := o.dbs[addr]; ok {
+	if db, ok := o.dbs[key]; ok {
 		return db
 	}
 	c := mysql.NewConfig()
-	c.User, c.Passwd, c.Net, c.Addr = cmp.Or(o.Cred.User, "root"), o.Cred.Password, "tcp", o.Dial(addr)
+	cred.Apply(c)
+	c.Net, c.Addr = "tcp", o.Dial(addr)
 	c.Timeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
 	db, _ := sql.Open("mysql", c.FormatDSN())
 	db.SetMaxOpenConns(2)
 	db.SetConnMaxLifetime(30 * time.Second)
-	o.dbs[addr] = db
+	o.dbs[key] = db
 	return db
 }
 
@@ -246,7 +263,7 @@ func (o *Observer) measure(ctx context.Context, s shardmap.Shard, r Report, semi
 		if i >= len(s.ReplicaRegions) || s.ReplicaRegions[i] != o.Region {
 			continue
 		}
-		a, err := replication.New(o.db(addr), addr, replication.MariaDB)
+		a, err := replication.New(o.monitor(addr), addr, replication.MariaDB)
 		if err != nil {
 			continue
 		}

@@ -52,6 +52,11 @@ type Config struct {
 	Pool *shardmap.Pool
 	NC   *nats.Conn
 	JS   jetstream.JetStream
+	// Migrator reaches shard primaries as an account that may run the
+	// schema's DDL, which Pool's application account may not: AddShard
+	// migrates a new shard through it when the shard's schema is not
+	// current. Default Pool.
+	Migrator *shardmap.Pool
 	// Owners tells which dequeuer owns which shard. Required.
 	Owners OwnerView
 	// Publisher, when set, lets Admin calls change the shard map.

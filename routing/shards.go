@@ -107,11 +107,7 @@ func (r *Router) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*
 			return nil, err
 		}
 		if !migrated {
-			db, _, err := r.cfg.Pool.Primary(next, s.ID)
-			if err != nil {
-				return nil, errorf(ErrUnavailable, "shard %d primary %s: %v", s.ID, s.Primary, err)
-			}
-			if _, err := schema.Migrate(ctx, db.DB); err != nil {
+			if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), next, s.ID); err != nil {
 				return nil, errorf(ErrUnavailable, "shard %d: migrating the schema on %s: %v (nothing was added)", s.ID, s.Primary, err)
 			}
 			migrated = true
@@ -269,4 +265,24 @@ func (r *Router) movedHolder(ctx context.Context, m *shardmap.Map, from uint32, 
 		return 0, false, err
 	}
 	return store.New(db).DedupHolder(ctx, store.DedupHolderParams{Namespace: namespace, Topic: topic, DedupKey: key, NowUS: time.Now().UnixMicro()})
+}
+
+// MigrateShard brings shard id's schema up to date: it asks through app
+// (the application account, which may read but not run DDL) whether
+// migrations are pending and only then runs them through admin. So a
+// shard an administrator migrated needs no admin account at all.
+func MigrateShard(ctx context.Context, app, admin *shardmap.Pool, m *shardmap.Map, id uint32) error {
+	db, _, err := app.Primary(m, id)
+	if err != nil {
+		return err
+	}
+	if n, err := schema.Pending(ctx, db.DB); err == nil && n == 0 {
+		return nil
+	}
+	adb, _, err := admin.Primary(m, id)
+	if err != nil {
+		return err
+	}
+	_, err = schema.Migrate(ctx, adb.DB)
+	return err
 }

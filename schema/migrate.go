@@ -4,12 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 //go:embed migrations/*.up.sql
@@ -98,4 +101,29 @@ func Migrate(ctx context.Context, db *sql.DB) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// errNoSuchTable is ER_NO_SUCH_TABLE.
+const errNoSuchTable = 1146
+
+// Pending returns how many migrations db has not applied yet. It only
+// reads (schema_migrations), so the application account, which may not
+// run DDL, can tell whether an admin needs to migrate: nodes and the
+// router's AddShard migrate through the admin account only when this is
+// not zero.
+func Pending(ctx context.Context, db *sql.DB) (int, error) {
+	all, err := All()
+	if err != nil {
+		return 0, err
+	}
+	var applied int
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM schema_migrations").Scan(&applied)
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == errNoSuchTable:
+		return len(all), nil
+	case err != nil:
+		return 0, fmt.Errorf("pending migrations: %w", err)
+	}
+	return max(len(all)-applied, 0), nil
 }

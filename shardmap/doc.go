@@ -103,5 +103,7 @@
 //
 // The map names a shard's primary as host:port and database only. User and
 // password come from each process's own config, so the KV bucket never holds
-// secrets.
+// secrets; there [Credentials] name the password's file or environment
+// variable rather than hold it ([Secret]), and [NATSLogin] does the same
+// for the NATS login.
 package shardmap

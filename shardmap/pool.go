@@ -13,18 +13,6 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Credentials are the MySQL user a process connects to shards as.
-type Credentials struct {
-	User     string `json:"user"`
-	Password string `json:"password,omitempty"`
-	// MaxOpenConns per shard primary. Default 64.
-	MaxOpenConns int `json:"max_open_conns,omitempty"`
-	// DialVia maps a server's address as the shard map names it to the
-	// address this process must dial instead (a local proxy in front of a
-	// remote region, as the local bed sets up to inject WAN latency).
-	DialVia map[string]string `json:"dial_via,omitempty"`
-}
-
 // Pool keeps one connection pool per shard primary. When the map moves a
 // shard to a new primary, the next call opens a pool to it; pools to
 // addresses no longer in use are closed by Prune.
@@ -48,7 +36,8 @@ type epochKey struct {
 // and the deposed primary's read_only and semi-sync do the rest.
 const EpochRecheck = time.Second
 
-// NewPool returns an empty pool.
+// NewPool returns an empty pool. cred should have been resolved
+// (Credentials.Resolve) when it names a password file or variable.
 func NewPool(cred Credentials) *Pool {
 	if cred.User == "" {
 		cred.User = "root"
@@ -61,8 +50,7 @@ func NewPool(cred Credentials) *Pool {
 // deadlocks on a queue table.
 func (p *Pool) DSN(s Shard) string {
 	c := mysql.NewConfig()
-	c.User = p.cred.User
-	c.Passwd = p.cred.Password
+	p.cred.Apply(c)
 	c.Net = "tcp"
 	c.Addr = p.Addr(s.Primary)
 	c.DBName = s.Database

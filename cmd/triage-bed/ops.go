@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -102,6 +103,11 @@ Authentication is on (a throwaway cluster-admin key, in %s; --no-auth turns it o
 Every request needs it:
   export TRIAGE_TOKEN=%s
 `, b.Layout.KeysFile, b.Layout.Token)
+		if a, c := b.Layout.NATSAuth, b.Layout.NATSClient; a != nil && c != nil {
+			fmt.Fprintf(w, "NATS wants a login: user %q (Triage's, password in %s); user %q (password in %s) is refused on triage.*, JetStream and KV.\n",
+				a.User, a.PasswordFile, c.User, c.PasswordFile)
+		}
+		fmt.Fprintf(w, "MySQL: the node logs in as the application account (no DDL, no SUPER; password in %s).\n", filepath.Join(dir, "mysql-app.password"))
 		curlAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
 		grpcAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/cmd/triage/bootstrap"
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // The verbs of this file run inside the compose bed's containers
@@ -26,6 +27,8 @@ func natsCommand() *cobra.Command {
 		cfg                   natsserver.Config
 		cluster, routes, tags string
 		clusterPort           int
+		triageUser, triagePW  string
+		clientUser, clientPW  string
 	)
 	cmd := &cobra.Command{
 		Use:     "nats [flags]",
@@ -34,6 +37,15 @@ func natsCommand() *cobra.Command {
 		Args:    cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.NoAdvertise, cfg.Tags = true, split(tags)
+			if triagePW != "" {
+				a, err := natsAuth(triageUser, triagePW, clientUser, clientPW)
+				if err != nil {
+					return err
+				}
+				cfg.Auth = a
+			} else if clientPW != "" {
+				return cli.Usagef("--client-password-file needs --triage-password-file: without the Triage login nobody is refused anything")
+			}
 			if r := split(routes); len(r) > 0 {
 				cfg.ClusterName, cfg.ClusterPort, cfg.Routes = cluster, clusterPort, r
 			}
@@ -59,7 +71,27 @@ func natsCommand() *cobra.Command {
 	f.StringVar(&cfg.ClusterAdvertise, "cluster-advertise", "", "route address to tell peers (host:port), e.g. the WAN name")
 	f.StringVar(&routes, "routes", "", "comma-separated peer routes, nats-route://host:port; empty: standalone")
 	f.StringVar(&tags, "tags", "", "comma-separated server tags for placement, e.g. region:us-east")
+	f.StringVar(&triageUser, "triage-user", "triage", "user of Triage's own processes (may use triage.*, JetStream, KV)")
+	f.StringVar(&triagePW, "triage-password-file", "", "file with the Triage user's password; turns logins on (default: no auth)")
+	f.StringVar(&clientUser, "client-user", "client", "user for everyone else (refused on triage.*, JetStream, KV)")
+	f.StringVar(&clientPW, "client-password-file", "", "file with the client user's password (default: no client user)")
 	return cmd
+}
+
+// natsAuth reads the logins of `triage nats` from their password files.
+func natsAuth(triageUser, triageFile, clientUser, clientFile string) (*natsserver.Auth, error) {
+	pw, err := shardmap.Secret("nats user "+triageUser, "", triageFile, "")
+	if err != nil {
+		return nil, err
+	}
+	a := &natsserver.Auth{Triage: natsserver.Login{User: triageUser, Password: pw}}
+	if clientFile != "" {
+		if pw, err = shardmap.Secret("nats user "+clientUser, "", clientFile, ""); err != nil {
+			return nil, err
+		}
+		a.Clients = append(a.Clients, natsserver.Login{User: clientUser, Password: pw})
+	}
+	return a, nil
 }
 
 func split(s string) []string {

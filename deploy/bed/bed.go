@@ -3,6 +3,7 @@ package bed
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/wan"
 	"github.com/triage-queue/triage/routing/auth"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // DefaultRegions are the bed's regions, in port order.
@@ -62,7 +64,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Auth turns authentication on: the bed writes a throwaway keys file
 	// (keys.json in Dir) with one cluster-admin key, which bed.json and
-	// `triage-bed up` give out (Layout.Token). Default off (tests, bench).
+	// `triage-bed up` give out (Layout.Token), and NATS logins
+	// (natsserver.Auth): the nodes log in as the Triage user, and a
+	// client user is refused the internal subjects (their passwords in
+	// nats-triage.password and nats-client.password in Dir, 0600). Default
+	// off (tests, bench).
 	Auth bool
 	// Progress, when set, receives one line per step of the bring-up, for
 	// a person watching `triage-bed up`.
@@ -120,6 +126,11 @@ type Layout struct {
 	// 0600 for it.
 	Token    string `json:"token,omitempty"`
 	KeysFile string `json:"keys_file,omitempty"`
+	// NATSAuth is the Triage login of the bed's NATS servers (Config.Auth),
+	// for processes that act as Triage (the bench); NATSClient the client
+	// login, refused on triage.*, JetStream and KV. Passwords are in files.
+	NATSAuth   *shardmap.NATSLogin `json:"nats_auth,omitempty"`
+	NATSClient *shardmap.NATSLogin `json:"nats_client,omitempty"`
 }
 
 // Via returns the address a process of region from dials to reach addr:
@@ -140,12 +151,14 @@ type Bed struct {
 	// Server, which follows Restart.
 	Shards map[uint32]*mariadb.Server
 
-	cfg     Config
-	log     *slog.Logger
-	tmp     string
-	started time.Time
-	net     *wan.Net
-	regions []*region
+	cfg Config
+	log *slog.Logger
+	tmp string
+	// natsAuth are the NATS servers' logins (Config.Auth), nil for none.
+	natsAuth *natsserver.Auth
+	started  time.Time
+	net      *wan.Net
+	regions  []*region
 	// via maps, per region, a remote server's address to the link from
 	// that region.
 	via map[string]map[string]string
@@ -241,6 +254,11 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 	}
 	b = &Bed{cfg: cfg, log: cfg.Logger, started: time.Now(), Shards: map[uint32]*mariadb.Server{}, via: map[string]map[string]string{}}
 	b.Layout.Token, b.Layout.KeysFile = token, keysFile
+	if cfg.Auth {
+		if err := b.writeNATSLogins(); err != nil {
+			return nil, err
+		}
+	}
 	for i, name := range cfg.Regions {
 		b.regions = append(b.regions, &region{name: name, index: i})
 		b.via[name] = map[string]string{}
@@ -310,6 +328,10 @@ func (b *Bed) progress(format string, args ...any) {
 func (b *Bed) startNodes(ctx context.Context) error {
 	b.progress("starting %d Triage node(s) (router, enqueuer, dequeuer)", len(b.regions))
 	replicas := min(len(b.regions), 3)
+	password, err := b.writeAppPassword()
+	if err != nil {
+		return err
+	}
 	startOne := func(i int) error {
 		r := b.regions[i]
 		roles := []string{node.RoleRouter, node.RoleEnqueuer, node.RoleDequeuer}
@@ -324,13 +346,14 @@ func (b *Bed) startNodes(ctx context.Context) error {
 			NATS:           r.nats.ClientURL(),
 			GRPC:           addr(b.cfg.GRPCBase, i),
 			HTTP:           addr(b.cfg.HTTPBase, i),
-			MySQL:          b.appMySQL(r.name),
+			MySQL:          b.appMySQL(r.name, password),
 			ShardMapFile:   b.Layout.ShardMap,
 			OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
 			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],
 			KVReplicas:     replicas,
 			StreamReplicas: replicas,
 			KeysFile:       b.Layout.KeysFile,
+			NATSAuth:       b.Layout.NATSAuth,
 		}, b.log)
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.name, err)
@@ -338,7 +361,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		r.node = n
 		return nil
 	}
-	err := startOne(0)
+	err = startOne(0)
 	if err == nil {
 		err = provision.Parallel(len(b.regions)-1, func(i int) error { return startOne(i + 1) })
 	}
@@ -459,6 +482,27 @@ func refuseRunning(dir string) error {
 }
 
 var errNotRunning = errors.New("no bed is running")
+
+// writeNATSLogins makes up the NATS servers' logins (Config.Auth) and
+// writes their passwords into files of the bed's directory.
+func (b *Bed) writeNATSLogins() error {
+	b.natsAuth = &natsserver.Auth{Triage: natsserver.Login{User: "triage", Password: rand.Text()},
+		Clients: []natsserver.Login{{User: "client", Password: rand.Text()}}}
+	for _, l := range []struct {
+		login natsserver.Login
+		to    **shardmap.NATSLogin
+	}{{b.natsAuth.Triage, &b.Layout.NATSAuth}, {b.natsAuth.Clients[0], &b.Layout.NATSClient}} {
+		path, err := filepath.Abs(filepath.Join(b.cfg.Dir, "nats-"+l.login.User+".password"))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(l.login.Password+"\n"), 0o600); err != nil {
+			return err
+		}
+		*l.to = &shardmap.NATSLogin{User: l.login.User, PasswordFile: path}
+	}
+	return nil
+}
 
 // writeKeys writes a keys file with one new cluster-admin key into dir and
 // returns the key and the file's path.

@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
@@ -66,6 +69,52 @@ func TestBedUpAndDown(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	require.Contains(t, string(body), `"id"`)
+
+	// The node logs in to MariaDB as the application account (password
+	// from a file), which can change rows but not tables or read_only.
+	require.FileExists(t, filepath.Join(dir, "mysql-app.password"))
+	app := b.AppCredentials()
+	for _, srv := range b.Shards {
+		db, err := sql.Open("mysql", app.User+":"+app.Password+"@tcp("+srv.Addr()+")/"+app.Database)
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT COUNT(*) FROM items").Scan(&n))
+		for _, stmt := range []string{"CREATE TABLE evil (id INT)", "DROP TABLE items", "SET GLOBAL read_only = ON"} {
+			_, err := db.ExecContext(ctx, stmt)
+			var me *mysql.MySQLError
+			require.ErrorAs(t, err, &me, stmt)
+			require.Contains(t, []uint16{1142, 1227}, me.Number, "%s: %v", stmt, err)
+		}
+		db.Close()
+	}
+
+	// NATS wants a login: bed.json's Triage login uses the internal
+	// subjects, its client login is refused them.
+	require.NotNil(t, l.NATSAuth)
+	require.NotNil(t, l.NATSClient)
+	_, err = nats.Connect(l.NATS, nats.MaxReconnects(0))
+	require.ErrorIs(t, err, nats.ErrAuthorization)
+	login, err := l.NATSAuth.Option()
+	require.NoError(t, err)
+	tri, err := nats.Connect(l.NATS, login)
+	require.NoError(t, err)
+	defer tri.Close()
+	_, err = tri.Request("$JS.API.INFO", nil, 5*time.Second)
+	require.NoError(t, err)
+	violations := make(chan error, 4)
+	login, err = l.NATSClient.Option()
+	require.NoError(t, err)
+	cli, err := nats.Connect(l.NATS, login, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	require.NoError(t, err)
+	defer cli.Close()
+	require.NoError(t, cli.Publish("triage.enq.us-east.1", []byte("raw")))
+	require.NoError(t, cli.Flush())
+	select {
+	case err := <-violations:
+		require.ErrorContains(t, err, "Permissions Violation for Publish")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client login published on triage.* unrefused")
+	}
 
 	// A second bed in the same dir is refused while this one runs.
 	_, err = Start(ctx, Config{Dir: dir, NATSPort: -1})

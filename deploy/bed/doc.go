@@ -46,9 +46,11 @@
 // (provision.BedAccounts, set up by provision.EnsureAccounts, which the
 // compose bed's bootstrap runs too). The application account lacks SUPER
 // and READ ONLY ADMIN, so read_only fences it on replicas and on a deposed
-// primary. It also has CREATE, ALTER and INDEX on its database because
-// nodes apply schema migrations at start; read_only blocks those too. root
-// (no password, loopback only) stays the admin account.
+// primary. It has no DDL either: a node migrates a shard whose schema is
+// behind as its admin account, root (no password, loopback only), which
+// the controller uses too. Nodes read the application password from
+// mysql-app.password in the bed's directory (0600), as a deployment would
+// mount a secret; it is not in any node config or in the shard map.
 //
 // # What it shares with production
 //

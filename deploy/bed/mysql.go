@@ -210,13 +210,27 @@ func (b *Bed) writeShardMap() error {
 	return os.WriteFile(b.Layout.ShardMap, data, 0o644)
 }
 
-// appMySQL is what a node of region uses to reach MariaDB.
-func (b *Bed) appMySQL(region string) shardmap.Credentials {
-	c := shardmap.Credentials{User: provision.BedAccounts.App.User, Password: provision.BedAccounts.App.Password}
+// appMySQL is what a node of region uses to reach MariaDB: the
+// application account (no DDL, no SUPER), its password read from a file
+// of the bed's directory as a deployment would mount a secret, so the
+// node config (and bed.json) carry only the file's name. Migrations fall
+// back to the node's admin account, root without a password here.
+func (b *Bed) appMySQL(region, passwordFile string) shardmap.Credentials {
+	c := shardmap.Credentials{User: provision.BedAccounts.App.User, PasswordFile: passwordFile}
 	if len(b.via[region]) > 0 {
 		c.DialVia = maps.Clone(b.via[region])
 	}
 	return c
+}
+
+// writeAppPassword writes the application account's password file into
+// the bed's directory and returns its absolute path.
+func (b *Bed) writeAppPassword() (string, error) {
+	path, err := filepath.Abs(filepath.Join(b.cfg.Dir, "mysql-app.password"))
+	if err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, []byte(provision.BedAccounts.App.Password+"\n"), 0o600)
 }
 
 func shardmapDuration(d time.Duration) shardmap.Duration { return shardmap.Duration(d) }

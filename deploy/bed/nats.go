@@ -37,7 +37,7 @@ func (b *Bed) natsPort(i int) int {
 func (b *Bed) startNATS(ctx context.Context) error {
 	if !b.multi() {
 		r := b.regions[0]
-		cfg := natsserver.Config{Port: b.natsPort(0), StoreDir: filepath.Join(b.tmp, "nats")}
+		cfg := natsserver.Config{Port: b.natsPort(0), StoreDir: filepath.Join(b.tmp, "nats"), Auth: b.natsAuth}
 		s, err := natsserver.Start(cfg)
 		if err != nil {
 			return err
@@ -82,6 +82,7 @@ func (b *Bed) startNATS(ctx context.Context) error {
 			ClusterAdvertise: unreachableRoute,
 			NoAdvertise:      true,
 			Tags:             []string{"region:" + r.name},
+			Auth:             b.natsAuth,
 		}
 		s, err := natsserver.Start(cfg)
 		if err != nil {
@@ -111,7 +112,11 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 		urls = append(urls, r.nats.ClientURL())
 	}
 	replicas := min(len(b.regions), 3)
-	if err := provision.WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout); err != nil {
+	login, err := b.Layout.NATSAuth.Option()
+	if err != nil {
+		return err
+	}
+	if err := provision.WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout, login); err != nil {
 		return err
 	}
 	b.progress("JetStream ready (R%d)", replicas)

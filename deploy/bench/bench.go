@@ -320,7 +320,11 @@ func newRunner(ctx context.Context, cfg Config, out io.Writer, b *bed.Bed) (r *r
 	slices.Sort(r.shardIDs)
 	// Rows the bench writes itself need item keys no router hands out: claim
 	// a node number in the bed's NATS KV like a router does.
-	if r.nc, err = nats.Connect(b.Layout.NATS, nats.Name("triage-bench")); err != nil {
+	login, err := b.Layout.NATSAuth.Option()
+	if err != nil {
+		return nil, err
+	}
+	if r.nc, err = nats.Connect(b.Layout.NATS, nats.Name("triage-bench"), login); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(r.nc)

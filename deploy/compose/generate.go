@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/wan"
 )
 
@@ -177,13 +178,14 @@ type (
 		Shards     []genShard          `json:"shards"`
 	}
 	genAccount struct {
-		User     string `json:"user"`
-		Password string `json:"password"`
+		User         string `json:"user"`
+		PasswordFile string `json:"password_file"`
 	}
 	genBootstrap struct {
 		ShardMapFile   string                       `json:"shard_map_file"`
 		Admin          genAccount                   `json:"admin"`
 		NATS           []string                     `json:"nats"`
+		NATSAuth       genAccount                   `json:"nats_auth"`
 		ReplicationVia map[string]map[string]string `json:"replication_via"`
 		KVReplicas     int                          `json:"kv_replicas"`
 		StreamReplicas int                          `json:"stream_replicas"`
@@ -191,9 +193,9 @@ type (
 		SpareShards    []genShard                   `json:"spare_shards,omitempty"`
 	}
 	genMySQL struct {
-		User     string            `json:"user"`
-		Password string            `json:"password"`
-		DialVia  map[string]string `json:"dial_via"`
+		User         string            `json:"user"`
+		PasswordFile string            `json:"password_file"`
+		DialVia      map[string]string `json:"dial_via"`
 	}
 	// genReplication is replication.Credentials, which has no JSON tags.
 	genReplication struct {
@@ -204,6 +206,7 @@ type (
 		Region         string                       `json:"region"`
 		Roles          []string                     `json:"roles"`
 		NATS           string                       `json:"nats"`
+		NATSAuth       genAccount                   `json:"nats_auth"`
 		GRPC           string                       `json:"grpc,omitempty"`
 		HTTP           string                       `json:"http,omitempty"`
 		MySQL          genMySQL                     `json:"mysql"`
@@ -255,8 +258,19 @@ func Generate(t Topology) (map[string][]byte, error) {
 	if err := put("config/shardmap.json", smap); err != nil {
 		return nil, err
 	}
-	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{"root", "root"}, ReplicationVia: replVia,
-		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+	// Passwords are secrets mounted into the containers that need them:
+	// the application account's into every role, the admin's (root) into
+	// the controllers and the bootstrap only. provision.BedAccounts and
+	// the MariaDB image's ROOT_PASSWORD fix their values.
+	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
+	files[adminSecret] = []byte(adminPassword + "\n")
+	// NATS: the Triage login for every role and the bootstrap, a client
+	// login refused on the internal subjects for anyone else.
+	files[natsSecret] = []byte(natsPassword + "\n")
+	files[natsClientSecret] = []byte(natsClientPassword + "\n")
+	natsLogin := genAccount{natsUser, secretPath(natsSecret)}
+	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
+		NATSAuth: natsLogin, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
 	}
@@ -281,14 +295,14 @@ func Generate(t Topology) (map[string][]byte, error) {
 			return nil, err
 		}
 		for _, role := range roles {
-			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222",
-				MySQL:    genMySQL{User: "triage", Password: "triage", DialVia: via(r, eps[:len(servers)])},
+			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222", NATSAuth: natsLogin,
+				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
 				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3}
 			if role == "router" {
 				c.GRPC, c.HTTP = "0.0.0.0:9090", "0.0.0.0:8080"
 			}
 			if role == "controller" {
-				c.Admin = &genAccount{"root", "root"}
+				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
 				c.Replication = &genReplication{"repl", "repl"}
 				c.ReplicationVia = replVia
 			}
@@ -299,6 +313,31 @@ func Generate(t Topology) (map[string][]byte, error) {
 	}
 	files["docker-compose.yml"] = composeFile(t, inMap)
 	return files, nil
+}
+
+// The password files under config/, and where containers see them.
+const (
+	appSecret        = "config/secrets/mysql-app"
+	adminSecret      = "config/secrets/mysql-admin"
+	natsSecret       = "config/secrets/nats-triage"
+	natsClientSecret = "config/secrets/nats-client"
+)
+
+// The NATS logins of the bed (natsserver.Auth). Fixed like the MariaDB
+// accounts: a test rig on private networks.
+const (
+	natsUser           = "triage"
+	natsPassword       = "triage-nats"
+	natsClientUser     = "client"
+	natsClientPassword = "client-nats"
+)
+
+func secretPath(name string) string { return "/run/secrets/" + path.Base(name) }
+
+// mountSecret is the volume line that shows the secret name to a
+// container.
+func mountSecret(name string) string {
+	return fmt.Sprintf("      - ./%s:%s:ro\n", name, secretPath(name))
 }
 
 // WriteFiles writes files (Generate's) under dir and removes every other
@@ -447,10 +486,13 @@ func composeFile(t Topology, servers []server) []byte {
 		w("  # nobody can dial, so gossip opens no route around the gateways.\n")
 		w("  %s:\n    image: %s\n", svc, triageImage)
 		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
-		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\"]\n", strings.Join(routes, ","))
+		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
+		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
+		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\"]\n", natsClientUser, secretPath(natsClientSecret))
 		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"http://127.0.0.1:8222/healthz\"]\n")
 		w("      interval: 5s\n      timeout: 5s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
+		w("%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
 		w("    networks: [%s]\n", r)
 	}
@@ -462,6 +504,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
+	w("%s%s", mountSecret(adminSecret), mountSecret(natsSecret))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -479,6 +522,10 @@ func composeFile(t Topology, servers []server) []byte {
 			w("\n  %s:\n    <<: *triage\n", svc)
 			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
+			w("%s%s", mountSecret(appSecret), mountSecret(natsSecret))
+			if role == "controller" {
+				w("%s", mountSecret(adminSecret))
+			}
 			if role == "router" {
 				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 				w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)

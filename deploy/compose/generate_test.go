@@ -67,8 +67,30 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			strict("config/"+r+"/"+role+".json", &c)
 			require.Equal(t, r, c.Region)
 			require.Equal(t, []string{role}, c.Roles)
+			// Least privilege: every role logs in as the application
+			// account with its password from a mounted secret; only the
+			// controller holds the admin account.
+			require.Equal(t, "triage", c.MySQL.User, role)
+			require.Empty(t, c.MySQL.Password, role)
+			require.Equal(t, secretPath(appSecret), c.MySQL.PasswordFile, role)
+			require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, c.NATSAuth, role)
+			if role == "controller" {
+				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
+				require.Empty(t, c.Admin.Password)
+			} else {
+				require.Zero(t, c.Admin, role)
+			}
 		}
 	}
+	require.Equal(t, secretPath(adminSecret), boot.Admin.PasswordFile)
+	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, boot.NATSAuth)
+	require.Empty(t, boot.Admin.Password)
+	yml := string(files["docker-compose.yml"])
+	require.Equal(t, len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "every role mounts the application password, the bootstrap does not")
+	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
+	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountSecret(natsSecret)), "Triage's NATS login: bootstrap, roles, servers")
+	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsClientSecret)), "the client login: the servers only")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--triage-password-file", "`+secretPath(natsSecret)+`"`), "every NATS server requires logins")
 }
 
 // composeYAML is what the tests read of a generated compose file.

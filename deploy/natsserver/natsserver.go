@@ -44,6 +44,10 @@ type Config struct {
 	// /varz, /jsz ...) on Host. Default none. The compose bed's health
 	// check asks /healthz, which fails until JetStream is current.
 	HTTPPort int
+	// Auth, when set, requires a login of every client (see Auth). Routes
+	// between the servers of a cluster are not authenticated: they stay on
+	// the private network (or the bed's WAN links). Default: none.
+	Auth *Auth
 }
 
 // Start runs a server and waits until it accepts clients.
@@ -76,6 +80,13 @@ func Start(cfg Config) (*server.Server, error) {
 		Tags:               cfg.Tags,
 		HTTPHost:           cfg.Host,
 		HTTPPort:           cfg.HTTPPort,
+	}
+	if cfg.Auth != nil {
+		users, err := cfg.Auth.users()
+		if err != nil {
+			return nil, err
+		}
+		opts.Users = users
 	}
 	if cfg.ClusterName != "" {
 		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,

@@ -305,3 +305,63 @@ func TestTLSFilesErrors(t *testing.T) {
 	_, err := good.ServerConfig(nil)
 	require.NoError(t, err)
 }
+
+// TestPutNamespaceCreateNeedsClusterAdmin: a namespace admin (of that
+// namespace or of "*") may change an existing namespace but not create
+// one; cluster-admin may; without NamespaceExists nothing counts as
+// existing. A key without the admin role learns nothing of existence.
+func TestPutNamespaceCreateNeedsClusterAdmin(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "keys.json")
+	nsAdmin := auth.Key{Name: "ns-admin", Namespaces: map[string][]auth.Role{"n": {auth.Admin}, "new": {auth.Admin}}}
+	allAdmin := auth.Key{Name: "all-admin", Namespaces: map[string][]auth.Role{"*": {auth.Admin}}}
+	producer := auth.Key{Name: "producer", Namespaces: map[string][]auth.Role{"*": {auth.Producer}}}
+	ops := auth.Key{Name: "ops", ClusterAdmin: true}
+	tokens := map[string]string{}
+	for _, k := range []*auth.Key{&nsAdmin, &allAdmin, &producer, &ops} {
+		tokens[k.Name] = authtest.Token(t, k)
+	}
+	authtest.KeysFile(t, path, nsAdmin, allAdmin, producer, ops)
+	keys, err := auth.LoadKeys(path, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	existing := map[string]bool{"n": true}
+	for _, c := range []struct {
+		exists    map[string]bool
+		key, ns   string
+		want      codes.Code
+		mentionNS bool
+	}{
+		{existing, "ns-admin", "n", codes.OK, false},
+		{existing, "all-admin", "n", codes.OK, false},
+		{existing, "ops", "n", codes.OK, false},
+		{existing, "ns-admin", "new", codes.PermissionDenied, true},
+		{existing, "all-admin", "new", codes.PermissionDenied, true},
+		{existing, "producer", "new", codes.PermissionDenied, false},
+		{existing, "ops", "new", codes.OK, false},
+		{nil, "ns-admin", "n", codes.PermissionDenied, true},
+		{nil, "ops", "n", codes.OK, false},
+	} {
+		var exists func(string) bool
+		if c.exists != nil {
+			exists = func(ns string) bool { return c.exists[ns] }
+		}
+		a := auth.New(keys, auth.Options{NamespaceExists: exists})
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tokens[c.key]))
+		called := false
+		_, err := a.UnaryInterceptor()(ctx, &triagev1.PutNamespaceRequest{Namespace: c.ns},
+			&grpc.UnaryServerInfo{FullMethod: triagev1.Admin_PutNamespace_FullMethodName},
+			func(context.Context, any) (any, error) { called = true; return nil, nil })
+		require.Equal(t, c.want, status.Code(err), "%s on %s (lookup %v): %v", c.key, c.ns, c.exists != nil, err)
+		require.Equal(t, c.want == codes.OK, called)
+		if err != nil {
+			require.Equal(t, c.mentionNS, strings.Contains(err.Error(), "does not exist"), "%v", err)
+		}
+		// Other admin RPCs of an existing namespace are unaffected.
+		if c.exists != nil && c.ns == "n" {
+			_, err = a.UnaryInterceptor()(ctx, &triagev1.GetNamespaceRequest{Namespace: "new"},
+				&grpc.UnaryServerInfo{FullMethod: triagev1.Admin_GetNamespace_FullMethodName},
+				func(context.Context, any) (any, error) { return nil, nil })
+			require.Equal(t, c.key != "producer", err == nil, "%v", err)
+		}
+	}
+}

@@ -56,6 +56,17 @@ var methodRoles = map[string]Role{
 	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": public,
 }
 
+// createsNamespace are the methods that create their namespace when it
+// does not exist; creating one needs cluster-admin: a namespace admin may
+// change
+// the namespaces it was granted, but a new namespace takes shards,
+// quotas and a name from everyone, which is the cluster's to give. A
+// grant on "*" is a grant on the namespaces that exist, so it does not
+// let an admin create one either.
+var createsNamespace = map[string]bool{
+	"/triage.v1.Admin/PutNamespace": true,
+}
+
 // MethodRole returns the role method needs, and false for a method the
 // table does not know (which is refused).
 func MethodRole(method string) (Role, bool) {
@@ -75,6 +86,11 @@ type Options struct {
 	// Snapshot returns the state an admin RPC changes (a namespace's
 	// config, a shard), for the audit line's before and after. Nil: none.
 	Snapshot func(method string, req any) any
+	// NamespaceExists tells whether a namespace exists now, so that
+	// PutNamespace of a new namespace needs cluster-admin.
+	// Nil: no namespace is known to exist, so those methods always need
+	// it (deny by default).
+	NamespaceExists func(namespace string) bool
 }
 
 // Authorizer decides every request of one listener.
@@ -213,6 +229,11 @@ func (a *Authorizer) authorize(id Identity, method string, role Role, req any) e
 	ns := nsReq.GetNamespace()
 	if !id.key.allows(role, ns) {
 		return status.Errorf(codes.PermissionDenied, "%s needs role %s on namespace %q; %q holds %v there", method, role, ns, id.Name, id.key.rolesOn(ns))
+	}
+	// After the role check, so that only a namespace admin learns whether
+	// a namespace exists.
+	if createsNamespace[method] && !id.key.ClusterAdmin && (a.opt.NamespaceExists == nil || !a.opt.NamespaceExists(ns)) {
+		return status.Errorf(codes.PermissionDenied, "%s on namespace %q, which does not exist, creates it and needs cluster-admin; %q is not (a namespace admin changes existing namespaces only)", method, ns, id.Name)
 	}
 	return nil
 }

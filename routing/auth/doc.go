@@ -35,6 +35,13 @@
 //	               ListFailoverEvents (a key entry's cluster_admin; it
 //	               also holds every namespace role)
 //
+// PutNamespace of a namespace that does not exist creates it, and
+// creating needs cluster-admin (Options.NamespaceExists, which the node
+// answers from its shard map): a namespace takes shards, quotas and a
+// name from the whole cluster, so an admin, even of "*", only changes the
+// namespaces that exist. That check comes after the role check, so only a
+// namespace admin learns whether a namespace exists.
+//
 // Roles do not imply one another (a consumer cannot read stats unless it
 // is also a reader): grants name what a key may do, nothing more.
 // UpdateItem and DeleteItem belong to producer because they change what

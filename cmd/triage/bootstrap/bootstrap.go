@@ -32,11 +32,15 @@ type Config struct {
 	// addresses other containers dial. Required.
 	ShardMapFile string `json:"shard_map_file"`
 	// Admin is the account with every privilege on each MariaDB server
-	// (root@'%' in the bed). Default root, no password.
+	// (root@'%' in the bed), its password best from password_file or
+	// password_env. Default root, no password.
 	Admin shardmap.Credentials `json:"admin"`
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
+	// NATSAuth is the Triage login of the NATS servers, as the nodes'
+	// node.Config.NATSAuth. Default none.
+	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
 	// ReplicationVia[region][addr] is the address a server in region
 	// dials to reach addr (its region's WAN gateway), as the controllers'
 	// node.Config.ReplicationVia gives it. Missing: addr itself.
@@ -97,6 +101,14 @@ func (c *Config) Fill() error {
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Fill(); err != nil {
 		return err
+	}
+	var err error
+	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
+		return fmt.Errorf("bootstrap config admin: %w", err)
+	}
+	login, err := cfg.NATSAuth.Option()
+	if err != nil {
+		return fmt.Errorf("bootstrap config nats_auth: %w", err)
 	}
 	data, err := os.ReadFile(cfg.ShardMapFile)
 	if err != nil {
@@ -181,10 +193,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 
 	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
-	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx))); err != nil {
+	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx)), login); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"))
+	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"), login)
 	if err != nil {
 		return err
 	}
@@ -228,7 +240,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 // dsn is the admin DSN of the server at addr.
 func (c *Config) dsn(addr, database string) string {
 	mc := mysql.NewConfig()
-	mc.User, mc.Passwd = c.Admin.User, c.Admin.Password
+	c.Admin.Apply(mc)
 	mc.Net, mc.Addr, mc.DBName = "tcp", addr, database
 	mc.Timeout = 5 * time.Second
 	mc.MultiStatements = true

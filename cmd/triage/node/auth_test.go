@@ -48,6 +48,7 @@ func setupSecure(t *testing.T) *secureBed {
 		{Name: "consumer", Namespaces: map[string][]auth.Role{"default": {auth.Consumer}}},
 		{Name: "reader", Namespaces: map[string][]auth.Role{"default": {auth.Reader}}},
 		{Name: "admin", Namespaces: map[string][]auth.Role{"default": {auth.Admin}}},
+		{Name: "admin-all", Namespaces: map[string][]auth.Role{"*": {auth.Admin}}},
 		// every namespace role, on the other namespace only
 		{Name: "other", Namespaces: map[string][]auth.Role{"other": {auth.Producer, auth.Consumer, auth.Reader, auth.Admin}}},
 		{Name: "ops", ClusterAdmin: true},
@@ -261,6 +262,35 @@ func TestAuthTable(t *testing.T) {
 	ctx = metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.tokens["admin"])
 	_, err = s.admin(adm).GetNamespace(ctx, nil)
 	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+
+	// PutNamespace of a namespace that does not exist creates it, which
+	// only cluster-admin may, even for an admin of every namespace ("*");
+	// once it exists, that admin may change it. Over gRPC and HTTP.
+	put := func(key, ns string) codes.Code {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.tokens[key])
+		_, err := s.admin(pub).PutNamespace(ctx, &triagev1.PutNamespaceRequest{Namespace: ns, Config: &triagev1.Namespace{MaxAttempts: 7}})
+		return status.Code(err)
+	}
+	putHTTP := func(key, ns string) int {
+		req, err := http.NewRequest(http.MethodPut, "https://"+s.node.HTTPAddr+"/v1/namespaces/"+ns, strings.NewReader(`{"max_attempts":7}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+s.tokens[key])
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("PUT %s as %s: %d %s", ns, key, resp.StatusCode, data)
+		return resp.StatusCode
+	}
+	require.Equal(t, codes.PermissionDenied, put("admin-all", "brand-new"))
+	require.Equal(t, http.StatusForbidden, putHTTP("admin-all", "brand-new-http"))
+	require.Equal(t, codes.PermissionDenied, put("admin", "brand-new"), "no role there at all")
+	require.Equal(t, codes.OK, put("admin-all", "default"), "an existing namespace: its admin may change it")
+	require.Equal(t, http.StatusOK, putHTTP("admin", "default"))
+	require.Equal(t, codes.OK, put("ops", "brand-new"))
+	require.Equal(t, http.StatusOK, putHTTP("ops", "brand-new-http"))
+	require.Eventually(t, func() bool { return s.node.namespaceExists("brand-new") }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, codes.OK, put("admin-all", "brand-new"), "it exists now")
 
 	// A key's rate limit (burst 2, then one per 100 s) holds over gRPC and
 	// HTTP together.

@@ -50,6 +50,16 @@
 // share one certificate reloader. auth_test.go is the table of every RPC
 // × credentials over gRPC and HTTPS.
 //
+// Behind the router, the node keeps two MySQL pools: Config.MySQL, the
+// application account the roles use (DML only), and Config.Admin, used
+// by the controller, by the observer for replica lag, and for migrations
+// only when schema.Pending says a shard is behind (routing.MigrateShard),
+// so a node of a bootstrapped cluster needs no admin password unless it
+// runs the controller. Passwords come from files or environment
+// variables (shardmap.Secret). Config.NATSAuth is the NATS Triage login
+// (deploy/natsserver.Auth). privilege_test.go checks both against a real
+// MariaDB and an embedded NATS server with logins.
+//
 // Its tests are the integration tests of the whole queue: a real node
 // against a spawned mariadbd and an embedded NATS server, driven through
 // the gRPC and JSON APIs, including the model-based test against

@@ -42,6 +42,8 @@ type bedOpts struct {
 	maxAttempts int
 	ownerTTL    time.Duration
 	noNode      bool
+	// natsAuth, when set, makes the NATS server require logins.
+	natsAuth *natsserver.Auth
 }
 
 func setup(t *testing.T, o bedOpts) *bed {
@@ -51,7 +53,7 @@ func setup(t *testing.T, o bedOpts) *bed {
 	}
 	b := &bed{t: t}
 	var err error
-	b.ns, err = natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
+	b.ns, err = natsserver.Start(natsserver.Config{StoreDir: t.TempDir(), Auth: o.natsAuth})
 	require.NoError(t, err)
 	t.Cleanup(b.ns.Shutdown)
 	b.natsURL = b.ns.ClientURL()

@@ -31,7 +31,6 @@ import (
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/routing/console"
-	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/tracing"
@@ -57,6 +56,11 @@ type Config struct {
 	Roles []string `json:"roles,omitempty"`
 	// NATS is the URL of the region's NATS server. Required.
 	NATS string `json:"nats"`
+	// NATSAuth is the Triage login of the NATS servers (natsserver.Auth):
+	// the user that may publish on the internal triage.* subjects and use
+	// JetStream, which client logins may not. Default none (a server
+	// without auth).
+	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
 	// GRPC and HTTP are the router's listen addresses. Default
 	// 127.0.0.1:9090 and 127.0.0.1:8080.
 	GRPC string `json:"grpc,omitempty"`
@@ -81,7 +85,11 @@ type Config struct {
 	// DepthEvery is the least time between two depth counts of the
 	// region's shards for /metrics (router role). Default 5s.
 	DepthEvery shardmap.Duration `json:"depth_every,omitempty"`
-	// MySQL credentials for shard primaries. Default user root, no password.
+	// MySQL is the application account the router, enqueuer and dequeuer
+	// reach shard primaries as: SELECT, INSERT, UPDATE and DELETE on the
+	// shard database, nothing more (provision.EnsureAccounts). Its
+	// password best comes from password_file or password_env. Default
+	// user root, no password (tests on a bare server).
 	MySQL shardmap.Credentials `json:"mysql"`
 	// ShardMapFile bootstraps the shard map in NATS KV when none is stored.
 	ShardMapFile string `json:"shard_map_file,omitempty"`
@@ -96,7 +104,11 @@ type Config struct {
 	// three-region cluster, so losing a region keeps the control plane.
 	KVReplicas int `json:"kv_replicas,omitempty"`
 	// Admin is the account with SUPER the controller runs replication
-	// statements as. Default root, no password.
+	// statements as, the observer reads replica lag with, and schema
+	// migrations run as (only when a shard's schema is not current, so a
+	// node of a cluster its administrator migrated never uses it outside
+	// the controller). Default root, no password; dial_via defaults to
+	// mysql's.
 	Admin shardmap.Credentials `json:"admin,omitempty"`
 	// Replication is the account replicas connect to primaries as.
 	Replication replication.Credentials `json:"replication,omitempty"`
@@ -141,6 +153,8 @@ type Config struct {
 	// tracerProvider, for tests, turns tracing on with this provider
 	// (an in-memory exporter's) instead of Tracing's exporter.
 	tracerProvider trace.TracerProvider
+	// adminGiven: the config names an admin account (fill defaults it).
+	adminGiven bool
 }
 
 func (c *Config) fill() error {
@@ -167,15 +181,31 @@ func (c *Config) fill() error {
 	if c.MaxHeaderBytes < 0 || c.HTTPReadTimeout < 0 || c.HTTPWriteTimeout < 0 {
 		return errors.New("node config: max_header_bytes, http_read_timeout and http_write_timeout must not be negative")
 	}
+	var err error
+	if c.MySQL, err = c.MySQL.Resolve(); err != nil {
+		return fmt.Errorf("node config mysql: %w", err)
+	}
+	c.adminGiven = c.Admin.User != "" || c.Admin.Password != "" || c.Admin.PasswordFile != "" || c.Admin.PasswordEnv != ""
+	c.Admin.User = cmp.Or(c.Admin.User, "root")
+	if c.Admin.DialVia == nil {
+		c.Admin.DialVia = c.MySQL.DialVia
+	}
+	c.Admin.MaxOpenConns = cmp.Or(c.Admin.MaxOpenConns, 4)
+	if c.Admin, err = c.Admin.Resolve(); err != nil {
+		return fmt.Errorf("node config admin: %w", err)
+	}
 	return nil
 }
 
 // Node is a running set of roles.
 type Node struct {
-	cfg    Config
-	log    *slog.Logger
-	nc     *nats.Conn
-	pool   *shardmap.Pool
+	cfg  Config
+	log  *slog.Logger
+	nc   *nats.Conn
+	pool *shardmap.Pool
+	// admin is Config.Admin's pool, for migrations only; it opens no
+	// connection unless a shard's schema is behind.
+	admin  *shardmap.Pool
 	clock  *shardmap.Clock // shard primaries' time, for every role (see dequeuer/doc.go)
 	cancel context.CancelFunc
 
@@ -216,7 +246,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), clock: &shardmap.Clock{}, done: make(chan struct{})}
+	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), clock: &shardmap.Clock{}, done: make(chan struct{})}
 	n.obs = newObservability(cfg, logger)
 	met := n.obs.set
 	ok := false
@@ -234,7 +264,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		cfg.tracerProvider = n.tracing
 	}
 	n.obs.tracer = cfg.tracerProvider
-	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	login, err := cfg.NATSAuth.Option()
+	if err != nil {
+		return nil, fmt.Errorf("node config nats_auth: %w", err)
+	}
+	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), login)
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
 	}
@@ -289,6 +323,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	met.RegisterShardMap(maps)
 	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, NC: n.nc, Logger: logger, Metrics: met}
+	if cfg.adminGiven || slices.Contains(cfg.Roles, RoleController) {
+		// Replica lag needs more than the application account; a node
+		// that was given no admin account reports it unknown rather than
+		// knock on every replica with root every ping.
+		obs.Monitor = &cfg.Admin
+	}
 	go obs.Run(runCtx)
 	if slices.Contains(cfg.Roles, RoleController) {
 		ctl, err := regions.New(regions.Config{
@@ -358,11 +398,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 
 func (n *Node) migrate(ctx context.Context, m *shardmap.Map) error {
 	for _, id := range m.RegionShards(n.cfg.Region) {
-		db, s, err := n.pool.Primary(m, id)
-		if err != nil {
-			return err
-		}
-		if _, err := schema.Migrate(ctx, db.DB); err != nil {
+		if err := routing.MigrateShard(ctx, n.pool, n.admin, m, id); err != nil {
+			s, _ := m.Shard(id)
 			return fmt.Errorf("shard %d at %s: %w", id, s.Primary, err)
 		}
 	}
@@ -385,7 +422,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
+	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
 		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)
@@ -488,6 +525,7 @@ func (n *Node) Stop() {
 		n.nc.Close()
 	}
 	n.pool.Close()
+	n.admin.Close()
 	if n.tracing != nil {
 		_ = n.tracing.Shutdown(ctx) // flushes the spans still batched
 	}

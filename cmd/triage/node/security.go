@@ -43,8 +43,8 @@ func (n *Node) security() (*security, error) {
 		}
 	}
 	split := n.cfg.AdminGRPC != "" || n.cfg.AdminHTTP != ""
-	s.public = auth.New(keys, auth.Options{Logger: n.log, Snapshot: n.snapshot, ClusterElsewhere: split})
-	s.admin = auth.New(keys, auth.Options{Logger: n.log, Snapshot: n.snapshot, AdminOnly: true})
+	s.public = auth.New(keys, auth.Options{Logger: n.log, Snapshot: n.snapshot, ClusterElsewhere: split, NamespaceExists: n.namespaceExists})
+	s.admin = auth.New(keys, auth.Options{Logger: n.log, Snapshot: n.snapshot, AdminOnly: true, NamespaceExists: n.namespaceExists})
 	return s, nil
 }
 
@@ -139,4 +139,13 @@ func (n *Node) snapshot(_ string, req any) any {
 		return err.Error()
 	}
 	return string(data)
+}
+
+// namespaceExists tells routing/auth whether PutNamespace would create
+// the namespace (cluster-admin only) or change it (its admin may), by the
+// node's current shard map: a namespace created a moment ago elsewhere
+// may still count as new here, which refuses, never admits, too much.
+func (n *Node) namespaceExists(ns string) bool {
+	_, err := n.maps.Current().Namespace(ns)
+	return err == nil
 }

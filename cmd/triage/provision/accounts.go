@@ -13,8 +13,8 @@ import (
 
 // Accounts are the two MariaDB accounts every server of a deployment gets.
 type Accounts struct {
-	// App is the account nodes use; App.Database is the shard database it
-	// may read, change and migrate.
+	// App is the account nodes use; App.Database is the shard database
+	// whose rows it may read and change (no DDL).
 	App replication.Credentials
 	// Repl is the account replicas log in to their primary with.
 	Repl replication.Credentials
@@ -31,9 +31,13 @@ var BedAccounts = Accounts{
 }
 
 // EnsureAccounts creates, or brings up to date, acc's accounts on the
-// server of the admin DSN dsn (see replication.Admin.EnsureUsers), then
-// grants the application account the DDL the nodes' schema migrations
-// need, unlogged like every admin statement so that it creates no GTID.
+// server of the admin DSN dsn (see replication.Admin.EnsureUsers): the
+// application account gets SELECT, INSERT, UPDATE and DELETE on its
+// database and nothing else. Schema migrations run as the admin account
+// (bootstrap, or a node's admin when a shard's schema is behind), so a
+// leaked application password can change rows but not tables, and cannot
+// lift read_only. The DDL rights earlier versions granted it are revoked,
+// unlogged like every admin statement so that it creates no GTID.
 func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
 	a, err := replication.Open(dsn)
 	if err != nil {
@@ -54,14 +58,16 @@ func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
 	}
 	defer c.Close()
 	// EnsureUsers has validated the names, so they can be spliced in
-	// quoted; the defaults are EnsureUsers' too.
+	// quoted; the defaults are EnsureUsers' too. EnsureUsers granted on
+	// the database, so the grant row exists and the REVOKE cannot fail
+	// for want of one.
 	database, host := cmp.Or(acc.App.Database, "triage"), cmp.Or(acc.App.Host, "%")
 	for _, stmt := range []string{
 		"SET SESSION sql_log_bin = 0",
-		"GRANT CREATE, ALTER, INDEX ON `" + database + "`.* TO '" + acc.App.User + "'@'" + host + "'",
+		"REVOKE CREATE, DROP, ALTER, INDEX ON `" + database + "`.* FROM '" + acc.App.User + "'@'" + host + "'",
 	} {
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("grant schema rights to %s on %s: %w", acc.App.User, a.Addr(), err)
+			return fmt.Errorf("revoke schema rights of %s on %s: %w", acc.App.User, a.Addr(), err)
 		}
 	}
 	return nil

@@ -18,10 +18,11 @@
 // [EnsureAccounts] creates, with sql_log_bin=0 so that it never creates a
 // GTID, the replication account and the application account that nodes
 // use. The application account lacks SUPER and READ ONLY ADMIN, so
-// read_only fences it on replicas and on a deposed primary; it also gets
-// CREATE, ALTER and INDEX on its database, because nodes apply the schema
-// migrations at start (read_only blocks those too). [BedAccounts] are the
-// beds' fixed accounts.
+// read_only fences it on replicas and on a deposed primary, and it has no
+// DDL (CREATE, DROP, ALTER and INDEX, which earlier versions granted, are
+// revoked): migrations run as the admin account, so a leaked application
+// password can change rows but neither tables nor the fence.
+// [BedAccounts] are the beds' fixed accounts.
 //
 // # Waiting
 //

@@ -13,11 +13,12 @@ import (
 // answers JetStream requests and a bucket of replicas copies can be
 // created through the first: the meta leader is elected and every peer is
 // known. Both beds wait so before anything creates the nodes' buckets.
-func WaitJetStream(ctx context.Context, urls []string, replicas int, timeout time.Duration) error {
+// opts are extra connection options (the Triage login).
+func WaitJetStream(ctx context.Context, urls []string, replicas int, timeout time.Duration, opts ...nats.Option) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for i, url := range urls {
-		nc, err := nats.Connect(url, nats.Name("triage-provision"), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
+		nc, err := nats.Connect(url, append([]nats.Option{nats.Name("triage-provision"), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1)}, opts...)...)
 		if err != nil {
 			return err
 		}

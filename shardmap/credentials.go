@@ -1,0 +1,165 @@
+package shardmap
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+)
+
+// Credentials are the MySQL account a process connects to shards as.
+//
+// The password is given by one of Password, PasswordFile or PasswordEnv.
+// The last two keep it out of the config file, which is often world-
+// readable or checked in; none of them is ever part of the shard map,
+// which every caller of GetShardMap reads.
+type Credentials struct {
+	User     string `json:"user"`
+	Password string `json:"password,omitempty"`
+	// PasswordFile is a file holding the password (a trailing newline is
+	// dropped), e.g. a mounted container secret.
+	PasswordFile string `json:"password_file,omitempty"`
+	// PasswordEnv is the name of an environment variable holding the
+	// password.
+	PasswordEnv string `json:"password_env,omitempty"`
+	// TLS, when set, connects over TLS and verifies the server's
+	// certificate. Default: plain TCP.
+	TLS *MySQLTLS `json:"tls,omitempty"`
+	// MaxOpenConns per shard primary. Default 64.
+	MaxOpenConns int `json:"max_open_conns,omitempty"`
+	// DialVia maps a server's address as the shard map names it to the
+	// address this process must dial instead (a local proxy in front of a
+	// remote region, as the local bed sets up to inject WAN latency).
+	DialVia map[string]string `json:"dial_via,omitempty"`
+
+	// tlsName is the name Resolve registered TLS under with the driver.
+	tlsName string
+}
+
+// MySQLTLS is how a process verifies the MySQL servers it dials.
+type MySQLTLS struct {
+	// CAFile holds the PEM certificates of the CAs that sign the servers'
+	// certificates. Required.
+	CAFile string `json:"ca_file"`
+	// ServerName is the name the certificates must carry. Default: the
+	// host of the address dialed, which behind a WAN proxy (DialVia) is
+	// the proxy's, so a bed with proxies sets it.
+	ServerName string `json:"server_name,omitempty"`
+}
+
+// Resolve returns c with the password read from PasswordFile or
+// PasswordEnv and TLS registered with the MySQL driver. It fails when more
+// than one password source is given, when the file cannot be read or the
+// variable is unset, so a typo never silently connects without a
+// password.
+func (c Credentials) Resolve() (Credentials, error) {
+	var err error
+	if c.Password, err = Secret("mysql user "+c.User, c.Password, c.PasswordFile, c.PasswordEnv); err != nil {
+		return c, err
+	}
+	c.PasswordFile, c.PasswordEnv = "", ""
+	if c.TLS != nil && c.tlsName == "" {
+		name, err := c.TLS.register()
+		if err != nil {
+			return c, fmt.Errorf("mysql user %q: tls: %w", c.User, err)
+		}
+		c.tlsName = name
+	}
+	return c, nil
+}
+
+// Apply sets c's user, password and TLS in a driver config. User defaults
+// to root, as it always has, so that tests against a bare server work.
+func (c Credentials) Apply(cfg *mysql.Config) {
+	cfg.User = cmp.Or(c.User, "root")
+	cfg.Passwd = c.Password
+	if c.tlsName != "" {
+		cfg.TLSConfig = c.tlsName
+	}
+}
+
+// register makes the driver know t under a name derived from its content,
+// so that resolving the same settings twice registers one config.
+func (t *MySQLTLS) register() (string, error) {
+	if t.CAFile == "" {
+		return "", errors.New("ca_file is required")
+	}
+	pem, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return "", err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return "", fmt.Errorf("%s: no PEM certificate", t.CAFile)
+	}
+	sum := sha256.Sum256(append(append(pem, 0), t.ServerName...))
+	name := "triage-" + hex.EncodeToString(sum[:8])
+	err = mysql.RegisterTLSConfig(name, &tls.Config{RootCAs: pool, ServerName: t.ServerName, MinVersion: tls.VersionTLS12})
+	return name, err
+}
+
+// Secret returns the secret given either as value, in the file named by
+// file (a trailing newline is dropped) or in the environment variable
+// named by env; what names it in errors. More than one source, an
+// unreadable file or an unset variable is an error, so that a typo never
+// silently leaves the secret empty.
+func Secret(what, value, file, env string) (string, error) {
+	n := 0
+	for _, s := range []string{value, file, env} {
+		if s != "" {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return "", fmt.Errorf("%s: give one of password, password_file and password_env", what)
+	case file != "":
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s: password_file: %w", what, err)
+		}
+		return strings.TrimRight(string(data), "\r\n"), nil
+	case env != "":
+		v, ok := os.LookupEnv(env)
+		if !ok {
+			return "", fmt.Errorf("%s: password_env: %s is not set", what, env)
+		}
+		return v, nil
+	}
+	return value, nil
+}
+
+// NATSLogin is the user a Triage process logs in to NATS as: the Triage
+// login of natsserver.Auth, which may use the internal subjects that
+// clients may not. Its password comes from Password, PasswordFile or
+// PasswordEnv, like Credentials'.
+type NATSLogin struct {
+	User         string `json:"user"`
+	Password     string `json:"password,omitempty"`
+	PasswordFile string `json:"password_file,omitempty"`
+	PasswordEnv  string `json:"password_env,omitempty"`
+}
+
+// Option returns the nats.go option that logs in as l; nil l is no login
+// (a server without auth).
+func (l *NATSLogin) Option() (nats.Option, error) {
+	if l == nil {
+		return func(*nats.Options) error { return nil }, nil
+	}
+	if l.User == "" {
+		return nil, errors.New("nats login: user is required")
+	}
+	pw, err := Secret("nats user "+l.User, l.Password, l.PasswordFile, l.PasswordEnv)
+	if err != nil {
+		return nil, err
+	}
+	return nats.UserInfo(l.User, pw), nil
+}
