@@ -302,7 +302,8 @@ func TestComposeFilesValidate(t *testing.T) {
 	merged := parseCompose(t, []byte(run("-f", "docker-compose.yml", "-f", SpareFile, "config")))
 	bs := merged.Services["bootstrap"]
 	require.Equal(t, []string{"bootstrap", "--config", "/etc/triage/bootstrap-spare.json"}, bs.Command)
-	require.Len(t, bs.Volumes, 3, "shardmap.json, bootstrap.json and bootstrap-spare.json")
+	require.Len(t, bs.Volumes, 5, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin and NATS secrets")
+	require.True(t, slices.ContainsFunc(bs.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/etc/triage/bootstrap-spare.json:ro") }))
 	require.Contains(t, bs.DependsOn, "mariadb-s1-us-east", "the base's servers")
 	for _, s := range spares {
 		require.Contains(t, bs.DependsOn, s)
