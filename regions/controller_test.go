@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/mariadb"
@@ -77,10 +78,22 @@ func setup(t *testing.T) *cluster {
 		require.NoError(t, ra.ReplicateFrom(ctx, p.Addr(), repl))
 		ra.Close()
 	}
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		ss, err := pa.SemiSyncStatus(ctx)
 		return err == nil && ss.Clients == 2
-	}, 20*time.Second, 20*time.Millisecond, "both replicas acknowledge")
+	}, 20*time.Second, 20*time.Millisecond, "both replicas acknowledge") {
+		// Say why: a CI run once failed here with no more to go on.
+		ss, err := pa.SemiSyncStatus(ctx)
+		t.Logf("primary %s semi-sync: %+v (err %v)", p.Addr(), ss, err)
+		for _, s := range []*mariadb.Server{r, r2} {
+			if ra, err := replication.Open(s.DSN("")); err == nil {
+				st, err := ra.Status(ctx)
+				t.Logf("replica %s: %+v (err %v)", s.Addr(), st, err)
+				ra.Close()
+			}
+		}
+		t.FailNow()
+	}
 	root := sqlOpen(t, p.DSN(""))
 	_, err = root.Exec("CREATE DATABASE IF NOT EXISTS triage")
 	require.NoError(t, err)
