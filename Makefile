@@ -21,8 +21,12 @@ help: ## List the targets.
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install what the bed and tests need (MariaDB; apt-get when root).
+deps: ## Install what the bed needs (MariaDB; apt-get when root).
 	@./.ci/ensure-mariadb
+
+.PHONY: test-deps
+test-deps: deps ## And what the tests need besides (Chromium for the console's browser test).
+	@./.ci/ensure-chromium
 
 .PHONY: build
 build: ## Build the binaries into .bin/: triage (production) and triage-bed (bed, drills, bench).
@@ -58,8 +62,12 @@ compose-drill: build ## Drill the compose bed: SCENARIO=primary-kill|region-down
 	$(BIN)/triage-bed drill --bed compose --project $(or $(COMPOSE_PROJECT_NAME),triage) --region $(or $(REGION),us-east) $(DRILL_FLAGS) \
 	  $(or $(SCENARIO),$(error SCENARIO is required: primary-kill, region-down, partition, nats-kill or dequeuer-kill))
 
+# Tests keep their artifacts (the console's screenshots) here unless the
+# environment names another directory.
+test test/e2e: export TRIAGE_ARTIFACTS ?= $(CURDIR)/.triage/artifacts
+
 .PHONY: test
-test: deps ## Run every test (unit, integration on real MariaDB + NATS, e2e and the compose bed) with -race.
+test: test-deps ## Run every test (unit, integration on real MariaDB + NATS, e2e and the compose bed) with -race.
 	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test/e2e

@@ -62,8 +62,10 @@
 // at-most-once topics delete on.
 //
 // Ack deletes; nack clears the token and sets deliver_after to now + delay;
-// extend moves the expiry. Each checks the item's delivery token under a
-// row lock in one transaction per batch. Items that leave items by ack,
+// extend moves the expiry. Nack and extend check the item's delivery token
+// under a row lock in one transaction per batch; an ack is one autocommit
+// DELETE of the (id, token) pairs, and the acks of concurrent callers on a
+// shard share it (store.AckBatcher, store.Store.ItemAckDelete). Items that leave items by ack,
 // delete, dead-lettering, TTL expiry or at-most-once expiry keep their
 // dedup key taken for the namespace's dedup window (dedup_tombstones).
 //
@@ -82,7 +84,26 @@
 // tail only (usually none; if the read comes back full, the buffered rows
 // after the last row read are handed back so none is served out of order).
 // One response lists a topic's items in that order even when a refill
-// during the call brought more urgent ones. Taken items that cannot be
+// during the call brought more urgent ones.
+//
+// A queue is refilled in the background before it runs dry: when a take
+// leaves a shard's queue below its low-water mark (half a fetch, so about
+// 50 ms of the topic's observed rate) and its last full read was not
+// short, one unbounded read of the head is started (startRefills), and
+// takes go on serving what the queue holds meanwhile. Only a take that
+// finds the queue empty, or in need of a fresh read, waits for the refill:
+// the refill is that read, and a second one beside it could merge rows
+// leased after the refill's unmerged ones and serve them first. What the
+// refill leased merges like any fetch's rows, and, as for a full recheck,
+// buffered rows after its last row are handed back when it came back
+// full. Without it a consumer that emptied a buffer waited a lease round
+// trip, which kept the backlog's dequeue+ack at 0.4-0.6 of the raw
+// lease+ack ceiling. halt waits for the refills in flight.
+//
+// Serving is batched too: the serve UPDATEs of concurrent takes on one
+// shard go out as one statement (store.ServeBatcher), each delivery naming
+// its own prefetch batch token, so sixteen consumers served at once cost
+// one UPDATE and one commit rather than sixteen. Taken items that cannot be
 // served (TTL passed while buffered, a copy whose row changed) are
 // replaced from the buffer, so an answer is short only when nothing more
 // is ready. Enqueuers, and routers for items a nack (no delay), update,
@@ -117,8 +138,9 @@
 // The TTL sweep deletes expired items through the ttl index in batches of
 // 1000, so it touches only expired rows however large the backlog.
 //
-// Lock order: Service.mu, then topicBuf.mu, then ownership.mu; none is held
-// across SQL or NATS calls.
+// Lock order: Service.mu, then topicBuf.mu, then ownership.mu or
+// Service.refillMu (a leaf, taken under topicBuf.mu to count a refill);
+// none is held across SQL or NATS calls.
 //
 // # Clocks
 //
@@ -155,4 +177,11 @@
 // sweep to count them when they lapse, so an expired item nobody reads
 // again is not counted yet. A prefetch hit is an item served without the
 // request fetching or waiting for a fetch.
+//
+// # Tracing
+//
+// Config.Tracer traces each request served as a "dequeuer.dequeue" span
+// (a long poll's wait included), the child of the router's
+// "dequeue.forward": a request over NATS carries its trace context in a
+// "traceparent" header (schema/tracing), a call in-process in its context.
 package dequeuer

@@ -63,6 +63,13 @@ type shardQueue struct {
 	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
 	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
+	// refilling is closed when the background refill in flight ends (see
+	// startRefills); refillAt is notices when it began. Takes go on
+	// serving the queue's items meanwhile, and wait for the refill only
+	// when the queue runs dry or needs a fresh read.
+	refilling   chan struct{}
+	refillAt    uint64
+	refillStart time.Time
 }
 
 // fresh reports whether the queue can take part in a merge: it was read
@@ -141,6 +148,11 @@ func (b *topicBuf) fetchSize(needed int) int {
 	return max(needed, min(maxFetch, max(minFetch, target)))
 }
 
+// lowWater is the queue length below which a shard's queue is refilled in
+// the background: half a fetch, so about prefetchHorizon/2 of the topic's
+// observed rate, and the refill lands before the rest is served.
+func (b *topicBuf) lowWater() int { return b.fetchSize(0) / 2 }
+
 // wait registers a waiter woken by wake. Caller holds b.mu.
 func (b *topicBuf) wait() chan struct{} {
 	ch := make(chan struct{}, 1)
@@ -199,6 +211,13 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 			switch {
 			case q.fetching != nil:
 				inflight = append(inflight, q.fetching)
+			case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now) && !readThisCall(q, read[id])):
+				// A second read beside the refill could merge rows after
+				// ones it has leased and not merged yet, and serve them out
+				// of order: wait for it. Its read counts as of when it
+				// began (refillStart), so a refill that began long ago is
+				// followed by a fresh read.
+				inflight = append(inflight, q.refilling)
 			case !q.fresh(now) && !readThisCall(q, read[id]):
 				stale = append(stale, id)
 				var tail *store.Item
@@ -219,6 +238,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 				b.observe(len(got), now)
 				s.cfg.Metrics.Prefetch(!waited, len(got))
 			}
+			s.startRefills(b, shards)
 			done := len(got) == 0 || len(out) >= n
 			b.mu.Unlock()
 			if done {
@@ -358,6 +378,52 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 // the rows read and the buffered ones, so the buffered rows after the last
 // row read are handed back rather than served out of order.
 func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, size int) error {
+	return s.fetchInto(ctx, b, shards, tails, size, false)
+}
+
+// startRefills starts a background refill of each of shards' queues that
+// holds fewer than lowWater items and may have more ready rows (its last
+// full read was not short), so that consumers find the next items
+// buffered instead of waiting for a lease round trip when the queue runs
+// dry. A refill reads the ready head unbounded, like the fetch of an empty
+// queue, and merges what it leased (see fetchInto). Caller holds b.mu.
+func (s *Service) startRefills(b *topicBuf, shards []uint32) {
+	low := b.lowWater()
+	size := b.fetchSize(0)
+	for _, id := range shards {
+		q := b.queues[id]
+		if q == nil || q.fetching != nil || q.refilling != nil || q.exhausted || len(q.items) >= low {
+			continue
+		}
+		if !s.refillAdd() {
+			return
+		}
+		q.refilling = make(chan struct{})
+		q.refillAt, q.refillStart = q.notices, s.cfg.Now()
+		go func() {
+			defer s.refills.Done()
+			_ = s.fetchInto(s.bgCtx, b, []uint32{id}, []*store.Item{nil}, size, true)
+		}()
+	}
+}
+
+// refillAdd counts a refill about to start, unless the service is
+// stopping (halt waits for those counted). Lock order: refillMu is taken
+// last, under topicBuf.mu.
+func (s *Service) refillAdd() bool {
+	s.refillMu.Lock()
+	defer s.refillMu.Unlock()
+	if s.stopping || s.bgCtx == nil {
+		return false
+	}
+	s.refills.Add(1)
+	return true
+}
+
+// fetchInto is fetch; with refill set it is the background refill of one
+// queue that startRefills began, which ends q.refilling rather than
+// q.fetching.
+func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, size int, refill bool) error {
 	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
@@ -436,9 +502,10 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 				s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", errs[i])
 			}
 		}
-		if tails[i] != nil && fulls[i] && len(results[i]) > 0 {
+		if fulls[i] && len(results[i]) > 0 {
 			// Rows past the last one read may be preceded by ready rows
-			// this read did not reach.
+			// this read did not reach (a bounded recheck, or a refill of a
+			// queue that still held items).
 			last := &results[i][len(results[i])-1].Item
 			kept := q.items[:0]
 			for _, it := range q.items {
@@ -453,9 +520,15 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 		// Rows leased now may be more urgent than ones buffered earlier
 		// (new arrivals, items turned ready); merge to keep delivery order.
 		q.items = mergeSorted(q.items, results[i])
+		readAt := now
+		if refill {
+			// What the refill read is as old as its SELECT, which may
+			// have run long before now.
+			readAt = q.refillStart
+		}
 		if tails[i] == nil || errs[i] != nil {
 			q.exhausted = errs[i] != nil || !fulls[i]
-			q.checkedAt = now
+			q.checkedAt = readAt
 		} else {
 			// A bounded read says nothing about rows past the tail, and the
 			// notice that may have caused it can be about such a row (an
@@ -464,12 +537,18 @@ func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails
 			// "known empty".
 			q.exhausted = false
 		}
-		q.headAt = now
+		q.headAt = readAt
 		// A notice that arrived while the fetch ran may be about rows it
 		// did not see: keep the queue dirty for another look.
-		q.dirty = q.notices != q.fetchedAt
-		close(q.fetching)
-		q.fetching = nil
+		if refill {
+			q.dirty = q.notices != q.refillAt
+			close(q.refilling)
+			q.refilling = nil
+		} else {
+			q.dirty = q.notices != q.fetchedAt
+			close(q.fetching)
+			q.fetching = nil
+		}
 	}
 	b.mu.Unlock()
 	if len(surplus) > 0 {

@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -25,6 +27,7 @@ import (
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
+	"github.com/triage-queue/triage/schema/tracing"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -67,13 +70,18 @@ type Config struct {
 	// Metrics records deliveries, attempts, enqueue-to-delivery latency,
 	// lease expiries, dead letters and prefetch hits. Nil: none.
 	Metrics *metrics.Set
+	// Tracer traces each dequeue served ("dequeuer.dequeue"), a child of
+	// the router's "dequeue.forward" (across NATS: the request's
+	// traceparent header). Nil: no tracing.
+	Tracer trace.TracerProvider
 }
 
 // Service is the dequeuer role: it owns shards, prefetches their ready
 // heads and answers ShardDequeue requests from routers.
 type Service struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	mu     sync.Mutex
 	topics map[bufKey]*topicBuf
@@ -86,8 +94,19 @@ type Service struct {
 	// included): one slot each, taken before any goroutine starts.
 	inflight chan struct{}
 
-	aging  *aging
-	owner  *ownership
+	aging *aging
+	owner *ownership
+	// serves coalesces concurrent takes' serve UPDATEs per shard.
+	serves store.ServeBatcher
+
+	// Background refills (startRefills) run on bgCtx, the context Start
+	// was given, and halt waits for them; refillMu guards stopping and
+	// the count's increments against that wait.
+	bgCtx    context.Context
+	refillMu sync.Mutex
+	stopping bool
+	refills  sync.WaitGroup
+
 	subs   []*nats.Subscription
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -120,7 +139,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
+	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
 		inflight: make(chan struct{}, MaxInflight)}, nil
 }
 
@@ -145,6 +164,9 @@ func (s *Service) Start(ctx context.Context) error {
 		return err
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	s.refillMu.Lock()
+	s.bgCtx = ctx
+	s.refillMu.Unlock()
 	s.owner = newOwnership(s, kv)
 	s.owner.claim(ctx)
 	// Requests and ItemsReady notices share one channel, read in the order
@@ -232,6 +254,10 @@ func (s *Service) halt() {
 	if s.cancel != nil {
 		s.cancel()
 	}
+	s.refillMu.Lock()
+	s.stopping = true
+	s.refillMu.Unlock()
+	s.refills.Wait()
 	s.wg.Wait()
 }
 
@@ -405,7 +431,10 @@ func (s *Service) handleRequest(m *nats.Msg) {
 	if err := proto.Unmarshal(m.Data, &req); err != nil || req.Request == nil {
 		resp.Code, resp.Error = int32(codes.InvalidArgument), "malformed ShardDequeue"
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), req.Request.GetWait().AsDuration()+10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), req.Request.GetWait().AsDuration()+peer.AnswerWithin)
+		if parent := tracing.Extract(m.Header, 1)[0]; parent.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+		}
 		// The reply must fit one NATS message: serve only what fits and
 		// leave the rest buffered, uncounted.
 		items, err := s.dequeue(ctx, req.Request, req.Shards, min(peer.MaxReplyBytes, int(s.cfg.NC.MaxPayload())-peer.ReplySlack))
@@ -476,7 +505,15 @@ const maxTakeRounds = 4
 // dequeue is Dequeue with the reply bounded to budget bytes: items that
 // would not fit stay buffered, neither leased to anyone nor counted, for
 // the next request.
-func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
+func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) (items []*triagev1.LeasedItem, err error) {
+	ctx, span := s.tracer.Start(ctx, "dequeuer.dequeue", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("triage.namespace", req.GetNamespace()), attribute.Int("triage.shards", len(shards))))
+	defer func() { tracing.End(span, err, attribute.Int("triage.items", len(items))) }()
+	return s.dequeueRounds(ctx, req, shards, budget)
+}
+
+// dequeueRounds is dequeue's work, inside its span.
+func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
 	deadline := s.cfg.Now().Add(req.GetWait().AsDuration())
 	var lease time.Duration
 	if req.LeaseDuration != nil {
@@ -664,11 +701,19 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			shards[id] = a
 		}
 	}
+	// One call per shard, whatever prefetch batches its items came from
+	// (each delivery names its own), through the shard's ServeBatcher, so
+	// concurrent takes share a statement. A row can be buffered twice (its
+	// prefetch lapsed and a later fetch took it again); only the copy
+	// under the row's current batch token is served, so a second copy
+	// goes in a call of its own (round), never beside the first.
 	type group struct {
 		shard uint32
-		token uint64
+		round int
 	}
 	groups := map[group][]store.Delivery{}
+	round := make([]int, len(items))
+	seen := map[[2]uint64]int{} // (shard, id) -> copies so far
 	dls := make([]store.Delivery, len(items))
 	for i := range items {
 		it := &items[i]
@@ -677,14 +722,14 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		if d == 0 {
 			d = time.Duration(it.LeaseMS) * time.Millisecond
 		}
-		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro()}
-		g := group{it.shard, it.token}
+		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro(), Prefetch: it.token}
+		k := [2]uint64{uint64(it.shard), it.ID}
+		round[i] = seen[k]
+		seen[k]++
+		g := group{it.shard, round[i]}
 		groups[g] = append(groups[g], dl)
 		dls[i] = dl
 	}
-	// A row can be buffered twice (its prefetch lapsed and a later fetch
-	// took it again); only the copy under the row's current batch token
-	// is served.
 	held := map[group]map[uint64]bool{}
 	var errs []error
 	for g, ds := range groups {
@@ -693,7 +738,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			errs = append(errs, a.err)
 			continue
 		}
-		ok, err := store.New(a.db).ItemServe(ctx, store.ItemServeParams{Deliveries: ds, PrefetchToken: g.token, NowUS: a.now.UnixMicro()})
+		ok, err := s.serves.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -702,7 +747,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 	}
 	out := items[:0]
 	for i, it := range items {
-		if !held[group{it.shard, it.token}][it.ID] {
+		if !held[group{it.shard, round[i]}][it.ID] {
 			continue
 		}
 		dl := dls[i]
@@ -770,7 +815,7 @@ func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
 		var items []bufItem
 		var emptied []*shardQueue
 		for _, q := range b.queues {
-			if q.fetching != nil || len(q.items) == 0 {
+			if q.fetching != nil || q.refilling != nil || len(q.items) == 0 {
 				continue
 			}
 			items = append(items, q.items...)
@@ -925,7 +970,7 @@ func (s *Service) sweepTTL(ctx context.Context) {
 	// Forget topic buffers that are idle and empty, so the map stays small.
 	for k, b := range s.topics {
 		b.mu.Lock()
-		empty := slices.IndexFunc(mapsValues(b.queues), func(q *shardQueue) bool { return len(q.items) > 0 || q.fetching != nil }) < 0
+		empty := slices.IndexFunc(mapsValues(b.queues), func(q *shardQueue) bool { return len(q.items) > 0 || q.fetching != nil || q.refilling != nil }) < 0
 		idle := s.cfg.Now().Sub(b.lastUsed) > time.Minute && len(b.waiters) == 0
 		b.mu.Unlock()
 		if empty && idle {

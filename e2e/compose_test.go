@@ -52,7 +52,10 @@ type composeBed struct {
 //     published, the old primary rejoined as a replica, and RTO within
 //     20 s and 10 s. Partition first: a primary-kill of us-east's shard
 //     would move it to another region, and the partition would not fault
-//     it.
+//     it;
+//   - growing online: the spare shard 4 (SPARE_SHARDS=1), started and
+//     replicated outside the map, is added through a router that holds
+//     no admin account, and items land on it and are served.
 //
 // Then it removes the bed and asserts that no container, network or
 // volume of the project is left. Set TRIAGE_SKIP_DOCKER=1 to skip it
@@ -102,6 +105,64 @@ func TestCompose(t *testing.T) {
 	checkPartition(t, runDrill(t, "partition", 25*time.Second, "--bed", "compose", "--project", b.project, "--region", "us-east"))
 	checkDrill(t, runDrill(t, "primary-kill", 10*time.Second, "--bed", "compose", "--project", b.project, "--region", "eu-west"), primaryKillRTO)
 	t.Logf("drills took %.1fs", time.Since(drills).Seconds())
+
+	grow := time.Now()
+	gctx, gcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer gcancel()
+	b.addSpareShard(gctx, topic)
+	t.Logf("spare shard added and served %.1fs after the drills", time.Since(grow).Seconds())
+}
+
+// addSpareShard adds the spare shard 4 (docker-compose.spare.yml, homed in
+// us-east, weight 3) through us-east's gateway as deploy/compose/README.md
+// says, on a router that holds only the application account: the
+// bootstrap migrated the spare's schema. Then single-item enqueues into
+// us-east land on it (each has a 3 in 4 chance; 12 without one would be
+// one in 16 million), and every item, on shard 4 or 1, is dequeued through
+// eu-west and acked.
+func (b *composeBed) addSpareShard(ctx context.Context, topic string) {
+	t := b.t
+	var changed struct {
+		Version string `json:"version"`
+	}
+	b.post(ctx, "us-east", "/v1/shards", map[string]any{
+		"id": 4, "home_region": "us-east", "primary": "mariadb-s4-us-east:3306", "weight": 3,
+		"replicas":        []string{"mariadb-s4-eu-west:3306", "mariadb-s4-ap-south:3306"},
+		"replica_regions": []string{"eu-west", "ap-south"},
+	}, &changed)
+	t.Logf("shard 4 added: map version %s", changed.Version)
+	topic += "-grown"
+	// No dedup keys: a key hashes to a slot of the namespace's dedup slot
+	// table, and a new shard takes no slots (shardmap), so keyed items
+	// would never land on shard 4.
+	ids := map[string]bool{}
+	late := map[string]bool{} // payloads answered 504: inserted later, as promised
+	onSpare := 0
+	for i := 0; i < 12 && onSpare == 0; i++ {
+		payload := fmt.Sprint("grown ", i)
+		id := b.enqueueOrTimeout(ctx, "us-east", "us-east", topic, payload)
+		if id == "" {
+			late[payload] = true
+			continue
+		}
+		ids[id] = true
+		if strings.HasPrefix(id, "4-") {
+			onSpare++
+		}
+	}
+	require.Equal(t, 1, onSpare, "no enqueue landed on the added shard 4: %v (and %d answered 504)", ids, len(late))
+	for len(ids)+len(late) > 0 {
+		got := b.dequeue(ctx, "eu-west", "us-east", topic)
+		switch {
+		case ids[got.ID]:
+			delete(ids, got.ID)
+		case late[got.Payload]:
+			delete(late, got.Payload)
+		default:
+			require.Failf(t, "unexpected item", "dequeued %s (%q), not one of %v or the late %v", got.ID, got.Payload, ids, late)
+		}
+		b.ack(ctx, "eu-west", got)
+	}
 }
 
 // shardOf is the shard whose home is region (compose.DefaultTopology: region i's
@@ -129,7 +190,8 @@ func startCompose(t *testing.T) *composeBed {
 		}
 	}
 	b := &composeBed{t: t, project: fmt.Sprintf("triage-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6), http: map[string]string{}}
-	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"))
+	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"),
+		"SPARE_SHARDS=1") // shard 4, outside the map until addSpareShard
 	for _, r := range composeRegions {
 		k := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 		b.env = append(b.env, "TRIAGE_HTTP_"+k+"=0", "TRIAGE_GRPC_"+k+"=0") // free ports, beside make compose-up
@@ -211,8 +273,8 @@ func (b *composeBed) down() {
 	}
 }
 
-// keepLogs writes every container's log to the artifact directory (kept
-// with go test -artifacts) and prints the tail of the controllers', where
+// keepLogs writes every container's log to $TRIAGE_ARTIFACTS/TestCompose
+// or the test's artifact directory (kept with go test -artifacts) and prints the tail of the controllers', where
 // a failover's steps are.
 func (b *composeBed) keepLogs() {
 	t := b.t
@@ -222,7 +284,11 @@ func (b *composeBed) keepLogs() {
 		t.Logf("docker ps: %v\n%s", err, out)
 		return
 	}
+	// make test sets TRIAGE_ARTIFACTS, so a CI failure keeps them.
 	dir := filepath.Join(t.ArtifactDir(), "compose-logs")
+	if root := os.Getenv("TRIAGE_ARTIFACTS"); root != "" {
+		dir = filepath.Join(root, t.Name(), b.project)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Log(err)
 		return
@@ -249,6 +315,14 @@ func tailLines(s string, n int) string {
 // post sends a JSON body to region's gateway and decodes the answer,
 // failing the test on a non-200 status.
 func (b *composeBed) post(ctx context.Context, region, path string, body, answer any) {
+	code, raw := b.postStatus(ctx, region, path, body)
+	require.Equal(b.t, http.StatusOK, code, "POST %s via %s: %s", path, region, raw)
+	require.NoError(b.t, json.Unmarshal(raw, answer), "%s", raw)
+}
+
+// postStatus sends a JSON body to region's gateway and returns the status
+// and the answer.
+func (b *composeBed) postStatus(ctx context.Context, region, path string, body any) (int, json.RawMessage) {
 	t := b.t
 	data, err := json.Marshal(body)
 	require.NoError(t, err)
@@ -260,8 +334,32 @@ func (b *composeBed) post(ctx context.Context, region, path string, body, answer
 	defer resp.Body.Close()
 	var raw json.RawMessage
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&raw))
-	require.Equal(t, http.StatusOK, resp.StatusCode, "POST %s via %s: %s", path, region, raw)
-	require.NoError(t, json.Unmarshal(raw, answer), "%s", raw)
+	return resp.StatusCode, raw
+}
+
+// enqueueOrTimeout is enqueue, except that an answer of 504
+// (DEADLINE_EXCEEDED: buffered but not confirmed committed in time; the
+// item "will still be inserted") returns "" instead of failing the test.
+func (b *composeBed) enqueueOrTimeout(ctx context.Context, via, store, topic, payload string) string {
+	t := b.t
+	path := "/v1/namespaces/default/topics/" + topic + "/items"
+	code, raw := b.postStatus(ctx, via, path, map[string]any{"region": store,
+		"items": []map[string]any{{"payload": base64.StdEncoding.EncodeToString([]byte(payload)), "priority": 1}}})
+	if code == http.StatusGatewayTimeout {
+		t.Logf("enqueue of %q via %s: not confirmed committed in time: %s", payload, via, raw)
+		return ""
+	}
+	require.Equal(t, http.StatusOK, code, "POST %s via %s: %s", path, via, raw)
+	var resp struct {
+		Results []struct {
+			ID     string `json:"id"`
+			Region string `json:"region"`
+		} `json:"results"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &resp), "%s", raw)
+	require.Len(t, resp.Results, 1)
+	require.Equal(t, store, resp.Results[0].Region)
+	return resp.Results[0].ID
 }
 
 // enqueue stores payload in region store through via's gateway and returns

@@ -88,6 +88,7 @@ type Controller struct {
 	events   []Event              // the last MaxEvents
 	nEvents  int                  // events ever recorded
 	stepAt   time.Time            // the running failover's start or last step; zero between failovers
+	hist     chan Event           // events to publish to HistoryStream (nil: none)
 	busy     sync.Mutex           // one failover at a time
 
 	// stepHook, when set (tests), runs before each irreversible step.
@@ -195,6 +196,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.health, err = watchHealth(ctx, hkv, c.cfg.NC); err != nil {
 		return err
 	}
+	if _, err := OpenHistory(ctx, c.cfg.JS, c.cfg.KVReplicas); err != nil {
+		return fmt.Errorf("open stream %s: %w", HistoryStream, err)
+	}
+	c.hist = make(chan Event, historyBacklog)
+	go c.persist(ctx)
 	go c.campaign(ctx)
 	go c.every(ctx, evaluateEvery, c.evaluate)
 	go c.every(ctx, rejoinEvery, func(ctx context.Context) { c.rejoin(ctx, c.cfg.Maps.Current()) })
@@ -323,6 +329,7 @@ func (c *Controller) campaign(ctx context.Context) {
 			c.log.Info("controller leadership", "leader", now)
 			// Only the leader takes failover requests.
 			if now {
+				go c.loadHistory(ctx)
 				sub, _ = c.cfg.NC.Subscribe(FailoverSubject, c.handleFailover)
 				evSub, _ = c.cfg.NC.Subscribe(EventsSubject, c.handleEvents)
 			} else {
@@ -375,12 +382,20 @@ func (c *Controller) event(shard uint32, step, details string) {
 		took = now.Sub(c.stepAt)
 		c.stepAt = now
 	}
-	c.events = append(c.events, Event{At: now, Shard: shard, Step: step, Details: details})
+	e := Event{At: now, Shard: shard, Step: step, Details: details}
+	c.events = append(c.events, e)
 	c.nEvents++
 	if len(c.events) > MaxEvents {
 		c.events = slices.Delete(c.events, 0, len(c.events)-MaxEvents)
 	}
 	c.mu.Unlock()
+	select {
+	case c.hist <- e:
+	default:
+		if c.hist != nil {
+			c.log.Warn("failover history backlog full; event kept in memory only", "shard", shard, "step", step)
+		}
+	}
 	if !running {
 		c.log.Info("failover", "shard", shard, "step", step, "details", details)
 		return

@@ -94,4 +94,13 @@
 // by kind and result, the time each step of a failover took since the
 // previous one, and from each observer the primary's reachability and
 // semi-sync state and the lag of the replicas in its own region.
+//
+// # History
+//
+// Every failover step a controller records is logged once and published
+// to a replicated stream (HistoryStream, the last MaxEvents steps); a
+// controller that becomes leader loads the stream, so the history the
+// console shows (EventsSubject) survives leader changes, as in a
+// region-down drill. Publishing is asynchronous and retried for a minute:
+// it never holds a failover back.
 package regions

@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -68,4 +69,47 @@ func TestEventsAnswer(t *testing.T) {
 	require.Equal(t, "fence", since[0].Step)
 	require.Equal(t, "promote", since[1].Step)
 	require.Len(t, ask(1000).Events, MaxEvents)
+}
+
+// TestHistorySurvivesLeaderChange: a controller's events reach the history
+// stream, and another controller that becomes leader loads them, in time
+// order with its own and without repeats, so the console's history keeps
+// the steps of the leader before.
+func TestHistorySurvivesLeaderChange(t *testing.T) {
+	nc, js := natstest.JetStream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := OpenHistory(ctx, js, 1)
+	require.NoError(t, err)
+	ctl := func(id string) *Controller {
+		c := &Controller{cfg: Config{ID: id, NC: nc, JS: js}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), hist: make(chan Event, historyBacklog)}
+		go c.persist(ctx)
+		return c
+	}
+	a := ctl("ctl-a")
+	for _, step := range []string{"detected", "fenced", "promoted", "published"} {
+		a.event(1, step, "by a")
+	}
+	stored := func(n uint64) func() bool {
+		return func() bool {
+			s, err := js.Stream(ctx, HistoryStream)
+			return err == nil && s.CachedInfo().State.Msgs == n
+		}
+	}
+	require.Eventually(t, stored(4), 10*time.Second, 20*time.Millisecond)
+
+	b := ctl("ctl-b")
+	b.event(2, "detected", "by b")
+	require.Eventually(t, stored(5), 10*time.Second, 20*time.Millisecond)
+	b.loadHistory(ctx)
+	var got []string
+	for _, e := range b.Events() {
+		got = append(got, fmt.Sprint(e.Shard, " ", e.Step, " ", e.Details))
+	}
+	require.Equal(t, []string{"1 detected by a", "1 fenced by a", "1 promoted by a", "1 published by a", "2 detected by b"}, got)
+
+	// a loads it back: nothing doubled.
+	a.loadHistory(ctx)
+	require.Len(t, a.Events(), 5)
+	require.Equal(t, "by b", a.Events()[4].Details)
 }

@@ -7,12 +7,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema/tracing"
 )
 
 // Dequeuers reaches the dequeuer that owns a shard, by its ID: the router
@@ -35,20 +38,81 @@ type LocalDequeuer interface {
 
 // NATSDequeuers reaches dequeuers with NATS requests on their subjects
 // (peer.DequeueSubject, peer.UnbufferSubject).
-type NATSDequeuers struct{ NC *nats.Conn }
+type NATSDequeuers struct {
+	NC *nats.Conn
+	// Late receives the items of answers that arrived after Dequeue's
+	// caller had gone (its ctx ended): the owner leased them and counted
+	// an attempt, and no consumer will ever see them, so they must go back
+	// to the ready set. Nil drops them (they come back when their lease
+	// lapses, the attempt counted).
+	Late func(namespace string, items []*triagev1.LeasedItem)
+}
 
 // Dequeue sends a ShardDequeue to owner and waits up to the request's wait
-// plus 5 s for the answer.
+// plus peer.CallerSlack for the answer. The trace context of ctx rides in
+// the request's traceparent header, so the dequeuer's span joins the trace.
+//
+// It does not use nats.Conn.Request: when ctx ends first, the owner is
+// still working and will answer (within the wait plus peer.AnswerWithin),
+// and a Request's reply subscription is gone by then, so the answer and
+// its leased items would be lost. Dequeue keeps its own reply subscription
+// open until that bound and hands whatever arrives to Late.
 func (d NATSDequeuers) Dequeue(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
 	data, err := proto.Marshal(&peerv1.ShardDequeue{Request: req, Shards: shards})
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, req.GetWait().AsDuration()+5*time.Second)
-	defer cancel()
-	msg, err := d.NC.RequestWithContext(rctx, peer.DequeueSubject(owner), data)
+	wait := req.GetWait().AsDuration()
+	sent := time.Now()
+	sub, err := d.NC.SubscribeSync(nats.NewInbox())
 	if err != nil {
 		return nil, err
+	}
+	out := nats.NewMsg(peer.DequeueSubject(owner))
+	out.Data = data
+	out.Reply = sub.Subject
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		out.Header.Set(tracing.Header, tp)
+	}
+	if err := d.NC.PublishMsg(out); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait+peer.CallerSlack)
+	defer cancel()
+	msg, err := sub.NextMsgWithContext(rctx)
+	if err != nil {
+		// Gone or timed out: the answer may still come.
+		go d.late(sub, req.Namespace, sent.Add(wait+peer.AnswerWithin+peer.LateSlack))
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: no answer within %s", nats.ErrTimeout, wait+peer.CallerSlack)
+		}
+		return nil, err
+	}
+	_ = sub.Unsubscribe()
+	return decodeDequeueAnswer(msg)
+}
+
+// late waits until deadline for the answer of a Dequeue whose caller has
+// gone, and hands its items to Late.
+func (d NATSDequeuers) late(sub *nats.Subscription, ns string, deadline time.Time) {
+	defer func() { _ = sub.Unsubscribe() }()
+	msg, err := sub.NextMsg(time.Until(deadline))
+	if err != nil {
+		return
+	}
+	items, _ := decodeDequeueAnswer(msg)
+	if len(items) > 0 && d.Late != nil {
+		d.Late(ns, items)
+	}
+}
+
+// decodeDequeueAnswer reads a ShardDequeue's answer: its items, and its
+// error with the code the owner gave it. An owner with an error may still
+// have served items (its answer carries both).
+func decodeDequeueAnswer(msg *nats.Msg) ([]*triagev1.LeasedItem, error) {
+	if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+		return nil, nats.ErrNoResponders
 	}
 	var resp peerv1.ShardDequeueResponse
 	if err := proto.Unmarshal(msg.Data, &resp); err != nil {
@@ -105,9 +169,13 @@ func (d localFirst) Unbuffer(ctx context.Context, owner, ns string, shard uint32
 
 // forward asks owner for the request's items of shards. An owner that is
 // gone or handed the shards over makes the ownership view re-read them,
-// so the client's retry reaches whoever holds them now.
-func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) ([]*triagev1.LeasedItem, error) {
-	items, err := r.dq.Dequeue(ctx, owner, req, shards)
+// so the client's retry reaches whoever holds them now. Each call is a
+// "dequeue.forward" span, the parent of the dequeuer's.
+func (r *Router) forward(ctx context.Context, owner string, req *triagev1.DequeueRequest, shards []uint32) (items []*triagev1.LeasedItem, err error) {
+	ctx, span := r.tracer.Start(ctx, "dequeue.forward", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("triage.dequeuer", owner), attribute.Int("triage.shards", len(shards))))
+	defer func() { tracing.End(span, err, attribute.Int("triage.items", len(items))) }()
+	items, err = r.dq.Dequeue(ctx, owner, req, shards)
 	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, peer.ErrNotOwner) {
 		r.cfg.Owners.Reload(ctx, shards)
 	}

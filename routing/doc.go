@@ -109,8 +109,23 @@
 // Tracing (Config.Tracer): an Enqueue's publish to the enqueue buffer is
 // an "enqueue.publish" span, and its traceparent rides in the JetStream
 // message's header beside the batch (one value per batch of an envelope;
-// schema/tracing), so the enqueuer's insert joins the request's trace.
+// schema/tracing), so the enqueuer's insert joins the request's trace. A
+// Dequeue's request to each owning dequeuer is a "dequeue.forward" span,
+// whose traceparent rides in the NATS request's header, so the dequeuer's
+// "dequeuer.dequeue" joins the Dequeue's trace.
 //
 // ListFailoverEvents asks the controller leader over NATS for its recent
-// failover steps (regions.EventsSubject), as Failover asks it to act.
+// failover steps (regions.EventsSubject), as Failover asks it to act. The
+// leader's list holds its predecessors' steps too: controllers keep them
+// in a replicated stream (regions.HistoryStream) and a new leader loads it.
+//
+// ReportDrill and ListDrills keep failover drills' progress (what
+// `triage-bed drill` reports for the console's Drills page) in the NATS
+// KV bucket peer.DrillsBucket (Config.Drills, OpenDrills): one key per
+// drill, its value the Drill in protobuf's wire form (JSON would escape a
+// text of control characters to six times its size, so a drill's bound
+// would not bound its value), 24 h TTL. ReportDrill reads the drill, appends the request's
+// events (keeping the last 200) and writes it back on the revision it
+// read, reading again on a conflict, so concurrent reporters lose no
+// event.
 package routing

@@ -86,3 +86,10 @@ func isMySQLDown(err error) bool {
 	}
 	return false
 }
+
+// isAccessDenied reports MariaDB refusing a login (1045) or a statement
+// for want of a privilege (1044, 1142, 1227).
+func isAccessDenied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1142 || me.Number == 1227)
+}

@@ -278,8 +278,8 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 	return stats, nil
 }
 
-// ListTopics implements triagev1.QueueServer: topics that hold items on the
-// region's shards, in name order, paged by name.
+// ListTopics implements triagev1.QueueServer: topics that hold items or
+// dead letters on the region's shards, in name order, paged by name.
 func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest) (*triagev1.ListTopicsResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
@@ -300,7 +300,7 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	counts := map[string]int64{}
+	counts := map[string]*triagev1.TopicSummary{}
 	var mu sync.Mutex
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, _ uint32, db *sqlx.DB) error {
 		rows, err := store.New(db).TopicList(ctx, store.TopicListParams{Namespace: req.Namespace, After: req.PageToken, Limit: size + 1})
@@ -310,7 +310,13 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 		mu.Lock()
 		defer mu.Unlock()
 		for _, row := range rows {
-			counts[row.Topic] += row.N
+			c := counts[row.Topic]
+			if c == nil {
+				c = &triagev1.TopicSummary{Topic: row.Topic}
+				counts[row.Topic] = c
+			}
+			c.Items += row.N
+			c.DeadLetters += row.DeadLetters
 		}
 		return nil
 	})
@@ -328,7 +334,7 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 		resp.NextPageToken = names[size-1]
 	}
 	for _, t := range names {
-		resp.Topics = append(resp.Topics, &triagev1.TopicSummary{Topic: t, Items: counts[t]})
+		resp.Topics = append(resp.Topics, counts[t])
 	}
 	return resp, nil
 }

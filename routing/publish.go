@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -173,13 +172,7 @@ func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope, tr
 func (r *Router) publish(ctx context.Context, order []*shardBatch) (err error) {
 	ctx, span := r.tracer.Start(ctx, "enqueue.publish", trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.Int("triage.batches", len(order))))
-	defer func() {
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-	}()
+	defer func() { tracing.End(span, err) }()
 	tp := tracing.Traceparent(ctx)
 	reqs := make([]pubReq, len(order))
 	for i, g := range order {

@@ -59,6 +59,9 @@ type Config struct {
 	Migrator *shardmap.Pool
 	// Owners tells which dequeuer owns which shard. Required.
 	Owners OwnerView
+	// Drills is the KV bucket of drills' progress (OpenDrills). Nil:
+	// ReportDrill and ListDrills answer UNAVAILABLE.
+	Drills jetstream.KeyValue
 	// Publisher, when set, lets Admin calls change the shard map.
 	Publisher MapPublisher
 	// Local is an optional in-process dequeuer.
@@ -136,12 +139,8 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = &shardmap.Clock{}
 	}
-	if cfg.Dequeuers == nil {
-		cfg.Dequeuers = NATSDequeuers{NC: cfg.NC}
-	}
-	return &Router{
+	r := &Router{
 		cfg:        cfg,
-		dq:         localFirst{local: cfg.Local, remote: cfg.Dequeuers},
 		log:        cfg.Logger.With("role", "router", "region", cfg.Region),
 		tracer:     tracing.Tracer(cfg.Tracer),
 		inbox:      "triage.committed." + nuid.Next(),
@@ -149,7 +148,13 @@ func New(cfg Config) (*Router, error) {
 		publishers: map[string]*shardPublisher{},
 		quotas:     newQuotas(),
 		stopping:   make(chan struct{}),
-	}, nil
+	}
+	if r.cfg.Dequeuers == nil {
+		r.cfg.Dequeuers = NATSDequeuers{NC: cfg.NC, Late: r.late}
+	}
+	r.dq = localFirst{local: cfg.Local, remote: r.cfg.Dequeuers}
+	r.acks.Now = cfg.Clock.Now
+	return r, nil
 }
 
 // Start subscribes to the router's commit inbox.
@@ -459,7 +464,16 @@ const MaxDequeueTotal = 1000
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
 	start := time.Now()
 	items, err := r.dequeue(ctx, req)
+	if err == nil {
+		// A caller that has gone (cancelled, or past its deadline) never
+		// receives the answer: its items go back rather than stay hidden
+		// for their lease with an attempt counted.
+		err = ctx.Err()
+	}
 	if err != nil {
+		if len(items) > 0 {
+			r.late(req.Namespace, items)
+		}
 		return nil, toStatus(err)
 	}
 	r.cfg.Metrics.Namespace(req.Namespace).Dequeue.Observe(time.Since(start).Seconds())
@@ -574,6 +588,19 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 		r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
 	}
 	return out, nil
+}
+
+// late hands back items served for a caller that will never get them:
+// it has gone, or its answer is an error.
+func (r *Router) late(ns string, items []*triagev1.LeasedItem) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.undeliver(ctx, ns, items); err != nil {
+		r.log.Warn("items served after their caller had gone could not be handed back; they come back when their lease lapses",
+			"namespace", ns, "items", len(items), "err", err)
+		return
+	}
+	r.log.Info("items served after their caller had gone were handed back", "namespace", ns, "items", len(items))
 }
 
 // undeliver hands items a dequeuer served but no consumer will get back
@@ -732,8 +759,8 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 		for j, i := range idx {
 			refs[j] = store.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
 		}
-		// The tombstones' window runs on this router's clock, as it always has.
-		// Concurrent acks of the shard share one transaction (AckBatcher).
+		// The tombstones' window runs on the shard primary's clock
+		// (r.acks.Now, set in New). Concurrent acks of the shard share one transaction (AckBatcher).
 		res, err := r.acks.Ack(ctx, db, store.ItemAckParams{Namespace: req.Namespace, Refs: refs,
 			DedupWindow: time.Duration(ns.DedupWindow)})
 		if err == nil {

@@ -276,13 +276,20 @@ func MigrateShard(ctx context.Context, app, admin *shardmap.Pool, m *shardmap.Ma
 	if err != nil {
 		return err
 	}
-	if n, err := schema.Pending(ctx, db.DB); err == nil && n == 0 {
+	n, err := schema.Pending(ctx, db.DB)
+	if err == nil && n == 0 {
 		return nil
 	}
 	adb, _, err := admin.Primary(m, id)
 	if err != nil {
 		return err
 	}
-	_, err = schema.Migrate(ctx, adb.DB)
+	if _, err = schema.Migrate(ctx, adb.DB); isAccessDenied(err) {
+		// A least-privilege node holds no admin password: say what to do
+		// rather than only MariaDB's "Access denied for user 'root'".
+		return fmt.Errorf("%d schema migration(s) pending and this node's admin account may not run them "+
+			"(node config \"admin\"): migrate the shard as an administrator first (the compose bed's "+
+			"bootstrap does for spare shards), then add it: %w", n, err)
+	}
 	return err
 }

@@ -137,10 +137,34 @@ func Secret(what, value, file, env string) (string, error) {
 	return value, nil
 }
 
+// Account is a MySQL account a process hands to servers rather than logs
+// in as: the replication account, which the controller names in CHANGE
+// MASTER TO ... MASTER_PASSWORD when it points replicas at a new primary.
+// Its password comes from Password, PasswordFile or PasswordEnv, like
+// Credentials'; the JSON field names match any case, so a config written
+// as {"User", "Password"} still reads.
+type Account struct {
+	User         string `json:"user"`
+	Password     string `json:"password,omitempty"`
+	PasswordFile string `json:"password_file,omitempty"`
+	PasswordEnv  string `json:"password_env,omitempty"`
+}
+
+// Given reports whether a names anything at all.
+func (a Account) Given() bool {
+	return a.User != "" || a.Password != "" || a.PasswordFile != "" || a.PasswordEnv != ""
+}
+
+// Secret returns a's password from wherever a says it is (see Secret);
+// what names the account in errors.
+func (a Account) Secret(what string) (string, error) {
+	return Secret(what+" "+a.User, a.Password, a.PasswordFile, a.PasswordEnv)
+}
+
 // NATSLogin is the user a Triage process logs in to NATS as: the Triage
 // login of natsserver.Auth, which may use the internal subjects that
-// clients may not. Its password comes from Password, PasswordFile or
-// PasswordEnv, like Credentials'.
+// clients may not. Its fields are Account's (the password from Password,
+// PasswordFile or PasswordEnv), which Option reads it through.
 type NATSLogin struct {
 	User         string `json:"user"`
 	Password     string `json:"password,omitempty"`
@@ -157,9 +181,73 @@ func (l *NATSLogin) Option() (nats.Option, error) {
 	if l.User == "" {
 		return nil, errors.New("nats login: user is required")
 	}
-	pw, err := Secret("nats user "+l.User, l.Password, l.PasswordFile, l.PasswordEnv)
+	pw, err := Account(*l).Secret("nats user")
 	if err != nil {
 		return nil, err
 	}
 	return nats.UserInfo(l.User, pw), nil
+}
+
+// NATSTLS is how a Triage process connects to NATS servers that require
+// TLS (natsserver.TLS): the CA it verifies them with and, when they
+// verify clients, its own certificate.
+type NATSTLS struct {
+	// CAFile holds the PEM certificates of the CAs that sign the servers'
+	// certificates. Required: the system roots would trust any public
+	// certificate for the name.
+	CAFile string `json:"ca_file"`
+	// CertFile and KeyFile are the process's own certificate and key, for
+	// servers that require client certificates. Default none.
+	CertFile string `json:"cert_file,omitempty"`
+	KeyFile  string `json:"key_file,omitempty"`
+	// ServerName is the name the servers' certificates must carry.
+	// Default: the host of the URL dialed.
+	ServerName string `json:"server_name,omitempty"`
+}
+
+// Option returns the nats.go option that connects over TLS as t says; nil
+// t is plain TCP (a server that requires TLS then refuses the process,
+// since nats.go upgrades but verifies against the system roots). Files are
+// read now, so a wrong path fails the start rather than every reconnect.
+func (t *NATSTLS) Option() (nats.Option, error) {
+	if t == nil {
+		return func(*nats.Options) error { return nil }, nil
+	}
+	if t.CAFile == "" {
+		return nil, errors.New("nats tls: ca_file is required")
+	}
+	pem, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("nats tls: ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("nats tls: ca_file %s holds no PEM certificate", t.CAFile)
+	}
+	cfg := &tls.Config{RootCAs: pool, ServerName: t.ServerName, MinVersion: tls.VersionTLS12}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats tls: cert_file %s and key_file %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	case t.CertFile != "" || t.KeyFile != "":
+		return nil, errors.New("nats tls: cert_file and key_file go together")
+	}
+	return nats.Secure(cfg), nil
+}
+
+// NATSOptions are the options of a Triage process's NATS connection: its
+// login and its TLS, either of which may be nil.
+func NATSOptions(login *NATSLogin, t *NATSTLS) ([]nats.Option, error) {
+	l, err := login.Option()
+	if err != nil {
+		return nil, fmt.Errorf("nats_auth: %w", err)
+	}
+	o, err := t.Option()
+	if err != nil {
+		return nil, fmt.Errorf("nats_tls: %w", err)
+	}
+	return []nats.Option{l, o}, nil
 }

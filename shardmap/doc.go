@@ -105,5 +105,8 @@
 // password come from each process's own config, so the KV bucket never holds
 // secrets; there [Credentials] name the password's file or environment
 // variable rather than hold it ([Secret]), and [NATSLogin] does the same
-// for the NATS login.
+// for the NATS login, [Account] for the replication account. [NATSTLS]
+// names the CA a process verifies the NATS servers with and, optionally,
+// its client certificate; there is no TLS-less fallback: a process given
+// a CA refuses a server that does not speak TLS.
 package shardmap

@@ -107,6 +107,9 @@ Every request needs it:
 			fmt.Fprintf(w, "NATS wants a login: user %q (Triage's, password in %s); user %q (password in %s) is refused on triage.*, JetStream and KV.\n",
 				a.User, a.PasswordFile, c.User, c.PasswordFile)
 		}
+		if t := b.Layout.NATSTLS; t != nil {
+			fmt.Fprintf(w, "NATS wants TLS: verify it with the bed's throwaway CA, %s (nats --tlsca %[1]s).\n", t.CAFile)
+		}
 		fmt.Fprintf(w, "MySQL: the node logs in as the application account (no DDL, no SUPER; password in %s).\n", filepath.Join(dir, "mysql-app.password"))
 		curlAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
 		grpcAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
@@ -190,7 +193,7 @@ func drillCommand() *cobra.Command {
 		shard                      uint
 		warmup, hold, drain, lease time.Duration
 		producers, consumers       int
-		asJSON                     bool
+		asJSON, noReport           bool
 	)
 	cmd := &cobra.Command{
 		Use:     "drill [flags] SCENARIO",
@@ -228,7 +231,7 @@ func drillCommand() *cobra.Command {
 			}
 			rep, err := drill.Run(c.Context(), drill.Config{Scenario: args[0], Bed: target, Via: viaList, Region: region,
 				Shard: uint32(shard), Warmup: warmup, Hold: hold, Drain: drain, Lease: lease,
-				Producers: producers, Consumers: consumers, Progress: progress})
+				Producers: producers, Consumers: consumers, Progress: progress, Report: !noReport})
 			if err != nil {
 				if _, ok := errors.AsType[*drill.ConfigError](err); ok {
 					return cli.Usagef("%v", err)
@@ -262,5 +265,6 @@ func drillCommand() *cobra.Command {
 	f.IntVar(&producers, "producers", 2, "producers per router")
 	f.IntVar(&consumers, "consumers", 2, "consumers per router")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON (progress goes to stderr)")
+	f.BoolVar(&noReport, "no-report", false, "do not report the drill's progress to the routers (ReportDrill; the console's Drills view)")
 	return cmd
 }

@@ -820,9 +820,9 @@ func topicsCmd(_ *pflag.FlagSet) clientRun {
 			return printJSON(e.stdout, all)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "TOPIC\tITEMS")
+		fmt.Fprintln(tw, "TOPIC\tITEMS\tDEAD LETTERS")
 		for _, t := range all.Topics {
-			fmt.Fprintf(tw, "%s\t%d\n", t.GetTopic(), t.GetItems())
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", t.GetTopic(), t.GetItems(), t.GetDeadLetters())
 		}
 		return tw.Flush()
 	}

@@ -133,7 +133,7 @@ func (f *fakeRouter) ListTopics(_ context.Context, r *triagev1.ListTopicsRequest
 	if r.PageToken == "" {
 		return &triagev1.ListTopicsResponse{Topics: []*triagev1.TopicSummary{{Topic: "emails", Items: 12}}, NextPageToken: "p2"}, nil
 	}
-	return &triagev1.ListTopicsResponse{Topics: []*triagev1.TopicSummary{{Topic: "sms-outbound", Items: 3}}}, nil
+	return &triagev1.ListTopicsResponse{Topics: []*triagev1.TopicSummary{{Topic: "sms-outbound", Items: 3}, {Topic: "poison", DeadLetters: 2}}}, nil
 }
 
 func (f *fakeRouter) GetShardMap(_ context.Context, r *triagev1.GetShardMapRequest) (*triagev1.ShardMap, error) {
@@ -908,7 +908,7 @@ func TestTopicsFollowsPages(t *testing.T) {
 	b := setup(t)
 	r := b.run(t, "", "topics", "--region", "eu")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, []string{"TOPIC ITEMS", "emails 12", "sms-outbound 3"}, lines(r.stdout))
+	require.Equal(t, []string{"TOPIC ITEMS DEAD LETTERS", "emails 12 0", "sms-outbound 3 0", "poison 0 2"}, lines(r.stdout))
 	reqs := b.fake.got("ListTopics")
 	require.Len(t, reqs, 2)
 	require.Equal(t, "p2", reqs[1].(*triagev1.ListTopicsRequest).PageToken)
@@ -917,7 +917,7 @@ func TestTopicsFollowsPages(t *testing.T) {
 	r = b.run(t, "", "topics", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
 	got := parseJSON(t, r.stdout, &triagev1.ListTopicsResponse{})
-	require.Len(t, got.Topics, 2)
+	require.Len(t, got.Topics, 3)
 	require.Empty(t, got.NextPageToken)
 }
 

@@ -29,6 +29,8 @@ func natsCommand() *cobra.Command {
 		clusterPort           int
 		triageUser, triagePW  string
 		clientUser, clientPW  string
+		routeUser, routePW    string
+		tlsFiles              natsserver.TLS
 	)
 	cmd := &cobra.Command{
 		Use:     "nats [flags]",
@@ -48,6 +50,21 @@ func natsCommand() *cobra.Command {
 			}
 			if r := split(routes); len(r) > 0 {
 				cfg.ClusterName, cfg.ClusterPort, cfg.Routes = cluster, clusterPort, r
+			}
+			if routePW != "" {
+				if cfg.ClusterName == "" {
+					return cli.Usagef("--route-password-file needs --routes")
+				}
+				pw, err := shardmap.Secret("nats route user "+routeUser, "", routePW, "")
+				if err != nil {
+					return err
+				}
+				cfg.RouteAuth = &natsserver.Login{User: routeUser, Password: pw}
+			}
+			if tlsFiles.CertFile != "" || tlsFiles.KeyFile != "" {
+				cfg.TLS = &tlsFiles
+			} else if tlsFiles.CAFile != "" || tlsFiles.VerifyClients || tlsFiles.Routes {
+				return cli.Usagef("--tls-ca, --tls-verify-clients and --tls-routes need --tls-cert and --tls-key")
 			}
 			s, err := natsserver.Start(cfg)
 			if err != nil {
@@ -75,6 +92,13 @@ func natsCommand() *cobra.Command {
 	f.StringVar(&triagePW, "triage-password-file", "", "file with the Triage user's password; turns logins on (default: no auth)")
 	f.StringVar(&clientUser, "client-user", "client", "user for everyone else (refused on triage.*, JetStream, KV)")
 	f.StringVar(&clientPW, "client-password-file", "", "file with the client user's password (default: no client user)")
+	f.StringVar(&routeUser, "route-user", "route", "user every route must log in as (with --route-password-file)")
+	f.StringVar(&routePW, "route-password-file", "", "file with the route user's password; refuses routes without it (default: anyone who reaches the route port joins)")
+	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate of the server; with --tls-key, clients must use TLS (default: plain TCP)")
+	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA bundle that signs client certificates (--tls-verify-clients) and peers' (--tls-routes)")
+	f.BoolVar(&tlsFiles.VerifyClients, "tls-verify-clients", false, "require a client certificate of --tls-ca (mTLS)")
+	f.BoolVar(&tlsFiles.Routes, "tls-routes", false, "encrypt the routes too, each end verifying the other against --tls-ca")
 	return cmd
 }
 

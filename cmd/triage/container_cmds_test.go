@@ -1,10 +1,19 @@
 package main
 
 import (
+	"context"
+	"io"
+	"net"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/cmd/internal/cli"
 
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/routing/auth/authtest"
@@ -29,4 +38,59 @@ func TestNATSAuthFlags(t *testing.T) {
 	require.Error(t, err)
 	_, err = natsAuth("triage", tri, "client", filepath.Join(dir, "missing"))
 	require.Error(t, err)
+}
+
+// TestNATSTLSFlags: `triage nats --tls-cert --tls-key` serves TLS only (a
+// client without the CA is refused, one with it logs in); TLS options
+// without the pair and a route password without routes are usage errors,
+// not a server in the clear.
+func TestNATSTLSFlags(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cert, key, ca := authtest.NewCA(t, "nats-ca").PeerFiles(t, dir, "nats")
+	tri := filepath.Join(dir, "triage")
+	authtest.Write(t, tri, []byte("t-secret\n"))
+	for _, args := range [][]string{
+		{"nats", "--tls-ca", ca, "--tls-verify-clients"},
+		{"nats", "--tls-routes", "--tls-ca", ca},
+		{"nats", "--route-password-file", tri},
+	} {
+		var stdout, stderr strings.Builder
+		code := cli.Run(t.Context(), newRoot(), append(args, "--port", "-1", "--http-port", "0", "--store", t.TempDir()), strings.NewReader(""), &stdout, &stderr)
+		require.Equal(t, 2, code, "%v: %s", args, stderr.String())
+	}
+
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int)
+	var stderr strings.Builder
+	go func() {
+		done <- cli.Run(ctx, newRoot(), []string{"nats", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--http-port", "0", "--store", t.TempDir(),
+			"--triage-password-file", tri, "--tls-cert", cert, "--tls-key", key}, strings.NewReader(""), io.Discard, &stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	url := "tls://127.0.0.1:" + strconv.Itoa(port)
+	var nc *nats.Conn
+	require.Eventually(t, func() bool {
+		var err error
+		nc, err = nats.Connect(url, nats.UserInfo("triage", "t-secret"), nats.RootCAs(ca), nats.MaxReconnects(0))
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "%s", &stderr)
+	defer nc.Close()
+	state, err := nc.TLSConnectionState()
+	require.NoError(t, err)
+	require.True(t, state.HandshakeComplete)
+	_, err = nats.Connect(url, nats.UserInfo("triage", "t-secret"), nats.MaxReconnects(0))
+	require.ErrorContains(t, err, "certificate signed by unknown authority")
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -27,7 +27,8 @@ func goList(t *testing.T, args ...string) []string {
 
 // notInServe are what the production binary must not link: the beds, the
 // bench, the WAN proxies and toxiproxy, the drills, and the test
-// libraries. They live in cmd/triage-bed's binary.
+// libraries (the browser driver too). They live in cmd/triage-bed's
+// binary, or only in tests.
 var notInServe = []string{
 	module + "/deploy/bed",
 	module + "/deploy/bench",
@@ -38,6 +39,8 @@ var notInServe = []string{
 	"github.com/Shopify/toxiproxy",
 	"github.com/stretchr/testify",
 	"go.uber.org/goleak",
+	module + "/routing/console/consoletest",
+	"github.com/chromedp",
 }
 
 // TestServeDoesNotLinkTheBed holds the split between the two binaries:

@@ -67,8 +67,12 @@ type Config struct {
 	// `triage-bed up` give out (Layout.Token), and NATS logins
 	// (natsserver.Auth): the nodes log in as the Triage user, and a
 	// client user is refused the internal subjects (their passwords in
-	// nats-triage.password and nats-client.password in Dir, 0600). Default
-	// off (tests, bench).
+	// nats-triage.password and nats-client.password in Dir, 0600). It
+	// also turns NATS TLS on: a throwaway CA (nats-ca.crt in Dir; its key
+	// is never written) signs the servers' certificate (nats-server.crt,
+	// nats-server.key), every client connection and, with several
+	// regions, every route is TLS, and the routes need a random route
+	// login, held in memory only. Default off (tests, bench).
 	Auth bool
 	// Progress, when set, receives one line per step of the bring-up, for
 	// a person watching `triage-bed up`.
@@ -131,6 +135,9 @@ type Layout struct {
 	// login, refused on triage.*, JetStream and KV. Passwords are in files.
 	NATSAuth   *shardmap.NATSLogin `json:"nats_auth,omitempty"`
 	NATSClient *shardmap.NATSLogin `json:"nats_client,omitempty"`
+	// NATSTLS is how to reach the bed's NATS servers, which then require
+	// TLS (Config.Auth): the throwaway CA's certificate.
+	NATSTLS *shardmap.NATSTLS `json:"nats_tls,omitempty"`
 }
 
 // Via returns the address a process of region from dials to reach addr:
@@ -154,11 +161,14 @@ type Bed struct {
 	cfg Config
 	log *slog.Logger
 	tmp string
-	// natsAuth are the NATS servers' logins (Config.Auth), nil for none.
-	natsAuth *natsserver.Auth
-	started  time.Time
-	net      *wan.Net
-	regions  []*region
+	// natsAuth are the NATS servers' logins (Config.Auth), nil for none;
+	// natsTLS their certificate and routeAuth their route login.
+	natsAuth  *natsserver.Auth
+	natsTLS   *natsserver.TLS
+	routeAuth *natsserver.Login
+	started   time.Time
+	net       *wan.Net
+	regions   []*region
 	// via maps, per region, a remote server's address to the link from
 	// that region.
 	via map[string]map[string]string
@@ -258,6 +268,12 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 		if err := b.writeNATSLogins(); err != nil {
 			return nil, err
 		}
+		if b.natsTLS, b.Layout.NATSTLS, err = b.writeNATSCerts(); err != nil {
+			return nil, err
+		}
+		if b.multi() {
+			b.routeAuth = &natsserver.Login{User: "route", Password: rand.Text()}
+		}
 	}
 	for i, name := range cfg.Regions {
 		b.regions = append(b.regions, &region{name: name, index: i})
@@ -332,6 +348,10 @@ func (b *Bed) startNodes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	repl, err := b.replAccount()
+	if err != nil {
+		return err
+	}
 	startOne := func(i int) error {
 		r := b.regions[i]
 		roles := []string{node.RoleRouter, node.RoleEnqueuer, node.RoleDequeuer}
@@ -340,7 +360,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		}
 		n, err := node.Start(ctx, node.Config{
 			Roles:          roles,
-			Replication:    b.ReplCredentials(),
+			Replication:    repl,
 			ReplicationVia: b.via,
 			Region:         r.name,
 			NATS:           r.nats.ClientURL(),
@@ -354,6 +374,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 			StreamReplicas: replicas,
 			KeysFile:       b.Layout.KeysFile,
 			NATSAuth:       b.Layout.NATSAuth,
+			NATSTLS:        b.Layout.NATSTLS,
 		}, b.log)
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.name, err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -88,23 +89,38 @@ func TestBedUpAndDown(t *testing.T) {
 		db.Close()
 	}
 
-	// NATS wants a login: bed.json's Triage login uses the internal
-	// subjects, its client login is refused them.
+	// NATS wants TLS, verified with the bed's throwaway CA, and a login:
+	// bed.json's Triage login uses the internal subjects, its client
+	// login is refused them.
 	require.NotNil(t, l.NATSAuth)
 	require.NotNil(t, l.NATSClient)
+	require.NotNil(t, l.NATSTLS)
+	require.True(t, strings.HasPrefix(l.NATS, "tls://"), l.NATS)
 	_, err = nats.Connect(l.NATS, nats.MaxReconnects(0))
+	require.ErrorContains(t, err, "certificate signed by unknown authority", "a client without the bed's CA")
+	natsTLS, err := l.NATSTLS.Option()
+	require.NoError(t, err)
+	_, err = nats.Connect(l.NATS, natsTLS, nats.MaxReconnects(0))
 	require.ErrorIs(t, err, nats.ErrAuthorization)
 	login, err := l.NATSAuth.Option()
 	require.NoError(t, err)
-	tri, err := nats.Connect(l.NATS, login)
+	tri, err := nats.Connect(l.NATS, login, natsTLS)
 	require.NoError(t, err)
 	defer tri.Close()
+	state, err := tri.TLSConnectionState()
+	require.NoError(t, err)
+	require.True(t, state.HandshakeComplete)
+	for _, f := range []string{"nats-ca.crt", "nats-server.crt", "nats-server.key"} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err, f)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), f)
+	}
 	_, err = tri.Request("$JS.API.INFO", nil, 5*time.Second)
 	require.NoError(t, err)
 	violations := make(chan error, 4)
 	login, err = l.NATSClient.Option()
 	require.NoError(t, err)
-	cli, err := nats.Connect(l.NATS, login, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	cli, err := nats.Connect(l.NATS, login, natsTLS, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
 	require.NoError(t, err)
 	defer cli.Close()
 	require.NoError(t, cli.Publish("triage.enq.us-east.1", []byte("raw")))

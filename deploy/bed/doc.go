@@ -49,8 +49,25 @@
 // primary. It has no DDL either: a node migrates a shard whose schema is
 // behind as its admin account, root (no password, loopback only), which
 // the controller uses too. Nodes read the application password from
-// mysql-app.password in the bed's directory (0600), as a deployment would
-// mount a secret; it is not in any node config or in the shard map.
+// mysql-app.password in the bed's directory (0600), and the controllers
+// the replication password from mysql-repl.password, as a deployment
+// would mount secrets; they are in no node config and not in the shard
+// map.
+//
+// # NATS security
+//
+// With Config.Auth (make up) the NATS servers require logins
+// (nats-triage.password, nats-client.password) and TLS: the bed makes a
+// throwaway CA, signs one certificate for 127.0.0.1 with it and drops the
+// CA's key (certs.go), so nats-ca.crt can verify the servers but sign
+// nothing more. Every node, the JetStream wait and a bench run against the
+// bed connect with that CA (Layout.NATSTLS); a client without it is
+// refused. With several
+// regions the routes between the servers are TLS too, verified both ways
+// against the same CA, and need a random route login kept in memory: a
+// stranger reaching a route port cannot join the cluster. The WAN links
+// forward TCP, so TLS runs end to end through them. A bed started without
+// Auth (most tests) runs NATS in the clear.
 //
 // # What it shares with production
 //

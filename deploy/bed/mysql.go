@@ -226,11 +226,25 @@ func (b *Bed) appMySQL(region, passwordFile string) shardmap.Credentials {
 // writeAppPassword writes the application account's password file into
 // the bed's directory and returns its absolute path.
 func (b *Bed) writeAppPassword() (string, error) {
-	path, err := filepath.Abs(filepath.Join(b.cfg.Dir, "mysql-app.password"))
+	return b.writeSecret("mysql-app.password", provision.BedAccounts.App.Password)
+}
+
+// replAccount is the replication account as the controllers get it: its
+// password in mysql-repl.password of the bed's directory, which it writes,
+// so that no node config holds it.
+func (b *Bed) replAccount() (shardmap.Account, error) {
+	path, err := b.writeSecret("mysql-repl.password", provision.BedAccounts.Repl.Password)
+	return shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: path}, err
+}
+
+// writeSecret writes secret into the file name of the bed's directory
+// (0600) and returns its absolute path.
+func (b *Bed) writeSecret(name, secret string) (string, error) {
+	path, err := filepath.Abs(filepath.Join(b.cfg.Dir, name))
 	if err != nil {
 		return "", err
 	}
-	return path, os.WriteFile(path, []byte(provision.BedAccounts.App.Password+"\n"), 0o600)
+	return path, os.WriteFile(path, []byte(secret+"\n"), 0o600)
 }
 
 func shardmapDuration(d time.Duration) shardmap.Duration { return shardmap.Duration(d) }

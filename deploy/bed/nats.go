@@ -10,6 +10,7 @@ import (
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // unreachableRoute is what each NATS server of the bed advertises as its
@@ -37,7 +38,7 @@ func (b *Bed) natsPort(i int) int {
 func (b *Bed) startNATS(ctx context.Context) error {
 	if !b.multi() {
 		r := b.regions[0]
-		cfg := natsserver.Config{Port: b.natsPort(0), StoreDir: filepath.Join(b.tmp, "nats"), Auth: b.natsAuth}
+		cfg := natsserver.Config{Port: b.natsPort(0), StoreDir: filepath.Join(b.tmp, "nats"), Auth: b.natsAuth, TLS: b.natsTLS}
 		s, err := natsserver.Start(cfg)
 		if err != nil {
 			return err
@@ -83,6 +84,8 @@ func (b *Bed) startNATS(ctx context.Context) error {
 			NoAdvertise:      true,
 			Tags:             []string{"region:" + r.name},
 			Auth:             b.natsAuth,
+			TLS:              b.natsTLS,
+			RouteAuth:        b.routeAuth,
 		}
 		s, err := natsserver.Start(cfg)
 		if err != nil {
@@ -112,11 +115,11 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 		urls = append(urls, r.nats.ClientURL())
 	}
 	replicas := min(len(b.regions), 3)
-	login, err := b.Layout.NATSAuth.Option()
+	opts, err := shardmap.NATSOptions(b.Layout.NATSAuth, b.Layout.NATSTLS)
 	if err != nil {
 		return err
 	}
-	if err := provision.WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout, login); err != nil {
+	if err := provision.WaitJetStream(ctx, urls, replicas, jetStreamReadyTimeout, opts...); err != nil {
 		return err
 	}
 	b.progress("JetStream ready (R%d)", replicas)

@@ -29,6 +29,7 @@ import (
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // Scenario names, in report order.
@@ -320,11 +321,11 @@ func newRunner(ctx context.Context, cfg Config, out io.Writer, b *bed.Bed) (r *r
 	slices.Sort(r.shardIDs)
 	// Rows the bench writes itself need item keys no router hands out: claim
 	// a node number in the bed's NATS KV like a router does.
-	login, err := b.Layout.NATSAuth.Option()
+	natsOpts, err := shardmap.NATSOptions(b.Layout.NATSAuth, b.Layout.NATSTLS)
 	if err != nil {
 		return nil, err
 	}
-	if r.nc, err = nats.Connect(b.Layout.NATS, nats.Name("triage-bench"), login); err != nil {
+	if r.nc, err = nats.Connect(b.Layout.NATS, append(natsOpts, nats.Name("triage-bench"))...); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(r.nc)

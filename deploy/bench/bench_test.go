@@ -153,3 +153,107 @@ func TestPercentile(t *testing.T) {
 	require.Equal(t, 0.0, percentile(nil, 99))
 	require.True(t, strings.HasSuffix(human(12345), "k"))
 }
+
+// TestApplyTargets: issue 11's targets, judged on the figures each names,
+// and left out when a scenario they need did not run.
+func TestApplyTargets(t *testing.T) {
+	t.Parallel()
+	type want map[string]bool // "scenario: goal" -> met
+	run := func(ss []Scenario) want {
+		applyRatios(ss)
+		applyTargets(ss)
+		out := want{}
+		for _, s := range ss {
+			for _, tg := range s.Targets {
+				require.NotEmpty(t, tg.Measured, tg.Goal)
+				out[s.Name+": "+tg.Goal] = tg.Met
+			}
+		}
+		return out
+	}
+	all := func() []Scenario {
+		return []Scenario{
+			{Name: CeilingInsert, ItemsPerSec: 100_000},
+			{Name: CeilingLeaseAck, ItemsPerSec: 40_000},
+			{Name: NaiveEnqueue, ItemsPerSec: 10_000},
+			{Name: NaiveDequeueAck, ItemsPerSec: 1_000},
+			{Name: EnqueueBatch1, ItemsPerSec: 20_000},
+			{Name: EnqueueBatch100, ItemsPerSec: 60_000},
+			{Name: DequeueAck, ItemsPerSec: 28_000, P99MS: 90, Metrics: map[string]float64{"ack_p99_ms": 40}},
+			{Name: Steady, ItemsPerSec: 10_000, Metrics: map[string]float64{"keep_up_ratio": 0.96, "enqueued_per_sec": 10_400}},
+			{Name: Mixed, ItemsPerSec: 1_000, Metrics: map[string]float64{"dequeue_p99_ms": 10, "enqueue_p99_ms": 25, "e2e_p99_ms": 50}},
+			{Name: Enqueue3Region, ItemsPerSec: 9_000, P50MS: 120, Metrics: map[string]float64{"wan_rtt_ms": 40, "batch1_p50_ms": 121}},
+		}
+	}
+	met := want{
+		Steady + ": delivered >= 0.95x enqueued (the backlog stays flat)":           true,
+		Steady + ": >= 0.50x triage-enqueue-batch1 delivered":                       true,
+		Mixed + ": non-waiting dequeue p99 <= 10 ms":                                true,
+		Mixed + ": enqueue p99 <= 25 ms":                                            true,
+		Mixed + ": end-to-end p99 <= 50 ms":                                         true,
+		Mixed + ": zero priority inversions (more urgent item ready >= 5 ms)":       true,
+		DequeueAck + ": >= 0.70x ceiling-lease-ack":                                 true,
+		DequeueAck + ": Dequeue and Ack p99 <= 100 ms":                              true,
+		EnqueueBatch1 + ": >= 2x naive-enqueue":                                     true,
+		EnqueueBatch100 + ": >= 0.60x ceiling-insert":                               true,
+		Enqueue3Region + ": COMMITTED enqueue p50 <= 3 WAN round trips (batch 100)": true,
+		Enqueue3Region + ": COMMITTED enqueue p50 <= 3 WAN round trips (batch 1)":   false,
+	}
+	require.Equal(t, met, run(all()), "every target, at and just past its bar")
+
+	tests := []struct {
+		name   string
+		change func(ss []Scenario)
+		goal   string
+		met    bool
+	}{
+		{"backlog grows", func(ss []Scenario) { find(ss, Steady).Metrics["keep_up_ratio"] = 0.94 },
+			Steady + ": delivered >= 0.95x enqueued (the backlog stays flat)", false},
+		{"steady below half of batch1", func(ss []Scenario) { find(ss, Steady).ItemsPerSec = 9_999 },
+			Steady + ": >= 0.50x triage-enqueue-batch1 delivered", false},
+		{"mixed dequeue p99 over", func(ss []Scenario) { find(ss, Mixed).Metrics["dequeue_p99_ms"] = 10.01 },
+			Mixed + ": non-waiting dequeue p99 <= 10 ms", false},
+		{"mixed end to end over", func(ss []Scenario) { find(ss, Mixed).Metrics["e2e_p99_ms"] = 51 },
+			Mixed + ": end-to-end p99 <= 50 ms", false},
+		{"one inversion", func(ss []Scenario) { find(ss, Mixed).Metrics["priority_inversions"] = 1 },
+			Mixed + ": zero priority inversions (more urgent item ready >= 5 ms)", false},
+		{"dequeue+ack below the ceiling ratio", func(ss []Scenario) { find(ss, DequeueAck).ItemsPerSec = 27_000 },
+			DequeueAck + ": >= 0.70x ceiling-lease-ack", false},
+		{"ack p99 over", func(ss []Scenario) { find(ss, DequeueAck).Metrics["ack_p99_ms"] = 101 },
+			DequeueAck + ": Dequeue and Ack p99 <= 100 ms", false},
+		{"batch1 under 2x naive", func(ss []Scenario) { find(ss, EnqueueBatch1).ItemsPerSec = 19_000 },
+			EnqueueBatch1 + ": >= 2x naive-enqueue", false},
+		{"batch100 under 0.6x ceiling", func(ss []Scenario) { find(ss, EnqueueBatch100).ItemsPerSec = 59_000 },
+			EnqueueBatch100 + ": >= 0.60x ceiling-insert", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ss := all()
+			tt.change(ss)
+			got := run(ss)
+			require.Contains(t, got, tt.goal)
+			require.Equal(t, tt.met, got[tt.goal])
+		})
+	}
+
+	// Scenarios that did not run leave their targets out, and those of the
+	// others that need them.
+	ss := all()
+	for i := range ss {
+		if ss[i].Name == EnqueueBatch1 || ss[i].Name == CeilingLeaseAck {
+			ss[i] = Scenario{Name: ss[i].Name, Skipped: true}
+		}
+	}
+	got := run(ss)
+	require.NotContains(t, got, Steady+": >= 0.50x triage-enqueue-batch1 delivered")
+	require.NotContains(t, got, EnqueueBatch1+": >= 2x naive-enqueue")
+	require.NotContains(t, got, DequeueAck+": >= 0.70x ceiling-lease-ack")
+	require.Contains(t, got, Steady+": delivered >= 0.95x enqueued (the backlog stays flat)")
+
+	// The report prints them under issue 11's heading.
+	var out bytes.Buffer
+	printTable(&out, &Report{Scenarios: ss})
+	require.Contains(t, out.String(), "Targets (issue 11):")
+	require.Contains(t, out.String(), "MISSED "+Enqueue3Region+": COMMITTED enqueue p50 <= 3 WAN round trips (batch 1) (measured 3.02 round trips")
+}

@@ -322,6 +322,7 @@ func (r *runner) mixed(ctx context.Context) (Scenario, error) {
 		Latency: "end to end: intended send time to the Dequeue answer that delivered the item",
 		Notes:   notes,
 		Metrics: map[string]float64{
+			"e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
 			"offered_items_per_sec": rate, "sustainable_items_per_sec": sustainable, "enqueue_p50_ms": percentile(enq, 50), "enqueue_p99_ms": enqP99, "enqueue_p999_ms": percentile(enq, 99.9),
 			"dequeue_p50_ms": cs.pct("dequeue", 50), "dequeue_p99_ms": deqP99, "dequeue_p999_ms": cs.pct("dequeue", 99.9),
 			"dequeue_with_items_p99_ms": cs.pct("dequeue_items", 99),

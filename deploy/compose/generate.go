@@ -186,6 +186,7 @@ type (
 		Admin          genAccount                   `json:"admin"`
 		NATS           []string                     `json:"nats"`
 		NATSAuth       genAccount                   `json:"nats_auth"`
+		Replication    genAccount                   `json:"replication"`
 		ReplicationVia map[string]map[string]string `json:"replication_via"`
 		KVReplicas     int                          `json:"kv_replicas"`
 		StreamReplicas int                          `json:"stream_replicas"`
@@ -197,11 +198,6 @@ type (
 		PasswordFile string            `json:"password_file"`
 		DialVia      map[string]string `json:"dial_via"`
 	}
-	// genReplication is replication.Credentials, which has no JSON tags.
-	genReplication struct {
-		User     string
-		Password string
-	}
 	genNode struct {
 		Region         string                       `json:"region"`
 		Roles          []string                     `json:"roles"`
@@ -211,7 +207,7 @@ type (
 		HTTP           string                       `json:"http,omitempty"`
 		MySQL          genMySQL                     `json:"mysql"`
 		Admin          *genAccount                  `json:"admin,omitempty"`
-		Replication    *genReplication              `json:"replication,omitempty"`
+		Replication    *genAccount                  `json:"replication,omitempty"`
 		ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
 		OwnerTTL       string                       `json:"owner_ttl"`
 		KVReplicas     int                          `json:"kv_replicas"`
@@ -259,18 +255,24 @@ func Generate(t Topology) (map[string][]byte, error) {
 		return nil, err
 	}
 	// Passwords are secrets mounted into the containers that need them:
-	// the application account's into every role, the admin's (root) into
-	// the controllers and the bootstrap only. provision.BedAccounts and
-	// the MariaDB image's ROOT_PASSWORD fix their values.
+	// the application account's into every role, the admin's (root) and
+	// the replication account's into the controllers and the bootstrap
+	// only. provision.BedAccounts and the MariaDB image's ROOT_PASSWORD
+	// fix their values.
 	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
 	files[adminSecret] = []byte(adminPassword + "\n")
+	files[replSecret] = []byte(provision.BedAccounts.Repl.Password + "\n")
+	replAccount := genAccount{provision.BedAccounts.Repl.User, secretPath(replSecret)}
 	// NATS: the Triage login for every role and the bootstrap, a client
 	// login refused on the internal subjects for anyone else.
 	files[natsSecret] = []byte(natsPassword + "\n")
 	files[natsClientSecret] = []byte(natsClientPassword + "\n")
+	// The route login keeps a stranger on the networks from joining the
+	// NATS cluster; the servers only.
+	files[natsRouteSecret] = []byte(natsRoutePassword + "\n")
 	natsLogin := genAccount{natsUser, secretPath(natsSecret)}
 	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
-		NATSAuth: natsLogin, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+		NATSAuth: natsLogin, Replication: replAccount, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
 	}
@@ -303,7 +305,7 @@ func Generate(t Topology) (map[string][]byte, error) {
 			}
 			if role == "controller" {
 				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
-				c.Replication = &genReplication{"repl", "repl"}
+				c.Replication = &replAccount
 				c.ReplicationVia = replVia
 			}
 			if err := put(path.Join("config", r, role+".json"), c); err != nil {
@@ -321,6 +323,8 @@ const (
 	adminSecret      = "config/secrets/mysql-admin"
 	natsSecret       = "config/secrets/nats-triage"
 	natsClientSecret = "config/secrets/nats-client"
+	replSecret       = "config/secrets/mysql-repl"
+	natsRouteSecret  = "config/secrets/nats-route"
 )
 
 // The NATS logins of the bed (natsserver.Auth). Fixed like the MariaDB
@@ -330,6 +334,8 @@ const (
 	natsPassword       = "triage-nats"
 	natsClientUser     = "client"
 	natsClientPassword = "client-nats"
+	natsRouteUser      = "route"
+	natsRoutePassword  = "route-nats"
 )
 
 func secretPath(name string) string { return "/run/secrets/" + path.Base(name) }
@@ -488,11 +494,12 @@ func composeFile(t Topology, servers []server) []byte {
 		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
 		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
 		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
-		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\"]\n", natsClientUser, secretPath(natsClientSecret))
+		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(natsClientSecret))
+		w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\"]\n", natsRouteUser, secretPath(natsRouteSecret))
 		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"http://127.0.0.1:8222/healthz\"]\n")
-		w("      interval: 5s\n      timeout: 5s\n      retries: 120\n")
+		w("      interval: 5s\n      timeout: 30s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
-		w("%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret))
+		w("%s%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret), mountSecret(natsRouteSecret))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
 		w("    networks: [%s]\n", r)
 	}
@@ -504,7 +511,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
-	w("%s%s", mountSecret(adminSecret), mountSecret(natsSecret))
+	w("%s%s%s", mountSecret(adminSecret), mountSecret(replSecret), mountSecret(natsSecret))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -524,7 +531,7 @@ func composeFile(t Topology, servers []server) []byte {
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
 			w("%s%s", mountSecret(appSecret), mountSecret(natsSecret))
 			if role == "controller" {
-				w("%s", mountSecret(adminSecret))
+				w("%s%s", mountSecret(adminSecret), mountSecret(replSecret))
 			}
 			if role == "router" {
 				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
@@ -588,8 +595,8 @@ func spareFile(t Topology, spares []server) []byte {
 		b.mariadb(s, region[s.region])
 	}
 	w("\n  # The bootstrap provisions the spare shards as well (spare_shards of\n")
-	w("  # bootstrap-spare.json: accounts, database, replication) but publishes\n")
-	w("  # only the map.\n")
+	w("  # bootstrap-spare.json: accounts, database and schema, replication) but\n")
+	w("  # publishes only the map.\n")
 	w("  bootstrap:\n")
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap-spare.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap-spare.json:/etc/triage/bootstrap-spare.json:ro\n")
@@ -608,12 +615,15 @@ const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass
 
 // Health checks run every 5 s (the first 5 s after start). Each is a
 // docker exec, a runc process and the probe: at 1 s, the 27 containers'
-// checks took most of a 2-core machine.
+// checks took most of a 2-core machine. A check may take up to 30 s:
+// under a load average of 50 the exec alone took over 5 s, and with a
+// 5 s timeout a node that had been ready for minutes stayed "starting"
+// until up.sh gave up.
 
 const probe = `    healthcheck:
       test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
       interval: 5s
-      timeout: 5s
+      timeout: 30s
       retries: 120
 `
 
@@ -651,7 +661,7 @@ x-mariadb: &mariadb
   healthcheck:
     test: ["CMD", "mariadb", "-uroot", "--socket=/run/mysqld/mysqld.sock", "-e", "SELECT 1"]
     interval: 5s
-    timeout: 5s
+    timeout: 30s
     retries: 120
   stop_grace_period: 20s
 `
@@ -663,7 +673,7 @@ x-triage: &triage
   healthcheck:
     test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
     interval: 5s
-    timeout: 5s
+    timeout: 30s
     retries: 120
   depends_on:
     bootstrap:

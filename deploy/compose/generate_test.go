@@ -16,6 +16,7 @@ import (
 
 	"github.com/triage-queue/triage/cmd/triage/bootstrap"
 	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -77,20 +78,27 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			if role == "controller" {
 				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
 				require.Empty(t, c.Admin.Password)
+				require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, c.Replication)
 			} else {
 				require.Zero(t, c.Admin, role)
+				require.Zero(t, c.Replication, role)
 			}
 		}
 	}
 	require.Equal(t, secretPath(adminSecret), boot.Admin.PasswordFile)
 	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, boot.NATSAuth)
 	require.Empty(t, boot.Admin.Password)
+	require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, boot.Replication)
+	require.Equal(t, provision.BedAccounts.Repl.Password+"\n", string(files[replSecret]))
 	yml := string(files["docker-compose.yml"])
 	require.Equal(t, len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "every role mounts the application password, the bootstrap does not")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
 	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountSecret(natsSecret)), "Triage's NATS login: bootstrap, roles, servers")
 	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsClientSecret)), "the client login: the servers only")
 	require.Equal(t, len(top.Regions), strings.Count(yml, `"--triage-password-file", "`+secretPath(natsSecret)+`"`), "every NATS server requires logins")
+	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(replSecret)), "the bootstrap and the controllers mount the replication password")
+	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsRouteSecret)), "the route login: the servers only")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--route-password-file", "`+secretPath(natsRouteSecret)+`"`), "every NATS server requires the route login")
 }
 
 // composeYAML is what the tests read of a generated compose file.
@@ -302,7 +310,7 @@ func TestComposeFilesValidate(t *testing.T) {
 	merged := parseCompose(t, []byte(run("-f", "docker-compose.yml", "-f", SpareFile, "config")))
 	bs := merged.Services["bootstrap"]
 	require.Equal(t, []string{"bootstrap", "--config", "/etc/triage/bootstrap-spare.json"}, bs.Command)
-	require.Len(t, bs.Volumes, 5, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin and NATS secrets")
+	require.Len(t, bs.Volumes, 6, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin, replication and NATS secrets")
 	require.True(t, slices.ContainsFunc(bs.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/etc/triage/bootstrap-spare.json:ro") }))
 	require.Contains(t, bs.DependsOn, "mariadb-s1-us-east", "the base's servers")
 	for _, s := range spares {

@@ -368,12 +368,35 @@ func tail(b []byte) string {
 	return strings.TrimSpace(string(b))
 }
 
-// pickPort asks the kernel for a free loopback port.
+// picked holds every port pickPort has handed out in this process.
+var picked struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// pickPort asks the kernel for a free loopback port that this process has
+// not handed out before. The kernel may return a port it just returned to
+// another caller whose mariadbd has not bound it yet; mariadbd then only
+// retries its bind while it already answers on its socket, so a bed once
+// started two servers on one port (a replica replicating from the wrong
+// shard). Never handing a port out twice rules that out within a bed.
 func pickPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("mariadb: pick port: %w", err)
+	picked.Lock()
+	defer picked.Unlock()
+	if picked.ports == nil {
+		picked.ports = map[int]bool{}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("mariadb: pick port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !picked.ports[port] {
+			picked.ports[port] = true
+			return port, nil
+		}
+	}
+	return 0, errors.New("mariadb: pick port: the kernel kept returning ports handed out already")
 }

@@ -10,4 +10,23 @@
 // only Triage may do it. Permissions are per user in the global account,
 // not separate accounts, because JetStream's streams and buckets must stay
 // where every Triage process sees them.
+//
+// # TLS and routes
+//
+// Config.TLS (tls.go) makes the client port TLS only: the server's INFO
+// says TLS is required and a client that sends anything but a handshake
+// is dropped, so neither a login nor an envelope crosses the network in
+// the clear. TLS.VerifyClients adds mTLS: a client needs a certificate of
+// the CA as well as its login. The certificate and key are read at start;
+// renewing them means restarting the server (nats-server reloads only
+// from a config file, which the embedded server has none of).
+//
+// Config.RouteAuth is the cluster's route login: a server that dials the
+// route port without it is refused, so a stranger who reaches the port
+// cannot join the cluster, read every stream through it or take part in
+// JetStream's elections. TLS.Routes encrypts the routes with the same
+// certificate and makes each end verify the other against the CA, which
+// also keeps out a server holding the login but no certificate. The beds
+// join the regions' servers into one cluster by routes (no gateways or
+// leaf nodes), so routes are the only server-to-server links to guard.
 package natsserver

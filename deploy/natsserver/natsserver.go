@@ -1,6 +1,7 @@
 package natsserver
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -44,11 +45,26 @@ type Config struct {
 	// /varz, /jsz ...) on Host. Default none. The compose bed's health
 	// check asks /healthz, which fails until JetStream is current.
 	HTTPPort int
-	// Auth, when set, requires a login of every client (see Auth). Routes
-	// between the servers of a cluster are not authenticated: they stay on
-	// the private network (or the bed's WAN links). Default: none.
+	// Auth, when set, requires a login of every client (see Auth).
+	// Default: none.
 	Auth *Auth
+	// TLS, when set, makes the client port TLS only (a plaintext client
+	// is refused) and, with TLS.Routes, the routes too. Default: plain
+	// TCP.
+	TLS *TLS
+	// RouteAuth, when set, is the login every route must present: a
+	// server that dials this one's route port without it is refused and
+	// never joins the cluster. The server presents it on the routes it
+	// dials (Routes, unless a URL carries its own user info) and on the
+	// routes gossip opens, so every server of a cluster gets the same.
+	// Without TLS.Routes it crosses the network in the clear. Default:
+	// none, anyone who reaches the route port joins.
+	RouteAuth *Login
 }
+
+// tlsTimeout is how long a TLS handshake may take, in seconds. The
+// server's default (2s) is tight for a route across a slow WAN link.
+const tlsTimeout = 5
 
 // Start runs a server and waits until it accepts clients.
 func Start(cfg Config) (*server.Server, error) {
@@ -88,16 +104,41 @@ func Start(cfg Config) (*server.Server, error) {
 		}
 		opts.Users = users
 	}
+	if cfg.TLS != nil {
+		tc, err := cfg.TLS.clientConfig()
+		if err != nil {
+			return nil, err
+		}
+		opts.TLS, opts.TLSVerify, opts.TLSConfig, opts.TLSTimeout = true, cfg.TLS.VerifyClients, tc, tlsTimeout
+	}
 	if cfg.ClusterName != "" {
 		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,
 			Advertise: cfg.ClusterAdvertise, NoAdvertise: cfg.NoAdvertise}
+		if a := cfg.RouteAuth; a != nil {
+			if a.User == "" || a.Password == "" {
+				return nil, errors.New("natsserver: route auth needs a user and a password")
+			}
+			opts.Cluster.Username, opts.Cluster.Password = a.User, a.Password
+		}
+		if cfg.TLS != nil && cfg.TLS.Routes {
+			tc, err := cfg.TLS.routeConfig()
+			if err != nil {
+				return nil, err
+			}
+			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, tlsTimeout
+		}
 		for _, r := range cfg.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
 				return nil, fmt.Errorf("natsserver: route %q: %w", r, err)
 			}
+			if a := cfg.RouteAuth; a != nil && u.User == nil {
+				u.User = url.UserPassword(a.User, a.Password)
+			}
 			opts.Routes = append(opts.Routes, u)
 		}
+	} else if cfg.RouteAuth != nil || (cfg.TLS != nil && cfg.TLS.Routes) {
+		return nil, errors.New("natsserver: route auth and route TLS need a cluster (ClusterName)")
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -21,6 +21,20 @@
 //	nats-kill      stop the region's NATS server abruptly
 //	dequeuer-kill  stop the region's dequeuer abruptly (no lease hand-back)
 //
+// # Live progress
+//
+// With Config.Report (on in `triage-bed drill` unless --no-report), every
+// line the drill writes to Config.Progress also goes, with the drill's
+// phase (starting, fault injected, failed over, healed, draining, done)
+// and at the end its verdict and the report's lines, to Admin.ReportDrill
+// of the first router that survives the fault, under the id scenario and
+// start time; the web console's Drills page shows it live. A reporter in
+// front of Progress hands each line to one goroutine through a small
+// buffered channel and never waits for it: a full channel drops the line
+// (the next report counts what was dropped), a failing call is printed
+// once to Progress, and Run flushes what is queued at the end, for at most
+// a few seconds. Reporting never fails a drill.
+//
 // # History
 //
 // The workload records every call with the time it was sent and the time

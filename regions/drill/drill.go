@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -119,10 +120,19 @@ type Config struct {
 	Lease time.Duration
 	// Progress gets a line per phase.
 	Progress io.Writer
+	// Report sends every Progress line, the drill's phase and, at the end,
+	// its verdict and the report's summary to ReportDrill of the first
+	// router that survives the fault (the console's Drills view shows
+	// them). Best effort: a failure is printed once to Progress and never
+	// fails or slows the drill.
+	Report bool
+	// ID names the drill reported. Default: the scenario and the start
+	// time ("primary-kill-20060102T150405Z").
+	ID string
 }
 
 // Run runs one drill and returns its report.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if !slices.Contains(Scenarios, cfg.Scenario) {
 		return nil, configError("unknown scenario %q: allowed %s", cfg.Scenario, strings.Join(Scenarios, ", "))
 	}
@@ -154,6 +164,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
+	started := time.Now()
 	f := facts{shards: map[uint32]bool{}, survivors: map[string]bool{}, published: map[uint32]time.Time{}}
 	var clients []client
 	var admin triagev1.AdminClient
@@ -182,6 +193,26 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer conn.Close()
 		admin = triagev1.NewAdminClient(conn)
+	}
+	rp := noReporter{}.phase
+	if cfg.Report {
+		id := cmp.Or(cfg.ID, cfg.Scenario+"-"+started.UTC().Format("20060102T150405Z"))
+		r := newReporter(admin, id, cfg.Scenario, progress)
+		progress, rp = r, r.phase
+		defer func() {
+			// Flushed whatever the outcome; a context already cancelled
+			// still gets a moment to say so.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+			defer cancel()
+			if err != nil {
+				r.finish(fctx, "ERROR: "+err.Error(), nil)
+				return
+			}
+			var buf bytes.Buffer
+			rep.Print(&buf)
+			r.finish(fctx, rep.Verdict(), strings.Split(buf.String(), "\n"))
+		}()
+		rp(PhaseStarting)
 	}
 	if cfg.Scenario == "partition" {
 		f.isolated = cfg.Region
@@ -213,7 +244,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			f.shards[id] = true
 		}
 	}
-	rep := &Report{Scenario: cfg.Scenario, Routers: f.routers, MapBefore: describeMap(before, cfg.Region)}
+	rep = &Report{Scenario: cfg.Scenario, Routers: f.routers, MapBefore: describeMap(before, cfg.Region)}
 	for id := range f.shards {
 		rep.Shards = append(rep.Shards, id)
 	}
@@ -261,6 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.FaultAt = f.faultAt
 	rep.InjectMS = injected.Sub(injecting).Milliseconds()
 	rep.Fault = inj.Description
+	rp(PhaseFaulted)
 	fmt.Fprintf(progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
 		injected.Sub(f.faultAt).Round(time.Millisecond), inj.Description, cfg.Hold)
 	watchCtx, stopWatch := context.WithCancel(ctx)
@@ -268,6 +300,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() {
 		defer close(watched)
 		watchFailover(watchCtx, admin, primaries, f.shards, f.published, f.faultAt, progress)
+		if len(f.published) == len(f.shards) {
+			rp(PhaseFailedOver)
+		}
 	}()
 	sleep(ctx, cfg.Hold)
 	stopWatch()
@@ -289,10 +324,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		fmt.Fprintf(progress, "healed in %s: %s; producing 5s more, then draining (up to %s)\n",
 			time.Since(f.healAt).Round(time.Millisecond), healed, cfg.Drain)
 	}
+	rp(PhaseHealed)
 	rep.HealedAt = time.Now()
 	sleep(ctx, 5*time.Second)
 	stopProd()
 	prodWG.Wait()
+	rp(PhaseDraining)
+	fmt.Fprintf(progress, "producers stopped; draining %d undelivered items\n", w.undelivered())
 	deadline := time.Now().Add(cfg.Drain)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if w.undelivered() == 0 {
@@ -327,6 +365,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	return rep, nil
 }
+
+// noReporter takes the phases of a drill that reports none.
+type noReporter struct{}
+
+func (noReporter) phase(string) {}
 
 // survives says whether the router of region keeps serving through the
 // scenario's fault of faulted: it does not when its region is down, cut

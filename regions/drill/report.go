@@ -560,12 +560,16 @@ func (r *Report) Print(w io.Writer) {
 	if r.HealError != "" {
 		row("heal", "FAILED: "+r.HealError)
 	}
-	if len(r.Violations) == 0 {
-		row("result", "PASS")
-	} else {
-		row("result", "FAIL: "+strings.Join(r.Violations, "; "))
-	}
+	row("result", r.Verdict())
 	tw.Flush()
+}
+
+// Verdict is "PASS", or "FAIL: " and the violations.
+func (r *Report) Verdict() string {
+	if len(r.Violations) == 0 {
+		return "PASS"
+	}
+	return "FAIL: " + strings.Join(r.Violations, "; ")
 }
 
 func fmtMS(ms int64) string {

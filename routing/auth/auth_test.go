@@ -162,6 +162,9 @@ func TestAuditLine(t *testing.T) {
 	f.log.Reset()
 	require.NoError(t, f.call(f.reader, triagev1.Queue_GetTopicStats_FullMethodName, &triagev1.GetTopicStatsRequest{Namespace: "n"}))
 	require.Empty(t, f.log.String(), "data-plane reads are not audited")
+	require.NoError(t, f.call(f.ops, triagev1.Admin_GetShardMap_FullMethodName, &triagev1.GetShardMapRequest{}))
+	require.NoError(t, f.call(f.ops, triagev1.Admin_ListDrills_FullMethodName, &triagev1.ListDrillsRequest{}))
+	require.Empty(t, f.log.String(), "granted admin reads are not audited")
 }
 
 // TestKeysReload: a revoked key stops working and a new one starts once

@@ -32,8 +32,9 @@
 //	admin          GetNamespace, PutNamespace, RedriveDeadLetters
 //	cluster-admin  GetShardMap, Failover, AddShard, AddNamespaceShard,
 //	               SetShardWeight, DrainShard, RetireShard,
-//	               ListFailoverEvents (a key entry's cluster_admin; it
-//	               also holds every namespace role)
+//	               ListFailoverEvents, ReportDrill, ListDrills (a key
+//	               entry's cluster_admin; it also holds every namespace
+//	               role)
 //
 // PutNamespace of a namespace that does not exist creates it, and
 // creating needs cluster-admin (Options.NamespaceExists, which the node
@@ -69,7 +70,9 @@
 // Options.AdminOnly makes a listener admit cluster-admin identities only.
 // Every admin RPC (admin and cluster-admin roles) writes one audit log
 // line: who, which RPC, the request, the outcome, and the state before and
-// after (Options.Snapshot, which the node fills from the shard map).
+// after (Options.Snapshot, which the node fills from the shard map). The
+// reads among them (GetNamespace, GetShardMap, ListFailoverEvents,
+// ListDrills) are audited only when refused: the console polls them.
 //
 // A key entry may carry rate_limit (requests per second) and burst: a
 // token bucket per identity, shared by gRPC and HTTP, answering

@@ -128,6 +128,14 @@ func (g adminGuard) ListFailoverEvents(ctx context.Context, r *triagev1.ListFail
 	return call(ctx, g.a, triagev1.Admin_ListFailoverEvents_FullMethodName, r, g.inner.ListFailoverEvents)
 }
 
+func (g adminGuard) ReportDrill(ctx context.Context, r *triagev1.ReportDrillRequest) (*triagev1.Drill, error) {
+	return call(ctx, g.a, triagev1.Admin_ReportDrill_FullMethodName, r, g.inner.ReportDrill)
+}
+
+func (g adminGuard) ListDrills(ctx context.Context, r *triagev1.ListDrillsRequest) (*triagev1.ListDrillsResponse, error) {
+	return call(ctx, g.a, triagev1.Admin_ListDrills_FullMethodName, r, g.inner.ListDrills)
+}
+
 // HTTP passes each request's TLS state (its client certificate) to the
 // gateway's in-process calls, where the guards look for it.
 func HTTP(next http.Handler) http.Handler {

@@ -8,8 +8,11 @@
 // test checks each against the OpenAPI document). It shows a namespace's
 // topics with their depth by priority and oldest ready age (charts drawn
 // as inline SVG), an item's detail, the dead letters of a topic with
-// redrive, and the shard map with each shard's primary, replicas and
-// epoch beside the failover controller's recent steps.
+// redrive, the shard map with each shard's primary, replicas and epoch
+// beside the failover controller's recent steps, and the failover drills
+// reported through Admin.ReportDrill (GET /v1/drills) with the selected
+// drill's progress as a live log, polled every second while that page is
+// shown.
 //
 // When the node has a keys file, the API wants "authorization: Bearer
 // <key>": the console asks for the key and keeps it in the tab's

@@ -1,11 +1,16 @@
 package store
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 )
 
 // TestAckBatcherCoalesces: acks that arrive while a batch is in flight go
@@ -70,7 +75,7 @@ func TestAckBatcherCoalesces(t *testing.T) {
 		for _, q := range b.queues {
 			n := 0
 			for _, bt := range q.pending {
-				n += len(bt.refs)
+				n += len(bt.v.refs)
 			}
 			return n == 2*callers
 		}
@@ -94,4 +99,80 @@ func TestAckBatcherCoalesces(t *testing.T) {
 		require.ErrorIs(t, res[1], ErrNotFound, "caller %d", c)
 	}
 	require.Equal(t, callers/4, f.count("SELECT COUNT(*) FROM items"), "only the stale refs' items are left")
+}
+
+// TestAckDelete: the one-statement ack answers every ref as ItemAck would
+// in a batch that mixes them: acked, stale token, no such item, a second
+// ref to an item acked, another namespace's item, and items with dedup
+// keys, which keep their key taken (tombstone) only when the namespace has
+// a dedup window.
+func TestAckDelete(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2, 3, 4, 5)
+	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, Items: []*peerv1.BufferedItem{
+		{Key: 10, DedupKey: "d10"}, {Key: 11, DedupKey: "d11"}}}
+	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
+	require.NoError(t, err)
+	other := &peerv1.EnqueueBatch{Namespace: "other", Topic: topic, BatchId: 3, Items: []*peerv1.BufferedItem{{Key: 20}}}
+	_, err = f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{other}, NowUS: f.nowUS})
+	require.NoError(t, err)
+	rows, token := f.leaseHead(ItemLeaseHeadParams{})
+	require.Len(t, f.serve(rows, token), 7)
+	f.db.MustExecContext(f.ctx, "UPDATE items SET lease_token = 1020 WHERE id = 20")
+
+	tests := []struct {
+		name   string
+		window time.Duration
+		refs   []LeaseRef
+		want   []error
+	}{
+		{"all acked: no diagnostic read needed", time.Minute,
+			[]LeaseRef{{Key: 1, Token: 1001}, {Key: 2, Token: 1002}}, []error{nil, nil}},
+		{"mixed batch", time.Minute,
+			[]LeaseRef{{Key: 3, Token: 999}, {Key: 3, Token: 1003}, {Key: 3, Token: 1003}, {Key: 4, Token: 7}, {Key: 77, Token: 1},
+				{Key: 1, Token: 1001}, {Key: 20, Token: 1020}, {Key: 10, Token: 1010}, {Key: 10, Token: 1010}},
+			[]error{ErrStaleLease, nil, ErrNotFound, ErrStaleLease, ErrNotFound, ErrNotFound, ErrNotFound, nil, ErrNotFound}},
+		{"dedup key without a window: deleted at once", 0,
+			[]LeaseRef{{Key: 11, Token: 1011}, {Key: 5, Token: 1005}, {Key: 4, Token: 1004}}, []error{nil, nil, nil}},
+	}
+	for _, tt := range tests {
+		res, err := f.s.ItemAckDelete(f.ctx, ItemAckParams{Namespace: ns, Refs: tt.refs, DedupWindow: tt.window, Now: f.now})
+		require.NoError(t, err, tt.name)
+		require.Len(t, res, len(tt.want), tt.name)
+		for i, w := range tt.want {
+			if w == nil {
+				require.NoError(t, res[i], "%s: ref %d", tt.name, i)
+			} else {
+				require.ErrorIs(t, res[i], w, "%s: ref %d", tt.name, i)
+			}
+		}
+	}
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items"), "only the other namespace's item is left")
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = 20"))
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND item_id = 10"),
+		"an item with a dedup key keeps it taken for the window")
+	require.Zero(t, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd11'"), "no window, no tombstone")
+}
+
+// The batcher stamps dedup tombstones with its Now (the shard primary's
+// clock in the router), not the local clock: a key stays taken for the
+// window as the shard measures it.
+func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
+	f := newFixture(t)
+	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, Items: []*peerv1.BufferedItem{{Key: 10, DedupKey: "d10"}}}
+	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
+	require.NoError(t, err)
+	rows, token := f.leaseHead(ItemLeaseHeadParams{})
+	require.Len(t, f.serve(rows, token), 1)
+
+	shardNow := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	var asked []*sqlx.DB
+	ab := AckBatcher{Now: func(_ context.Context, db *sqlx.DB) time.Time { asked = append(asked, db); return shardNow }}
+	res, err := ab.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, DedupWindow: time.Minute, Refs: []LeaseRef{{Key: 10, Token: 1010}},
+		Now: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.NoError(t, res[0])
+	require.Equal(t, []*sqlx.DB{f.db}, asked, "the clock of the shard acked on")
+	require.Equal(t, 1, f.count(fmt.Sprintf("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND expires_at = %d",
+		shardNow.Add(time.Minute).UnixMicro())), "tombstone until the shard's now + window")
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 	"github.com/triage-queue/triage/schema/schematest"
 )
 
-// TestByIDStatementsLockOnlyTheirRows: ack, nack, extend, unserve and the
+// TestByIDStatementsLockOnlyTheirRows: ack (both forms), nack, extend, unserve and the
 // dead-lettering of the lease path name their rows by id. Left to itself, the
 // optimizer reads such a statement through the ready index (namespace
 // prefix) or a full scan whenever the table is small, as a queue that keeps
@@ -48,6 +49,22 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 		require.NoError(t, err)
 	}
 
+	// Rows 101..600 leased with token 100+id: a full ack batch
+	// (MaxAckBatch).
+	var q strings.Builder
+	var args []any
+	q.WriteString(`INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
+		attempts, lease_token, leased_until, payload, updated_at) VALUES `)
+	for id := uint64(101); id <= 600; id++ {
+		if id > 101 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?, ?, ?, 0, ?, ?, 30000, 1, ?, ?, '', ?)")
+		args = append(args, id, ns, topic, nowUS+30e6, nowUS, 100+id, nowUS+30e6, nowUS)
+	}
+	_, err = db.ExecContext(ctx, q.String(), args...)
+	require.NoError(t, err)
+
 	holder, err := db.BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { holder.Rollback() })
@@ -73,6 +90,21 @@ func TestByIDStatementsLockOnlyTheirRows(t *testing.T) {
 	res, err := s.ItemAck(within(), ItemAckParams{Namespace: ns, Refs: refs(1), DedupWindow: time.Minute, Now: now})
 	require.NoError(t, err, "ack")
 	require.Equal(t, make([]error, 10), res)
+
+	// The one-statement ack (ItemAckDelete): a few rows, a stale token
+	// and a missing id among them (the diagnostic read), and a full batch.
+	small := append(refs(1)[:0:0], LeaseRef{Key: 32, Token: 132}, LeaseRef{Key: 33, Token: 7}, LeaseRef{Key: 34, Token: 134},
+		LeaseRef{Key: 35, Token: 135}, LeaseRef{Key: 36, Token: 136}, LeaseRef{Key: 9999, Token: 1})
+	res, err = s.ItemAckDelete(within(), ItemAckParams{Namespace: ns, Refs: small, DedupWindow: time.Minute, Now: now})
+	require.NoError(t, err, "ack delete")
+	require.Equal(t, []error{nil, ErrStaleLease, nil, nil, nil, ErrNotFound}, res)
+	var full []LeaseRef
+	for id := uint64(101); id < 101+MaxAckBatch; id++ {
+		full = append(full, LeaseRef{Key: id, Token: 100 + id})
+	}
+	res, err = s.ItemAckDelete(within(), ItemAckParams{Namespace: ns, Refs: full, DedupWindow: time.Minute, Now: now})
+	require.NoError(t, err, "ack delete of a full batch")
+	require.Equal(t, make([]error, MaxAckBatch), res)
 
 	var nacks []Nack
 	for _, r := range refs(11) {

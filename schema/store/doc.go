@@ -40,6 +40,19 @@
 // retried the same way (retryExec). fn must therefore start over each
 // time; methods reset what they collect at the top of fn.
 //
+// # Batching
+//
+// AckBatcher and ServeBatcher coalesce what concurrent callers do on one
+// shard into one statement: acks into one autocommit DELETE with RETURNING
+// (ItemAckDelete; a diagnostic read tells not-found from stale only when
+// refs are left, and items whose dedup key needs a tombstone take the
+// transactional ItemAck), serves into one ItemServe UPDATE whose
+// deliveries each name their prefetch batch. A caller waits for the
+// statement in flight and then for its own; the one in flight never waits
+// for more, so a lone call costs one statement. Nacks are not batched yet:
+// each may dead-letter, merge metadata or back off, which a single
+// statement does not express.
+//
 // # Index and lock rules
 //
 // These are why the statements look the way they do; keep them when
@@ -52,6 +65,9 @@
 //     and waits for, its own rows only, in one order. "WHERE id IN (...)"
 //     lets MariaDB scan a small table and wait for every row another
 //     consumer holds (schema/keys.go tells the drill that saw it).
+//   - The ack DELETE (ItemAckDelete) is single-table, for RETURNING, and
+//     takes no index hint: "id IN (...)" with ORDER BY id LIMIT n (n the
+//     number of ids) is what gets it a primary-key range instead of a scan.
 //   - Single-table UPDATEs by id carry FORCE INDEX (PRIMARY) for the same
 //     reason; they are conditional (token, deliver_after) so a row that
 //     changed since it was read is left alone and reported missing.

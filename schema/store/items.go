@@ -173,15 +173,24 @@ func (s Store) TopicStats(ctx context.Context, p TopicStatsParams) (*TopicStatsR
 }
 
 // topicListSQL lists a namespace's topics after a name with their item
-// counts. The ready index leads with (namespace, topic), so this walks the
-// namespace's index range in topic order.
-const topicListSQL = `SELECT topic, COUNT(*) AS n FROM items FORCE INDEX (ready)
-			WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?`
+// and dead-letter counts. The ready index and dead_letters' topic_died
+// both lead with (namespace, topic), so each side walks the namespace's
+// index range in topic order and stops after Limit topics; a topic among
+// the first Limit of the union is among the first Limit of each table
+// that has it, so its counts are whole.
+const topicListSQL = `SELECT topic, SUM(n) AS n, SUM(d) AS d FROM (
+			(SELECT topic, COUNT(*) AS n, 0 AS d FROM items FORCE INDEX (ready)
+				WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?)
+			UNION ALL
+			(SELECT topic, 0 AS n, COUNT(*) AS d FROM dead_letters FORCE INDEX (topic_died)
+				WHERE namespace = ? AND topic > ? GROUP BY topic ORDER BY topic LIMIT ?)
+		) AS t GROUP BY topic ORDER BY topic LIMIT ?`
 
-// TopicCount is a topic and how many items it holds.
+// TopicCount is a topic and how many items and dead letters it holds.
 type TopicCount struct {
-	Topic string `db:"topic"`
-	N     int64  `db:"n"`
+	Topic       string `db:"topic"`
+	N           int64  `db:"n"`
+	DeadLetters int64  `db:"d"`
 }
 
 // TopicListParams: see TopicList.
@@ -192,11 +201,11 @@ type TopicListParams struct {
 	Limit int
 }
 
-// TopicList returns up to Limit topics of a namespace that hold items on
-// the shard, in name order after After.
+// TopicList returns up to Limit topics of a namespace that hold items or
+// dead letters on the shard, in name order after After.
 func (s Store) TopicList(ctx context.Context, p TopicListParams) ([]TopicCount, error) {
 	var rows []TopicCount
-	if err := s.db.SelectContext(ctx, &rows, topicListSQL, p.Namespace, p.After, p.Limit); err != nil {
+	if err := s.db.SelectContext(ctx, &rows, topicListSQL, p.Namespace, p.After, p.Limit, p.Namespace, p.After, p.Limit, p.Limit); err != nil {
 		return nil, err
 	}
 	return rows, nil

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -189,6 +190,10 @@ type Delivery struct {
 	ID      uint64
 	Token   uint64
 	UntilUS int64
+	// Prefetch is the batch token the row was prefetched under; 0 for
+	// ItemServeParams.PrefetchToken. Deliveries of several prefetch
+	// batches (ServeBatcher) go in one statement this way.
+	Prefetch uint64
 }
 
 // ItemServeParams: see ItemServe.
@@ -199,7 +204,8 @@ type ItemServeParams struct {
 }
 
 // ItemServe turns the prefetch leases of rows still held under
-// PrefetchToken into delivery leases, in one UPDATE: each row gets its own
+// PrefetchToken (or each delivery's own Prefetch) into delivery leases, in
+// one UPDATE: each row gets its own
 // token and expiry (deliver_after moves with it, so a lapsed lease makes
 // the row ready again) and counts one attempt, since this is the moment it
 // reaches a consumer. A row that was deleted, updated, released, expired
@@ -210,8 +216,12 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 	ids := make([]uint64, len(ds))
 	tokens := make([]any, len(ds))
 	untils := make([]any, len(ds))
+	prefetch := make([]any, len(ds))
+	mixed := false
 	for i, d := range ds {
 		ids[i], tokens[i], untils[i] = d.ID, d.Token, d.UntilUS
+		prefetch[i] = cmp.Or(d.Prefetch, p.PrefetchToken)
+		mixed = mixed || prefetch[i] != prefetch[0]
 	}
 	// Each expiry is spelled out rather than copied from another column:
 	// MariaDB evaluates SET left to right, and relying on that is fragile.
@@ -220,7 +230,13 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 	q.add(", lease_token = ").caseByID(ids, tokens, "lease_token")
 	q.add(", leased_until = ").caseByID(ids, untils, "leased_until")
 	q.add(", deliver_after = ").caseByID(ids, untils, "deliver_after")
-	q.add(" WHERE lease_token = ? AND leased_until IS NULL AND (expires_at IS NULL OR expires_at > ?) AND id", p.PrefetchToken, p.NowUS).in(ids)
+	if mixed {
+		// NULL matches no row: an id the CASE does not list is not served.
+		q.add(" WHERE lease_token = ").caseByID(ids, prefetch, "NULL")
+	} else {
+		q.add(" WHERE lease_token = ?", prefetch[0])
+	}
+	q.add(" AND leased_until IS NULL AND (expires_at IS NULL OR expires_at > ?) AND id", p.NowUS).in(ids)
 	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
 	if err != nil {
 		return nil, fmt.Errorf("serve leases: %w", err)

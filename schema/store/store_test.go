@@ -478,12 +478,22 @@ func TestTopicListAndCount(t *testing.T) {
 	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: "u", BatchId: 2, Items: []*peerv1.BufferedItem{{Key: 3}}}
 	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
 	require.NoError(t, err)
+	// Dead letters: two of topic "u" and one of "dl", a topic whose every
+	// item died (listed all the same).
+	for id, tp := range map[uint64]string{20: "u", 21: "u", 22: "dl"} {
+		_, err := f.db.ExecContext(f.ctx, `INSERT INTO dead_letters (id, namespace, topic, priority, enqueued_at, lease_ms, attempts, payload, died_at)
+			VALUES (?, ?, ?, 0, 0, 1000, 3, '', 1)`, id, ns, tp)
+		require.NoError(t, err)
+	}
 	list, err := f.s.TopicList(f.ctx, TopicListParams{Namespace: ns, Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, []TopicCount{{topic, 2}, {"u", 1}}, list)
-	list, err = f.s.TopicList(f.ctx, TopicListParams{Namespace: ns, After: topic, Limit: 10})
+	require.Equal(t, []TopicCount{{"dl", 0, 1}, {topic, 2, 0}, {"u", 1, 2}}, list)
+	list, err = f.s.TopicList(f.ctx, TopicListParams{Namespace: ns, After: "dl", Limit: 10})
 	require.NoError(t, err)
-	require.Equal(t, []TopicCount{{"u", 1}}, list)
+	require.Equal(t, []TopicCount{{topic, 2, 0}, {"u", 1, 2}}, list)
+	list, err = f.s.TopicList(f.ctx, TopicListParams{Namespace: ns, Limit: 2})
+	require.NoError(t, err)
+	require.Equal(t, []TopicCount{{"dl", 0, 1}, {topic, 2, 0}}, list, "a page of two")
 	n, err := f.s.ItemCountNamespace(f.ctx, ItemCountNamespaceParams{Namespace: ns, Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n, "capped")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
@@ -191,11 +192,18 @@ func StartLinked(ctx context.Context, tracer trace.Tracer, name string, parents 
 	}
 	return mainCtx, func(err error) {
 		for _, s := range spans {
-			if err != nil {
-				s.RecordError(err)
-				s.SetStatus(codes.Error, err.Error())
-			}
-			s.End()
+			End(s, err)
 		}
 	}
+}
+
+// End ends span after setting attrs, recording err (if any) as its error
+// status: the deferred end of every span the roles start.
+func End(span trace.Span, err error, attrs ...attribute.KeyValue) {
+	span.SetAttributes(attrs...)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

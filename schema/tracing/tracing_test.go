@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -108,4 +109,25 @@ func TestNewChecksConfig(t *testing.T) {
 	tp, err := New(context.Background(), Config{Endpoint: "127.0.0.1:1", SampleRatio: &half, Insecure: true}, "triage", "r")
 	require.NoError(t, err, "the exporter connects lazily")
 	require.NoError(t, tp.Shutdown(context.Background()))
+}
+
+// TestEnd: a span ended with an error carries it as its status and an
+// event; one ended without keeps an unset status; attributes are set
+// either way.
+func TestEnd(t *testing.T) {
+	tp, exp := provider(1)
+	tr := Tracer(tp)
+	_, failed := tr.Start(context.Background(), "failed")
+	End(failed, errors.New("boom"), attribute.Int("triage.items", 3))
+	_, fine := tr.Start(context.Background(), "fine")
+	End(fine, nil, attribute.Int("triage.items", 0))
+	spans := exp.GetSpans()
+	require.Len(t, spans, 2)
+	require.Equal(t, codes.Error, spans[0].Status.Code)
+	require.Equal(t, "boom", spans[0].Status.Description)
+	require.Len(t, spans[0].Events, 1, "the error recorded")
+	require.Contains(t, spans[0].Attributes, attribute.Int("triage.items", 3))
+	require.Equal(t, codes.Unset, spans[1].Status.Code)
+	require.Empty(t, spans[1].Events)
+	require.Contains(t, spans[1].Attributes, attribute.Int("triage.items", 0))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/triage-queue/triage/dequeuer"
 	"github.com/triage-queue/triage/enqueuer"
 	"github.com/triage-queue/triage/regions"
+	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
@@ -35,12 +36,20 @@ type Config struct {
 	// (root@'%' in the bed), its password best from password_file or
 	// password_env. Default root, no password.
 	Admin shardmap.Credentials `json:"admin"`
+	// Replication is the replication account the bootstrap creates on
+	// every server and points the replicas with, its password best from
+	// password_file or password_env, as the controllers'
+	// node.Config.Replication names it. Default: provision.BedAccounts'.
+	Replication shardmap.Account `json:"replication,omitempty"`
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
 	// NATSAuth is the Triage login of the NATS servers, as the nodes'
 	// node.Config.NATSAuth. Default none.
 	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
+	// NATSTLS is how to reach NATS servers that require TLS, as the
+	// nodes' node.Config.NATSTLS. Default plain TCP.
+	NATSTLS *shardmap.NATSTLS `json:"nats_tls,omitempty"`
 	// ReplicationVia[region][addr] is the address a server in region
 	// dials to reach addr (its region's WAN gateway), as the controllers'
 	// node.Config.ReplicationVia gives it. Missing: addr itself.
@@ -56,10 +65,11 @@ type Config struct {
 	// Wait bounds the wait for MariaDB and NATS to answer. Default 3m.
 	Wait shardmap.Duration `json:"wait,omitempty"`
 	// SpareShards are provisioned like the map's shards (accounts, their
-	// database, replication) but left out of the map: servers ready for
-	// `triage shard add`, which migrates their schema and publishes them
-	// (the compose bed's docker-compose.spare.yml). Their IDs must not be
-	// the map's.
+	// database and schema, replication) but left out of the map: servers
+	// ready for `triage shard add` to publish (the compose bed's
+	// docker-compose.spare.yml). Their schema is migrated here because
+	// the routers that serve the add hold only the application account,
+	// which may not run DDL. Their IDs must not be the map's.
 	SpareShards []shardmap.Shard `json:"spare_shards,omitempty"`
 }
 
@@ -83,9 +93,10 @@ func (c *Config) Fill() error {
 //     shards answers, creates the bed's accounts on each
 //     (provision.EnsureAccounts with provision.BedAccounts, unlogged) and
 //     the shard database on each primary;
-//  2. migrates the schema on each primary of the map (schema.Migrate),
-//     once, before a dozen role containers would race to; a spare's is
-//     left to `triage shard add`, as on the process bed;
+//  2. migrates the schema on each primary of the map and of the spare
+//     shards (schema.Migrate), once, before a dozen role containers would
+//     race to; a router, which has no admin account here, then finds a
+//     spare's schema current when `triage shard add` publishes it;
 //  3. replicates every shard, spares included, to its replicas with
 //     semi-sync (provision.Replicate: GTID, AFTER_SYNC, one
 //     acknowledgement, no fallback);
@@ -106,9 +117,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
 		return fmt.Errorf("bootstrap config admin: %w", err)
 	}
-	login, err := cfg.NATSAuth.Option()
+	natsOpts, err := shardmap.NATSOptions(cfg.NATSAuth, cfg.NATSTLS)
 	if err != nil {
-		return fmt.Errorf("bootstrap config nats_auth: %w", err)
+		return fmt.Errorf("bootstrap config %w", err)
 	}
 	data, err := os.ReadFile(cfg.ShardMapFile)
 	if err != nil {
@@ -129,15 +140,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.ShardMapFile, err)
 	}
-	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers),
-		provision.BedAccounts.App.User, provision.BedAccounts.Repl.User)
+	accounts := provision.BedAccounts
+	if cfg.Replication.Given() {
+		pw, err := cfg.Replication.Secret("mysql user")
+		if err != nil {
+			return fmt.Errorf("bootstrap config replication: %w", err)
+		}
+		accounts.Repl = replication.Credentials{User: cfg.Replication.User, Password: pw}
+	}
+	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), accounts.App.User, accounts.Repl.User)
 	err = provision.Parallel(len(servers), func(i int) error {
 		sv := servers[i]
 		dsn := cfg.dsn(sv.addr, "")
 		if err := waitSQL(ctx, dsn); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
-		if err := provision.EnsureAccounts(ctx, dsn, provision.BedAccounts); err != nil {
+		if err := provision.EnsureAccounts(ctx, dsn, accounts); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
 		if !sv.primary {
@@ -151,10 +169,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+sv.shard.Database+"`"); err != nil {
 			return fmt.Errorf("shard %d primary %s: %w", sv.shard.ID, sv.addr, err)
 		}
-		if sv.spare {
-			progress("  shard %d primary %s: database %s (spare: not in the map)", sv.shard.ID, sv.addr, sv.shard.Database)
-			return nil
-		}
 		sdb, err := sql.Open("mysql", cfg.dsn(sv.addr, sv.shard.Database))
 		if err != nil {
 			return err
@@ -164,7 +178,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("shard %d primary %s: migrate: %w", sv.shard.ID, sv.addr, err)
 		}
-		progress("  shard %d primary %s: database %s, %d migration(s) applied", sv.shard.ID, sv.addr, sv.shard.Database, n)
+		spare := ""
+		if sv.spare {
+			spare = " (spare: not in the map)"
+		}
+		progress("  shard %d primary %s: database %s, %d migration(s) applied%s", sv.shard.ID, sv.addr, sv.shard.Database, n, spare)
 		return nil
 	})
 	if err != nil {
@@ -186,17 +204,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 			replicas = append(replicas, provision.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: via})
 		}
-		return provision.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), provision.BedAccounts.Repl, replicas, progress)
+		return provision.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), accounts.Repl, replicas, progress)
 	})
 	if err != nil {
 		return err
 	}
 
 	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
-	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx)), login); err != nil {
+	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx)), natsOpts...); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATS[0], nats.Name("triage-bootstrap"), login)
+	nc, err := nats.Connect(cfg.NATS[0], append(natsOpts, nats.Name("triage-bootstrap"))...)
 	if err != nil {
 		return err
 	}
@@ -221,6 +239,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
+		return err
+	}
+	if _, err := routing.OpenDrills(ctx, js, cfg.KVReplicas); err != nil {
 		return err
 	}
 	claim, err := routing.ClaimNode(ctx, js, "bootstrap", cfg.KVReplicas, func(error) {})
@@ -274,7 +295,7 @@ type server struct {
 	shard   shardmap.Shard
 	addr    string
 	primary bool
-	spare   bool // of a spare shard: no migration, not published
+	spare   bool // of a spare shard: provisioned and migrated, not published
 }
 
 // plan lists the shards to replicate (the map's, then the spares) and

@@ -9,8 +9,8 @@ import (
 )
 
 // TestPlanProvisionsSparesOutsideTheMap: spare shards are replicated and
-// their servers provisioned, after the map's and marked spare (no
-// migration); a spare that reuses a shard ID or a server of the map, or
+// their servers provisioned, after the map's and marked spare (migrated,
+// not published); a spare that reuses a shard ID or a server of the map, or
 // of another spare, is refused before anything is touched.
 func TestPlanProvisionsSparesOutsideTheMap(t *testing.T) {
 	m := &shardmap.Map{Shards: []shardmap.Shard{

@@ -55,14 +55,8 @@ func setupSecure(t *testing.T) *secureBed {
 		{Name: "limited", Namespaces: map[string][]auth.Role{"default": {auth.Reader}}, RateLimit: 0.01, Burst: 2},
 		{Name: "cert-reader", ClientCerts: []string{"reader.client.test"}, Namespaces: map[string][]auth.Role{"default": {auth.Reader}}},
 	}
-	s := &secureBed{bed: b, tokens: map[string]string{}, ca: ca}
-	for i := range keys {
-		if keys[i].ClientCerts == nil {
-			s.tokens[keys[i].Name] = authtest.Token(t, &keys[i])
-		}
-	}
 	keysFile := filepath.Join(dir, "keys.json")
-	authtest.KeysFile(t, keysFile, keys...)
+	s := &secureBed{bed: b, tokens: authtest.Keys(t, keysFile, keys...), ca: ca}
 	tlsFiles := ca.ServerFiles(t, dir, auth.ClientAuthVerifyIfGiven)
 	s.node = b.startNode(Config{KeysFile: keysFile, TLS: &tlsFiles, AdminGRPC: "127.0.0.1:0", AdminHTTP: "127.0.0.1:0"})
 	s.client = &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
@@ -171,6 +165,7 @@ var specRoles = map[string]auth.Role{
 	"GetShardMap": auth.ClusterAdmin, "Failover": auth.ClusterAdmin, "AddShard": auth.ClusterAdmin,
 	"AddNamespaceShard": auth.ClusterAdmin, "SetShardWeight": auth.ClusterAdmin, "DrainShard": auth.ClusterAdmin,
 	"RetireShard": auth.ClusterAdmin, "ListFailoverEvents": auth.ClusterAdmin,
+	"ReportDrill": auth.ClusterAdmin, "ListDrills": auth.ClusterAdmin,
 }
 
 // keyWithout returns a key on "default" that lacks role.
@@ -194,8 +189,8 @@ func TestAuthTable(t *testing.T) {
 
 	cases := rpcCases(t, s.node.grpc)
 	adminCases := rpcCases(t, s.node.adminGRPC)
-	require.Len(t, cases, 22, "Queue (12) and Admin (10) RPCs on the public listener")
-	require.Len(t, adminCases, 10)
+	require.Len(t, cases, 24, "Queue (12) and Admin (12) RPCs on the public listener")
+	require.Len(t, adminCases, 12)
 
 	type cred struct{ name, key string }
 	for _, c := range cases {

@@ -67,7 +67,7 @@ func TestConsole(t *testing.T) {
 
 	// Every route the script calls is a route of the API.
 	routes := consoleRoutes(t, js)
-	require.Len(t, routes, 7)
+	require.Len(t, routes, 8)
 	data, err := os.ReadFile("../../../proto/triage/v1/triage.swagger.json")
 	require.NoError(t, err)
 	var doc struct {
@@ -207,6 +207,21 @@ func TestConsole(t *testing.T) {
 	require.True(t, strings.HasPrefix(fmt.Sprint(out["controller"]), "us-east-"), "%v", out)
 	require.Empty(t, out["events"], "no failover yet")
 	require.NotNil(t, ctl.Controller)
+
+	// Drills page: none yet, then one reported (as triage-bed drill does,
+	// through ReportDrill) with its events.
+	drills := ok("listDrills", nil, nil, nil)
+	require.Empty(t, drills["drills"])
+	_, err = b.admin.ReportDrill(b.ctx(), &triagev1.ReportDrillRequest{Id: "primary-kill-1", Scenario: "primary-kill", Phase: "fault injected",
+		Events: []*triagev1.DrillEvent{{Text: "fault injected in 40ms"}}})
+	require.NoError(t, err)
+	drills = ok("listDrills", nil, nil, nil)
+	reported := drills["drills"].([]any)
+	require.Len(t, reported, 1)
+	d := reported[0].(map[string]any)
+	require.Equal(t, "primary-kill-1", d["id"])
+	require.Equal(t, "fault injected", d["phase"])
+	require.Equal(t, "fault injected in 40ms", d["events"].([]any)[0].(map[string]any)["text"])
 }
 
 // TestConsoleWithKeys: with a keys file, the console's pages need no key
@@ -238,4 +253,5 @@ func TestConsoleWithKeys(t *testing.T) {
 	// public one, which is what the console's shard page shows.
 	require.Equal(t, http.StatusForbidden, do("/v1/shardmap", s.tokens["ops"]))
 	require.Equal(t, http.StatusForbidden, do("/v1/failovers", s.tokens["ops"]))
+	require.Equal(t, http.StatusForbidden, do("/v1/drills", s.tokens["ops"]))
 }

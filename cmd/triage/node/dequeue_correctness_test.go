@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -560,4 +561,40 @@ func TestStatsCountBufferedItemsAsReady(t *testing.T) {
 	require.Equal(t, int64(2), st.Ready, "buffered items wait for a consumer")
 	require.Equal(t, int64(0), st.Delayed)
 	require.True(t, ack(t, b, got...)[0].Ok)
+}
+
+// TestItemsServedAfterTheCallerLeftGoBack: a long poll whose caller gives
+// up (its deadline passes) goes on at a dequeuer in another process, which
+// serves the next item that arrives and answers the router after the
+// router has answered DEADLINE_EXCEEDED. That item reached nobody: it must
+// be ready again at once with no attempt counted, not hidden for its
+// 10-minute lease with an attempt spent.
+func TestItemsServedAfterTheCallerLeftGoBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{noNode: true})
+	dq := b.startNode(Config{Roles: []string{RoleDequeuer}, Metrics: "127.0.0.1:0"})
+	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}})
+	served := func() float64 {
+		return sum(scrape(t, "http://"+dq.MetricsAddr), "triage_dequeued_items_total", map[string]string{"topic": "gone"})
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := b.queue.Dequeue(ctx, &triagev1.DequeueRequest{Namespace: "default", Topics: []*triagev1.TopicCount{{Topic: "gone", Count: 1}},
+		Wait: durationpb.New(5 * time.Second), LeaseDuration: durationpb.New(10 * time.Minute)})
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	id := enqueue(t, b, "gone", &triagev1.NewItem{Payload: []byte("for nobody")})[0].Id
+
+	// The dequeuer still holds the long poll (5 s) and serves the item to it.
+	require.Eventually(t, func() bool { return served() == 1 }, 10*time.Second, 50*time.Millisecond,
+		"the dequeuer never served the item to the abandoned long poll")
+	require.Eventually(t, func() bool {
+		it, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "default", Id: id})
+		require.NoError(t, err)
+		return it.State == triagev1.ItemState_READY && it.Attempts == 0
+	}, 10*time.Second, 50*time.Millisecond, "the item served to nobody stays hidden or keeps its attempt")
+	got := dequeue(t, b, "gone", 1, time.Minute)
+	require.Len(t, got, 1)
+	require.Equal(t, id, got[0].Id)
+	require.EqualValues(t, 1, got[0].Attempts, "the first delivery to a consumer is its first attempt")
 }

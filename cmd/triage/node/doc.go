@@ -55,10 +55,16 @@
 // by the controller, by the observer for replica lag, and for migrations
 // only when schema.Pending says a shard is behind (routing.MigrateShard),
 // so a node of a bootstrapped cluster needs no admin password unless it
-// runs the controller. Passwords come from files or environment
-// variables (shardmap.Secret). Config.NATSAuth is the NATS Triage login
-// (deploy/natsserver.Auth). privilege_test.go checks both against a real
-// MariaDB and an embedded NATS server with logins.
+// runs the controller. Config.Replication is the replication account the
+// controller hands replicas in CHANGE MASTER TO; the node never logs in
+// as it. Passwords come from files or environment variables
+// (shardmap.Secret), never from the shard map. Config.NATSAuth is the
+// NATS Triage login (deploy/natsserver.Auth) and Config.NATSTLS how the
+// node verifies the NATS servers (their CA) and, when they ask, proves
+// itself (its certificate): with it the connection, and so every envelope
+// and login, is encrypted. privilege_test.go checks the accounts against a
+// real MariaDB and an embedded NATS server with logins; natstls_test.go
+// runs a node end to end against a NATS server requiring mTLS.
 //
 // Its tests are the integration tests of the whole queue: a real node
 // against a spawned mariadbd and an embedded NATS server, driven through

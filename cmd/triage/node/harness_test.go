@@ -44,6 +44,8 @@ type bedOpts struct {
 	noNode      bool
 	// natsAuth, when set, makes the NATS server require logins.
 	natsAuth *natsserver.Auth
+	// natsTLS, when set, makes the NATS server require TLS.
+	natsTLS *natsserver.TLS
 }
 
 func setup(t *testing.T, o bedOpts) *bed {
@@ -53,7 +55,7 @@ func setup(t *testing.T, o bedOpts) *bed {
 	}
 	b := &bed{t: t}
 	var err error
-	b.ns, err = natsserver.Start(natsserver.Config{StoreDir: t.TempDir(), Auth: o.natsAuth})
+	b.ns, err = natsserver.Start(natsserver.Config{StoreDir: t.TempDir(), Auth: o.natsAuth, TLS: o.natsTLS})
 	require.NoError(t, err)
 	t.Cleanup(b.ns.Shutdown)
 	b.natsURL = b.ns.ClientURL()

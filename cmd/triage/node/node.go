@@ -61,6 +61,11 @@ type Config struct {
 	// JetStream, which client logins may not. Default none (a server
 	// without auth).
 	NATSAuth *shardmap.NATSLogin `json:"nats_auth,omitempty"`
+	// NATSTLS connects to NATS over TLS, verifying the servers against
+	// its CA (natsserver.TLS), with the node's own certificate when they
+	// require one. Default plain TCP, which a server requiring TLS
+	// refuses.
+	NATSTLS *shardmap.NATSTLS `json:"nats_tls,omitempty"`
 	// GRPC and HTTP are the router's listen addresses. Default
 	// 127.0.0.1:9090 and 127.0.0.1:8080.
 	GRPC string `json:"grpc,omitempty"`
@@ -110,8 +115,13 @@ type Config struct {
 	// the controller). Default root, no password; dial_via defaults to
 	// mysql's.
 	Admin shardmap.Credentials `json:"admin,omitempty"`
-	// Replication is the account replicas connect to primaries as.
-	Replication replication.Credentials `json:"replication,omitempty"`
+	// Replication is the account replicas connect to primaries as, which
+	// the controller names in CHANGE MASTER TO when it repoints replicas
+	// after a failover: {"user", "password_file" | "password_env" |
+	// "password"}. Its password best comes from a file or the
+	// environment; it is never part of the shard map. Default none (a
+	// controller then cannot repoint replicas).
+	Replication shardmap.Account `json:"replication,omitempty"`
 	// ReplicationVia[region][addr] is the address a server in region
 	// reaches addr at (WAN links in the local bed). Missing: addr itself.
 	ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
@@ -155,6 +165,8 @@ type Config struct {
 	tracerProvider trace.TracerProvider
 	// adminGiven: the config names an admin account (fill defaults it).
 	adminGiven bool
+	// repl is Replication with its password read (fill).
+	repl replication.Credentials
 }
 
 func (c *Config) fill() error {
@@ -193,6 +205,13 @@ func (c *Config) fill() error {
 	c.Admin.MaxOpenConns = cmp.Or(c.Admin.MaxOpenConns, 4)
 	if c.Admin, err = c.Admin.Resolve(); err != nil {
 		return fmt.Errorf("node config admin: %w", err)
+	}
+	if c.Replication.Given() {
+		pw, err := c.Replication.Secret("mysql user")
+		if err != nil {
+			return fmt.Errorf("node config replication: %w", err)
+		}
+		c.repl = replication.Credentials{User: c.Replication.User, Password: pw}
 	}
 	return nil
 }
@@ -264,11 +283,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		cfg.tracerProvider = n.tracing
 	}
 	n.obs.tracer = cfg.tracerProvider
-	login, err := cfg.NATSAuth.Option()
+	natsOpts, err := shardmap.NATSOptions(cfg.NATSAuth, cfg.NATSTLS)
 	if err != nil {
-		return nil, fmt.Errorf("node config nats_auth: %w", err)
+		return nil, fmt.Errorf("node config %w", err)
 	}
-	n.nc, err = nats.Connect(cfg.NATS, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), login)
+	n.nc, err = nats.Connect(cfg.NATS, append(natsOpts, nats.Name("triage-"+cfg.Region), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
 	}
@@ -333,7 +352,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if slices.Contains(cfg.Roles, RoleController) {
 		ctl, err := regions.New(regions.Config{
 			ID: cfg.Region + "-" + nuid.Next(), Region: cfg.Region, Maps: maps, MapKV: kv, NC: n.nc, JS: js,
-			Admin: cfg.Admin, Repl: cfg.Replication, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
+			Admin: cfg.Admin, Repl: cfg.repl, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
 			Detect: time.Duration(cfg.FailoverDetect), Cooldown: time.Duration(cfg.FailoverCooldown),
 			KVReplicas: cfg.KVReplicas, Logger: logger, Metrics: met,
 		})
@@ -362,7 +381,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met}
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return nil, err
@@ -422,7 +441,11 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Logger: n.log,
+	drills, err := routing.OpenDrills(ctx, js, n.cfg.KVReplicas)
+	if err != nil {
+		return err
+	}
+	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Drills: drills, Logger: n.log,
 		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -87,15 +88,7 @@ func TestLeastPrivilegeAccount(t *testing.T) {
 
 	b.startNode(Config{MySQL: shardmap.Credentials{User: app.User, PasswordFile: pwFile},
 		NATSAuth: &shardmap.NATSLogin{User: "triage", PasswordEnv: "TRIAGE_TEST_NATS_PASSWORD"}})
-	res := enqueue(t, b, "jobs", &triagev1.NewItem{Payload: []byte("a"), Priority: 1}, &triagev1.NewItem{Payload: []byte("b"), Priority: 0})
-	require.Len(t, res, 2)
-	got := dequeue(t, b, "jobs", 2, 0)
-	require.Len(t, got, 2)
-	require.Equal(t, "b", string(got[0].Payload))
-	for _, r := range ack(t, b, got...) {
-		require.True(t, r.Ok, r.Error)
-	}
-	require.Equal(t, 0, b.rowCount("items"))
+	requireRoundTrip(t, b)
 
 	// The health checks and the observer ping as the application account.
 	require.NoError(t, b.node.Healthy(b.ctx()))
@@ -189,6 +182,8 @@ func TestMigrateShardNeedsAdminOnlyWhenBehind(t *testing.T) {
 		err := routing.MigrateShard(ctx, appPool, badAdmin, m, s.ID)
 		require.Error(t, err)
 		require.Equal(t, uint16(1045), mysqlErr(err), "access denied for the wrong admin password: %v", err)
+		require.ErrorContains(t, err, "schema migration(s) pending and this node's admin account may not run them", "the refusal says what to do")
+		require.ErrorContains(t, err, "migrate the shard as an administrator first")
 		err = routing.MigrateShard(ctx, appPool, appPool, m, s.ID)
 		require.Equal(t, uint16(1142), mysqlErr(err), "the application account cannot migrate: %v", err)
 		require.NoError(t, routing.MigrateShard(ctx, appPool, root, m, s.ID))
@@ -279,4 +274,54 @@ func TestMySQLTLS(t *testing.T) {
 	require.ErrorContains(t, err, "certificate", "a server certificate from another CA is refused")
 	_, err = cipher(shardmap.Credentials{User: "tls_app", Password: "pw"})
 	require.Equal(t, uint16(1045), mysqlErr(err), "REQUIRE SSL refuses a plain login: %v", err)
+}
+
+// TestReplicationAccount: the replication account the controller names in
+// CHANGE MASTER TO takes its password from a file or a variable like the
+// other accounts; a config in the old form ({"User", "Password"}) still
+// reads; a missing file or variable, or two sources, stop the node.
+func TestReplicationAccount(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mysql-repl")
+	require.NoError(t, os.WriteFile(file, []byte("r3pl\n"), 0o600))
+	t.Setenv("TRIAGE_TEST_REPL_PASSWORD", "from-env")
+	for _, tc := range []struct {
+		name, json string
+		want       replication.Credentials
+		err        string
+	}{
+		{"file", `{"user": "repl", "password_file": "` + file + `"}`, replication.Credentials{User: "repl", Password: "r3pl"}, ""},
+		{"env", `{"user": "repl", "password_env": "TRIAGE_TEST_REPL_PASSWORD"}`, replication.Credentials{User: "repl", Password: "from-env"}, ""},
+		{"old form", `{"User": "repl", "Password": "inline"}`, replication.Credentials{User: "repl", Password: "inline"}, ""},
+		{"none", `{}`, replication.Credentials{}, ""},
+		{"missing file", `{"user": "repl", "password_file": "` + file + `.gone"}`, replication.Credentials{}, "password_file"},
+		{"unset variable", `{"user": "repl", "password_env": "TRIAGE_TEST_UNSET_VARIABLE"}`, replication.Credentials{}, "TRIAGE_TEST_UNSET_VARIABLE"},
+		{"two sources", `{"user": "repl", "password": "x", "password_file": "` + file + `"}`, replication.Credentials{}, "give one of"},
+	} {
+		var cfg Config
+		require.NoError(t, json.Unmarshal([]byte(`{"region": "us-east", "nats": "nats://127.0.0.1:1", "replication": `+tc.json+`}`), &cfg), tc.name)
+		err := cfg.fill()
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, tc.name)
+			require.ErrorContains(t, err, "node config replication", tc.name)
+			continue
+		}
+		require.NoError(t, err, tc.name)
+		require.Equal(t, tc.want, cfg.repl, tc.name)
+	}
+}
+
+// requireRoundTrip enqueues two items, dequeues them most urgent first and
+// acks them, leaving no row behind: the node works with whatever logins
+// and transport the test gave it.
+func requireRoundTrip(t *testing.T, b *bed) {
+	t.Helper()
+	res := enqueue(t, b, "jobs", &triagev1.NewItem{Payload: []byte("a"), Priority: 1}, &triagev1.NewItem{Payload: []byte("b"), Priority: 0})
+	require.Len(t, res, 2)
+	got := dequeue(t, b, "jobs", 2, 0)
+	require.Len(t, got, 2)
+	require.Equal(t, "b", string(got[0].Payload))
+	for _, r := range ack(t, b, got...) {
+		require.True(t, r.Ok, r.Error)
+	}
+	require.Equal(t, 0, b.rowCount("items"))
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -95,4 +96,63 @@ func TestTraceEnqueueToInsert(t *testing.T) {
 	require.NoError(t, err)
 	_, health := find("grpc.health.v1.Health/Check", trace.TraceID{})
 	require.False(t, health, "health probes are not traced")
+}
+
+// TestTraceDequeueAcrossNATS: a Dequeue RPC served by a dequeuer in
+// another node (so over NATS, not in-process) is one trace: the router's
+// RPC span, its "dequeue.forward" under it, and the dequeuer's
+// "dequeuer.dequeue" under that, joined by the request's traceparent
+// header. Each node exports to its own exporter, as separate processes
+// would.
+func TestTraceDequeueAcrossNATS(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{noNode: true})
+	routerSpans, dequeuerSpans := tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
+	provider := func(exp *tracetest.InMemoryExporter) trace.TracerProvider {
+		return tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)
+	}
+	// The dequeuer first: the router's start waits until the shards are owned.
+	b.startNode(Config{Roles: []string{RoleDequeuer}, tracerProvider: provider(dequeuerSpans)})
+	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}, tracerProvider: provider(routerSpans)})
+	require.Nil(t, b.node.deq, "the router's node runs no dequeuer: the dequeue crosses NATS")
+
+	id := enqueue(t, b, "hop", &triagev1.NewItem{Payload: []byte("x")})[0].Id
+	var got []*triagev1.LeasedItem
+	require.Eventually(t, func() bool { got = dequeue(t, b, "hop", 1, 0); return len(got) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, id, got[0].Id)
+
+	// The dequeuer's span that served the item, then its parents.
+	var served tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		for _, s := range dequeuerSpans.GetSpans() {
+			if s.Name == "dequeuer.dequeue" && slices.Contains(s.Attributes, attribute.Int("triage.items", 1)) {
+				served = s
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, trace.SpanKindServer, served.SpanKind)
+	require.True(t, served.Parent.IsRemote(), "its parent came over NATS")
+	byID := map[trace.SpanID]tracetest.SpanStub{}
+	require.Eventually(t, func() bool {
+		for _, s := range routerSpans.GetSpans() {
+			byID[s.SpanContext.SpanID()] = s
+		}
+		_, ok := byID[served.Parent.SpanID()]
+		return ok
+	}, 10*time.Second, 10*time.Millisecond, "no router span is the dequeuer span's parent")
+	fwd := byID[served.Parent.SpanID()]
+	require.Equal(t, "dequeue.forward", fwd.Name)
+	require.Equal(t, served.SpanContext.TraceID(), fwd.SpanContext.TraceID(), "one trace")
+	require.Contains(t, fwd.Attributes, attribute.Int("triage.items", 1))
+	rpc, ok := byID[fwd.Parent.SpanID()]
+	require.True(t, ok, "the forward's parent is a router span")
+	require.Equal(t, "triage.v1.Queue/Dequeue", rpc.Name)
+	require.Equal(t, served.SpanContext.TraceID(), rpc.SpanContext.TraceID())
+	for _, s := range dequeuerSpans.GetSpans() {
+		if s.Name == "dequeuer.dequeue" {
+			require.True(t, s.Parent.IsValid() && s.Parent.IsRemote(), "every dequeue the router forwarded carries its trace")
+		}
+	}
 }

@@ -3,6 +3,7 @@ package peer
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 )
@@ -46,3 +47,15 @@ func ReplyError(code codes.Code, msg string) error {
 	}
 	return errors.New(msg)
 }
+
+// AnswerWithin bounds how long after a ShardDequeue's wait its owner may
+// still answer: the owner gives up its work then and answers with what it
+// has. A router waits for the answer a shorter time (the wait plus
+// CallerSlack), but keeps listening until the wait plus AnswerWithin plus
+// LateSlack, so that items answered after its caller gave up go back to
+// the ready set instead of staying hidden under a counted attempt.
+const (
+	AnswerWithin = 10 * time.Second
+	CallerSlack  = 5 * time.Second
+	LateSlack    = 5 * time.Second
+)

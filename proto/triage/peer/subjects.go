@@ -58,3 +58,9 @@ func OwnerShard(key string) (shard uint32, ok bool) {
 // OwnersBucket (its TTL expires the key when they are all gone): adopters
 // of a region's shards hand them back once it is present again.
 func PresenceKey(role, region string) string { return "present." + role + "." + region }
+
+// DrillsBucket is the NATS KV bucket of failover drills' progress
+// (Admin ReportDrill, ListDrills): one key per drill, its value the
+// drill as JSON. The bucket's TTL forgets a drill a day after its last
+// report.
+const DrillsBucket = "triage_drills"

@@ -194,6 +194,335 @@ func (DequeuePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
 }
 
+type DrillEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrillEvent) Reset() {
+	*x = DrillEvent{}
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrillEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrillEvent) ProtoMessage() {}
+
+func (x *DrillEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrillEvent.ProtoReflect.Descriptor instead.
+func (*DrillEvent) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DrillEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *DrillEvent) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// Drill is a failover drill's progress as its runner reported it.
+type Drill struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Scenario  string                 `protobuf:"bytes,2,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Short name of what the drill is doing: "starting", "fault injected",
+	// "healed", "draining", "done".
+	Phase string `protobuf:"bytes,5,opt,name=phase,proto3" json:"phase,omitempty"`
+	Done  bool   `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	// Set when done: "PASS" or "FAIL: " and why.
+	Verdict string `protobuf:"bytes,7,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// Oldest first; the last 200.
+	Events        []*DrillEvent `protobuf:"bytes,8,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drill) Reset() {
+	*x = Drill{}
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drill) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drill) ProtoMessage() {}
+
+func (x *Drill) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drill.ProtoReflect.Descriptor instead.
+func (*Drill) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Drill) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Drill) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *Drill) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Drill) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Drill) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *Drill) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *Drill) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *Drill) GetEvents() []*DrillEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type ReportDrillRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 64 of A-Z a-z 0-9 . _ -; the runner picks it (scenario and
+	// start time).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Kept from the first report that sets it.
+	Scenario string `protobuf:"bytes,2,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	// Empty keeps the drill's phase.
+	Phase string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	Done  bool   `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	// Empty keeps the drill's verdict.
+	Verdict string `protobuf:"bytes,5,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// Appended, at most 100 per call; an event without at gets the
+	// server's time.
+	Events        []*DrillEvent `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportDrillRequest) Reset() {
+	*x = ReportDrillRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportDrillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportDrillRequest) ProtoMessage() {}
+
+func (x *ReportDrillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportDrillRequest.ProtoReflect.Descriptor instead.
+func (*ReportDrillRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReportDrillRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReportDrillRequest) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *ReportDrillRequest) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ReportDrillRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ReportDrillRequest) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *ReportDrillRequest) GetEvents() []*DrillEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type ListDrillsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDrillsRequest) Reset() {
+	*x = ListDrillsRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDrillsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDrillsRequest) ProtoMessage() {}
+
+func (x *ListDrillsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDrillsRequest.ProtoReflect.Descriptor instead.
+func (*ListDrillsRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
+}
+
+type ListDrillsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first (by started_at), at most 20.
+	Drills        []*Drill `protobuf:"bytes,1,rep,name=drills,proto3" json:"drills,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDrillsResponse) Reset() {
+	*x = ListDrillsResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDrillsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDrillsResponse) ProtoMessage() {}
+
+func (x *ListDrillsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDrillsResponse.ProtoReflect.Descriptor instead.
+func (*ListDrillsResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListDrillsResponse) GetDrills() []*Drill {
+	if x != nil {
+		return x.Drills
+	}
+	return nil
+}
+
 type AddShardRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// id, home_region, primary are required; database defaults to
@@ -205,7 +534,7 @@ type AddShardRequest struct {
 
 func (x *AddShardRequest) Reset() {
 	*x = AddShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +546,7 @@ func (x *AddShardRequest) String() string {
 func (*AddShardRequest) ProtoMessage() {}
 
 func (x *AddShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +559,7 @@ func (x *AddShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddShardRequest.ProtoReflect.Descriptor instead.
 func (*AddShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AddShardRequest) GetShard() *Shard {
@@ -251,7 +580,7 @@ type AddNamespaceShardRequest struct {
 
 func (x *AddNamespaceShardRequest) Reset() {
 	*x = AddNamespaceShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +592,7 @@ func (x *AddNamespaceShardRequest) String() string {
 func (*AddNamespaceShardRequest) ProtoMessage() {}
 
 func (x *AddNamespaceShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +605,7 @@ func (x *AddNamespaceShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNamespaceShardRequest.ProtoReflect.Descriptor instead.
 func (*AddNamespaceShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AddNamespaceShardRequest) GetNamespace() string {
@@ -310,7 +639,7 @@ type SetShardWeightRequest struct {
 
 func (x *SetShardWeightRequest) Reset() {
 	*x = SetShardWeightRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +651,7 @@ func (x *SetShardWeightRequest) String() string {
 func (*SetShardWeightRequest) ProtoMessage() {}
 
 func (x *SetShardWeightRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +664,7 @@ func (x *SetShardWeightRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardWeightRequest.ProtoReflect.Descriptor instead.
 func (*SetShardWeightRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetShardWeightRequest) GetShard() uint32 {
@@ -361,7 +690,7 @@ type DrainShardRequest struct {
 
 func (x *DrainShardRequest) Reset() {
 	*x = DrainShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +702,7 @@ func (x *DrainShardRequest) String() string {
 func (*DrainShardRequest) ProtoMessage() {}
 
 func (x *DrainShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +715,7 @@ func (x *DrainShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainShardRequest.ProtoReflect.Descriptor instead.
 func (*DrainShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DrainShardRequest) GetShard() uint32 {
@@ -405,7 +734,7 @@ type RetireShardRequest struct {
 
 func (x *RetireShardRequest) Reset() {
 	*x = RetireShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +746,7 @@ func (x *RetireShardRequest) String() string {
 func (*RetireShardRequest) ProtoMessage() {}
 
 func (x *RetireShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +759,7 @@ func (x *RetireShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireShardRequest.ProtoReflect.Descriptor instead.
 func (*RetireShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RetireShardRequest) GetShard() uint32 {
@@ -452,7 +781,7 @@ type ShardChange struct {
 
 func (x *ShardChange) Reset() {
 	*x = ShardChange{}
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +793,7 @@ func (x *ShardChange) String() string {
 func (*ShardChange) ProtoMessage() {}
 
 func (x *ShardChange) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +806,7 @@ func (x *ShardChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardChange.ProtoReflect.Descriptor instead.
 func (*ShardChange) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ShardChange) GetVersion() uint64 {
@@ -515,7 +844,7 @@ type NewItem struct {
 
 func (x *NewItem) Reset() {
 	*x = NewItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +856,7 @@ func (x *NewItem) String() string {
 func (*NewItem) ProtoMessage() {}
 
 func (x *NewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +869,7 @@ func (x *NewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewItem.ProtoReflect.Descriptor instead.
 func (*NewItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NewItem) GetPayload() []byte {
@@ -606,7 +935,7 @@ type EnqueueRequest struct {
 
 func (x *EnqueueRequest) Reset() {
 	*x = EnqueueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +947,7 @@ func (x *EnqueueRequest) String() string {
 func (*EnqueueRequest) ProtoMessage() {}
 
 func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +960,7 @@ func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EnqueueRequest) GetNamespace() string {
@@ -680,7 +1009,7 @@ type EnqueueResult struct {
 
 func (x *EnqueueResult) Reset() {
 	*x = EnqueueResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +1021,7 @@ func (x *EnqueueResult) String() string {
 func (*EnqueueResult) ProtoMessage() {}
 
 func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +1034,7 @@ func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResult.ProtoReflect.Descriptor instead.
 func (*EnqueueResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EnqueueResult) GetId() string {
@@ -738,7 +1067,7 @@ type EnqueueResponse struct {
 
 func (x *EnqueueResponse) Reset() {
 	*x = EnqueueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +1079,7 @@ func (x *EnqueueResponse) String() string {
 func (*EnqueueResponse) ProtoMessage() {}
 
 func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +1092,7 @@ func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResponse.ProtoReflect.Descriptor instead.
 func (*EnqueueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EnqueueResponse) GetResults() []*EnqueueResult {
@@ -783,7 +1112,7 @@ type TopicCount struct {
 
 func (x *TopicCount) Reset() {
 	*x = TopicCount{}
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1124,7 @@ func (x *TopicCount) String() string {
 func (*TopicCount) ProtoMessage() {}
 
 func (x *TopicCount) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1137,7 @@ func (x *TopicCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicCount.ProtoReflect.Descriptor instead.
 func (*TopicCount) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TopicCount) GetTopic() string {
@@ -846,7 +1175,7 @@ type DequeueRequest struct {
 
 func (x *DequeueRequest) Reset() {
 	*x = DequeueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +1187,7 @@ func (x *DequeueRequest) String() string {
 func (*DequeueRequest) ProtoMessage() {}
 
 func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +1200,7 @@ func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueRequest.ProtoReflect.Descriptor instead.
 func (*DequeueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DequeueRequest) GetNamespace() string {
@@ -942,7 +1271,7 @@ type LeasedItem struct {
 
 func (x *LeasedItem) Reset() {
 	*x = LeasedItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1283,7 @@ func (x *LeasedItem) String() string {
 func (*LeasedItem) ProtoMessage() {}
 
 func (x *LeasedItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1296,7 @@ func (x *LeasedItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasedItem.ProtoReflect.Descriptor instead.
 func (*LeasedItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeasedItem) GetId() string {
@@ -1049,7 +1378,7 @@ type DequeueResponse struct {
 
 func (x *DequeueResponse) Reset() {
 	*x = DequeueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1390,7 @@ func (x *DequeueResponse) String() string {
 func (*DequeueResponse) ProtoMessage() {}
 
 func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1403,7 @@ func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueResponse.ProtoReflect.Descriptor instead.
 func (*DequeueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DequeueResponse) GetItems() []*LeasedItem {
@@ -1094,7 +1423,7 @@ type LeaseRef struct {
 
 func (x *LeaseRef) Reset() {
 	*x = LeaseRef{}
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1435,7 @@ func (x *LeaseRef) String() string {
 func (*LeaseRef) ProtoMessage() {}
 
 func (x *LeaseRef) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1448,7 @@ func (x *LeaseRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRef.ProtoReflect.Descriptor instead.
 func (*LeaseRef) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaseRef) GetId() string {
@@ -1148,7 +1477,7 @@ type ItemResult struct {
 
 func (x *ItemResult) Reset() {
 	*x = ItemResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1489,7 @@ func (x *ItemResult) String() string {
 func (*ItemResult) ProtoMessage() {}
 
 func (x *ItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1502,7 @@ func (x *ItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemResult.ProtoReflect.Descriptor instead.
 func (*ItemResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ItemResult) GetId() string {
@@ -1207,7 +1536,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1548,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1561,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AckRequest) GetNamespace() string {
@@ -1258,7 +1587,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1599,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1612,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AckResponse) GetResults() []*ItemResult {
@@ -1320,7 +1649,7 @@ type NackItem struct {
 
 func (x *NackItem) Reset() {
 	*x = NackItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1661,7 @@ func (x *NackItem) String() string {
 func (*NackItem) ProtoMessage() {}
 
 func (x *NackItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1674,7 @@ func (x *NackItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackItem.ProtoReflect.Descriptor instead.
 func (*NackItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NackItem) GetId() string {
@@ -1407,7 +1736,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1748,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1761,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NackRequest) GetNamespace() string {
@@ -1458,7 +1787,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1799,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1812,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NackResponse) GetResults() []*ItemResult {
@@ -1506,7 +1835,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1847,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1860,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExtendLeaseRequest) GetNamespace() string {
@@ -1571,7 +1900,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1912,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1925,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -1636,7 +1965,7 @@ type Item struct {
 
 func (x *Item) Reset() {
 	*x = Item{}
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1977,7 @@ func (x *Item) String() string {
 func (*Item) ProtoMessage() {}
 
 func (x *Item) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1990,7 @@ func (x *Item) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Item.ProtoReflect.Descriptor instead.
 func (*Item) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Item) GetId() string {
@@ -1814,7 +2143,7 @@ type GetItemRequest struct {
 
 func (x *GetItemRequest) Reset() {
 	*x = GetItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +2155,7 @@ func (x *GetItemRequest) String() string {
 func (*GetItemRequest) ProtoMessage() {}
 
 func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +2168,7 @@ func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetItemRequest.ProtoReflect.Descriptor instead.
 func (*GetItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetItemRequest) GetNamespace() string {
@@ -1874,7 +2203,7 @@ type UpdateItemRequest struct {
 
 func (x *UpdateItemRequest) Reset() {
 	*x = UpdateItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2215,7 @@ func (x *UpdateItemRequest) String() string {
 func (*UpdateItemRequest) ProtoMessage() {}
 
 func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2228,7 @@ func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateItemRequest.ProtoReflect.Descriptor instead.
 func (*UpdateItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UpdateItemRequest) GetNamespace() string {
@@ -1954,7 +2283,7 @@ type DeleteItemRequest struct {
 
 func (x *DeleteItemRequest) Reset() {
 	*x = DeleteItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2295,7 @@ func (x *DeleteItemRequest) String() string {
 func (*DeleteItemRequest) ProtoMessage() {}
 
 func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2308,7 @@ func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemRequest.ProtoReflect.Descriptor instead.
 func (*DeleteItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteItemRequest) GetNamespace() string {
@@ -2004,7 +2333,7 @@ type DeleteItemResponse struct {
 
 func (x *DeleteItemResponse) Reset() {
 	*x = DeleteItemResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2345,7 @@ func (x *DeleteItemResponse) String() string {
 func (*DeleteItemResponse) ProtoMessage() {}
 
 func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2358,7 @@ func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemResponse.ProtoReflect.Descriptor instead.
 func (*DeleteItemResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
 }
 
 type GetTopicStatsRequest struct {
@@ -2044,7 +2373,7 @@ type GetTopicStatsRequest struct {
 
 func (x *GetTopicStatsRequest) Reset() {
 	*x = GetTopicStatsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2385,7 @@ func (x *GetTopicStatsRequest) String() string {
 func (*GetTopicStatsRequest) ProtoMessage() {}
 
 func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2398,7 @@ func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopicStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetTopicStatsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetTopicStatsRequest) GetNamespace() string {
@@ -2103,7 +2432,7 @@ type PriorityDepth struct {
 
 func (x *PriorityDepth) Reset() {
 	*x = PriorityDepth{}
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2444,7 @@ func (x *PriorityDepth) String() string {
 func (*PriorityDepth) ProtoMessage() {}
 
 func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2457,7 @@ func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityDepth.ProtoReflect.Descriptor instead.
 func (*PriorityDepth) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PriorityDepth) GetPriority() int32 {
@@ -2165,7 +2494,7 @@ type TopicStats struct {
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2506,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2519,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TopicStats) GetNamespace() string {
@@ -2270,7 +2599,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2611,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2624,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListTopicsRequest) GetNamespace() string {
@@ -2327,16 +2656,20 @@ func (x *ListTopicsRequest) GetPageToken() string {
 }
 
 type TopicSummary struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
-	Items         int64                  `protobuf:"varint,2,opt,name=items,proto3" json:"items,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Items the topic holds (ready, leased or delayed).
+	Items int64 `protobuf:"varint,2,opt,name=items,proto3" json:"items,omitempty"`
+	// Dead letters of the topic, so a topic whose every item died is still
+	// listed.
+	DeadLetters   int64 `protobuf:"varint,3,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicSummary) Reset() {
 	*x = TopicSummary{}
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2681,7 @@ func (x *TopicSummary) String() string {
 func (*TopicSummary) ProtoMessage() {}
 
 func (x *TopicSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2694,7 @@ func (x *TopicSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicSummary.ProtoReflect.Descriptor instead.
 func (*TopicSummary) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TopicSummary) GetTopic() string {
@@ -2378,6 +2711,13 @@ func (x *TopicSummary) GetItems() int64 {
 	return 0
 }
 
+func (x *TopicSummary) GetDeadLetters() int64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
+}
+
 type ListTopicsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Topics        []*TopicSummary        `protobuf:"bytes,1,rep,name=topics,proto3" json:"topics,omitempty"`
@@ -2388,7 +2728,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2740,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2753,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicSummary {
@@ -2438,7 +2778,7 @@ type GetShardMapRequest struct {
 
 func (x *GetShardMapRequest) Reset() {
 	*x = GetShardMapRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2790,7 @@ func (x *GetShardMapRequest) String() string {
 func (*GetShardMapRequest) ProtoMessage() {}
 
 func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2803,7 @@ func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetShardMapRequest.ProtoReflect.Descriptor instead.
 func (*GetShardMapRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
 }
 
 type Shard struct {
@@ -2493,7 +2833,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2845,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2858,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -2616,7 +2956,7 @@ type NamespaceShards struct {
 
 func (x *NamespaceShards) Reset() {
 	*x = NamespaceShards{}
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2968,7 @@ func (x *NamespaceShards) String() string {
 func (*NamespaceShards) ProtoMessage() {}
 
 func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2981,7 @@ func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceShards.ProtoReflect.Descriptor instead.
 func (*NamespaceShards) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NamespaceShards) GetNamespace() string {
@@ -2677,7 +3017,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +3029,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +3042,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ShardMap) GetVersion() uint64 {
@@ -2750,7 +3090,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2762,7 +3102,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2775,7 +3115,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -2855,7 +3195,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +3207,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +3220,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -2928,7 +3268,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3280,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3293,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -2983,7 +3323,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3335,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3348,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -3048,7 +3388,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3400,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3413,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
@@ -3102,7 +3442,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3114,7 +3454,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3127,7 +3467,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TopicConfig) GetPolicy() DequeuePolicy {
@@ -3187,7 +3527,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3199,7 +3539,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3212,7 +3552,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Namespace) GetName() string {
@@ -3301,7 +3641,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3313,7 +3653,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3326,7 +3666,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -3346,7 +3686,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3358,7 +3698,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3371,7 +3711,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -3399,7 +3739,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +3751,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +3764,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -3460,7 +3800,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3812,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3825,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -3527,7 +3867,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3879,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3892,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -3586,7 +3926,7 @@ type ListFailoverEventsRequest struct {
 
 func (x *ListFailoverEventsRequest) Reset() {
 	*x = ListFailoverEventsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3598,7 +3938,7 @@ func (x *ListFailoverEventsRequest) String() string {
 func (*ListFailoverEventsRequest) ProtoMessage() {}
 
 func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +3951,7 @@ func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListFailoverEventsRequest) GetLimit() int32 {
@@ -3632,7 +3972,7 @@ type ListFailoverEventsResponse struct {
 
 func (x *ListFailoverEventsResponse) Reset() {
 	*x = ListFailoverEventsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3644,7 +3984,7 @@ func (x *ListFailoverEventsResponse) String() string {
 func (*ListFailoverEventsResponse) ProtoMessage() {}
 
 func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3657,7 +3997,7 @@ func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListFailoverEventsResponse) GetController() string {
@@ -3678,7 +4018,32 @@ var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
-	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"9\n" +
+	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\n" +
+	"DrillEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\"\x9c\x02\n" +
+	"\x05Drill\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bscenario\x18\x02 \x01(\tR\bscenario\x129\n" +
+	"\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
+	"\x05phase\x18\x05 \x01(\tR\x05phase\x12\x12\n" +
+	"\x04done\x18\x06 \x01(\bR\x04done\x12\x18\n" +
+	"\averdict\x18\a \x01(\tR\averdict\x12-\n" +
+	"\x06events\x18\b \x03(\v2\x15.triage.v1.DrillEventR\x06events\"\xb3\x01\n" +
+	"\x12ReportDrillRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bscenario\x18\x02 \x01(\tR\bscenario\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\x12\x18\n" +
+	"\averdict\x18\x05 \x01(\tR\averdict\x12-\n" +
+	"\x06events\x18\x06 \x03(\v2\x15.triage.v1.DrillEventR\x06events\"\x13\n" +
+	"\x11ListDrillsRequest\">\n" +
+	"\x12ListDrillsResponse\x12(\n" +
+	"\x06drills\x18\x01 \x03(\v2\x10.triage.v1.DrillR\x06drills\"9\n" +
 	"\x0fAddShardRequest\x12&\n" +
 	"\x05shard\x18\x01 \x01(\v2\x10.triage.v1.ShardR\x05shard\"f\n" +
 	"\x18AddNamespaceShardRequest\x12\x1c\n" +
@@ -3866,10 +4231,11 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\":\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"]\n" +
 	"\fTopicSummary\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
-	"\x05items\x18\x02 \x01(\x03R\x05items\"m\n" +
+	"\x05items\x18\x02 \x01(\x03R\x05items\x12!\n" +
+	"\fdead_letters\x18\x03 \x01(\x03R\vdeadLetters\"m\n" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
@@ -4014,7 +4380,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xc8\b\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\x83\n" +
+	"\n" +
 	"\x05Admin\x12W\n" +
 	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
 	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
@@ -4027,7 +4394,11 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"DrainShard\x12\x1c.triage.v1.DrainShardRequest\x1a\x16.triage.v1.ShardChange\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/shards/{shard}:drain\x12j\n" +
 	"\vRetireShard\x12\x1d.triage.v1.RetireShardRequest\x1a\x16.triage.v1.ShardChange\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/v1/shards/{shard}:retire\x12x\n" +
-	"\x12ListFailoverEvents\x12$.triage.v1.ListFailoverEventsRequest\x1a%.triage.v1.ListFailoverEventsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/failoversB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
+	"\x12ListFailoverEvents\x12$.triage.v1.ListFailoverEventsRequest\x1a%.triage.v1.ListFailoverEventsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/failovers\x12Z\n" +
+	"\vReportDrill\x12\x1d.triage.v1.ReportDrillRequest\x1a\x10.triage.v1.Drill\"\x1a\x82\xd3\xe4\x93\x02\x14:\x01*\"\x0f/v1/drills/{id}\x12]\n" +
+	"\n" +
+	"ListDrills\x12\x1c.triage.v1.ListDrillsRequest\x1a\x1d.triage.v1.ListDrillsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/drillsB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
 var (
 	file_triage_v1_triage_proto_rawDescOnce sync.Once
@@ -4042,181 +4413,196 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
 	(DequeuePolicy)(0),                 // 2: triage.v1.DequeuePolicy
-	(*AddShardRequest)(nil),            // 3: triage.v1.AddShardRequest
-	(*AddNamespaceShardRequest)(nil),   // 4: triage.v1.AddNamespaceShardRequest
-	(*SetShardWeightRequest)(nil),      // 5: triage.v1.SetShardWeightRequest
-	(*DrainShardRequest)(nil),          // 6: triage.v1.DrainShardRequest
-	(*RetireShardRequest)(nil),         // 7: triage.v1.RetireShardRequest
-	(*ShardChange)(nil),                // 8: triage.v1.ShardChange
-	(*NewItem)(nil),                    // 9: triage.v1.NewItem
-	(*EnqueueRequest)(nil),             // 10: triage.v1.EnqueueRequest
-	(*EnqueueResult)(nil),              // 11: triage.v1.EnqueueResult
-	(*EnqueueResponse)(nil),            // 12: triage.v1.EnqueueResponse
-	(*TopicCount)(nil),                 // 13: triage.v1.TopicCount
-	(*DequeueRequest)(nil),             // 14: triage.v1.DequeueRequest
-	(*LeasedItem)(nil),                 // 15: triage.v1.LeasedItem
-	(*DequeueResponse)(nil),            // 16: triage.v1.DequeueResponse
-	(*LeaseRef)(nil),                   // 17: triage.v1.LeaseRef
-	(*ItemResult)(nil),                 // 18: triage.v1.ItemResult
-	(*AckRequest)(nil),                 // 19: triage.v1.AckRequest
-	(*AckResponse)(nil),                // 20: triage.v1.AckResponse
-	(*NackItem)(nil),                   // 21: triage.v1.NackItem
-	(*NackRequest)(nil),                // 22: triage.v1.NackRequest
-	(*NackResponse)(nil),               // 23: triage.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),         // 24: triage.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),        // 25: triage.v1.ExtendLeaseResponse
-	(*Item)(nil),                       // 26: triage.v1.Item
-	(*GetItemRequest)(nil),             // 27: triage.v1.GetItemRequest
-	(*UpdateItemRequest)(nil),          // 28: triage.v1.UpdateItemRequest
-	(*DeleteItemRequest)(nil),          // 29: triage.v1.DeleteItemRequest
-	(*DeleteItemResponse)(nil),         // 30: triage.v1.DeleteItemResponse
-	(*GetTopicStatsRequest)(nil),       // 31: triage.v1.GetTopicStatsRequest
-	(*PriorityDepth)(nil),              // 32: triage.v1.PriorityDepth
-	(*TopicStats)(nil),                 // 33: triage.v1.TopicStats
-	(*ListTopicsRequest)(nil),          // 34: triage.v1.ListTopicsRequest
-	(*TopicSummary)(nil),               // 35: triage.v1.TopicSummary
-	(*ListTopicsResponse)(nil),         // 36: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 37: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 38: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 39: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 40: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 41: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 42: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 43: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 44: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 45: triage.v1.RedriveDeadLettersResponse
-	(*TopicConfig)(nil),                // 46: triage.v1.TopicConfig
-	(*Namespace)(nil),                  // 47: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 48: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 49: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 50: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 51: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 52: triage.v1.FailoverResponse
-	(*ListFailoverEventsRequest)(nil),  // 53: triage.v1.ListFailoverEventsRequest
-	(*ListFailoverEventsResponse)(nil), // 54: triage.v1.ListFailoverEventsResponse
-	nil,                                // 55: triage.v1.NewItem.MetadataEntry
-	nil,                                // 56: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 57: triage.v1.NackItem.MetadataEntry
-	nil,                                // 58: triage.v1.Item.MetadataEntry
-	nil,                                // 59: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 60: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 61: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 62: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 63: google.protobuf.Duration
+	(*DrillEvent)(nil),                 // 3: triage.v1.DrillEvent
+	(*Drill)(nil),                      // 4: triage.v1.Drill
+	(*ReportDrillRequest)(nil),         // 5: triage.v1.ReportDrillRequest
+	(*ListDrillsRequest)(nil),          // 6: triage.v1.ListDrillsRequest
+	(*ListDrillsResponse)(nil),         // 7: triage.v1.ListDrillsResponse
+	(*AddShardRequest)(nil),            // 8: triage.v1.AddShardRequest
+	(*AddNamespaceShardRequest)(nil),   // 9: triage.v1.AddNamespaceShardRequest
+	(*SetShardWeightRequest)(nil),      // 10: triage.v1.SetShardWeightRequest
+	(*DrainShardRequest)(nil),          // 11: triage.v1.DrainShardRequest
+	(*RetireShardRequest)(nil),         // 12: triage.v1.RetireShardRequest
+	(*ShardChange)(nil),                // 13: triage.v1.ShardChange
+	(*NewItem)(nil),                    // 14: triage.v1.NewItem
+	(*EnqueueRequest)(nil),             // 15: triage.v1.EnqueueRequest
+	(*EnqueueResult)(nil),              // 16: triage.v1.EnqueueResult
+	(*EnqueueResponse)(nil),            // 17: triage.v1.EnqueueResponse
+	(*TopicCount)(nil),                 // 18: triage.v1.TopicCount
+	(*DequeueRequest)(nil),             // 19: triage.v1.DequeueRequest
+	(*LeasedItem)(nil),                 // 20: triage.v1.LeasedItem
+	(*DequeueResponse)(nil),            // 21: triage.v1.DequeueResponse
+	(*LeaseRef)(nil),                   // 22: triage.v1.LeaseRef
+	(*ItemResult)(nil),                 // 23: triage.v1.ItemResult
+	(*AckRequest)(nil),                 // 24: triage.v1.AckRequest
+	(*AckResponse)(nil),                // 25: triage.v1.AckResponse
+	(*NackItem)(nil),                   // 26: triage.v1.NackItem
+	(*NackRequest)(nil),                // 27: triage.v1.NackRequest
+	(*NackResponse)(nil),               // 28: triage.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),         // 29: triage.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),        // 30: triage.v1.ExtendLeaseResponse
+	(*Item)(nil),                       // 31: triage.v1.Item
+	(*GetItemRequest)(nil),             // 32: triage.v1.GetItemRequest
+	(*UpdateItemRequest)(nil),          // 33: triage.v1.UpdateItemRequest
+	(*DeleteItemRequest)(nil),          // 34: triage.v1.DeleteItemRequest
+	(*DeleteItemResponse)(nil),         // 35: triage.v1.DeleteItemResponse
+	(*GetTopicStatsRequest)(nil),       // 36: triage.v1.GetTopicStatsRequest
+	(*PriorityDepth)(nil),              // 37: triage.v1.PriorityDepth
+	(*TopicStats)(nil),                 // 38: triage.v1.TopicStats
+	(*ListTopicsRequest)(nil),          // 39: triage.v1.ListTopicsRequest
+	(*TopicSummary)(nil),               // 40: triage.v1.TopicSummary
+	(*ListTopicsResponse)(nil),         // 41: triage.v1.ListTopicsResponse
+	(*GetShardMapRequest)(nil),         // 42: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 43: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 44: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 45: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 46: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 47: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 48: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 49: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 50: triage.v1.RedriveDeadLettersResponse
+	(*TopicConfig)(nil),                // 51: triage.v1.TopicConfig
+	(*Namespace)(nil),                  // 52: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 53: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 54: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 55: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 56: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 57: triage.v1.FailoverResponse
+	(*ListFailoverEventsRequest)(nil),  // 58: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 59: triage.v1.ListFailoverEventsResponse
+	nil,                                // 60: triage.v1.NewItem.MetadataEntry
+	nil,                                // 61: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 62: triage.v1.NackItem.MetadataEntry
+	nil,                                // 63: triage.v1.Item.MetadataEntry
+	nil,                                // 64: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 65: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 66: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 67: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 68: google.protobuf.Duration
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	38, // 0: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
-	38, // 1: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	62, // 2: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	63, // 3: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	63, // 4: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	55, // 5: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	9,  // 6: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
-	0,  // 7: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	11, // 8: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	13, // 9: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	63, // 10: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	63, // 11: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	56, // 12: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	62, // 13: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	62, // 14: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	62, // 15: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	15, // 16: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	17, // 17: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	18, // 18: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	63, // 19: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	57, // 20: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	21, // 21: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	18, // 22: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	63, // 23: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	62, // 24: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	58, // 25: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	62, // 26: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	63, // 27: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	62, // 28: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	62, // 29: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
-	1,  // 30: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	62, // 31: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	62, // 32: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	62, // 33: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	62, // 34: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	59, // 35: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	32, // 36: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	63, // 37: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	35, // 38: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	62, // 39: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	38, // 40: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	39, // 41: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	60, // 42: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	62, // 43: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	62, // 44: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	41, // 45: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	2,  // 46: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	63, // 47: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	39, // 48: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	63, // 49: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	63, // 50: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	63, // 51: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	61, // 52: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	47, // 53: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	62, // 54: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	51, // 55: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	51, // 56: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	46, // 57: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	10, // 58: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	14, // 59: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	19, // 60: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	22, // 61: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	24, // 62: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	27, // 63: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	28, // 64: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	29, // 65: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	31, // 66: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	34, // 67: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	42, // 68: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	44, // 69: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	37, // 70: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	50, // 71: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	48, // 72: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	49, // 73: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	3,  // 74: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	4,  // 75: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	5,  // 76: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	6,  // 77: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	7,  // 78: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	53, // 79: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	12, // 80: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	16, // 81: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	20, // 82: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	23, // 83: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	25, // 84: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	26, // 85: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	26, // 86: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	30, // 87: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	33, // 88: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	36, // 89: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	43, // 90: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	45, // 91: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	40, // 92: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	52, // 93: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	47, // 94: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	47, // 95: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	8,  // 96: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	8,  // 97: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	8,  // 98: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	8,  // 99: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	8,  // 100: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	54, // 101: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	80, // [80:102] is the sub-list for method output_type
-	58, // [58:80] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	67, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
+	67, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
+	67, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
+	3,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
+	3,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
+	4,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
+	43, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	43, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	67, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	68, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	68, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	60, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	14, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	0,  // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
+	16, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	18, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	68, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	68, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	61, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	67, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	67, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	67, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	20, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	22, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	23, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	68, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	62, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	26, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	23, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	68, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	67, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	63, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	67, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	68, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	67, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	67, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	1,  // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
+	67, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	67, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	67, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	67, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	64, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	37, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	68, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	40, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	67, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	43, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	44, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	65, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	67, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	67, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	46, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	2,  // 52: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	68, // 53: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	44, // 54: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	68, // 55: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	68, // 56: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	68, // 57: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	66, // 58: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	52, // 59: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	67, // 60: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	56, // 61: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	56, // 62: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	51, // 63: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	15, // 64: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	19, // 65: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	24, // 66: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	27, // 67: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	29, // 68: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	32, // 69: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	33, // 70: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	34, // 71: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	36, // 72: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	39, // 73: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	47, // 74: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	49, // 75: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	42, // 76: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	55, // 77: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	53, // 78: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	54, // 79: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	8,  // 80: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	9,  // 81: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	10, // 82: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	11, // 83: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	12, // 84: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	58, // 85: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	5,  // 86: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	6,  // 87: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	17, // 88: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	21, // 89: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	25, // 90: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	28, // 91: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	30, // 92: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	31, // 93: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	31, // 94: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	35, // 95: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	38, // 96: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	41, // 97: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	48, // 98: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	50, // 99: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	45, // 100: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	57, // 101: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	52, // 102: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	52, // 103: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	13, // 104: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	13, // 105: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	13, // 106: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	13, // 107: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	13, // 108: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	59, // 109: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	4,  // 110: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	7,  // 111: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	88, // [88:112] is the sub-list for method output_type
+	64, // [64:88] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -4224,15 +4610,15 @@ func file_triage_v1_triage_proto_init() {
 	if File_triage_v1_triage_proto != nil {
 		return
 	}
-	file_triage_v1_triage_proto_msgTypes[11].OneofWrappers = []any{}
-	file_triage_v1_triage_proto_msgTypes[25].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[16].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   59,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

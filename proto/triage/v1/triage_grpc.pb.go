@@ -66,7 +66,7 @@ type QueueClient interface {
 	DeleteItem(ctx context.Context, in *DeleteItemRequest, opts ...grpc.CallOption) (*DeleteItemResponse, error)
 	// GetTopicStats reports a topic's depth across the region's shards.
 	GetTopicStats(ctx context.Context, in *GetTopicStatsRequest, opts ...grpc.CallOption) (*TopicStats, error)
-	// ListTopics lists topics that hold items.
+	// ListTopics lists topics that hold items or dead letters.
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
@@ -231,7 +231,7 @@ type QueueServer interface {
 	DeleteItem(context.Context, *DeleteItemRequest) (*DeleteItemResponse, error)
 	// GetTopicStats reports a topic's depth across the region's shards.
 	GetTopicStats(context.Context, *GetTopicStatsRequest) (*TopicStats, error)
-	// ListTopics lists topics that hold items.
+	// ListTopics lists topics that hold items or dead letters.
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
@@ -592,6 +592,8 @@ const (
 	Admin_DrainShard_FullMethodName         = "/triage.v1.Admin/DrainShard"
 	Admin_RetireShard_FullMethodName        = "/triage.v1.Admin/RetireShard"
 	Admin_ListFailoverEvents_FullMethodName = "/triage.v1.Admin/ListFailoverEvents"
+	Admin_ReportDrill_FullMethodName        = "/triage.v1.Admin/ReportDrill"
+	Admin_ListDrills_FullMethodName         = "/triage.v1.Admin/ListDrills"
 )
 
 // AdminClient is the client API for Admin service.
@@ -632,6 +634,14 @@ type AdminClient interface {
 	// took since it started (most recent last; read-only). UNAVAILABLE when
 	// no controller answers.
 	ListFailoverEvents(ctx context.Context, in *ListFailoverEventsRequest, opts ...grpc.CallOption) (*ListFailoverEventsResponse, error)
+	// ReportDrill creates or updates a failover drill's progress (kept 24 h
+	// in a replicated NATS KV bucket, so every router of every region
+	// serves the same drills): the phase, done and verdict given replace
+	// the drill's, and events are appended (the last 200 are kept).
+	ReportDrill(ctx context.Context, in *ReportDrillRequest, opts ...grpc.CallOption) (*Drill, error)
+	// ListDrills returns the drills of the last 24 h, newest first (at
+	// most 20), with their events.
+	ListDrills(ctx context.Context, in *ListDrillsRequest, opts ...grpc.CallOption) (*ListDrillsResponse, error)
 }
 
 type adminClient struct {
@@ -742,6 +752,26 @@ func (c *adminClient) ListFailoverEvents(ctx context.Context, in *ListFailoverEv
 	return out, nil
 }
 
+func (c *adminClient) ReportDrill(ctx context.Context, in *ReportDrillRequest, opts ...grpc.CallOption) (*Drill, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Drill)
+	err := c.cc.Invoke(ctx, Admin_ReportDrill_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListDrills(ctx context.Context, in *ListDrillsRequest, opts ...grpc.CallOption) (*ListDrillsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDrillsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListDrills_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -780,6 +810,14 @@ type AdminServer interface {
 	// took since it started (most recent last; read-only). UNAVAILABLE when
 	// no controller answers.
 	ListFailoverEvents(context.Context, *ListFailoverEventsRequest) (*ListFailoverEventsResponse, error)
+	// ReportDrill creates or updates a failover drill's progress (kept 24 h
+	// in a replicated NATS KV bucket, so every router of every region
+	// serves the same drills): the phase, done and verdict given replace
+	// the drill's, and events are appended (the last 200 are kept).
+	ReportDrill(context.Context, *ReportDrillRequest) (*Drill, error)
+	// ListDrills returns the drills of the last 24 h, newest first (at
+	// most 20), with their events.
+	ListDrills(context.Context, *ListDrillsRequest) (*ListDrillsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -819,6 +857,12 @@ func (UnimplementedAdminServer) RetireShard(context.Context, *RetireShardRequest
 }
 func (UnimplementedAdminServer) ListFailoverEvents(context.Context, *ListFailoverEventsRequest) (*ListFailoverEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListFailoverEvents not implemented")
+}
+func (UnimplementedAdminServer) ReportDrill(context.Context, *ReportDrillRequest) (*Drill, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportDrill not implemented")
+}
+func (UnimplementedAdminServer) ListDrills(context.Context, *ListDrillsRequest) (*ListDrillsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDrills not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -1021,6 +1065,42 @@ func _Admin_ListFailoverEvents_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ReportDrill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportDrillRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ReportDrill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ReportDrill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ReportDrill(ctx, req.(*ReportDrillRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListDrills_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDrillsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListDrills(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListDrills_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListDrills(ctx, req.(*ListDrillsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1067,6 +1147,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListFailoverEvents",
 			Handler:    _Admin_ListFailoverEvents_Handler,
+		},
+		{
+			MethodName: "ReportDrill",
+			Handler:    _Admin_ReportDrill_Handler,
+		},
+		{
+			MethodName: "ListDrills",
+			Handler:    _Admin_ListDrills_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

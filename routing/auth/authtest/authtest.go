@@ -65,6 +65,27 @@ func (ca *CA) Pool() *x509.CertPool {
 // certificate with cn and dns as names.
 func (ca *CA) Issue(t testing.TB, cn string, server bool, dns ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
+	return ca.issue(t, cn, server, !server, dns...)
+}
+
+// PeerFiles writes a certificate and key good for both ends of a TLS
+// connection (server and client authentication, for 127.0.0.1 and
+// localhost), as NATS cluster routes need, and the CA, into dir as
+// name.crt, name.key and ca.crt, and returns their paths.
+func (ca *CA) PeerFiles(t testing.TB, dir, name string) (certFile, keyFile, caFile string) {
+	t.Helper()
+	c, k := ca.issue(t, name, true, true)
+	certFile, keyFile, caFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"), filepath.Join(dir, "ca.crt")
+	Write(t, certFile, c)
+	Write(t, keyFile, k)
+	Write(t, caFile, ca.PEM)
+	return certFile, keyFile, caFile
+}
+
+// issue makes a certificate for cn, for servers at 127.0.0.1 and
+// localhost when server is set, for clients when client is.
+func (ca *CA) issue(t testing.TB, cn string, server, client bool, dns ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -75,11 +96,12 @@ func (ca *CA) Issue(t testing.TB, cn string, server bool, dns ...string) (certPE
 		KeyUsage: x509.KeyUsageDigitalSignature, DNSNames: dns,
 	}
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
 		tmpl.DNSNames = append(tmpl.DNSNames, "localhost")
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	if client {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -144,4 +166,19 @@ func Token(t testing.TB, k *auth.Key) string {
 	}
 	k.SHA256 = hash
 	return tok
+}
+
+// Keys makes a key for every entry that has no client certificates, writes
+// the entries as a keys file at path, and returns the keys to send by
+// entry name.
+func Keys(t testing.TB, path string, keys ...auth.Key) map[string]string {
+	t.Helper()
+	tokens := map[string]string{}
+	for i := range keys {
+		if keys[i].ClientCerts == nil {
+			tokens[keys[i].Name] = Token(t, &keys[i])
+		}
+	}
+	KeysFile(t, path, keys...)
+	return tokens
 }

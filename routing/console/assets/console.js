@@ -12,6 +12,7 @@ const ROUTES = {
   redrive: "POST /v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive",
   shardMap: "GET /v1/shardmap",
   failovers: "GET /v1/failovers",
+  listDrills: "GET /v1/drills",
 };
 
 const KEY = "triage.console.key";
@@ -254,7 +255,7 @@ async function loadDeadLetters() {
     box.value = d.id;
     box.className = "dl-pick";
     cell(tr, box);
-    cell(tr, d.id);
+    cell(tr, d.id, "id");
     cell(tr, String(d.priority), "num");
     cell(tr, String(d.attempts), "num");
     cell(tr, d.last_error || "");
@@ -325,9 +326,64 @@ async function loadShards() {
   }
 }
 
+// selectedDrill is the drill whose events the drills page shows: the one
+// clicked, else the newest.
+let selectedDrill = "";
+
+function drillResult(d) {
+  if (!d.done) return "running";
+  return d.verdict || "done";
+}
+
+async function loadDrills() {
+  const res = await call("listDrills", {});
+  const drills = res.drills || [];
+  if (!drills.some((d) => d.id === selectedDrill)) selectedDrill = drills.length ? drills[0].id : "";
+  const tbody = $("drills-table").tBodies[0];
+  clear(tbody);
+  for (const d of drills) {
+    const tr = document.createElement("tr");
+    tr.dataset.drill = d.id;
+    tr.className = "pick" + (d.id === selectedDrill ? " selected" : "");
+    tr.addEventListener("click", () => { selectedDrill = d.id; run("drills"); });
+    cell(tr, d.id, "id");
+    cell(tr, d.scenario || "–");
+    cell(tr, when(d.started_at));
+    cell(tr, d.phase || "–");
+    cell(tr, when(d.updated_at));
+    const result = drillResult(d);
+    cell(tr, result, result === "PASS" ? "pass" : d.done ? "fail" : "");
+    tbody.appendChild(tr);
+  }
+  const note = $("drills-note");
+  note.hidden = drills.length > 0;
+  note.textContent = drills.length ? "" : "No drill reported in the last 24 hours (triage-bed drill reports its progress here).";
+  const d = drills.find((x) => x.id === selectedDrill);
+  $("drill-selected").textContent = d ? d.id : "–";
+  const events = (d && d.events) || [];
+  $("drill-count").textContent = d ? "(" + events.length + " event(s), " + (d.done ? drillResult(d) : d.phase || "running") + ")" : "";
+  const log = $("drill-log");
+  // Follow the end of the log unless the reader scrolled up.
+  const follow = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  clear(log);
+  for (const e of events) {
+    const li = document.createElement("li");
+    const at = document.createElement("time");
+    at.textContent = e.at ? new Date(e.at).toLocaleTimeString() : "";
+    if (e.at) at.dateTime = e.at;
+    const text = document.createElement("span");
+    text.textContent = e.text;
+    li.appendChild(at);
+    li.appendChild(text);
+    log.appendChild(li);
+  }
+  if (follow) log.scrollTop = log.scrollHeight;
+  $("drills-at").textContent = "as of " + new Date().toLocaleTimeString();
+}
+
 // ---- wiring ----
 
-const loaders = { topics: loadTopics, item: loadItem, deadletters: loadDeadLetters, shards: loadShards };
+const loaders = { topics: loadTopics, item: loadItem, deadletters: loadDeadLetters, shards: loadShards, drills: loadDrills };
 let current = "topics";
 
 function run(view) {
@@ -370,5 +426,13 @@ document.addEventListener("DOMContentLoaded", () => {
   $("dl-redrive-all").addEventListener("click", () => redrive(true).catch(showError));
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
   setInterval(() => { if (current === "topics" && $("auto").checked && !document.hidden) run("topics"); }, 5000);
+  // The drills page is a live log: poll every second, one request at a
+  // time, keeping the page (and any error) as it is until the answer.
+  let polling = false;
+  setInterval(() => {
+    if (current !== "drills" || document.hidden || polling) return;
+    polling = true;
+    loadDrills().then(() => showError(null), showError).finally(() => { polling = false; });
+  }, 1000);
   show(location.hash.slice(1) || "topics");
 });
