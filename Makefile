@@ -68,7 +68,7 @@ test test/e2e: export TRIAGE_ARTIFACTS ?= $(CURDIR)/.triage/artifacts
 
 .PHONY: test
 test: test-deps ## Run every test (unit, integration on real MariaDB + NATS, e2e and the compose bed) with -race.
-	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
+	GO=$(GO) .ci/gotest -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test/e2e
 test/e2e: deps ## Run only the end-to-end tests against the built binary.

@@ -14,13 +14,13 @@ import (
 // no placeholder): a shard with a backlog too big to count
 // in time reports an error instead of holding a connection. Bands follow
 // the weighted policy's: priorities up to 0, 1, 2, 3, and 4 and up.
-// Prefetched rows count as ready, as in TopicStats.
+// Prefetched rows count as ready, with their ready_since, as in TopicStats.
 const depthSQL = `SET STATEMENT max_statement_time = %g FOR
 SELECT namespace, topic, LEAST(GREATEST(priority, 0), 4) AS band,
 	COALESCE(SUM(deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL)), 0) AS ready,
 	COALESCE(SUM(lease_token <> 0 AND COALESCE(leased_until > ?, FALSE)), 0) AS leased,
 	COUNT(*) AS total,
-	COALESCE(MIN(CASE WHEN deliver_after <= ? THEN deliver_after END), 0) AS oldest
+	COALESCE(MIN(` + readySinceSQL + `), 0) AS oldest
 FROM items GROUP BY namespace, topic, band`
 
 // deadDepthSQL counts dead letters per topic, under the same bound.
@@ -36,8 +36,9 @@ type BandDepth struct {
 	Ready  int64 `db:"ready"`
 	Leased int64 `db:"leased"`
 	Total  int64 `db:"total"`
-	// Oldest is the deliver_after (µs) of the oldest ready item; 0: none
-	// that became ready by time (prefetched rows only).
+	// Oldest is when (µs) the oldest ready item became ready: its
+	// deliver_after, or its ready_since if a dequeuer prefetched it; 0:
+	// none.
 	Oldest int64 `db:"oldest"`
 }
 

@@ -44,7 +44,9 @@ func (r *Item) Compare(o *Item) int {
 
 // Prefetched reports whether the row sits in a dequeuer's prefetch
 // buffer: leased under a batch token, with no delivery lease (no
-// leased_until). Its deliver_after is the prefetch lease's expiry.
+// leased_until). Its deliver_after is the prefetch lease's expiry; when it
+// became ready is kept in the ready_since column (itemPrefetchSQL), which
+// only the statements read.
 func (r *Item) Prefetched() bool { return r.LeaseToken != 0 && !r.LeasedUntil.Valid }
 
 // DeadLetter is a row of dead_letters.

@@ -114,12 +114,18 @@ func (s Store) ItemDelete(ctx context.Context, p ItemDeleteParams) error {
 // topicReadySQL counts a topic's ready items per priority, with the oldest
 // ready time. A prefetched row (a dequeuer's buffer holds it: lease_token
 // set, leased_until NULL) is ready: it waits for a consumer, and its
-// deliver_after is only the prefetch lease's expiry. Its ready time is not
-// stored, so it does not count toward the oldest age.
+// deliver_after is only the prefetch lease's expiry, so its ready time is
+// ready_since (itemPrefetchSQL), whether its prefetch lease runs or lapsed.
 const topicReadySQL = `SELECT priority, COUNT(*) AS ready,
-			COALESCE(MIN(CASE WHEN deliver_after <= ? THEN deliver_after END), 0) AS oldest FROM items
+			COALESCE(MIN(` + readySinceSQL + `), 0) AS oldest FROM items
 			WHERE namespace = ? AND topic = ? AND (deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL))
 			GROUP BY priority`
+
+// readySinceSQL is when a ready row became ready, NULL for a row that is
+// not ready (its one argument: now, µs). Rows prefetched before ready_since
+// existed have none and are left out of the oldest age until released.
+const readySinceSQL = `CASE WHEN lease_token <> 0 AND leased_until IS NULL THEN ready_since
+				WHEN deliver_after <= ? THEN deliver_after END`
 
 // topicTotalsSQL counts a topic's items and those under a running
 // delivery lease.

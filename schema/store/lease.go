@@ -43,8 +43,16 @@ LIMIT ?`
 // ready. It counts no attempt and sets no leased_until: nothing has reached
 // a consumer yet. A dequeuer that dies with rows buffered leaves them
 // hidden for at most the prefetch lease, and with their attempts unchanged.
+//
+// ready_since keeps when the row became ready, which deliver_after no
+// longer says: the stats' oldest ready age and ItemRelease read it. A row
+// whose prefetch lease lapsed keeps the ready_since it had; any other row
+// became ready at its deliver_after. MariaDB assigns left to right, each
+// expression seeing the columns already assigned, so ready_since comes
+// first, while lease_token, leased_until and deliver_after are the row's.
 const itemPrefetchSQL = `UPDATE items FORCE INDEX (PRIMARY)
-SET lease_token = ?, leased_until = NULL, deliver_after = ?, updated_at = ?
+SET ready_since = IF(lease_token <> 0 AND leased_until IS NULL, COALESCE(ready_since, deliver_after), deliver_after),
+	lease_token = ?, leased_until = NULL, deliver_after = ?, updated_at = ?
 WHERE id IN (?) AND deliver_after <= ?`
 
 // itemServeCheckSQL reads the tokens rows carry after a serve that did
@@ -330,9 +338,11 @@ type ItemReleaseParams struct {
 	NowUS int64
 }
 
-// ItemRelease hands prefetched, never-served rows back: ready at their old
-// deliver_after, so they keep their place in the delivery order. No
-// attempt was counted for them, so none is taken back.
+// ItemRelease hands prefetched, never-served rows back: ready at the time
+// they first became ready (ready_since, else the deliver_after they were
+// read with), so they keep their place in the delivery order, also after
+// a prefetch lease that lapsed and was taken again. No attempt was counted
+// for them, so none is taken back.
 func (s Store) ItemRelease(ctx context.Context, p ItemReleaseParams) error {
 	if len(p.Rows) == 0 {
 		return nil
@@ -343,8 +353,8 @@ func (s Store) ItemRelease(ctx context.Context, p ItemReleaseParams) error {
 		ids[i], was[i] = r.ID, r.DeliverAfter
 	}
 	var q stmt
-	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = ", p.NowUS).caseByID(ids, was, "deliver_after")
-	q.add(" WHERE lease_token = ? AND leased_until IS NULL AND id", p.Token).in(ids)
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = COALESCE(ready_since, ", p.NowUS).caseByID(ids, was, "deliver_after")
+	q.add("), ready_since = NULL WHERE lease_token = ? AND leased_until IS NULL AND id", p.Token).in(ids)
 	_, err := retryExec(ctx, s.db, q.sql.String(), q.args)
 	return err
 }

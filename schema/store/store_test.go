@@ -218,6 +218,56 @@ func TestRefreshAndRelease(t *testing.T) {
 	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{NowUS: f.nowUS}), "nothing to release")
 }
 
+// TestPrefetchedRowsKeepTheirReadyTime: the prefetch lease moves
+// deliver_after to its expiry, yet the stats' oldest ready age and a
+// release go by when the row became ready, also after the prefetch lease
+// lapsed and another owner took the row.
+func TestPrefetchedRowsKeepTheirReadyTime(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2, 4) // priorities 1, 2, 1; ready at now-1, now-2, now-4
+	oldest := func(nowUS int64) map[int32]int64 {
+		t.Helper()
+		st, err := f.s.TopicStats(f.ctx, TopicStatsParams{Namespace: ns, Topic: topic, NowUS: nowUS})
+		require.NoError(t, err)
+		out := map[int32]int64{}
+		for _, r := range st.Ready {
+			require.Equal(t, int64(map[int32]int{1: 2, 2: 1}[r.Priority]), r.Ready, "priority %d", r.Priority)
+			out[r.Priority] = r.Oldest
+		}
+		bands, _, err := f.s.ItemDepth(f.ctx, ItemDepthParams{NowUS: nowUS})
+		require.NoError(t, err)
+		for _, b := range bands {
+			require.Equal(t, out[int32(b.Band)], b.Oldest, "band %d: the metrics agree with the stats", b.Band)
+		}
+		return out
+	}
+	want := map[int32]int64{1: f.nowUS - 4, 2: f.nowUS - 2}
+	require.Equal(t, want, oldest(f.nowUS))
+
+	rows, _ := f.leaseHead(ItemLeaseHeadParams{})
+	require.Len(t, rows, 3)
+	require.Equal(t, want, oldest(f.nowUS), "prefetched rows are ready since they were")
+
+	// The prefetch lease lapses (its owner died); another owner takes the
+	// rows, and their ready time stays the first one.
+	later := f.nowUS + 6e6
+	rows, token, _, err := f.s.ItemLeaseHead(f.ctx, ItemLeaseHeadParams{Namespace: ns, Topic: topic, PriorityLo: math.MinInt32, PriorityHi: math.MaxInt32,
+		Limit: 10, NowUS: later, PrefetchUntilUS: later + 5e6})
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	require.Equal(t, f.nowUS+5e6, rows[0].DeliverAfter, "read with the lapsed prefetch lease's expiry")
+	require.Equal(t, want, oldest(later))
+
+	// Released, they are ready at their first ready time again, not at the
+	// expiry they were read with.
+	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{Rows: rows, Token: token, NowUS: later}))
+	for _, id := range []uint64{1, 2, 4} {
+		require.Equal(t, f.nowUS-int64(id), f.get(id).DeliverAfter, "item %d", id)
+	}
+	require.Equal(t, want, oldest(later))
+	require.Zero(t, f.count("SELECT COUNT(*) FROM items WHERE ready_since IS NOT NULL"), "a released row is not prefetched")
+}
+
 // TestLeaseHeadRetires: rows out of attempts are dead-lettered and, on
 // at-most-once topics, rows whose delivery lease lapsed are deleted; both
 // keep their dedup keys taken.
@@ -233,6 +283,7 @@ func TestLeaseHeadRetires(t *testing.T) {
 	_, err = f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 1, lease_token = 5, leased_until = ? WHERE id = 2", f.nowUS-1)
 	require.NoError(t, err)
 
+	ready3 := f.get(3).DeliverAfter
 	rows, _ := f.leaseHead(ItemLeaseHeadParams{MaxAttempts: 3, AtMostOnce: true, DedupWindow: time.Hour})
 	require.Equal(t, []uint64{3}, ids(rows))
 	require.Equal(t, 2, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE expires_at = ?", f.nowUS+time.Hour.Microseconds()))
@@ -248,7 +299,7 @@ func TestLeaseHeadRetires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.DeadLetters)
 	require.Equal(t, int64(1), st.Total)
-	require.Equal(t, []PriorityReady{{Priority: 0, Ready: 1}}, st.Ready, "a prefetched row is ready, its age unknown")
+	require.Equal(t, []PriorityReady{{Priority: 0, Ready: 1, Oldest: ready3}}, st.Ready, "a prefetched row is ready since it was")
 
 	n, err := f.s.DeadLetterRedrive(f.ctx, DeadLetterRedriveParams{Namespace: ns, Topic: topic, NowUS: f.nowUS})
 	require.NoError(t, err)

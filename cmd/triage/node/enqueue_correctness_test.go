@@ -6,10 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -227,8 +225,7 @@ func TestDedupKeyStaysInTheRequestedRegion(t *testing.T) {
 	require.NoError(t, kvPublisher{kv: b.node.kv, maps: b.node.maps}.PublishMap(b.ctx(), prev, nm))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	eu, err := Start(ctx, Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{RoleEnqueuer, RoleDequeuer}},
-		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	eu, err := Start(ctx, Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{RoleEnqueuer, RoleDequeuer}}, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(eu.Stop)
 	require.Eventually(t, func() bool {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,7 +100,7 @@ func (b *bed) startNode(c Config) *Node {
 	t := b.t
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := Start(ctx, b.config(c), slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	n, err := Start(ctx, b.config(c), testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(n.Stop)
 	if n.GRPCAddr != "" && b.node == nil {
@@ -141,4 +143,37 @@ func (b *bed) rowCount(table string) int {
 		total += n
 	}
 	return total
+}
+
+// testLogger logs warnings and errors to t.Log, so a node's log lines are
+// printed with the test that made them (and only when it fails or runs
+// with -v) instead of flooding the package's output, where parallel
+// tests' lines hid a failure's cause. Call it before registering the
+// node's Stop: cleanups run last-registered first, so the node has stopped
+// when the writer closes; a line written after that (a goroutine that
+// outlived Stop) goes to stderr, since t.Log would panic.
+func testLogger(t testing.TB) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return os.Stderr.Write(p)
+	}
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
