@@ -19,8 +19,11 @@
 // drills ([Server.Stop] or [Server.Kill], then [Start] again) possible.
 //
 // The child runs in its own process group so that Ctrl-C in the parent's
-// terminal does not kill it before the parent stops it cleanly. The package
-// only ever signals the PID it started; it never uses pkill or killall.
+// terminal does not kill it before the parent stops it cleanly. It gets
+// SIGTERM when the parent dies (Linux's parent-death signal), so a test
+// binary killed at its -timeout or a bed killed with -9 leaves no server
+// running. The package only ever signals the PID it started; it never uses
+// pkill or killall.
 //
 // Errors are returned, not logged; an optional *slog.Logger receives progress
 // lines only. For integration tests, see package mariadbtest.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,7 +18,23 @@ import (
 	"github.com/triage-queue/triage/deploy/mariadb"
 )
 
+// orphanHelperDir, when set in the environment, makes the test binary a
+// helper for TestServerDiesWithItsParent: it starts a server there,
+// writes its PID to Dir/helper.pid and waits to be killed.
+const orphanHelperDir = "MARIADB_TEST_ORPHAN_HELPER_DIR"
+
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(orphanHelperDir); dir != "" {
+		s, err := mariadb.Start(context.Background(), mariadb.Config{Dir: dir})
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "helper.pid"), []byte(strconv.Itoa(s.PID())), 0o600); err != nil {
+			os.Exit(1)
+		}
+		select {}
+	}
 	if err := mariadb.EnsureInstalled(context.Background(), nil); err != nil {
 		// Fail, never skip: a missing server must not turn into green tests.
 		os.Stderr.WriteString(err.Error() + "\n")
@@ -195,4 +212,43 @@ func TestStartReusesEmptyDataDirButRefusesForeignOne(t *testing.T) {
 	_, err := mariadb.Start(t.Context(), mariadb.Config{Dir: foreign})
 	require.ErrorContains(t, err, "refusing")
 	require.DirExists(t, filepath.Join(foreign, "data", "precious"))
+}
+
+// TestServerDiesWithItsParent: a process that started a server and is
+// killed with -9 (a test binary at its -timeout, a bed) leaves no mariadbd
+// behind.
+func TestServerDiesWithItsParent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	helper := exec.Command(os.Args[0], "-test.run=^$")
+	helper.Env = append(os.Environ(), orphanHelperDir+"="+dir)
+	helper.Stderr = os.Stderr
+	require.NoError(t, helper.Start())
+	t.Cleanup(func() { _ = helper.Process.Kill(); _ = helper.Wait() })
+
+	var pid int
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "helper.pid"))
+		if err != nil || len(b) == 0 {
+			return false
+		}
+		pid, err = strconv.Atoi(string(b))
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "the helper started a server")
+	// The server is not this test's child: signal 0 only checks it exists.
+	require.NoError(t, syscall.Kill(pid, 0), "mariadbd %d runs", pid)
+	t.Cleanup(func() {
+		if syscall.Kill(pid, 0) == nil { // the assertion below failed: do not leave it
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+
+	require.NoError(t, helper.Process.Kill())
+	_ = helper.Wait()
+	require.Eventually(t, func() bool {
+		// Once reparented and exited, mariadbd is reaped by init; until
+		// then it is a zombie, which counts as gone.
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		return err != nil || strings.Contains(string(b), ") Z ")
+	}, 30*time.Second, 100*time.Millisecond, "mariadbd %d outlived the process that started it", pid)
 }

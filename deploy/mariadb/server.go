@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -190,16 +191,30 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 	}
 	s.cmd = exec.Command(mariadbd, args...)
 	s.cmd.Stderr = &s.stderr // option errors can precede --log-error taking effect
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := s.cmd.Start(); err != nil {
-		s.cleanup()
-		return nil, fmt.Errorf("mariadb: start mariadbd: %w", err)
-	}
+	// mariadbd dies with the process that started it (SIGTERM: a clean
+	// shutdown), so a test binary killed at its timeout or a bed killed
+	// with -9 leaves no server behind. Linux sends Pdeathsig when the
+	// *thread* that forked the child exits, and Go may end threads, so the
+	// fork happens on a goroutine locked to its thread until mariadbd has
+	// been reaped.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	started := make(chan error, 1)
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := s.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		_ = s.cmd.Wait()
 		s.cleanup()
 		close(s.done)
 	}()
+	if err := <-started; err != nil {
+		s.cleanup()
+		return nil, fmt.Errorf("mariadb: start mariadbd: %w", err)
+	}
 	cfg.Logger.Info("mariadb: started mariadbd", "pid", s.PID(), "addr", s.Addr(), "dir", cfg.Dir)
 	if err := s.waitReady(ctx); err != nil {
 		_ = s.Kill()
