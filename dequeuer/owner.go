@@ -175,8 +175,13 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 				rev := o.revs[id]
 				delete(o.revs, id)
 				o.mu.Unlock()
-				o.s.dropShard(ctx, id)
+				// The claim goes first, so the new owner can claim while
+				// the buffered rows are released (a write to the shard's
+				// new primary, maybe across the WAN): a release is
+				// conditional on this owner's prefetch token, so whatever
+				// the new owner leases first is left alone.
 				_ = o.kv.Delete(ctx, peer.OwnerKey(id), jetstream.LastRevision(rev))
+				o.s.dropShard(ctx, id)
 			case mine:
 				want = append(want, id)
 			case !present:
@@ -262,6 +267,8 @@ type Owners struct {
 	// every request that finds no answering owner, hundreds a second
 	// during an outage.
 	reloaded map[uint32]time.Time
+	// changed is closed, and replaced, whenever the view changes.
+	changed chan struct{}
 }
 
 // reloadEvery is the least time between two bucket reads of one shard's
@@ -270,7 +277,7 @@ const reloadEvery = 100 * time.Millisecond
 
 // WatchOwners follows the ownership bucket until ctx ends.
 func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
-	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}}
+	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}, changed: make(chan struct{})}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", peer.OwnersBucket, err)
@@ -311,11 +318,24 @@ func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
 	if rev != 0 {
 		o.rev[shard] = rev
 	}
+	was, had := o.by[shard]
 	if put {
 		o.by[shard] = owner
 	} else {
 		delete(o.by, shard)
 	}
+	if had != put || was != owner {
+		close(o.changed)
+		o.changed = make(chan struct{})
+	}
+}
+
+// Changed returns a channel closed at the view's next change: a router
+// waiting for a shard's new owner (a hand-over) wakes on it.
+func (o *Owners) Changed() <-chan struct{} {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.changed
 }
 
 // Reload reads the owners of shards from the bucket itself. A router calls

@@ -3,6 +3,8 @@ package routing
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,4 +122,74 @@ func TestNATSDequeuersAnswers(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	require.False(t, errors.Is(err, context.Canceled))
+}
+
+// fakeOwners is an OwnerView whose changes the test makes.
+type fakeOwners struct {
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+func (f *fakeOwners) Owner(uint32) (string, bool)      { return "", false }
+func (f *fakeOwners) Reload(context.Context, []uint32) {}
+func (f *fakeOwners) Changed() <-chan struct{}         { f.mu.Lock(); defer f.mu.Unlock(); return f.changed }
+func (f *fakeOwners) change() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// A Dequeue that finds its shard handed over, its owner gone or no owner
+// yet asks again when the ownership view changes, within HandOverWait and
+// what is left of its long poll, instead of answering UNAVAILABLE; other
+// errors, and answers with items, are returned at once.
+func TestFollowOwnersAsksTheNextOwner(t *testing.T) {
+	owners := &fakeOwners{changed: make(chan struct{})}
+	moved := []error{
+		fmt.Errorf("%w: dequeuer o1: %w", ErrUnavailable, peer.ErrNotOwner),
+		fmt.Errorf("%w: dequeuer o1: %w", ErrUnavailable, nats.ErrNoResponders),
+		fmt.Errorf("%w: %w: shards [1]", ErrUnavailable, errNoOwner),
+	}
+	var asked []time.Duration
+	start := time.Now()
+	items, err := followOwners(t.Context(), owners, dequeueReq(), func(_ context.Context, req *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
+		asked = append(asked, req.Wait.AsDuration())
+		if n := len(asked); n <= len(moved) {
+			if n == 2 {
+				go owners.change() // the view learns of the claim
+			}
+			return nil, moved[n-1]
+		}
+		return twoItems, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, twoItems, items)
+	require.Len(t, asked, 4, "asked again after each hand-over error")
+	require.Equal(t, 200*time.Millisecond, asked[0])
+	for i := 1; i < len(asked); i++ {
+		require.Less(t, asked[i], asked[i-1], "each ask waits for what is left of the long poll")
+	}
+	require.Less(t, time.Since(start), HandOverWait)
+
+	// Any other error is the answer.
+	calls := 0
+	_, err = followOwners(t.Context(), owners, dequeueReq(), func(context.Context, *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
+		calls++
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, nats.ErrTimeout)
+	})
+	require.ErrorIs(t, err, nats.ErrTimeout)
+	require.Equal(t, 1, calls)
+
+	// An owner that keeps answering "not owner" is given up on after
+	// HandOverWait, with its error.
+	calls = 0
+	start = time.Now()
+	_, err = followOwners(t.Context(), owners, dequeueReq(), func(context.Context, *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
+		calls++
+		return nil, moved[0]
+	})
+	require.ErrorIs(t, err, peer.ErrNotOwner)
+	require.GreaterOrEqual(t, time.Since(start), HandOverWait)
+	require.Greater(t, calls, 5, "asked again every reloadPace without a change of the view")
 }

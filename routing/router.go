@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
@@ -41,6 +42,8 @@ type OwnerView interface {
 	// Reload reads the owners of shards from the bucket itself, for when
 	// the owner the view names does not answer.
 	Reload(ctx context.Context, shards []uint32)
+	// Changed returns a channel closed at the view's next change.
+	Changed() <-chan struct{}
 }
 
 // Config configures a router.
@@ -463,7 +466,7 @@ const MaxDequeueTotal = 1000
 // that own the region's shards and merges their answers.
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
 	start := time.Now()
-	items, err := r.dequeue(ctx, req)
+	items, err := r.dequeueFollowingOwners(ctx, req)
 	if err == nil {
 		// A caller that has gone (cancelled, or past its deadline) never
 		// receives the answer: its items go back rather than stay hidden
@@ -478,6 +481,62 @@ func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*tr
 	}
 	r.cfg.Metrics.Namespace(req.Namespace).Dequeue.Observe(time.Since(start).Seconds())
 	return &triagev1.DequeueResponse{Items: items}, nil
+}
+
+// HandOverWait bounds how long a Dequeue waits for a shard's ownership to
+// move, within the caller's deadline, when the owner it asked handed the
+// shard over or is gone, or no dequeuer owns it yet: after a failover the
+// old owner hands over when it sees the new map and the new one claims at
+// once, a few hundred milliseconds in all, and an UNAVAILABLE answer would
+// cost the client an error round and its retry backoff on top (drills:
+// the dequeue RTO's tail after the map was published).
+const HandOverWait = 2 * time.Second
+
+// ownerMoved tells the errors of a Dequeue that the shard's next owner
+// will answer: its owner handed it over or is gone, or none holds it.
+func ownerMoved(err error) bool {
+	return errors.Is(err, peer.ErrNotOwner) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errNoOwner)
+}
+
+// errNoOwner: no dequeuer holds a shard's claim.
+var errNoOwner = errors.New("no dequeuer owns the shards yet")
+
+// dequeueFollowingOwners is dequeue, following the shards' owners (see
+// followOwners).
+func (r *Router) dequeueFollowingOwners(ctx context.Context, req *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
+	return followOwners(ctx, r.cfg.Owners, req, r.dequeue)
+}
+
+// followOwners calls ask, and asks again when the ownership view changes
+// (or every reloadPace, as the view's watch can lag) while the answer is
+// an ownerMoved error with no items, for up to HandOverWait. A long
+// poll's wait counts from the first ask: each new ask waits for what is
+// left of it.
+func followOwners(ctx context.Context, owners OwnerView, req *triagev1.DequeueRequest,
+	ask func(context.Context, *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error)) ([]*triagev1.LeasedItem, error) {
+	const reloadPace = 100 * time.Millisecond
+	start := time.Now()
+	wait := req.GetWait().AsDuration()
+	for {
+		changed := owners.Changed()
+		items, err := ask(ctx, req)
+		if err == nil || len(items) > 0 || !ownerMoved(err) || time.Since(start) >= HandOverWait {
+			return items, err
+		}
+		t := time.NewTimer(reloadPace)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+		t.Stop()
+		if wait > 0 {
+			req = proto.CloneOf(req)
+			req.Wait = durationpb.New(max(wait-time.Since(start), 0))
+		}
+	}
 }
 
 func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
@@ -531,7 +590,7 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 		orphans = still
 	}
 	if len(byOwner) == 0 {
-		return nil, fmt.Errorf("%w: no dequeuer owns shards %v of region %s yet; retry shortly", ErrUnavailable, orphans, region)
+		return nil, fmt.Errorf("%w: %w: shards %v of region %s; retry shortly", ErrUnavailable, errNoOwner, orphans, region)
 	}
 	if len(byOwner) == 1 {
 		for owner, ids := range byOwner {
