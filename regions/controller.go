@@ -659,7 +659,13 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 			return
 		}
 		defer a.Close()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		// A dead server whose address vanished (a killed container)
+		// answers nothing, so this waits out its whole timeout before the
+		// replicas are fenced instead: 1 s, ample for a live server's
+		// connect and SET, when the primary was reported down. If a live
+		// one is missed, the replica-side fence below is as safe. A
+		// planned switchover needs read_only, so it waits longer.
+		rctx, cancel := context.WithTimeout(ctx, map[bool]time.Duration{true: 5 * time.Second, false: time.Second}[req.Planned])
 		defer cancel()
 		if err := a.SetReadOnly(rctx, true); err != nil {
 			return
@@ -707,7 +713,13 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		var stopErrs []error
 		for r, a := range replicas {
 			wg.Go(func() {
-				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				// STOP SLAVE IO_THREAD waits for an IO thread that is
+				// connecting to the dead primary to give up (on the compose
+				// bed, about 3 s for a vanished address), and a timeout here
+				// fails the whole failover, which then starts over a
+				// detection round later (a CI run: published 9.9 s after
+				// the kill, 6 s of it this), so it gets the time.
+				sctx, cancel := context.WithTimeout(ctx, 6*time.Second)
 				err := a.StopReceiving(sctx)
 				cancel()
 				if err != nil {
