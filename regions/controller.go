@@ -196,11 +196,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.health, err = watchHealth(ctx, hkv, c.cfg.NC); err != nil {
 		return err
 	}
-	if _, err := OpenHistory(ctx, c.cfg.JS, c.cfg.KVReplicas); err != nil {
-		return fmt.Errorf("open stream %s: %w", HistoryStream, err)
-	}
 	c.hist = make(chan Event, historyBacklog)
-	go c.persist(ctx)
+	go c.keepHistory(ctx)
 	go c.campaign(ctx)
 	go c.every(ctx, evaluateEvery, c.evaluate)
 	go c.every(ctx, rejoinEvery, func(ctx context.Context) { c.rejoin(ctx, c.cfg.Maps.Current()) })

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 // The failover history outlives the controller that made it: every event
@@ -26,9 +28,11 @@ const (
 // newest are kept in memory only (and logged).
 const historyBacklog = 1024
 
-// OpenHistory creates or updates the history stream.
+// OpenHistory creates the history stream, or opens it as it is when its
+// settings match (peer.EnsureStream: an update on every start raced
+// consumer creation inside nats-server).
 func OpenHistory(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
-	return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	return peer.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        HistoryStream,
 		Description: "Triage failover steps of every controller leader, the last MaxEvents",
 		Subjects:    []string{HistorySubject},
@@ -39,6 +43,38 @@ func OpenHistory(ctx context.Context, js jetstream.JetStream, replicas int) (jet
 		Replicas:    max(replicas, 1),
 	})
 }
+
+// keepHistory opens the history stream, trying again every historyRetry
+// until it can or ctx ends, then persists events to it. A controller
+// detects and fails over whether or not JetStream can place the stream
+// yet (a new cluster: three controllers starting at once timed out
+// creating it, and each exited); only its history waits, buffered.
+func (c *Controller) keepHistory(ctx context.Context) {
+	for attempt := 0; ; attempt++ {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := OpenHistory(octx, c.cfg.JS, c.cfg.KVReplicas)
+		cancel()
+		if err == nil {
+			if attempt > 0 {
+				c.log.Info("failover history stream open", "stream", HistoryStream)
+			}
+			break
+		}
+		if attempt == 0 {
+			c.log.Warn("failover history stream not open yet; trying again", "stream", HistoryStream, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(historyRetry):
+		}
+	}
+	c.persist(ctx)
+}
+
+// historyRetry is the pause between two attempts to open the history
+// stream.
+const historyRetry = 2 * time.Second
 
 // persist publishes recorded events to the history stream in order, until
 // ctx ends. An event that cannot be published within a minute (no quorum

@@ -238,6 +238,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if _, err := regions.OpenControl(ctx, js, cfg.KVReplicas); err != nil {
 		return err
 	}
+	if _, err := regions.OpenHistory(ctx, js, cfg.KVReplicas); err != nil {
+		return fmt.Errorf("open stream %s: %w", regions.HistoryStream, err)
+	}
 	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
 		return err
 	}
