@@ -52,7 +52,11 @@
 // over NATS request/reply otherwise (NATSDequeuers). A peer reply carries
 // its error's kind as a code (peer.ReplyCode), so "not the owner" is told
 // from "down" without reading its message; either makes the ownership
-// view re-read the shards. When several dequeuers own parts of the shards
+// view re-read the shards, and the router asks again when the view
+// changes (followOwners, up to HandOverWait within the call's long poll):
+// a failover hands the shard to a dequeuer of the new primary's region in
+// a few hundred milliseconds, and an UNAVAILABLE answer would add the
+// client's retry backoff to that. When several dequeuers own parts of the shards
 // it asks each for the full counts, merges by (priority, deliver_after,
 // id), keeps the most urgent and hands the surplus back unserved
 // (store.ItemUnserve).
