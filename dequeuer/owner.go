@@ -267,7 +267,8 @@ type Owners struct {
 	// every request that finds no answering owner, hundreds a second
 	// during an outage.
 	reloaded map[uint32]time.Time
-	// changed is closed, and replaced, whenever the view changes.
+	// changed is closed, and replaced, whenever the view changes; made
+	// on first use.
 	changed chan struct{}
 }
 
@@ -277,7 +278,7 @@ const reloadEvery = 100 * time.Millisecond
 
 // WatchOwners follows the ownership bucket until ctx ends.
 func WatchOwners(ctx context.Context, kv jetstream.KeyValue) (*Owners, error) {
-	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}, changed: make(chan struct{})}
+	o := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", peer.OwnersBucket, err)
@@ -325,7 +326,9 @@ func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
 		delete(o.by, shard)
 	}
 	if had != put || was != owner {
-		close(o.changed)
+		if o.changed != nil {
+			close(o.changed)
+		}
 		o.changed = make(chan struct{})
 	}
 }
@@ -333,8 +336,11 @@ func (o *Owners) set(shard uint32, rev uint64, owner string, put bool) {
 // Changed returns a channel closed at the view's next change: a router
 // waiting for a shard's new owner (a hand-over) wakes on it.
 func (o *Owners) Changed() <-chan struct{} {
-	o.mu.RLock()
-	defer o.mu.RUnlock()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.changed == nil {
+		o.changed = make(chan struct{})
+	}
 	return o.changed
 }
 

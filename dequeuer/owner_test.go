@@ -187,8 +187,14 @@ func TestOwnersReloadIsPaced(t *testing.T) {
 
 	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("first"))
 	require.NoError(t, err)
+	changed := owners.Changed()
 	owners.Reload(ctx, []uint32{1})
 	require.Equal(t, "first", owner())
+	select {
+	case <-changed:
+	default:
+		t.Fatal("a reload that changed the view did not close Changed")
+	}
 
 	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("second"))
 	require.NoError(t, err)
