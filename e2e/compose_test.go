@@ -300,10 +300,33 @@ func (b *composeBed) keepLogs() {
 		}
 		logs, _ := exec.Command("docker", "logs", "--timestamps", f[0]).CombinedOutput()
 		_ = os.WriteFile(filepath.Join(dir, f[1]+".log"), logs, 0o644)
-		if strings.HasPrefix(f[1], "controller-") {
+		switch {
+		case strings.HasPrefix(f[1], "controller-"):
 			t.Logf("--- last 40 lines of %s (all logs in %s) ---\n%s", f[1], dir, tailLines(string(logs), 40))
+		case strings.HasPrefix(f[1], "router-"), strings.HasPrefix(f[1], "enqueuer-"), strings.HasPrefix(f[1], "dequeuer-"):
+			// Without the MySQL driver's connection noise: a failed
+			// request's cause is in these, and CI keeps only the output.
+			t.Logf("--- last 15 lines of %s, MySQL driver lines left out ---\n%s", f[1], tailLines(withoutDriverNoise(string(logs)), 15))
+		case strings.HasPrefix(f[1], "nats-"):
+			// Which routes the server has: core NATS replies cross only
+			// direct routes.
+			routes, _ := exec.Command("docker", "exec", f[0], "/triage", "probe", "--nats-peers", "2", "http://127.0.0.1:8222").CombinedOutput()
+			t.Logf("--- %s routes: %s", f[1], strings.TrimSpace(string(routes)))
 		}
 	}
+}
+
+// withoutDriverNoise drops the MySQL driver's own log lines ("[mysql] ...
+// unexpected EOF"), which the bed's dropped connections produce by the
+// hundred.
+func withoutDriverNoise(logs string) string {
+	var b strings.Builder
+	for line := range strings.Lines(logs) {
+		if !strings.Contains(line, " [mysql] ") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }
 
 // tailLines is the last n lines of s.

@@ -421,12 +421,22 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 	for _, m := range kept {
 		_ = m.Ack()
 	}
+	took := time.Since(start)
+	if took >= slowInsert {
+		// A commit this slow is most often the semi-sync wait for a
+		// replica's acknowledgement; the callers of these batches are
+		// answered "not confirmed in time" past their deadline.
+		w.log.Warn("slow insert", "took", took.Round(time.Millisecond), "batches", len(batches), "items", items)
+	}
 	sm := cfg.Metrics.Shard(w.shard)
-	sm.InsertSeconds.Observe(time.Since(start).Seconds())
+	sm.InsertSeconds.Observe(took.Seconds())
 	sm.Inserted.Add(float64(items))
 	w.announce(batches, results)
 	return nil
 }
+
+// slowInsert is the insert time from which an insert is logged.
+const slowInsert = 2 * time.Second
 
 // measureEvery is how often a worker reads its buffer's depth and age.
 const measureEvery = 2 * time.Second

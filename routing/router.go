@@ -379,6 +379,12 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			select {
 			case c = <-chans[i]:
 			case <-waitCtx.Done():
+				// Said once here with what the 504 does not carry: where
+				// the batch went (a lost reply crosses regions on a
+				// direct NATS route; a slow insert is in the enqueuer's
+				// log as such).
+				r.log.Warn("enqueue not confirmed committed in time", "namespace", req.Namespace, "topic", req.Topic,
+					"shard", g.shard, "home", g.home, "batch", g.batch.BatchId, "items", len(g.batch.Items))
 				return nil, ErrNotCommitted
 			}
 			if c.Error != "" {

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -152,32 +155,95 @@ func bootstrapCommand() *cobra.Command {
 // probeCommand GETs a URL and exits 0 on a 2xx answer: a container health
 // check for an image without curl.
 func probeCommand() *cobra.Command {
-	var timeout time.Duration
+	var (
+		timeout time.Duration
+		peers   int
+	)
 	cmd := &cobra.Command{
 		Use:     "probe [flags] URL",
 		GroupID: groupCompose,
 		Short:   "GET URL and exit 0 on a 2xx answer (health checks in FROM-scratch images).",
-		Args:    cli.ExactArgs(1, "one URL"),
+		Long: `GET URL and exit 0 on a 2xx answer (health checks in FROM-scratch images).
+
+With --nats-peers N, URL is a NATS server's monitoring address: its /healthz
+must answer 2xx and its /routez must list routes to at least N other
+servers. JetStream is healthy with a quorum, while core NATS delivers
+between two servers only over their direct route: a cluster missing one
+drops the replies between those two regions.`,
+		Args: cli.ExactArgs(1, "one URL"),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx, cancel := context.WithTimeout(c.Context(), timeout)
 			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[0], nil)
-			if err != nil {
-				return cli.Usagef("%v", err)
+			if peers == 0 {
+				body, err := get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				_, err = c.OutOrStdout().Write(body)
+				return err
 			}
-			resp, err := http.DefaultClient.Do(req)
+			base := strings.TrimRight(args[0], "/")
+			if _, err := get(ctx, base+"/healthz"); err != nil {
+				return err
+			}
+			body, err := get(ctx, base+"/routez")
 			if err != nil {
 				return err
 			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			if resp.StatusCode/100 != 2 {
-				return fmt.Errorf("%s: %s %s", args[0], resp.Status, strings.TrimSpace(string(body)))
+			names, err := routePeers(body)
+			if err != nil {
+				return fmt.Errorf("%s/routez: %w", base, err)
 			}
-			_, err = c.OutOrStdout().Write(body)
+			if len(names) < peers {
+				return fmt.Errorf("routes to %d other server(s) %v, want %d", len(names), names, peers)
+			}
+			_, err = fmt.Fprintf(c.OutOrStdout(), "ok: routes to %v\n", names)
 			return err
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "give up after this long")
+	cmd.Flags().IntVar(&peers, "nats-peers", 0, "URL is a NATS monitoring address; require /healthz and routes to this many other servers")
 	return cmd
+}
+
+// get GETs url and returns its body (up to 1 MiB), or an error for an
+// answer other than 2xx.
+func get(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, cli.Usagef("%v", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s: %s %s", url, resp.Status, strings.TrimSpace(string(body[:min(len(body), 4096)])))
+	}
+	return body, nil
+}
+
+// routePeers reads a NATS /routez answer and returns the names of the
+// servers it has routes to, each once (a route pool holds several
+// connections per server).
+func routePeers(body []byte) ([]string, error) {
+	var rz struct {
+		Routes []struct {
+			RemoteID   string `json:"remote_id"`
+			RemoteName string `json:"remote_name"`
+		} `json:"routes"`
+	}
+	if err := json.Unmarshal(body, &rz); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, r := range rz.Routes {
+		if n := cmp.Or(r.RemoteName, r.RemoteID); n != "" && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }

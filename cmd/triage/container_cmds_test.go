@@ -94,3 +94,33 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestProbeNATSPeers: `triage probe --nats-peers N` (the compose bed's NATS
+// health check) passes only when the server's /routez lists routes to N
+// other servers, read from a real clustered nats-server.
+func TestProbeNATSPeers(t *testing.T) {
+	t.Parallel()
+	httpPort, routeA, routeB := freePort(t), freePort(t), freePort(t)
+	a, err := natsserver.Start(natsserver.Config{Name: "nats-a", StoreDir: t.TempDir(), HTTPPort: httpPort,
+		ClusterName: "c", ClusterPort: routeA, Routes: []string{"nats://127.0.0.1:" + strconv.Itoa(routeB)}})
+	require.NoError(t, err)
+	t.Cleanup(a.Shutdown)
+	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
+	probe := func(peers string) (int, string) {
+		var stdout, stderr strings.Builder
+		code := cli.Run(t.Context(), newRoot(), []string{"probe", "--nats-peers", peers, base}, strings.NewReader(""), &stdout, &stderr)
+		return code, stdout.String() + stderr.String()
+	}
+	code, out := probe("1")
+	require.NotEqual(t, 0, code, "alone, without its route (nor a JetStream quorum): %s", out)
+
+	b, err := natsserver.Start(natsserver.Config{Name: "nats-b", StoreDir: t.TempDir(),
+		ClusterName: "c", ClusterPort: routeB, Routes: []string{"nats://127.0.0.1:" + strconv.Itoa(routeA)}})
+	require.NoError(t, err)
+	t.Cleanup(b.Shutdown)
+	require.Eventually(t, func() bool { code, out = probe("1"); return code == 0 }, 20*time.Second, 100*time.Millisecond, "%s", &out)
+	require.Contains(t, out, "routes to [nats-b]", "a route pool's connections count once")
+	code, out = probe("2")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, out, "routes to 1 other server(s) [nats-b], want 2")
+}

@@ -496,7 +496,11 @@ func composeFile(t Topology, servers []server) []byte {
 		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
 		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(natsClientSecret))
 		w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\"]\n", natsRouteUser, secretPath(natsRouteSecret))
-		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"http://127.0.0.1:8222/healthz\"]\n")
+		// Healthy means JetStream answers and the server has its route to
+		// every other region's: core NATS (the enqueue and dequeue replies)
+		// crosses only direct routes, and a partial mesh still has a
+		// JetStream quorum.
+		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"--nats-peers\", \"%d\", \"http://127.0.0.1:8222\"]\n", len(t.Regions)-1)
 		w("      interval: 5s\n      timeout: 30s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
 		w("%s%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret), mountSecret(natsRouteSecret))
