@@ -163,14 +163,9 @@ func (a Account) Secret(what string) (string, error) {
 
 // NATSLogin is the user a Triage process logs in to NATS as: the Triage
 // login of natsserver.Auth, which may use the internal subjects that
-// clients may not. Its fields are Account's (the password from Password,
+// clients may not. It is an Account (the password from Password,
 // PasswordFile or PasswordEnv), which Option reads it through.
-type NATSLogin struct {
-	User         string `json:"user"`
-	Password     string `json:"password,omitempty"`
-	PasswordFile string `json:"password_file,omitempty"`
-	PasswordEnv  string `json:"password_env,omitempty"`
-}
+type NATSLogin Account
 
 // Option returns the nats.go option that logs in as l; nil l is no login
 // (a server without auth).
