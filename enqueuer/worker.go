@@ -435,6 +435,10 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 	return nil
 }
 
+// staleBuffer is the age of the buffer's oldest unacknowledged batch
+// from which measure logs it, at most once per staleBuffer.
+const staleBuffer = 5 * time.Second
+
 // slowInsert is the insert time from which an insert is logged.
 const slowInsert = 2 * time.Second
 
@@ -447,6 +451,7 @@ const measureEvery = 2 * time.Second
 // ack floor, a direct read of one message).
 func (w *worker) measure(ctx context.Context, cons jetstream.Consumer) {
 	sm := w.svc.cfg.Metrics.Shard(w.shard)
+	var warned time.Time
 	t := time.NewTicker(measureEvery)
 	defer t.Stop()
 	for {
@@ -463,6 +468,15 @@ func (w *worker) measure(ctx context.Context, cons jetstream.Consumer) {
 				}
 			}
 			sm.BufferAge.Set(age)
+			if age >= staleBuffer.Seconds() && time.Since(warned) >= staleBuffer {
+				// Batches wait in the buffer with nothing inserted (a slow
+				// insert says so on its own): the answer to "was the
+				// enqueue lost or its confirmation", when a caller got
+				// "not confirmed in time".
+				warned = time.Now()
+				w.log.Warn("enqueue buffer not drained", "oldest_age", time.Duration(age*float64(time.Second)).Round(time.Millisecond),
+					"pending", info.NumPending, "ack_pending", info.NumAckPending, "delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
+			}
 		}
 		cancel()
 		select {
