@@ -73,9 +73,19 @@
 // # Failures
 //
 // When a shard's inserts fail, or the shard is not writable (fenced for a
-// failover, or the shard map is stale), the worker naks the messages with a
-// delay and backs off up to a second (a per-shard circuit breaker): the items wait in the buffer and
-// drain once the shard, or its new primary after a failover, accepts writes.
+// failover, or the shard map is stale), the worker holds the batches it
+// pulled (their ack wait reset, nothing nacked) and tries again after a
+// backoff of 50 ms doubling up to 250 ms, or at once when a new shard map
+// arrives: a failover's publication sends them to the new primary without
+// waiting out a delay. The other batches wait in the buffer.
+//
+// A worker's pull requests expire every 5 s (not the client library's
+// 30 s), so a pull lost with its consumer leader's server is noticed by
+// the library's missed heartbeats within seconds; after the errors the
+// library does not recover from by itself (the consumer deleted, its
+// leader's server shut down, no leader to take the pull), the worker
+// makes its consumer again, waits for it to have a leader, and pulls
+// anew. The insert loops go on meanwhile.
 //
 // Metrics (Config.Metrics): items inserted and insert time per shard, and
 // every 2 s per shard the envelopes pending or unacknowledged on its

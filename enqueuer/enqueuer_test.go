@@ -38,6 +38,14 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	nc, js := natstest.JetStream(t)
+	return setupOn(t, nc, js, StreamConfig{}, io.Discard)
+}
+
+// setupOn starts an enqueuer for region "r" with one shard on a fresh
+// database, on the NATS connection given, logging to logs.
+func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer) *bundle {
+	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
 	require.NoError(t, err)
@@ -45,13 +53,12 @@ func setup(t *testing.T) *bundle {
 	t.Cleanup(func() { db.Close() })
 	_, err = schema.Migrate(context.Background(), db.DB)
 	require.NoError(t, err)
-	nc, js := natstest.JetStream(t)
 	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"}, Shards: []shardmap.Shard{{ID: 1, HomeRegion: "r", Primary: c.Addr, Database: c.DBName}}})
 	require.NoError(t, err)
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
 	svc, err := New(Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
 	t.Cleanup(svc.Stop)
@@ -362,4 +369,81 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestWorkerPullsFromANewConsumerLeader: when the server leading a
+// replicated shard consumer shuts down, the worker's pull request goes
+// with it (the client library hears "server shutdown" and sends no new
+// one of its own); the worker must pull again from the next leader, and
+// must not stall while the cluster elects it (the consumer cannot even be
+// looked up until then). The client library's heartbeats would notice a
+// silently lost pull only after two missed beats, a minute with its 30 s
+// default expiry; the worker's pulls expire every pullExpiry.
+func TestWorkerPullsFromANewConsumerLeader(t *testing.T) {
+	t.Parallel()
+	servers := natstest.Cluster(t, 3)
+	nc, err := nats.Connect(servers[0].ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	b := setupOn(t, nc, js, StreamConfig{Replicas: 3}, logs)
+	b.publish(t, batch(1, "t", "", 1))
+	require.Eventually(t, func() bool { return b.count(t) == 1 }, 20*time.Second, 20*time.Millisecond)
+
+	// Take down the consumer's leader; not the server the worker is
+	// connected to, which would make this a reconnect test.
+	ctx := context.Background()
+	var leader string
+	require.Eventually(t, func() bool {
+		info, err := js.Consumer(ctx, peer.EnqueueStream("r"), "enq-1")
+		if err != nil {
+			return false
+		}
+		ci, err := info.Info(ctx)
+		if err != nil || ci.Cluster == nil || ci.Cluster.Leader == "" {
+			return false
+		}
+		if leader = ci.Cluster.Leader; leader == servers[0].Name() {
+			_, _ = nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+peer.EnqueueStream("r")+".enq-1", nil, time.Second)
+			return false
+		}
+		return true
+	}, 20*time.Second, 100*time.Millisecond, "a consumer leader other than the worker's server")
+	for _, s := range servers {
+		if s.Name() == leader {
+			s.Shutdown()
+		}
+	}
+
+	// The publish waits out the stream's own election, if it had its
+	// leader there too.
+	data, err := proto.Marshal(&peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{batch(2, "t", "", 2)}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := js.Publish(pctx, peer.EnqueueSubject("r", 1), data, jetstream.WithMsgID("batch-2"))
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 15*time.Second, 50*time.Millisecond,
+		"the batch published after the consumer leader went must be inserted once a new leader is elected, not after the pull's heartbeats lapse; logs:\n%s", logs)
+}
+
+// TestWorkerRecreatesADeletedConsumer: a deleted consumer (an operator's
+// slip, or a stream restored from a backup) ends the worker's pull for
+// good in the client library; the worker must make its consumer again
+// and go on draining, not sit on a dead subscription.
+func TestWorkerRecreatesADeletedConsumer(t *testing.T) {
+	t.Parallel()
+	nc, js := natstest.JetStream(t)
+	logs := &syncBuffer{}
+	b := setupOn(t, nc, js, StreamConfig{}, logs)
+	b.publish(t, batch(1, "t", "", 1))
+	require.Eventually(t, func() bool { return b.count(t) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.NoError(t, js.DeleteConsumer(context.Background(), peer.EnqueueStream("r"), "enq-1"))
+	b.publish(t, batch(2, "t", "", 2))
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 15*time.Second, 50*time.Millisecond,
+		"the worker must drain again after its consumer was deleted; logs:\n%s", logs)
 }

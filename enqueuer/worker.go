@@ -202,56 +202,10 @@ type worker struct {
 }
 
 func (w *worker) run(ctx context.Context) {
-	go w.prune(ctx)
-	for ctx.Err() == nil {
-		err := w.consume(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		w.log.Warn("enqueue worker restarting", "err", err)
-		sleep(ctx, time.Second)
-	}
-}
-
-func (w *worker) consume(ctx context.Context) error {
 	cfg := w.svc.cfg
-	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, peer.EnqueueStream(w.home), jetstream.ConsumerConfig{
-		Durable:       fmt.Sprintf("enq-%d", w.shard),
-		FilterSubject: peer.EnqueueSubject(w.home, w.shard),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait,
-		MaxAckPending: 20000,
-		MaxDeliver:    -1,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
-	}
-	mctx, stopMeasure := context.WithCancel(ctx)
-	defer stopMeasure()
-	go w.measure(mctx, cons)
+	go w.prune(ctx)
+	go w.measure(ctx)
 	msgs := make(chan jetstream.Msg, cfg.MaxBatchMessages)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-			_ = m.Nak()
-		}
-	}, jetstream.PullMaxMessages(cfg.MaxBatchMessages))
-	if err != nil {
-		return fmt.Errorf("consume: %w", err)
-	}
-	defer func() {
-		cc.Stop()
-		// Hand back what was pulled but not inserted.
-		for {
-			select {
-			case m := <-msgs:
-				_ = m.Nak()
-			default:
-				return
-			}
-		}
-	}()
 	// Several transactions in flight per shard: while one waits for its
 	// fsync the next one is being built, and InnoDB's group commit folds
 	// their fsyncs together.
@@ -263,9 +217,129 @@ func (w *worker) consume(ctx context.Context) error {
 			w.insertLoop(ctx, msgs)
 		}()
 	}
+	for ctx.Err() == nil {
+		err := w.pull(ctx, msgs)
+		if ctx.Err() != nil {
+			break
+		}
+		w.log.Warn("enqueue buffer pull lost; pulling again", "err", err)
+		sleep(ctx, pullRetry)
+	}
 	wg.Wait()
-	return nil
+	// Hand back what was pulled but not inserted.
+	for {
+		select {
+		case m := <-msgs:
+			_ = m.Nak()
+		default:
+			return
+		}
+	}
 }
+
+// pullRetry is the pause before a lost pull is made again.
+const pullRetry = 250 * time.Millisecond
+
+// pull feeds the shard's buffered batches into msgs until ctx ends (nil)
+// or the pull is lost (the error why).
+func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
+	cons, err := w.consumer(ctx)
+	if err != nil {
+		return err
+	}
+	lost := make(chan error, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			_ = m.Nak()
+		}
+	}, jetstream.PullMaxMessages(w.svc.cfg.MaxBatchMessages), jetstream.PullExpiry(pullExpiry),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if pullLost(err) {
+				select {
+				case lost <- err:
+				default:
+				}
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	defer cc.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-lost:
+		return err
+	}
+}
+
+// pullExpiry is how long one pull request of a worker lives. The client
+// library pulls again when it expires, and when two heartbeats (half the
+// expiry each) go missing, which is how it notices a pull request lost
+// with a consumer leader's server; the default 30 s would leave a shard's
+// buffer undrained for up to a minute.
+const pullExpiry = 5 * time.Second
+
+// pullLost tells the errors after which the client library sends no new
+// pull request of its own: the consumer is gone, its leader's server
+// shut down, or the pull found no consumer leader to take it (a
+// replicated consumer between leaders).
+func pullLost(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrServerShutdown) ||
+		errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// consumer makes (or finds) the shard's durable consumer and waits, up
+// to leaderWait, for it to have a leader: a pull sent before then reaches
+// no one.
+func (w *worker) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := w.svc.cfg
+	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, peer.EnqueueStream(w.home), jetstream.ConsumerConfig{
+		Durable:       w.durable(),
+		FilterSubject: peer.EnqueueSubject(w.home, w.shard),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxAckPending: 20000,
+		MaxDeliver:    -1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	hasLeader := func(info *jetstream.ConsumerInfo) bool { return info.Cluster == nil || info.Cluster.Leader != "" }
+	if info := cons.CachedInfo(); info != nil && hasLeader(info) {
+		return cons, nil // the create's own answer says so: no second round trip
+	}
+	deadline := time.Now().Add(leaderWait)
+	for {
+		ictx, cancel := context.WithTimeout(ctx, time.Second)
+		info, err := cons.Info(ictx)
+		cancel()
+		if err == nil && hasLeader(info) {
+			return cons, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return cons, nil // pull anyway; the heartbeats catch a lost pull
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+// durable names the shard's consumer.
+func (w *worker) durable() string { return fmt.Sprintf("enq-%d", w.shard) }
+
+// consumerInfo reads a consumer's state.
+func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, durable string) (*jetstream.ConsumerInfo, error) {
+	c, err := js.Consumer(ctx, stream, durable) // reads its info
+	if err != nil {
+		return nil, err
+	}
+	return c.CachedInfo(), nil
+}
+
+// leaderWait bounds how long consumer waits for a leader.
+const leaderWait = 10 * time.Second
 
 // prune deletes the shard's applied-batch records older than
 // BatchRetention, in bounded statements, every pruneEvery.
@@ -449,14 +523,15 @@ const measureEvery = 2 * time.Second
 // unacknowledged on the consumer, and the age of the oldest
 // unacknowledged one (the first message of the shard's subject after the
 // ack floor, a direct read of one message).
-func (w *worker) measure(ctx context.Context, cons jetstream.Consumer) {
+func (w *worker) measure(ctx context.Context) {
 	sm := w.svc.cfg.Metrics.Shard(w.shard)
+	stream, durable := peer.EnqueueStream(w.home), w.durable()
 	var warned time.Time
 	t := time.NewTicker(measureEvery)
 	defer t.Stop()
 	for {
 		ictx, cancel := context.WithTimeout(ctx, time.Second)
-		if info, err := cons.Info(ictx); err == nil {
+		if info, err := consumerInfo(ictx, w.svc.cfg.JS, stream, durable); err == nil {
 			pending := info.NumPending + uint64(info.NumAckPending)
 			sm.BufferMessages.Set(float64(pending))
 			age := 0.0
@@ -501,15 +576,11 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 			continue
 		}
 		k := topicKey{b.Namespace, b.Topic}
-		r := ready[k]
-		if r == nil {
-			r = &peerv1.ItemsReady{Namespace: b.Namespace, Topic: b.Topic, Shard: w.shard, MinPriority: b.Items[0].Priority}
-			ready[k] = r
+		if r := ready[k]; r != nil {
+			peer.MergeReady(r, peer.BatchReady(b))
+		} else {
+			ready[k] = peer.BatchReady(b)
 		}
-		for _, it := range b.Items {
-			r.MinPriority = min(r.MinPriority, it.Priority)
-		}
-		r.Count += int32(len(b.Items))
 	}
 	for _, r := range ready {
 		if data, err := proto.Marshal(r); err == nil {

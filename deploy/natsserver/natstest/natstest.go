@@ -1,8 +1,13 @@
 package natstest
 
 import (
+	"context"
+	"net"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -28,4 +33,55 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 		t.Fatalf("natstest: %v", err)
 	}
 	return nc, js
+}
+
+// Cluster starts n routed embedded servers with JetStream (named s0…),
+// waits until JetStream has a meta leader, and stops them when t ends.
+// Tests of what a replicated stream or consumer does when a server goes
+// (leader elections, lost pull requests) shut one down with Shutdown.
+func Cluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	ports := make([]int, n)
+	routes := make([]string, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
+	}
+	servers := make([]*server.Server, n)
+	for i := range servers {
+		s, err := natsserver.Start(natsserver.Config{Name: "s" + strconv.Itoa(i), StoreDir: t.TempDir(),
+			ClusterName: "natstest", ClusterPort: ports[i], Routes: routes})
+		if err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+		t.Cleanup(s.Shutdown)
+		servers[i] = s
+	}
+	nc, err := nats.Connect(servers[0].ClientURL())
+	if err != nil {
+		t.Fatalf("natstest: connect: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil {
+			return servers
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: the cluster's JetStream is not ready after 30s: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
