@@ -414,10 +414,7 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 // directly, the others over NATS on the connection the router's next
 // forwarded dequeue will use, which they read in order.
 func (r *Router) announceBatch(b *peerv1.EnqueueBatch) {
-	ready := &peerv1.ItemsReady{Namespace: b.Namespace, Topic: b.Topic, Shard: b.Shard, MinPriority: b.Items[0].Priority, Count: int32(len(b.Items))}
-	for _, it := range b.Items {
-		ready.MinPriority = min(ready.MinPriority, it.Priority)
-	}
+	ready := peer.BatchReady(b)
 	if r.cfg.Local != nil {
 		r.cfg.Local.Ready(ready)
 		if owner, ok := r.cfg.Owners.Owner(b.Shard); ok && owner == r.cfg.Local.ID() {

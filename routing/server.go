@@ -27,7 +27,7 @@ const MaxRequestBytes = 64 << 20
 // health service whose status the caller keeps (see cmd/triage/node's
 // readiness); nil serves a constant SERVING.
 func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)...)
+	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers)}, opts...)...)
 	triagev1.RegisterQueueServer(s, r)
 	triagev1.RegisterAdminServer(s, r)
 	if h == nil {
@@ -53,6 +53,16 @@ func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) 
 	reflection.Register(s)
 	return s
 }
+
+// StreamWorkers is how many goroutines the queue server keeps to run
+// RPCs on (a call that finds them all busy gets a goroutine of its own,
+// as without them). A new goroutine per call starts with a small stack
+// and grows it, copying, through the interceptor chain, the router and
+// the NATS publish: 7.6 % of the process's CPU in a profile of
+// triage-enqueue-batch1. A worker keeps its grown stack. Three back to
+// back pairs of that bench (2 cores): 5.68-6.04k items/s without, 6.03-
+// 6.79k with 256 workers.
+const StreamWorkers = 256
 
 // QueueService is the gRPC health service name of the queue API.
 const QueueService = "triage.v1.Queue"

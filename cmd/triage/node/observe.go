@@ -217,10 +217,9 @@ func (o *observability) traceHTTP(next http.Handler) http.Handler {
 // (Internal, Unknown, Unavailable, DeadlineExceeded, DataLoss).
 func (o *observability) logUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	id := ""
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("x-request-id"); len(v) > 0 {
-			id = v[0]
-		}
+	// Not FromIncomingContext, which copies every key of the metadata.
+	if v := metadata.ValueFromIncomingContext(ctx, "x-request-id"); len(v) > 0 {
+		id = v[0]
 	}
 	if id == "" {
 		id = nuid.Next()
