@@ -108,9 +108,17 @@
 // replaced from the buffer, so an answer is short only when nothing more
 // is ready. Enqueuers, and routers for items a nack (no delay), update,
 // unserve or redrive makes ready, announce them (ItemsReady), so buffers
-// look again when an item may sort before their tail (equal priority
-// counts: a handed-back item keeps an old deliver_after) and parked long
-// polls wake — the oldest waiters first, one per announced item. Buffers
+// look again when an item may sort before their tail and parked long
+// polls wake — the oldest waiters first, one per announced item. A
+// notice of new enqueues carries their earliest deliver_after as well as
+// their most urgent priority (peer.BatchReady), so new rows at the
+// tail's priority that sort after it leave the buffer alone; a handed-back
+// item keeps an old deliver_after, and its notice, which says none, counts
+// at equal priority. A queue a notice made dirty still serves, without a
+// read, the items that sort before every row the notices since its last
+// read may be about (shardQueue.dirtyFrom); the first that may not waits
+// for the read. Under a flood of enqueues into a backlog, every take had
+// waited for a read before (a notice arrives between any two takes). Buffers
 // idle for IdleRelease hand their prefetch leases back, restoring each
 // row's deliver_after, and Stop does the same; takes of the emptied queues wait until
 // the release commits, since a fetch racing it would read the head with

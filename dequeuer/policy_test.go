@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema/store"
 )
 
@@ -62,4 +63,86 @@ func TestMergeTakeOrdersAcrossShards(t *testing.T) {
 	// exhausted stops the merge.
 	require.Equal(t, []uint64{1, 2, 3}, ids)
 	require.Len(t, b.queue(2).items, 1, "id 4 waits until shard 1 is read again")
+}
+
+// TestReadyMarksOnlyQueuesItsItemsMayPrecede: a notice makes a queue read
+// again only when its items may sort before the queue's tail: a more
+// urgent priority, or the tail's priority with a deliver_after not known
+// to be later. New enqueues into a backlog at the buffer's own priority
+// sort after what it holds and leave it serving from memory.
+func TestReadyMarksOnlyQueuesItsItemsMayPrecede(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		prio      int32
+		afterUS   int64
+		wantDirty bool
+	}{
+		{"more urgent", 2, 900, true},
+		{"less urgent", 4, 1, false},
+		{"same priority, later", 3, 501, false},
+		{"same priority, same time", 3, 500, true},
+		{"same priority, earlier", 3, 499, true},
+		{"same priority, time unknown (handed back)", 3, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &Service{topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}}
+			b := s.buf(bufKey{ns: "n", topic: "t", band: allPriorities})
+			b.queue(1).items = []bufItem{{Item: store.Item{ID: 1, Priority: 1, DeliverAfter: 900}}, {Item: store.Item{ID: 2, Priority: 3, DeliverAfter: 500}}}
+			s.Ready(&peerv1.ItemsReady{Namespace: "n", Topic: "t", Shard: 1, MinPriority: c.prio, MinDeliverAfterUs: c.afterUS, Count: 1})
+			require.Equal(t, c.wantDirty, b.queue(1).dirty)
+			s.Ready(&peerv1.ItemsReady{Namespace: "n", Topic: "t", Shard: 2, MinPriority: c.prio, MinDeliverAfterUs: c.afterUS, Count: 1})
+			require.True(t, b.queue(2).dirty, "an empty queue always reads again")
+		})
+	}
+}
+
+// TestMergeTakeServesWhatSortsBeforeTheNotices: a queue made dirty by a
+// notice still serves, without a read, the items that sort before every
+// row the notice may be about; the first one that may not waits for the
+// read. A queue read during the call serves regardless.
+func TestMergeTakeServesWhatSortsBeforeTheNotices(t *testing.T) {
+	t.Parallel()
+	fill := func() *topicBuf {
+		b := newTopicBuf(bufKey{ns: "n", topic: "t", band: allPriorities})
+		q := b.queue(1)
+		q.items = []bufItem{
+			{Item: store.Item{ID: 1, Priority: 1, DeliverAfter: 10}, shard: 1},
+			{Item: store.Item{ID: 2, Priority: 2, DeliverAfter: 10}, shard: 1},
+			{Item: store.Item{ID: 3, Priority: 2, DeliverAfter: 30}, shard: 1},
+		}
+		q.exhausted, q.headAt, q.checkedAt = true, time.Unix(100, 0), time.Unix(100, 0)
+		return b
+	}
+	ids := func(items []bufItem) (out []uint64) {
+		for _, it := range items {
+			out = append(out, it.ID)
+		}
+		return out
+	}
+	now := time.Unix(100, 0)
+	for _, c := range []struct {
+		name string
+		from *peerv1.ItemsReady
+		want []uint64
+	}{
+		{"no notice", nil, []uint64{1, 2, 3}},
+		{"notice after the tail's time", &peerv1.ItemsReady{MinPriority: 2, MinDeliverAfterUs: 31}, []uint64{1, 2, 3}},
+		{"notice between", &peerv1.ItemsReady{MinPriority: 2, MinDeliverAfterUs: 20}, []uint64{1, 2}},
+		{"notice at an item's time (ids unknown)", &peerv1.ItemsReady{MinPriority: 2, MinDeliverAfterUs: 10}, []uint64{1}},
+		{"notice of unknown time", &peerv1.ItemsReady{MinPriority: 2}, []uint64{1}},
+		{"more urgent than all", &peerv1.ItemsReady{MinPriority: 0, MinDeliverAfterUs: 99}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := fill()
+			if c.from != nil {
+				b.queue(1).markDirty(noticeFrom(c.from))
+			}
+			require.Equal(t, c.want, ids(mergeTake(b, []uint32{1}, 10, now, nil)))
+			b = fill()
+			b.queue(1).markAllDirty()
+			require.Equal(t, []uint64{1, 2, 3}, ids(mergeTake(b, []uint32{1}, 10, now, map[uint32]bool{1: true})),
+				"a queue read during the call serves whatever notices came since")
+		})
+	}
 }

@@ -411,18 +411,32 @@ func (s *Service) Ready(r *peerv1.ItemsReady) {
 	for _, b := range bufs {
 		b.mu.Lock()
 		q := b.queue(r.Shard)
-		// An empty or short-read queue must look again; a buffered queue
-		// when the items may sort before what it holds. Equal priority
-		// counts: an item handed back (unserve, nack, update, redrive)
-		// keeps an old deliver_after that may sort before the tail, and
-		// the recheck reads only rows before the tail, so it is cheap.
-		if len(q.items) == 0 || r.MinPriority <= q.items[len(q.items)-1].Priority {
-			q.dirty = true
+		// An empty queue must look again; a buffered one when the items
+		// may sort before what it holds.
+		if len(q.items) == 0 || mayPrecede(r, q.tail()) {
+			q.markDirty(noticeFrom(r))
 			q.notices++
 		}
 		b.mu.Unlock()
 		b.wake(int(max(r.Count, 1)))
 	}
+}
+
+// mayPrecede reports whether announced items may sort before tail, so
+// that its queue must be read again before it serves. A more urgent
+// priority does. At the tail's priority, items whose deliver_after is
+// known to be later sort after it (the read that would find them is the
+// next refill's); when the announcer cannot say (an item handed back by
+// an unserve, nack, update or redrive keeps an old deliver_after), equal
+// priority counts. Under a steady flood of enqueues into a backlog, every
+// notice at the buffer's priority used to send the next take to the
+// database for rows that could only sort after what it held: a Dequeue
+// of the triage-steady bench took 104 ms at the median.
+func mayPrecede(r *peerv1.ItemsReady, tail *store.Item) bool {
+	if r.MinPriority != tail.Priority {
+		return r.MinPriority < tail.Priority
+	}
+	return r.MinDeliverAfterUs == 0 || r.MinDeliverAfterUs <= tail.DeliverAfter
 }
 
 func (s *Service) handleRequest(m *nats.Msg) {
@@ -830,7 +844,8 @@ func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
 		s.releaseItems(ctx, items)
 		b.mu.Lock()
 		for _, q := range emptied {
-			q.exhausted, q.dirty = false, true
+			q.exhausted = false
+			q.markAllDirty()
 			close(q.fetching)
 			q.fetching = nil
 		}

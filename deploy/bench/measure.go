@@ -78,6 +78,14 @@ func merge(w window, ss []*sampler) *sampler {
 
 func (s *sampler) rate() float64 { return float64(s.items) / s.w.seconds() }
 
+// perOp is the mean number of items an operation completed.
+func (s *sampler) perOp() float64 {
+	if s.ops == 0 {
+		return 0
+	}
+	return float64(s.items) / float64(s.ops)
+}
+
 // pct returns the p-th percentile (0..100) of metric in milliseconds, by
 // nearest rank, or 0 when nothing was observed. merge sorts the samples.
 func (s *sampler) pct(metric string, p float64) float64 { return percentile(s.lat[metric], p) }

@@ -47,8 +47,10 @@ func (r *runner) steady(ctx context.Context) (Scenario, error) {
 	worst := trials[0]
 	var parts []string
 	for _, t := range trials {
-		parts = append(parts, fmt.Sprintf("%d producers: enqueued %s/s, delivered %s/s (%.2fx), backlog at the end %d, end-to-end p50 %.1f ms p99 %.1f ms%s",
+		parts = append(parts, fmt.Sprintf("%d producers: enqueued %s/s, delivered %s/s (%.2fx), backlog at the end %d, end-to-end p50 %.1f ms p99 %.1f ms; "+
+			"a consumer's cycle: Dequeue p50 %.1f ms p99 %.1f ms, %.1f items per Dequeue, Ack p50 %.1f ms p99 %.1f ms%s",
 			t.producers, human(t.enq.rate()), human(t.deq.rate()), t.keepUp(), t.backlog, t.deq.pct("e2e", 50), t.deq.pct("e2e", 99),
+			t.deq.pct("dequeue", 50), t.deq.pct("dequeue", 99), t.deq.perOp(), t.deq.pct("ack", 50), t.deq.pct("ack", 99),
 			errNotes(t.enq, t.deq)))
 		if t.keepUp() < worst.keepUp() {
 			worst = t

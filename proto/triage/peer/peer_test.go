@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/triage-queue/triage/proto/triage/peer"
+	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 )
 
 // TestRolesDoNotImportEachOther holds the layering this package exists
@@ -55,4 +58,23 @@ func TestReplyErrorKeepsTheKind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBatchReady: a batch's notice carries its most urgent priority and
+// earliest deliver_after; merged notices keep the minima, and one whose
+// time is unknown makes the merge's unknown.
+func TestBatchReady(t *testing.T) {
+	b := &peerv1.EnqueueBatch{Namespace: "n", Topic: "t", Shard: 3, Items: []*peerv1.BufferedItem{
+		{Priority: 5, DeliverAfterUs: 100}, {Priority: 2, DeliverAfterUs: 300}, {Priority: 7, DeliverAfterUs: 50}}}
+	r := peer.BatchReady(b)
+	require.Equal(t, int32(2), r.MinPriority)
+	require.Equal(t, int64(50), r.MinDeliverAfterUs)
+	require.Equal(t, int32(3), r.Count)
+	require.Equal(t, uint32(3), r.Shard)
+	peer.MergeReady(r, &peerv1.ItemsReady{MinPriority: 1, MinDeliverAfterUs: 80, Count: 2})
+	require.Equal(t, int32(1), r.MinPriority)
+	require.Equal(t, int64(50), r.MinDeliverAfterUs)
+	require.Equal(t, int32(5), r.Count)
+	peer.MergeReady(r, &peerv1.ItemsReady{MinPriority: 9, Count: 1})
+	require.Zero(t, r.MinDeliverAfterUs, "a notice of unknown time makes the merge's unknown")
 }

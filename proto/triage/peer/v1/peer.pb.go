@@ -458,10 +458,17 @@ type ItemsReady struct {
 	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
 	Shard     uint32                 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`
 	// Most urgent priority among the new items.
-	MinPriority   int32 `protobuf:"varint,4,opt,name=min_priority,json=minPriority,proto3" json:"min_priority,omitempty"`
-	Count         int32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MinPriority int32 `protobuf:"varint,4,opt,name=min_priority,json=minPriority,proto3" json:"min_priority,omitempty"`
+	Count       int32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	// When non-zero, no announced item has a deliver_after (microseconds
+	// since the epoch) before this: new enqueues, whose deliver_after is
+	// their enqueue time or later, set it, so a buffer whose last item at
+	// min_priority is older need not look again (they sort after it). Zero:
+	// unknown, as for items handed back with an old deliver_after, which
+	// may sort before anything buffered at their priority.
+	MinDeliverAfterUs int64 `protobuf:"varint,6,opt,name=min_deliver_after_us,json=minDeliverAfterUs,proto3" json:"min_deliver_after_us,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ItemsReady) Reset() {
@@ -525,6 +532,13 @@ func (x *ItemsReady) GetMinPriority() int32 {
 func (x *ItemsReady) GetCount() int32 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *ItemsReady) GetMinDeliverAfterUs() int64 {
+	if x != nil {
+		return x.MinDeliverAfterUs
 	}
 	return 0
 }
@@ -671,14 +685,15 @@ const file_triage_peer_v1_peer_proto_rawDesc = "" +
 	"\x14ShardDequeueResponse\x12+\n" +
 	"\x05items\x18\x01 \x03(\v2\x15.triage.v1.LeasedItemR\x05items\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\x8f\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xc0\x01\n" +
 	"\n" +
 	"ItemsReady\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05shard\x18\x03 \x01(\rR\x05shard\x12!\n" +
 	"\fmin_priority\x18\x04 \x01(\x05R\vminPriority\x12\x14\n" +
-	"\x05count\x18\x05 \x01(\x05R\x05count\"R\n" +
+	"\x05count\x18\x05 \x01(\x05R\x05count\x12/\n" +
+	"\x14min_deliver_after_us\x18\x06 \x01(\x03R\x11minDeliverAfterUs\"R\n" +
 	"\bUnbuffer\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
