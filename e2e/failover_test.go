@@ -166,6 +166,15 @@ func summary(r *drill.Report) string {
 		"resurrected after ack %d (items %d), nacks undone %d, early %d, duplicates %v, inversions %d, old primary: %s",
 		r.DequeueRTOMS, r.EnqueueRTOMS, r.RTOByRouter, r.FailoverMS, r.Acknowledged, r.Lost,
 		r.ResurrectedAfterAck, r.ResurrectedItems, r.NacksUndone, r.EarlyDeliveries, r.Duplicates, r.PriorityInversions, r.OldPrimary)
+	if len(r.FailoverSteps) > 0 {
+		var steps []string
+		for _, st := range r.FailoverSteps {
+			steps = append(steps, fmt.Sprintf("%d ms s%d %s", st.AtMS, st.Shard, st.Step))
+		}
+		s += "; failover steps: " + strings.Join(steps, ", ")
+	} else if r.FailoverStepsError != "" {
+		s += "; failover steps unavailable: " + r.FailoverStepsError
+	}
 	if i := r.Isolated; i != nil {
 		s += fmt.Sprintf("; isolated %s acknowledged %d writes after publication (enqueues %d, acks %d, nacks %d; %d deliveries), "+
 			"%d sent after the cut (%+v)", i.Region, i.Total(), i.Enqueues, i.Acks, i.Nacks, i.Deliveries, i.SentAfterCut.Total(), i.SentAfterCut)

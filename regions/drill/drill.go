@@ -358,12 +358,37 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	} else {
 		rep.MapAfter = "unavailable: " + err.Error()
 	}
+	rep.FailoverSteps, err = failoverSteps(ctx, admin, f.shards, f.faultAt, f.healAt)
+	if err != nil {
+		rep.FailoverStepsError = err.Error()
+	}
 	if fate, err := cfg.Bed.Fate(ctx, fault); err == nil {
 		rep.OldPrimary = fate
 	} else {
 		rep.OldPrimary = "unknown: " + err.Error()
 	}
 	return rep, nil
+}
+
+// failoverSteps reads the controller leader's steps on shards between
+// from and to, oldest first, timed from from.
+func failoverSteps(ctx context.Context, admin triagev1.AdminClient, shards map[uint32]bool, from, to time.Time) ([]Step, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := admin.ListFailoverEvents(ctx, &triagev1.ListFailoverEventsRequest{Limit: 1000})
+	if err != nil {
+		return nil, err
+	}
+	var out []Step
+	for _, e := range resp.Events {
+		at := e.At.AsTime()
+		if !shards[e.Shard] || at.Before(from) || at.After(to) {
+			continue
+		}
+		out = append(out, Step{AtMS: at.Sub(from).Milliseconds(), Shard: e.Shard, Step: e.Step, Details: e.Details})
+	}
+	slices.SortStableFunc(out, func(a, b Step) int { return cmp.Compare(a.AtMS, b.AtMS) })
+	return out, nil
 }
 
 // noReporter takes the phases of a drill that reports none.

@@ -83,12 +83,27 @@ type Report struct {
 	PriorityInversions int            `json:"priority_inversions"`
 	EnqueueErrors      map[string]int `json:"enqueue_errors"`
 	DequeueErrors      map[string]int `json:"dequeue_errors"`
+	// FailoverSteps are the controller leader's steps on the faulted
+	// shards between the fault and the heal (Admin.ListFailoverEvents),
+	// each at its time from the fault: where the time to publication
+	// went. The controller's clock is the drill's (one machine).
+	FailoverSteps []Step `json:"failover_steps,omitempty"`
+	// FailoverStepsError: the steps could not be read.
+	FailoverStepsError string `json:"failover_steps_error,omitempty"`
 	// OldPrimary is what became of the faulted shard's primary.
 	OldPrimary string `json:"old_primary,omitempty"`
 	MapBefore  string `json:"map_before,omitempty"`
 	MapAfter   string `json:"map_after,omitempty"`
 	// Violations lists broken invariants; empty means the drill passed.
 	Violations []string `json:"violations"`
+}
+
+// Step is one failover step of the controller, AtMS from the fault.
+type Step struct {
+	AtMS    int64  `json:"at_ms"`
+	Shard   uint32 `json:"shard"`
+	Step    string `json:"step"`
+	Details string `json:"details,omitempty"`
 }
 
 // RTO is one router's recovery: milliseconds from the fault to its first
@@ -553,6 +568,16 @@ func (r *Report) Print(w io.Writer) {
 	if r.MapBefore != "" {
 		row("shard map before", r.MapBefore)
 		row("shard map after", r.MapAfter)
+	}
+	for i, st := range r.FailoverSteps {
+		k := ""
+		if i == 0 {
+			k = "failover steps (from the fault)"
+		}
+		row(k, fmt.Sprintf("%s shard %d %s: %s", fmtMS(st.AtMS), st.Shard, st.Step, st.Details))
+	}
+	if r.FailoverStepsError != "" {
+		row("failover steps", "unavailable: "+r.FailoverStepsError)
 	}
 	if r.OldPrimary != "" {
 		row("old primary", r.OldPrimary)

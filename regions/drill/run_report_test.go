@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
@@ -120,4 +121,34 @@ func TestRunReportFailureIsHarmless(t *testing.T) {
 	require.NotNil(t, rep)
 	require.Equal(t, 1, strings.Count(progress.String(), "drill progress not reported to the console (the drill goes on)"), progress.String())
 	require.Contains(t, progress.String(), "healed in")
+}
+
+// eventsAdmin answers ListFailoverEvents with fixed events.
+type eventsAdmin struct {
+	triagev1.AdminClient
+	events []*triagev1.FailoverEvent
+}
+
+func (a eventsAdmin) ListFailoverEvents(context.Context, *triagev1.ListFailoverEventsRequest, ...grpc.CallOption) (*triagev1.ListFailoverEventsResponse, error) {
+	return &triagev1.ListFailoverEventsResponse{Events: a.events}, nil
+}
+
+// TestFailoverSteps: the report keeps the faulted shards' steps between
+// the fault and the heal, timed from the fault, in order.
+func TestFailoverSteps(t *testing.T) {
+	t.Parallel()
+	fault := time.Now()
+	ev := func(after time.Duration, shard uint32, step string) *triagev1.FailoverEvent {
+		return &triagev1.FailoverEvent{At: timestamppb.New(fault.Add(after)), Shard: shard, Step: step, Details: "d"}
+	}
+	admin := eventsAdmin{events: []*triagev1.FailoverEvent{
+		ev(2*time.Second, 1, "published"),
+		ev(-time.Minute, 1, "an earlier drill"),
+		ev(700*time.Millisecond, 1, "fenced"),
+		ev(time.Second, 2, "another shard"),
+		ev(time.Hour, 1, "after the heal"),
+	}}
+	steps, err := failoverSteps(t.Context(), admin, map[uint32]bool{1: true}, fault, fault.Add(10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, []Step{{AtMS: 700, Shard: 1, Step: "fenced", Details: "d"}, {AtMS: 2000, Shard: 1, Step: "published", Details: "d"}}, steps)
 }
