@@ -568,6 +568,13 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 	}
 }
 
+// readOnlyWait bounds the attempt to make a primary reported down
+// read-only: a live server's connect and SET take a few WAN round trips
+// (~0.2 s across the beds' 40 ms). It is all the wait for the old
+// primary when its address vanished with the server (the compose bed's
+// killed container).
+const readOnlyWait = 500 * time.Millisecond
+
 // Failover moves shard's primary to its most advanced replica (in
 // req.ToRegion, if set). See the package doc for the steps.
 func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res FailoverResult, err error) {
@@ -658,11 +665,11 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		defer a.Close()
 		// A dead server whose address vanished (a killed container)
 		// answers nothing, so this waits out its whole timeout before the
-		// replicas are fenced instead: 1 s, ample for a live server's
-		// connect and SET, when the primary was reported down. If a live
-		// one is missed, the replica-side fence below is as safe. A
-		// planned switchover needs read_only, so it waits longer.
-		rctx, cancel := context.WithTimeout(ctx, map[bool]time.Duration{true: 5 * time.Second, false: time.Second}[req.Planned])
+		// replicas are fenced instead: readOnlyWait when the primary was
+		// reported down. If a live one is missed, the replica-side fence
+		// below is as safe. A planned switchover needs read_only, so it
+		// waits longer.
+		rctx, cancel := context.WithTimeout(ctx, map[bool]time.Duration{true: 5 * time.Second, false: readOnlyWait}[req.Planned])
 		defer cancel()
 		if err := a.SetReadOnly(rctx, true); err != nil {
 			return
