@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,11 +63,14 @@ type composeBed struct {
 // where Docker is missing.
 func TestCompose(t *testing.T) {
 	t.Parallel()
+	rec := &recap{t: t, step: "bring the bed up"}
+	t.Cleanup(rec.print) // first registered, so it prints last
 	start := time.Now()
 	b := startCompose(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
+	rec.at("WAN round trips and name isolation")
 	bed, err := compose.Open(ctx, b.project)
 	require.NoError(t, err)
 	for _, from := range composeRegions {
@@ -81,6 +85,7 @@ func TestCompose(t *testing.T) {
 	out, err := exec.Command("docker", "exec", b.container("mariadb-s1-us-east"), "getent", "hosts", "mariadb-s2-eu-west").CombinedOutput()
 	require.Error(t, err, "us-east resolves eu-west's server directly: %s", out)
 
+	rec.at("tour")
 	topic := fmt.Sprintf("compose-%d", time.Now().UnixNano())
 	for i, via := range composeRegions {
 		for _, store := range []string{via, composeRegions[(i+1)%3]} {
@@ -102,15 +107,56 @@ func TestCompose(t *testing.T) {
 	t.Logf("compose bed up and toured %.1fs after the start", time.Since(start).Seconds())
 
 	drills := time.Now()
-	checkPartition(t, runDrill(t, "partition", 25*time.Second, "--bed", "compose", "--project", b.project, "--region", "us-east"))
-	checkDrill(t, runDrill(t, "primary-kill", 10*time.Second, "--bed", "compose", "--project", b.project, "--region", "eu-west"), primaryKillRTO)
+	rec.at("partition drill")
+	rep := runDrill(t, "partition", 25*time.Second, "--bed", "compose", "--project", b.project, "--region", "us-east")
+	rec.add("partition: " + summary(rep))
+	checkPartition(t, rep)
+	rec.at("primary-kill drill")
+	rep = runDrill(t, "primary-kill", 10*time.Second, "--bed", "compose", "--project", b.project, "--region", "eu-west")
+	rec.add("primary-kill: " + summary(rep))
+	checkDrill(t, rep, primaryKillRTO)
 	t.Logf("drills took %.1fs", time.Since(drills).Seconds())
+
+	rec.at("grow online (shard 4)")
 
 	grow := time.Now()
 	gctx, gcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer gcancel()
 	b.addSpareShard(gctx, topic)
 	t.Logf("spare shard added and served %.1fs after the drills", time.Since(grow).Seconds())
+}
+
+// recap repeats, at the very end of a failed run's output, the step it
+// failed in and the drills' figures. CI shows only the tail of a failed
+// test's output, and TestCompose's tail is the bed's logs and the drills'
+// reports, printed by cleanups after the failed check's message.
+type recap struct {
+	t     *testing.T
+	mu    sync.Mutex
+	step  string
+	lines []string
+}
+
+func (r *recap) at(step string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.step = step
+}
+
+func (r *recap) add(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = append(r.lines, line)
+}
+
+func (r *recap) print() {
+	if !r.t.Failed() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.t.Logf("--- recap: TestCompose failed in step %q (its failed checks are printed above the bed's logs) ---\n%s",
+		r.step, strings.Join(r.lines, "\n"))
 }
 
 // addSpareShard adds the spare shard 4 (docker-compose.spare.yml, homed in
