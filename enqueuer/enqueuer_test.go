@@ -353,6 +353,60 @@ func TestHeldBatchRetriesOnNewMap(t *testing.T) {
 		"the held batch must be inserted once the map unfences its shard, without waiting out the backoff")
 }
 
+// TestHandedOverWorkerInsertsWhatItHeld: a worker whose shard's primary
+// moves to another region goes on for handOver, so the batches it held
+// while the shard was fenced reach the new primary the moment the map
+// names it, not after the new region's worker made its consumer (it used
+// to be cancelled at once and nak them). Then it stops.
+func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
+	defer func(cap, floor, h time.Duration) { retryCap, retryFloor, handOver = cap, floor, h }(retryCap, retryFloor, handOver)
+	retryCap, retryFloor = time.Minute, time.Minute
+	handOver = 2 * time.Second
+	dsn := mariadbtest.Database(t)
+	c, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	db := sqlx.MustConnect("mysql", dsn)
+	t.Cleanup(func() { db.Close() })
+	_, err = schema.Migrate(context.Background(), db.DB)
+	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
+	shard := shardmap.Shard{ID: 1, HomeRegion: "r", PrimaryRegion: "r", Primary: c.Addr, Database: c.DBName, Fenced: true, Epoch: 2}
+	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r", "s"}, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	maps := shardmap.NewHolder(fenced)
+	pool := shardmap.NewPool(shardmap.Credentials{})
+	t.Cleanup(func() { pool.Close() })
+	logs := &syncBuffer{}
+	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, svc.Start(context.Background()))
+	t.Cleanup(svc.Stop)
+	b := &bundle{db: db, nc: nc, js: js, svc: svc}
+
+	b.publish(t, batch(1, "t", "", 1, 2))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "insert failed") }, 10*time.Second, 20*time.Millisecond,
+		"the fenced shard must refuse the first try")
+
+	// Failed over to region s, which has no enqueuer here: only the
+	// handed-over worker can insert the held batch (a nak would leave it
+	// in the buffer, and the ack wait is a minute).
+	shard.Fenced, shard.PrimaryRegion = false, "s"
+	moved, err := shardmap.New(shardmap.Map{Version: 2, Regions: []string{"r", "s"}, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	require.True(t, maps.Offer(moved))
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 5*time.Second, 20*time.Millisecond,
+		"the held batch must be inserted into the new primary by the handed-over worker")
+	workers := func() int {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return len(svc.workers)
+	}
+	require.Equal(t, 1, workers(), "the worker goes on for handOver")
+	require.Eventually(t, func() bool { return workers() == 0 }, handOver+3*time.Second, 50*time.Millisecond,
+		"the worker stops handOver after its shard's primary left the region")
+}
+
 // syncBuffer is a log sink the test can read while workers write to it.
 type syncBuffer struct {
 	mu  sync.Mutex

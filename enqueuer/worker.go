@@ -71,6 +71,10 @@ const pruneEvery = time.Minute
 // others drain its buffer.
 const AdoptAfter = 3 * time.Second
 
+// handOver is how long a worker goes on after its shard's primary left
+// the region (see reconcile). A variable for tests.
+var handOver = 10 * time.Second
+
 // Service runs one worker per shard homed in the region.
 type Service struct {
 	cfg    Config
@@ -78,6 +82,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	workers map[uint32]context.CancelFunc
+	leaving map[uint32]time.Time // workers no longer wanted, since (reconcile only)
 	absent  map[string]time.Time // regions seen without enqueuers since (reconcile only)
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc
@@ -104,7 +109,8 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Logger = cfg.Logger.With("role", "enqueuer", "region", cfg.Region)
-	return &Service{cfg: cfg, tracer: tracing.Tracer(cfg.Tracer), workers: map[uint32]context.CancelFunc{}, absent: map[string]time.Time{}}, nil
+	return &Service{cfg: cfg, tracer: tracing.Tracer(cfg.Tracer), workers: map[uint32]context.CancelFunc{},
+		leaving: map[uint32]time.Time{}, absent: map[string]time.Time{}}, nil
 }
 
 // Start creates the stream and starts the workers. They follow the shard
@@ -169,11 +175,26 @@ func (s *Service) reconcile(ctx context.Context) {
 	want := drains(m, s.cfg.Region, adopt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	for id, cancel := range s.workers {
-		if _, ok := want[id]; !ok {
-			cancel()
-			delete(s.workers, id)
+		if _, ok := want[id]; ok {
+			delete(s.leaving, id)
+			continue
 		}
+		// Handed over: the shard's primary moved to another region. The
+		// worker goes on handOver longer: it holds the batches pulled
+		// while the shard was fenced, and inserts them into the new
+		// primary the moment the map names it, while the new region's
+		// worker is still making its consumer across the WAN.
+		if since, ok := s.leaving[id]; !ok {
+			s.leaving[id] = now
+			continue
+		} else if now.Sub(since) < handOver {
+			continue
+		}
+		cancel()
+		delete(s.workers, id)
+		delete(s.leaving, id)
 	}
 	for id, home := range want {
 		if _, ok := s.workers[id]; ok {

@@ -656,6 +656,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	}()
 	var unreachable []string
 	var reach sync.Mutex
+	begun := time.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		a, err := c.admin(old)
@@ -715,8 +716,16 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 			return res, fmt.Errorf("shard %d: old primary %s and replicas %v cannot be reached; the shard stays fenced and is retried", s.ID, old, unreachable)
 		}
 		var stopErrs []error
+		var slowest time.Duration
+		reached := time.Now()
 		for r, a := range replicas {
 			wg.Go(func() {
+				start := time.Now()
+				defer func() {
+					reach.Lock()
+					slowest = max(slowest, time.Since(start))
+					reach.Unlock()
+				}()
 				// STOP SLAVE IO_THREAD waits for an IO thread that is
 				// connecting to the dead primary to give up (on the compose
 				// bed, about 3 s for a vanished address), and a timeout here
@@ -737,7 +746,10 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		if err := errors.Join(stopErrs...); err != nil {
 			return res, fmt.Errorf("shard %d: %w", s.ID, err)
 		}
-		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit", old))
+		// The timings say where the step's time went: reaching the
+		// servers (a dead one costs readOnlyWait) or a replica's stop.
+		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit "+
+			"(servers reached in %v, slowest replica stopped in %v)", old, reached.Sub(begun).Round(time.Millisecond), slowest.Round(time.Millisecond)))
 	}
 	// 3. Choose the candidate.
 	var newPrimary string
