@@ -169,7 +169,7 @@ func summary(r *drill.Report) string {
 	if len(r.FailoverSteps) > 0 {
 		var steps []string
 		for _, st := range r.FailoverSteps {
-			steps = append(steps, fmt.Sprintf("%d ms s%d %s", st.AtMS, st.Shard, st.Step))
+			steps = append(steps, fmt.Sprintf("%d ms s%d %s (%s)", st.AtMS, st.Shard, st.Step, st.Details))
 		}
 		s += "; failover steps: " + strings.Join(steps, ", ")
 	} else if r.FailoverStepsError != "" {

@@ -257,6 +257,10 @@ const (
 // passed checkLeader began at most 1 s after the renewal was sent.
 const leaseMargin = 1500 * time.Millisecond
 
+// freshLease is how recent a committed renewal must be for checkLeader to
+// act on it without renewing again.
+const freshLease = 300 * time.Millisecond
+
 // ErrNotLeader: this controller does not hold the leader lease (any more).
 var ErrNotLeader = errors.New("regions: not the controller leader")
 
@@ -289,14 +293,25 @@ func (c *Controller) renew(ctx context.Context) error {
 }
 
 // checkLeader is run before each irreversible step of a failover (fence,
-// read_only, promote, publish): it renews the lease now, so the step runs
-// under a lease the KV leader has just committed, never on the memory of
-// one.
+// read_only, promote, publish): the step runs under a lease the KV leader
+// committed at most freshLease ago, renewed now unless it was renewed
+// that recently. A committed renewal sent at t holds the key until
+// t + LeaseTTL, and a step may begin up to LeaseTTL - leaseMargin after
+// it; renewing a lease a few hundred milliseconds old changes neither,
+// and a failover's four checks cost four quorum commits across the WAN
+// on its critical path (each a few hundred milliseconds on a loaded
+// compose bed). Never the memory of a lease older than that: a
+// controller cut off from NATS fails the renewal and stops.
 func (c *Controller) checkLeader(ctx context.Context, shard uint32, step string) error {
 	c.hook(shard, step)
-	if err := c.renew(ctx); err != nil {
-		c.event(shard, "lost-leadership", "before "+step+": "+err.Error())
-		return err
+	c.mu.Lock()
+	fresh := c.leader && time.Since(c.leaseAt) < freshLease
+	c.mu.Unlock()
+	if !fresh {
+		if err := c.renew(ctx); err != nil {
+			c.event(shard, "lost-leadership", "before "+step+": "+err.Error())
+			return err
+		}
 	}
 	c.mu.Lock()
 	at := c.leaseAt
@@ -543,10 +558,16 @@ var ErrEpochMoved = errors.New("regions: the shard's epoch moved")
 // publishes at most once, whoever else is working on the shard.
 func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64, fenced bool) (*shardmap.Map, error) {
 	for attempt := 0; ; attempt++ {
+		// The map this process holds is the stored one unless a conflict
+		// says otherwise (shardmap.Publish compares versions): reading
+		// the bucket first cost every publish a round trip to the KV
+		// leader across the WAN.
 		cur := c.cfg.Maps.Current()
-		if m, err := shardmap.Load(ctx, c.cfg.MapKV); err == nil && m.Version > cur.Version {
-			c.cfg.Maps.Offer(m)
-			cur = m
+		if attempt > 0 {
+			if m, err := shardmap.Load(ctx, c.cfg.MapKV); err == nil && m.Version > cur.Version {
+				c.cfg.Maps.Offer(m)
+				cur = m
+			}
 		}
 		was, ok := cur.Shard(s.ID)
 		if !ok || was.Epoch != epoch || was.Fenced != fenced {
