@@ -773,6 +773,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 			"(servers reached in %v, slowest replica stopped in %v)", old, reached.Sub(begun).Round(time.Millisecond), slowest.Round(time.Millisecond)))
 	}
 	// 3. Choose the candidate.
+	chose := time.Now()
 	var newPrimary string
 	if readOnly {
 		// The candidate must hold everything the old primary has.
@@ -837,6 +838,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	}
 	// One promotion per shard and epoch: the claim is created once; a
 	// controller resuming this epoch promotes the claimed server, or none.
+	claimAt := time.Now()
 	claimed, err := c.claim(ctx, s, newPrimary)
 	if err != nil {
 		return res, err
@@ -853,6 +855,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	// as replicas (the old one rejoins once it answers).
 	newRegion := s.ReplicaRegion(newPrimary)
 	var replicaList, regions []string
+	var repointed time.Duration
 	for j, r := range s.Replicas {
 		if r == newPrimary {
 			continue
@@ -864,6 +867,12 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 			continue // unreachable (read-only path): rejoined when it answers
 		}
 		wg.Go(func() {
+			start := time.Now()
+			defer func() {
+				reach.Lock()
+				repointed = max(repointed, time.Since(start))
+				reach.Unlock()
+			}()
 			if err := replicas[r].ReplicateFrom(ctx, c.via(region, newPrimary), c.cfg.Repl); err != nil {
 				c.log.Warn("repoint replica", "replica", r, "err", err)
 			}
@@ -876,18 +885,27 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	// promotion, their connecting was on the failover's critical path.
 	var gtid string
 	var perr error
-	wg.Go(func() { gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second) })
+	promoteAt := time.Now()
+	var promoted time.Duration
+	wg.Go(func() {
+		gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second)
+		promoted = time.Since(promoteAt)
+	})
 	wg.Wait()
 	if perr != nil && !errors.Is(perr, replication.ErrNotReplica) {
 		return res, fmt.Errorf("promote %s: %w", newPrimary, perr)
 	}
-	c.event(s.ID, "promoted", fmt.Sprintf("%s at %s; other replicas repointed to it", newPrimary, gtid))
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	c.event(s.ID, "promoted", fmt.Sprintf("%s at %s; other replicas repointed to it (candidate chosen in %v, claimed in %v, promoted in %v, slowest repoint %v)",
+		newPrimary, gtid, ms(claimAt.Sub(chose)), ms(promoteAt.Sub(claimAt)), ms(promoted), ms(repointed)))
 	replicaList = append(replicaList, old)
 	regions = append(regions, c.primaryRegion(s))
 	// The epoch write is the new primary's first commit: it needs a
 	// replica's acknowledgement, hence after the repointing.
 	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	epochAt := time.Now()
 	err = c.storeEpoch(ectx, s, replicas[newPrimary])
+	epochTook := time.Since(epochAt)
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
@@ -901,7 +919,8 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	if _, err := c.publish(ctx, s, fencedEpoch, true); err != nil {
 		return res, fmt.Errorf("publish new primary: %w", err)
 	}
-	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d", newPrimary, newRegion, s.Epoch))
+	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d (epoch stored on it in %v, then published in %v)",
+		newPrimary, newRegion, s.Epoch, ms(epochTook), ms(time.Since(epochAt)-epochTook)))
 	c.mu.Lock()
 	c.cooldown[s.ID] = time.Now().Add(c.cfg.Cooldown)
 	delete(c.suspect, s.ID)
