@@ -151,17 +151,34 @@ func (o *ownership) owned() []uint32 {
 // whether a shard it wants is still held by another dequeuer (one handing
 // it over), so that the caller tries again soon.
 func (o *ownership) claim(ctx context.Context) (pending bool) {
-	// Announce this region's dequeuers, so adopters of its shards hand
-	// them back.
-	_, _ = o.kv.Put(ctx, peer.PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID))
 	m := o.s.cfg.Maps.Current()
+	// Announce this region's dequeuers, so adopters of its shards hand
+	// them back, and read which other regions have dequeuers, all at once:
+	// one after the other they were four KV round trips (across the WAN)
+	// before a shard whose primary moved away was handed over, on the
+	// failover's critical path for dequeues.
+	present := map[string]bool{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wg.Go(func() { _, _ = o.kv.Put(ctx, peer.PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID)) })
+	for _, region := range m.Regions {
+		if region != o.s.cfg.Region {
+			wg.Go(func() {
+				p := Present(ctx, o.kv, "dequeuers", region)
+				mu.Lock()
+				present[region] = p
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
 	home := m.ServedIn(o.s.cfg.Region)
 	want := slices.Clone(home)
 	for _, region := range m.Regions {
 		if region == o.s.cfg.Region {
 			continue
 		}
-		present := Present(ctx, o.kv, "dequeuers", region)
+		present := present[region]
 		for _, id := range m.ServedIn(region) {
 			o.mu.Lock()
 			_, mine := o.revs[id]
