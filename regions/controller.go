@@ -883,12 +883,28 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	// or caught up with the read-only old primary), and attached before
 	// its first commit they acknowledge it at once. Done after the
 	// promotion, their connecting was on the failover's critical path.
+	//
+	// The epoch is stored while the candidate is detached and before it
+	// takes writes (Promote's prepare): a commit there waits for no
+	// replica yet, so the map is published while the repointed replicas'
+	// IO threads are still connecting, instead of after. A failed store
+	// is tried again below, as the new primary's first commit.
 	var gtid string
-	var perr error
+	var perr, epochErr error
+	epochStored := false
+	var epochTook time.Duration
+	prepare := func(ctx context.Context) error {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		epochErr = c.storeEpoch(ectx, s, replicas[newPrimary])
+		epochTook, epochStored = time.Since(start), epochErr == nil
+		return nil
+	}
 	promoteAt := time.Now()
 	var promoted time.Duration
 	wg.Go(func() {
-		gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second)
+		gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second, prepare)
 		promoted = time.Since(promoteAt)
 	})
 	wg.Wait()
@@ -900,15 +916,21 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		newPrimary, gtid, ms(claimAt.Sub(chose)), ms(promoteAt.Sub(claimAt)), ms(promoted), ms(repointed)))
 	replicaList = append(replicaList, old)
 	regions = append(regions, c.primaryRegion(s))
-	// The epoch write is the new primary's first commit: it needs a
-	// replica's acknowledgement, hence after the repointing.
-	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	epochAt := time.Now()
-	err = c.storeEpoch(ectx, s, replicas[newPrimary])
-	epochTook := time.Since(epochAt)
-	cancel()
-	if err != nil {
-		return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
+	if !epochStored {
+		// Promoted by an earlier attempt (ErrNotReplica), or the store in
+		// prepare failed: now it is the new primary's first commit, and
+		// needs a replica's acknowledgement.
+		if epochErr != nil {
+			c.log.Warn("storing the failover epoch before the promotion failed; storing it now", "shard", s.ID, "err", epochErr)
+		}
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = c.storeEpoch(ectx, s, replicas[newPrimary])
+		epochTook = time.Since(epochAt)
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
+		}
 	}
 	if err := c.checkLeader(ctx, s.ID, "publish"); err != nil {
 		return res, err
@@ -919,8 +941,9 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	if _, err := c.publish(ctx, s, fencedEpoch, true); err != nil {
 		return res, fmt.Errorf("publish new primary: %w", err)
 	}
-	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d (epoch stored on it in %v, then published in %v)",
-		newPrimary, newRegion, s.Epoch, ms(epochTook), ms(time.Since(epochAt)-epochTook)))
+	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d (epoch stored on it in %v %s; published in %v)",
+		newPrimary, newRegion, s.Epoch, ms(epochTook), map[bool]string{true: "before it took writes", false: "as its first commit"}[epochStored],
+		ms(time.Since(epochAt))))
 	c.mu.Lock()
 	c.cooldown[s.ID] = time.Now().Add(c.cfg.Cooldown)
 	delete(c.suspect, s.ID)

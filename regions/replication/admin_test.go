@@ -87,7 +87,7 @@ func TestBadInputIsRejectedBeforeConnecting(t *testing.T) {
 		require.ErrorContains(t, a.RejoinAsReplica(ctx, addr, good), "address", "%q", addr)
 	}
 	require.ErrorContains(t, a.ReplicateFrom(ctx, "127.0.0.1:3306", replication.Credentials{User: "repl"}), "password")
-	_, err := a.Promote(ctx, 0)
+	_, err := a.Promote(ctx, 0, nil)
 	require.ErrorContains(t, err, "want more than 0")
 	_, err = replication.MostAdvanced(ctx, nil)
 	require.ErrorContains(t, err, "no replicas")

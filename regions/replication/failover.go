@@ -101,8 +101,18 @@ func (a *Admin) replicate(ctx context.Context, primaryAddr string, repl Credenti
 // read-only replica with its IO thread stopped: call Promote again, or
 // promote another replica.
 //
+// prepare, if not nil, runs once the server replicates from nobody and
+// before semi-sync as a primary is on: its writes (on the Admin's pool,
+// DB, so they are binlogged) commit at once, read_only notwithstanding
+// for the admin account, and wait for no replica. The failover stores
+// the shard's epoch there: waiting for a replica's acknowledgement, that
+// first commit waited for a repointed replica's IO thread to connect
+// across the WAN (a dozen round trips: half a second on the process bed,
+// a second on the compose bed), and the map was published only then.
+// Nothing an application wrote can be in it: read_only is still on.
+//
 // It refuses, with ErrNotReplica, a server that replicates from nobody.
-func (a *Admin) Promote(ctx context.Context, timeout time.Duration) (gtid string, err error) {
+func (a *Admin) Promote(ctx context.Context, timeout time.Duration, prepare func(context.Context) error) (gtid string, err error) {
 	if timeout <= 0 {
 		return "", fmt.Errorf("replication: Promote timeout %v: want more than 0", timeout)
 	}
@@ -149,6 +159,11 @@ func (a *Admin) Promote(ctx context.Context, timeout time.Duration) (gtid string
 		}
 		if err := a.exec(ctx, c, "detach from old primary", f.StopReplica(), f.ResetReplicaAll()); err != nil {
 			return err
+		}
+		if prepare != nil {
+			if err := prepare(ctx); err != nil {
+				return fmt.Errorf("replication: prepare %s to take writes: %w", a.addr, err)
+			}
 		}
 		// Semi-sync as a primary before the first application write can
 		// land: no commit of the new primary is ever acknowledged before a

@@ -349,7 +349,7 @@ func TestBinloggedAdminStatementBreaksReplica(t *testing.T) {
 		assert.EqualValues(c, 1950, st.LastSQLErrno, "ER_GTID_STRICT_OUT_OF_ORDER: %s", st.LastSQLError)
 	}, waitFor, tick)
 
-	_, err := r.admin.Promote(ctx, time.Second)
+	_, err := r.admin.Promote(ctx, time.Second, nil)
 	require.ErrorIs(t, err, replication.ErrRelayLogNotApplied)
 	require.ErrorContains(t, err, "1950")
 }
@@ -431,7 +431,7 @@ func TestFailoverPromotesMostAdvancedAndRejoinsOldPrimary(t *testing.T) {
 	}
 	promoted := make(chan result, 1)
 	go func() {
-		gtid, err := r1.admin.Promote(ctx, 30*time.Second)
+		gtid, err := r1.admin.Promote(ctx, 30*time.Second, nil)
 		promoted <- result{gtid, err}
 	}()
 	var early *result
@@ -462,7 +462,7 @@ func TestFailoverPromotesMostAdvancedAndRejoinsOldPrimary(t *testing.T) {
 	require.Equal(t, replication.RolePrimary, st.Role)
 	require.False(t, st.ReadOnly)
 	require.Equal(t, res.gtid, st.CurrentPos.String())
-	_, err = r1.admin.Promote(ctx, time.Second)
+	_, err = r1.admin.Promote(ctx, time.Second, nil)
 	require.ErrorIs(t, err, replication.ErrNotReplica, "promoting twice is refused, not unfencing")
 
 	// The new primary takes application writes; r2 follows it and catches up.
@@ -562,4 +562,44 @@ func TestSemiSyncNeverFallsBackToAsync(t *testing.T) {
 	insert(t, appP, 5, 5)
 	waitIDs(t, back, span(1, 5))
 	require.Zero(t, semiSync(t, p).NoTx)
+}
+
+// TestPromotePrepareCommitsBeforeSemiSync: Promote's prepare writes on a
+// detached, still read-only candidate, and its commit waits for no replica
+// (semi-sync as a primary is not on yet), although none is attached: the
+// failover stores the shard's epoch there instead of waiting for a
+// repointed replica to connect. After Promote, semi-sync is on: an
+// application commit with no replica attached waits.
+func TestPromotePrepareCommitsBeforeSemiSync(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, 2)
+	p, r := b.primary, b.replicas[0]
+	insert(t, p.appDB(t), 1, 3)
+	waitIDs(t, r, span(1, 3))
+	require.NoError(t, p.srv.Kill())
+
+	var prepared time.Duration
+	var readOnly bool
+	_, err := r.admin.Promote(ctx, 10*time.Second, func(ctx context.Context) error {
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := r.root.QueryRowContext(pctx, "SELECT @@read_only").Scan(&readOnly); err != nil {
+			return err
+		}
+		_, err := r.admin.DB().ExecContext(pctx, "INSERT INTO triage.items (id, note) VALUES (100, 'prepared')")
+		prepared = time.Since(start)
+		return err
+	})
+	require.NoError(t, err)
+	require.True(t, readOnly, "prepare runs before read_only=0")
+	require.Less(t, prepared, 2*time.Second, "prepare's commit waited for a replica")
+	require.Equal(t, append(span(1, 3), 100), ids(t, r))
+
+	require.True(t, semiSync(t, r).PrimaryEnabled, "semi-sync as a primary after Promote: %+v", semiSync(t, r))
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = r.appDB(t).ExecContext(dctx, "INSERT INTO items (id) VALUES (101)")
+	require.ErrorIs(t, err, context.DeadlineExceeded, "with no replica attached, an application commit after Promote waits")
 }
