@@ -27,10 +27,11 @@
 // the bucket triage_control (TTL LeaseTTL = 3 s, renewed every 0.5 s by
 // a compare-and-set on its revision). Only the holder acts. Before each
 // irreversible step of a failover (fence, read_only, promote, publish)
-// the leader renews the lease again and stops if that fails: the renewal
-// is committed by the KV stream's Raft group, so a controller cut off from
-// NATS (but not from MySQL) stops at its next step, while a new leader can
-// only start LeaseTTL after the old one's last renewal. A new leader
+// the leader renews the lease again, unless it renewed it less than 300 ms
+// before, and stops if that fails: the renewal is committed by the KV
+// stream's Raft group, so a controller cut off from NATS (but not from
+// MySQL) stops at its next step, while a new leader can only start
+// LeaseTTL after the old one's last renewal. A new leader
 // resumes a failover the previous one left half-done (a shard still
 // marked fenced).
 //
@@ -63,9 +64,14 @@
 //  5. Promote (the relay log applied first; semi-sync as a primary before
 //     read_only=0) while the other replicas are repointed to the candidate
 //     (it holds all they have; attached before its first commit, they
-//     acknowledge it at once), store the epoch in the new
-//     primary's shard_meta table (shardmap.StoreEpoch; a writer with an
-//     older map refuses that server), and publish the map with the new
+//     acknowledge it at once). The epoch goes into the candidate's
+//     shard_meta table (shardmap.StoreEpoch; a writer with an older map
+//     refuses that server) once it is detached and while it is still
+//     read-only, before semi-sync as a primary is on (Promote's prepare):
+//     that commit waits for no replica, so the map is not held back while
+//     the repointed replicas connect across the WAN (a second on the
+//     compose bed); the application's first commits wait for them
+//     instead. Then publish the map with the new
 //     primary, the old one listed as a replica to rejoin, Fenced cleared.
 //     Each publish is conditional on the shard's stored epoch and fence
 //     state, so it fails if another controller moved the epoch.
