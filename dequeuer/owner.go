@@ -157,7 +157,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 	// one after the other they were four KV round trips (across the WAN)
 	// before a shard whose primary moved away was handed over, on the
 	// failover's critical path for dequeues.
-	present := map[string]bool{}
+	presentIn := map[string]bool{}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	wg.Go(func() { _, _ = o.kv.Put(ctx, peer.PresenceKey("dequeuers", o.s.cfg.Region), []byte(o.s.cfg.ID)) })
@@ -166,7 +166,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			wg.Go(func() {
 				p := Present(ctx, o.kv, "dequeuers", region)
 				mu.Lock()
-				present[region] = p
+				presentIn[region] = p
 				mu.Unlock()
 			})
 		}
@@ -178,7 +178,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 		if region == o.s.cfg.Region {
 			continue
 		}
-		present := present[region]
+		present := presentIn[region]
 		for _, id := range m.ServedIn(region) {
 			o.mu.Lock()
 			_, mine := o.revs[id]
