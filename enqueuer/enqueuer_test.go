@@ -318,37 +318,11 @@ func TestPruneBatches(t *testing.T) {
 func TestHeldBatchRetriesOnNewMap(t *testing.T) {
 	defer func(cap, floor time.Duration) { retryCap, retryFloor = cap, floor }(retryCap, retryFloor)
 	retryCap, retryFloor = time.Minute, time.Minute // a retry by backoff would come far too late
-	dsn := mariadbtest.Database(t)
-	c, err := mysql.ParseDSN(dsn)
-	require.NoError(t, err)
-	db := sqlx.MustConnect("mysql", dsn)
-	t.Cleanup(func() { db.Close() })
-	_, err = schema.Migrate(context.Background(), db.DB)
-	require.NoError(t, err)
-	nc, js := natstest.JetStream(t)
-	shard := shardmap.Shard{ID: 1, HomeRegion: "r", Primary: c.Addr, Database: c.DBName, Fenced: true, Epoch: 2}
-	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"}, Shards: []shardmap.Shard{shard}})
-	require.NoError(t, err)
-	maps := shardmap.NewHolder(fenced)
-	pool := shardmap.NewPool(shardmap.Credentials{})
-	t.Cleanup(func() { pool.Close() })
-	logs := &syncBuffer{}
-	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: time.Second,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	require.NoError(t, err)
-	require.NoError(t, svc.Start(context.Background()))
-	t.Cleanup(svc.Stop)
-	b := &bundle{db: db, nc: nc, js: js, svc: svc}
-
-	b.publish(t, batch(1, "t", "", 1, 2))
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "insert failed") }, 10*time.Second, 20*time.Millisecond,
-		"the fenced shard must refuse the first try")
+	b, maps, shard := holdBatch(t, []string{"r"}, time.Second)
 	require.Zero(t, b.count(t))
 
 	shard.Fenced = false
-	open, err := shardmap.New(shardmap.Map{Version: 2, Regions: []string{"r"}, Shards: []shardmap.Shard{shard}})
-	require.NoError(t, err)
-	require.True(t, maps.Offer(open))
+	offer(t, maps, 2, []string{"r"}, shard)
 	require.Eventually(t, func() bool { return b.count(t) == 2 }, 10*time.Second, 20*time.Millisecond,
 		"the held batch must be inserted once the map unfences its shard, without waiting out the backoff")
 }
@@ -362,6 +336,31 @@ func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
 	defer func(cap, floor, h time.Duration) { retryCap, retryFloor, handOver = cap, floor, h }(retryCap, retryFloor, handOver)
 	retryCap, retryFloor = time.Minute, time.Minute
 	handOver = 6 * time.Second // longer than the insert may take below
+	regions := []string{"r", "s"}
+	b, maps, shard := holdBatch(t, regions, time.Minute)
+
+	// Failed over to region s, which has no enqueuer here: only the
+	// handed-over worker can insert the held batch (a nak would leave it
+	// in the buffer, and the ack wait is a minute).
+	shard.Fenced, shard.PrimaryRegion = false, "s"
+	offer(t, maps, 2, regions, shard)
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 5*time.Second, 20*time.Millisecond,
+		"the held batch must be inserted into the new primary by the handed-over worker")
+	workers := func() int {
+		b.svc.mu.Lock()
+		defer b.svc.mu.Unlock()
+		return len(b.svc.workers)
+	}
+	require.Eventually(t, func() bool { return workers() == 0 }, handOver+5*time.Second, 50*time.Millisecond,
+		"the worker stops handOver after its shard's primary left the region")
+}
+
+// holdBatch starts region r's enqueuer on a fresh database with shard 1
+// (primary in r) fenced at epoch 2, publishes one batch of two items and
+// waits until the worker holds it, refused by the fenced shard. It
+// returns the map holder and the shard, for the test's next map.
+func holdBatch(t *testing.T, regions []string, ackWait time.Duration) (*bundle, *shardmap.Holder, shardmap.Shard) {
+	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
 	require.NoError(t, err)
@@ -371,13 +370,13 @@ func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
 	require.NoError(t, err)
 	nc, js := natstest.JetStream(t)
 	shard := shardmap.Shard{ID: 1, HomeRegion: "r", PrimaryRegion: "r", Primary: c.Addr, Database: c.DBName, Fenced: true, Epoch: 2}
-	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r", "s"}, Shards: []shardmap.Shard{shard}})
+	fenced, err := shardmap.New(shardmap.Map{Version: 1, Regions: regions, Shards: []shardmap.Shard{shard}})
 	require.NoError(t, err)
 	maps := shardmap.NewHolder(fenced)
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
 	logs := &syncBuffer{}
-	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: time.Minute,
+	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: ackWait,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
@@ -387,23 +386,15 @@ func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
 	b.publish(t, batch(1, "t", "", 1, 2))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "insert failed") }, 10*time.Second, 20*time.Millisecond,
 		"the fenced shard must refuse the first try")
+	return b, maps, shard
+}
 
-	// Failed over to region s, which has no enqueuer here: only the
-	// handed-over worker can insert the held batch (a nak would leave it
-	// in the buffer, and the ack wait is a minute).
-	shard.Fenced, shard.PrimaryRegion = false, "s"
-	moved, err := shardmap.New(shardmap.Map{Version: 2, Regions: []string{"r", "s"}, Shards: []shardmap.Shard{shard}})
+// offer installs a map of version with shard as its only shard.
+func offer(t *testing.T, maps *shardmap.Holder, version uint64, regions []string, shard shardmap.Shard) {
+	t.Helper()
+	m, err := shardmap.New(shardmap.Map{Version: version, Regions: regions, Shards: []shardmap.Shard{shard}})
 	require.NoError(t, err)
-	require.True(t, maps.Offer(moved))
-	require.Eventually(t, func() bool { return b.count(t) == 2 }, 5*time.Second, 20*time.Millisecond,
-		"the held batch must be inserted into the new primary by the handed-over worker")
-	workers := func() int {
-		svc.mu.Lock()
-		defer svc.mu.Unlock()
-		return len(svc.workers)
-	}
-	require.Eventually(t, func() bool { return workers() == 0 }, handOver+5*time.Second, 50*time.Millisecond,
-		"the worker stops handOver after its shard's primary left the region")
+	require.True(t, maps.Offer(m))
 }
 
 // syncBuffer is a log sink the test can read while workers write to it.
