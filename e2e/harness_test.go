@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -95,10 +95,9 @@ type proc struct {
 }
 
 func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // start runs `triage serve` with cfg (region, NATS and shard map filled in).

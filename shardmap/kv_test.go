@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -14,15 +13,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/wan"
 )
 
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Pick()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // cluster3 starts three clustered NATS servers n0, n1, n2.

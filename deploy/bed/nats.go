@@ -3,12 +3,12 @@ package bed
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
+	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -52,7 +52,7 @@ func (b *Bed) startNATS(ctx context.Context) error {
 	}
 	b.progress("starting a NATS cluster of %d servers, routes through the WAN", len(b.regions))
 	for _, r := range b.regions {
-		p, err := freePort()
+		p, err := freeport.Pick()
 		if err != nil {
 			return err
 		}
@@ -124,16 +124,4 @@ func (b *Bed) waitJetStream(ctx context.Context) error {
 	}
 	b.progress("JetStream ready (R%d)", replicas)
 	return nil
-}
-
-// freePort asks the kernel for a free loopback port. The port is free only
-// until someone else takes it, which on a bed machine is unlikely in the
-// milliseconds before the NATS server binds it.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver used for readiness and DDL
+
+	"github.com/triage-queue/triage/deploy/freeport"
 )
 
 const (
@@ -97,8 +99,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := initDataDir(ctx, cfg, bins.installDB); err != nil {
 		return nil, err
 	}
-	// A port picked by pickPort can be taken before mariadbd binds it;
-	// retry with a fresh one in that case.
+	// A port freeport picked can still be taken before mariadbd binds it
+	// (by another process choosing ports explicitly); retry with a fresh
+	// one in that case.
 	for attempt := 1; ; attempt++ {
 		s, err := start(ctx, cfg, bins.server)
 		if err == nil || cfg.Port != 0 || attempt == 3 || !strings.Contains(err.Error(), "already in use") {
@@ -145,8 +148,8 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 	s := &Server{cfg: cfg, port: cfg.Port, done: make(chan struct{})}
 	if s.port == 0 {
 		var err error
-		if s.port, err = pickPort(); err != nil {
-			return nil, err
+		if s.port, err = freeport.Pick(); err != nil {
+			return nil, fmt.Errorf("mariadb: %w", err)
 		}
 	}
 	sock := filepath.Join(cfg.Dir, "mariadbd.sock")
@@ -381,37 +384,4 @@ func tail(b []byte) string {
 		}
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// picked holds every port pickPort has handed out in this process.
-var picked struct {
-	sync.Mutex
-	ports map[int]bool
-}
-
-// pickPort asks the kernel for a free loopback port that this process has
-// not handed out before. The kernel may return a port it just returned to
-// another caller whose mariadbd has not bound it yet; mariadbd then only
-// retries its bind while it already answers on its socket, so a bed once
-// started two servers on one port (a replica replicating from the wrong
-// shard). Never handing a port out twice rules that out within a bed.
-func pickPort() (int, error) {
-	picked.Lock()
-	defer picked.Unlock()
-	if picked.ports == nil {
-		picked.ports = map[int]bool{}
-	}
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("mariadb: pick port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !picked.ports[port] {
-			picked.ports[port] = true
-			return port, nil
-		}
-	}
-	return 0, errors.New("mariadb: pick port: the kernel kept returning ports handed out already")
 }

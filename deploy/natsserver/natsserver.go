@@ -144,13 +144,47 @@ func Start(cfg Config) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsserver: %w", err)
 	}
+	fatal := fatalLogger(make(chan string, 1))
+	s.SetLoggerV2(fatal, false, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("natsserver: not ready within 10s")
+	// A listener that cannot bind is a fatal error to the server, which
+	// then never becomes ready: report it at once, with its cause.
+	for deadline := time.Now().Add(readyWithin); ; {
+		select {
+		case msg := <-fatal:
+			s.Shutdown()
+			return nil, fmt.Errorf("natsserver: %s", msg)
+		default:
+		}
+		if s.ReadyForConnections(50 * time.Millisecond) {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.Shutdown()
+			return nil, fmt.Errorf("natsserver: not ready within %v", readyWithin)
+		}
 	}
-	return s, nil
 }
+
+// readyWithin bounds how long Start waits for the server's listeners.
+const readyWithin = 10 * time.Second
+
+// fatalLogger keeps the server as quiet as NoLog does, but hands the
+// first fatal error (a port that cannot be bound, JetStream that cannot
+// start) to Start.
+type fatalLogger chan string
+
+func (l fatalLogger) Fatalf(format string, v ...any) {
+	select {
+	case l <- fmt.Sprintf(format, v...):
+	default:
+	}
+}
+func (fatalLogger) Noticef(string, ...any) {}
+func (fatalLogger) Warnf(string, ...any)   {}
+func (fatalLogger) Errorf(string, ...any)  {}
+func (fatalLogger) Debugf(string, ...any)  {}
+func (fatalLogger) Tracef(string, ...any)  {}
 
 // Port returns the client port a started server listens on.
 func Port(s *server.Server) int {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/routing/auth/authtest"
 )
@@ -151,10 +152,9 @@ type cluster struct {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Pick()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // join starts a server named name that routes to the seed with cfg's
@@ -211,8 +211,21 @@ func TestRouteAuth(t *testing.T) {
 			// The strangers have been dialing since before the member
 			// joined; give them a few more of their retries (one a second).
 			time.Sleep(3 * time.Second)
+			// A refused stranger can show a route for a moment on its own
+			// side: it registers the route on the seed's INFO, which comes
+			// before the seed refuses its CONNECT, and it retries every
+			// second (a CI run caught one in that moment). One that joined
+			// holds its route: sample across more than a retry interval.
 			for name, s := range strangers {
-				require.Zero(t, s.NumRoutes(), "%s: joined the cluster", name)
+				held := 0
+				const samples = 60
+				for range samples {
+					if s.NumRoutes() > 0 {
+						held++
+					}
+					time.Sleep(25 * time.Millisecond)
+				}
+				require.Less(t, held, samples/2, "%s: joined the cluster (a route in most samples over 1.5 s)", name)
 			}
 			routes, err := seed.Routez(nil)
 			require.NoError(t, err)

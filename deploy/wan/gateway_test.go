@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/freeport"
 )
 
 // gateways starts the gateways of regions a (on 127.0.0.2) and b (on
@@ -20,10 +22,8 @@ import (
 func gateways(t *testing.T, latency time.Duration) (port int, a, b *Gateway) {
 	t.Helper()
 	echo := echoServer(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	require.NoError(t, err)
-	port = l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
 	d := Duration(latency)
 	start := func(region, host string) *Gateway {
 		g, err := StartGateway(GatewayConfig{Region: region, Latency: &d, Listen: host, Health: host + ":0",

@@ -2,7 +2,6 @@ package natstest
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/natsserver"
 )
 
@@ -44,12 +44,11 @@ func Cluster(t testing.TB, n int) []*server.Server {
 	ports := make([]int, n)
 	routes := make([]string, n)
 	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := freeport.Pick()
 		if err != nil {
 			t.Fatalf("natstest: %v", err)
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		ports[i] = p
 		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(ports[i])
 	}
 	servers := make([]*server.Server, n)
