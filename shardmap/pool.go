@@ -22,7 +22,15 @@ type Pool struct {
 	mu     sync.Mutex
 	dbs    map[string]*sqlx.DB // by DSN
 	epochs map[epochKey]time.Time
+	closed bool
 }
+
+// ErrPoolClosed is what a Pool answers once closed. Without it, a
+// goroutine still winding down when its node stopped (a node's Stop
+// cancels the run context and closes the pools without waiting for every
+// loop) opened a fresh pool to the shard that nobody closed: the client
+// package's leak check found two left behind.
+var ErrPoolClosed = errors.New("shardmap: connection pool closed")
 
 // epochKey is a (primary, epoch) pair whose fence check passed, and when.
 type epochKey struct {
@@ -167,6 +175,9 @@ func StoreEpoch(ctx context.Context, db *sql.DB, database string, epoch uint64) 
 func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPoolClosed
+	}
 	if db, ok := p.dbs[dsn]; ok {
 		return db, nil
 	}
@@ -185,10 +196,11 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	return db, nil
 }
 
-// Close closes every pool.
+// Close closes every pool; later calls get ErrPoolClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closed = true
 	for k, db := range p.dbs {
 		db.Close()
 		delete(p.dbs, k)

@@ -61,3 +61,24 @@ func TestWriterChecksTheEpoch(t *testing.T) {
 		require.NoError(t, db.PingContext(ctx))
 	}
 }
+
+// TestClosedPoolOpensNothing: a call that comes after Close (a loop still
+// winding down when its node stopped) gets ErrPoolClosed and opens no
+// pool that nobody would close.
+func TestClosedPoolOpensNothing(t *testing.T) {
+	t.Parallel()
+	m, err := New(Map{Version: 1, Regions: []string{"a"}, Shards: []Shard{{ID: 1, HomeRegion: "a",
+		Primary: "127.0.0.1:1", Database: "triage"}}})
+	require.NoError(t, err)
+	pool := NewPool(Credentials{})
+	_, _, err = pool.Primary(m, 1)
+	require.NoError(t, err, "opening a pool dials nothing yet")
+	require.NoError(t, pool.Close())
+	_, _, err = pool.Primary(m, 1)
+	require.ErrorIs(t, err, ErrPoolClosed)
+	_, err = pool.Writer(NewHolder(m), 1)
+	require.ErrorIs(t, err, ErrPoolClosed)
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	require.Empty(t, pool.dbs, "a closed pool holds no connection pool")
+}
