@@ -169,26 +169,31 @@ func (r *Router) ListDrills(ctx context.Context, _ *triagev1.ListDrillsRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	keys, err := kv.ListKeys(ctx)
+	// One watcher delivers every drill's latest value, then a nil entry
+	// once it has caught up: one consumer for the listing, not a Get per
+	// key after listing the keys.
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, toStatus(errorf(ErrUnavailable, "list drills: %v", err))
 	}
+	defer func() { _ = w.Stop() }()
 	var out []*triagev1.Drill
-	for key := range keys.Keys() {
-		e, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // expired or deleted since listed
+	for caughtUp := false; !caughtUp; {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				caughtUp = true
+				continue
+			}
+			d := &triagev1.Drill{}
+			if err := proto.Unmarshal(e.Value(), d); err != nil {
+				r.log.Warn("unreadable drill skipped", "key", e.Key(), "err", err)
+				continue
+			}
+			out = append(out, d)
+		case <-ctx.Done():
+			return nil, toStatus(errorf(ErrUnavailable, "list drills: %v", ctx.Err()))
 		}
-		if err != nil {
-			_ = keys.Stop()
-			return nil, toStatus(errorf(ErrUnavailable, "read drill: %v", err))
-		}
-		d := &triagev1.Drill{}
-		if err := proto.Unmarshal(e.Value(), d); err != nil {
-			r.log.Warn("unreadable drill skipped", "key", key, "err", err)
-			continue
-		}
-		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b *triagev1.Drill) int {
 		if c := b.StartedAt.AsTime().Compare(a.StartedAt.AsTime()); c != 0 {

@@ -59,6 +59,12 @@ func TestDrills(t *testing.T) {
 	b := setup(t, bedOpts{shards: 1})
 	ctx := b.ctx()
 
+	// The listing reads the bucket with one watcher, which tells when it
+	// has caught up also when there is nothing to deliver.
+	empty, err := b.admin.ListDrills(ctx, &triagev1.ListDrillsRequest{})
+	require.NoError(t, err)
+	require.Empty(t, empty.Drills, "no drill reported yet")
+
 	d, err := b.admin.ReportDrill(ctx, &triagev1.ReportDrillRequest{Id: "primary-kill-1", Scenario: "primary-kill", Phase: "starting",
 		Events: drillEvents("drill primary-kill: 2 producers", "fault injected in 120ms")})
 	require.NoError(t, err)
