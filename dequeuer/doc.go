@@ -14,10 +14,12 @@
 // serving the shard.
 //
 // A shard is owned in the region of its primary (Shard.PrimaryRegion, the
-// home region until a failover moves it): each prefetch, serve and
-// refresh is a round trip to the primary plus a semi-sync acknowledgement,
+// home region until a failover moves it): each read is a round trip to
+// the primary, and each serve one plus a semi-sync acknowledgement,
 // so an owner across the WAN from its primary serves a fraction of the
-// rate. Claims run on every shard-map change as well as every OwnerTTL/4;
+// rate. Claims run on every shard-map change as well as every OwnerTTL/4
+// (the loop takes the change channel before a round reads the map, so a
+// map landing during a round wakes the next at once);
 // after a failover the old owner hands the shard over (releasing its
 // buffer) and the new region's dequeuer claims it within ~100 ms. A request
 // checks ownership on every round and every fetch, so a long poll parked
@@ -33,33 +35,60 @@
 //
 // # Leases
 //
-// deliver_after is the item's visibility time. A row passes through two
-// kinds of lease, both of which move deliver_after to their expiry so that
-// a lapsed lease makes the row ready again with no sweep:
+// deliver_after is the item's visibility time. Buffering a row writes
+// nothing: the owner reads the ready head with a plain SELECT (only it
+// reads there) and keeps the rows in memory with the version each was
+// read at, its updated_at, which every UPDATE of items moves forward
+// (never back, whatever the writer's clock: store's bumpUpdatedAt). The
+// row stays ready, in place, until it reaches a consumer:
 //
-//   - A prefetch lease (prefetchLease, 5 s) while the row sits in an
-//     owner's buffer: a random token per fetch batch, leased_until NULL,
-//     attempts unchanged. The buffer extends it every second or so with one
-//     UPDATE per (shard, batch) while it holds the row, so a dequeuer that
-//     dies, or a fetch whose post-lease fencing check fails, hides rows for
-//     seconds rather than for their full lease (up to 12 h), and hands them
-//     back with no attempt counted.
-//   - A delivery lease when the row reaches a consumer: serving stamps, in
-//     one UPDATE per prefetch batch, each row's own random token (the
-//     receipt handle: one consumer's token never matches another's item),
-//     leased_until and deliver_after = now + the request's lease (or the
-//     item's own), and attempts+1. The UPDATE applies only to rows still
-//     under the batch's prefetch token, unexpired: a row deleted, updated
-//     (UpdateItem clears a prefetch token), released or leased elsewhere
-//     since the fetch is dropped, never delivered stale.
+//   - Serving stamps, in one UPDATE per shard, each row's own random token
+//     (the receipt handle: one consumer's token never matches another's
+//     item), leased_until and deliver_after = now + the request's lease (or
+//     the item's own), and attempts+1, only where the row's updated_at is
+//     still the version read (store.ItemServe): a compare-and-set. A row
+//     deleted, updated, acked, nacked, served by another owner or band, or
+//     expired since the read is left alone and never delivered stale; its
+//     queue reads again before serving past it (Service.spend), since the
+//     row may be ready at a new place in the order.
+//   - A lapsed delivery lease makes the row ready again with no sweep,
+//     because deliver_after moved with the lease.
+//
+// An earlier design leased rows into the buffer with a short prefetch
+// lease: an UPDATE and a commit per read, refreshed every second and
+// handed back on release. A profile of issue 11's steady state put that
+// UPDATE at 10 ms of every read under load, the backlog's dequeue+ack
+// spent three statements per batch where the raw lease+ack ceiling spends
+// two, and a dead owner's buffered rows stayed hidden for the prefetch
+// lease. Now nothing a dequeuer buffers is hidden from anyone: a dequeuer
+// that dies or hands a shard over leaves every row ready for the next
+// owner at once. What the prefetch lease guarded is the compare-and-set's
+// job: two owners overlapping during a takeover, or two overlapping
+// bands' buffers, may both hold a row, and only one serve finds it
+// unchanged.
+//
+// A read leaves out the rows its queue holds or has in flight (taken, not
+// yet served), so a bounded recheck returns only rows the queue lacks;
+// and a row served since a read's snapshot was taken is not buffered again
+// at the version it was served at (shardQueue.served).
+//
+// A buffered copy can go stale without the dequeuer hearing of it: an ack
+// or nack of a lapsed delivery lease (its token is still the row's, so it
+// succeeds), a TTL that passes, another owner's serve during a takeover.
+// The copy costs one failed serve and is dropped; the take is repeated to
+// fill the answer (maxTakeRounds bounds only churn), so a buffer with
+// stale copies at its head never answers short while ready rows wait
+// behind them. With a bound of four rounds the model-based test found
+// exactly that: four stale copies, then a short answer.
 //
 // attempts therefore counts deliveries. A delivery that never reaches its
 // consumer (a reply that could not be sent, a multi-owner surplus the
-// router does not keep) is undone by store.ItemUnserve: token cleared, attempts-1,
-// deliver_after restored to its value before the lease, so the item keeps
-// its place in the order. A lapsed prefetch lease is told from a lapsed
-// delivery lease by leased_until (NULL for prefetch), which is what
-// at-most-once topics delete on.
+// router does not keep) is undone by store.ItemUnserve: token cleared,
+// attempts-1, deliver_after restored to its value before the lease, so the
+// item keeps its place in the order. Rows an older version left under a
+// prefetch lease (lease_token set, leased_until NULL) are ready once it
+// lapses; at-most-once topics delete only rows whose delivery lease (with
+// leased_until) lapsed.
 //
 // Ack deletes; nack clears the token and sets deliver_after to now + delay;
 // extend moves the expiry. Nack and extend check the item's delivery token
@@ -72,7 +101,7 @@
 // # Prefetch
 //
 // Per (namespace, topic) the owner keeps a small buffer per shard of rows
-// it holds under prefetch leases, sized to about 100 ms of the topic's
+// it read (see Leases), sized to about 100 ms of the topic's
 // observed dequeue rate (16..500 rows). Requests are served from memory by
 // a k-way merge across the shards in (priority, deliver_after, id) order; a
 // shard's queue must hold items or be known empty before the merge
@@ -82,7 +111,7 @@
 // lapsed, a nack's delay over) are announced by nobody, so a queue that
 // holds items is read again that often, for rows that sort before its
 // tail only (usually none; if the read comes back full, the buffered rows
-// after the last row read are handed back so none is served out of order).
+// after the last row read are dropped so none is served out of order).
 // One response lists a topic's items in that order even when a refill
 // during the call brought more urgent ones.
 //
@@ -93,16 +122,25 @@
 // takes go on serving what the queue holds meanwhile. Only a take that
 // finds the queue empty, or in need of a fresh read, waits for the refill:
 // the refill is that read, and a second one beside it could merge rows
-// leased after the refill's unmerged ones and serve them first. What the
-// refill leased merges like any fetch's rows, and, as for a full recheck,
-// buffered rows after its last row are handed back when it came back
-// full. Without it a consumer that emptied a buffer waited a lease round
-// trip, which kept the backlog's dequeue+ack at 0.4-0.6 of the raw
+// read after the refill's unmerged ones and serve them first. What the
+// refill read merges like any fetch's rows, and, as for a full recheck,
+// buffered rows after its last row are dropped when it came back full.
+// Without it a consumer that emptied a buffer waited a read round trip,
+// which kept the backlog's dequeue+ack at 0.4-0.6 of the raw
 // lease+ack ceiling. halt waits for the refills in flight.
+//
+// A take that waits for another's fetch or a refill counts that read as
+// its own when it began after the take did (pendingRead), as a read the
+// take made itself counts for the rest of the call (readThisCall): it saw
+// everything announced before the take began. Under a flood of enqueues a
+// notice lands during every fetch, and sixteen consumers used to form a
+// convoy, each waiting for about ten fetches per Dequeue until its own
+// turn to read; with 64 producers the backlog grew (delivered 0.50x
+// enqueued), and now stays flat.
 //
 // Serving is batched too: the serve UPDATEs of concurrent takes on one
 // shard go out as one statement (store.ServeBatcher), each delivery naming
-// its own prefetch batch token, so sixteen consumers served at once cost
+// the version its row was read at, so sixteen consumers served at once cost
 // one UPDATE and one commit rather than sixteen. Taken items that cannot be
 // served (TTL passed while buffered, a copy whose row changed) are
 // replaced from the buffer, so an answer is short only when nothing more
@@ -118,23 +156,20 @@
 // read, the items that sort before every row the notices since its last
 // read may be about (shardQueue.dirtyFrom); the first that may not waits
 // for the read. Under a flood of enqueues into a backlog, every take had
-// waited for a read before (a notice arrives between any two takes). Buffers
-// idle for IdleRelease hand their prefetch leases back, restoring each
-// row's deliver_after, and Stop does the same; takes of the emptied queues wait until
-// the release commits, since a fetch racing it would read the head with
-// the released rows still hidden.
+// waited for a read before (a notice arrives between any two takes).
+// Buffers idle for IdleRelease are emptied (their rows were never hidden;
+// this frees memory), and Stop does the same.
 //
 // A topic has one buffer per priority band it is dequeued with (the whole
-// range, a weighted topic's bands, a request's min/max_priority), and a
-// row is leased into one buffer only. Where bands overlap, a take first
-// adopts the items of its band that the other buffers hold and that sort
-// before its own tail, so a band's dequeue never misses a ready item just
-// because another band's consumer prefetched it. A reply is bounded to peer.MaxReplyBytes (and the NATS max payload
+// range, a weighted topic's bands, a request's min/max_priority). Where
+// bands overlap, each buffer reads every ready row of its band, so two may
+// hold the same row; the serve's compare-and-set delivers it once, and
+// the other buffer's failed serve sends its queue to read again. A reply is bounded to peer.MaxReplyBytes (and the NATS max payload
 // when forwarded): items that do not fit go back into the buffer, unserved.
 //
 // # Statements
 //
-// Every statement of the lease path (prefetch, serve, refresh, release,
+// Every statement of the lease path (head read, serve,
 // unserve, ack, nack, extend, dead-lettering, aging, the TTL sweep) lives
 // in package schema/store, which keeps the index and lock rules they
 // depend on in one place; routers run ack, nack, extend and unserve there
@@ -153,10 +188,9 @@
 // # Clocks
 //
 // A shard's lease arithmetic (deliver_after <= now for the ready head,
-// prefetch, serve and refresh stamps, leased_until, nack's now + delay,
-// extend's now + lease, release, unserve, aging cutoffs, TTL) compares and
-// writes times that several processes produce: the dequeuer for prefetch
-// and serve, routers for nack, extend, update and unserve. They all take
+// serve stamps, leased_until, nack's now + delay, extend's now + lease,
+// unserve, aging cutoffs, TTL) compares and writes times that several
+// processes produce: the dequeuer for reads and serves, routers for nack, extend, update and unserve. They all take
 // "now" from one clock per shard, the shard primary's, through
 // shardmap.Clock (Config.Clock; the node builds one per process and gives
 // it to every role). With each process's own time.Now, two hosts Δ apart
@@ -164,7 +198,7 @@
 //
 // The primary was chosen over the alternatives: SQL's NOW(6) in every
 // statement would need the statements rewritten and leaves the buffer's
-// own comparisons (prefetch lease refresh, TTL filtering) on a local clock;
+// own comparisons (TTL filtering) on a local clock;
 // requiring NTP only moves the failure to ops. shardmap.Clock measures the
 // primary's UTC_TIMESTAMP(6) at most once a second per primary, corrects
 // it by half the round trip and extrapolates with the local monotonic clock

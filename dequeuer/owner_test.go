@@ -14,6 +14,7 @@ import (
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/shardmap"
+	"github.com/triage-queue/triage/shardmap/shardmaptest"
 )
 
 // TestOpenOwnersNeverDropsTheTTL: a process that opens the ownership
@@ -79,6 +80,47 @@ func TestOwnershipFollowsThePrimary(t *testing.T) {
 	require.Eventually(t, func() bool { return owner() == "deq-b" && b.owner.owns(1) }, 5*time.Second, 20*time.Millisecond,
 		"b's dequeuer owns the shard whose primary moved to b (owner now %q)", owner())
 	require.False(t, a.owner.owns(1))
+}
+
+// TestHandOverSeesAMapThatLandsDuringAClaim: a map that arrives while a
+// claim round runs (after the round read the map) wakes the next round at
+// once. The claim loop used to ask for the change channel after each
+// round, so such a change went unseen until the next tick, OwnerTTL/4
+// later: in a primary-kill drill the old owner handed its shard over 1.35 s
+// after the new primary was published (the new region's dequeuer took it
+// over first), and dequeues through the other regions' routers waited.
+func TestHandOverSeesAMapThatLandsDuringAClaim(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = time.Minute // ticks every 15 s: far longer than the test
+	kv, err := OpenOwners(ctx, js, ttl, 1)
+	require.NoError(t, err)
+	holder := shardmap.NewHolder(twoRegionMap(t, 1, "a"))
+	maps := &shardmaptest.LandsDuringRead{Holder: holder}
+	// b's dequeuer is present (so a hands over to it) and claims on its
+	// own map, which already names b.
+	b := &Service{cfg: Config{Region: "b", ID: "b-1", Maps: shardmap.NewHolder(twoRegionMap(t, 2, "b")), OwnerTTL: ttl},
+		log: slog.New(slog.DiscardHandler), topics: map[bufKey]*topicBuf{}}
+	b.owner = newOwnership(b, kv)
+	_, err = kv.Put(ctx, peer.PresenceKey("dequeuers", "b"), []byte("b-1"))
+	require.NoError(t, err)
+
+	a := &Service{cfg: Config{Region: "a", ID: "a-1", Maps: maps, OwnerTTL: ttl},
+		log: slog.New(slog.DiscardHandler), topics: map[bufKey]*topicBuf{}}
+	a.owner = newOwnership(a, kv)
+	a.owner.claim(ctx)
+	require.True(t, a.owner.owns(1))
+	// The loop's first round reads map 1; map 2, which moves the primary
+	// to b, lands right after that read.
+	maps.Arm(twoRegionMap(t, 2, "b"))
+	a.claimLoop(ctx)
+	t.Cleanup(a.wg.Wait)
+	t.Cleanup(cancel)
+	require.Eventually(t, func() bool { return !a.owner.owns(1) }, 5*time.Second, 20*time.Millisecond,
+		"a hands the shard over in the round the change woke, not a tick later")
+	b.owner.claim(ctx)
+	require.True(t, b.owner.owns(1))
 }
 
 // TestOwnersReload: the claim of a dequeuer that died expires by the

@@ -86,7 +86,7 @@ func TestReadyMarksOnlyQueuesItsItemsMayPrecede(t *testing.T) {
 		{"same priority, time unknown (handed back)", 3, 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := &Service{topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}}
+			s := &Service{topics: map[bufKey]*topicBuf{}}
 			b := s.buf(bufKey{ns: "n", topic: "t", band: allPriorities})
 			b.queue(1).items = []bufItem{{Item: store.Item{ID: 1, Priority: 1, DeliverAfter: 900}}, {Item: store.Item{ID: 2, Priority: 3, DeliverAfter: 500}}}
 			s.Ready(&peerv1.ItemsReady{Namespace: "n", Topic: "t", Shard: 1, MinPriority: c.prio, MinDeliverAfterUs: c.afterUS, Count: 1})

@@ -32,21 +32,15 @@ const (
 	// usually none), so a newly ready item never waits behind less urgent
 	// buffered ones for longer than this.
 	recheckEvery = 100 * time.Millisecond
-	// prefetchLease is how long a row is hidden while it sits in a buffer.
-	// It is short so that a dequeuer that dies (or a fetch whose post-lease
-	// check fails) hides its buffered rows for seconds, not for their full
-	// lease; the buffer extends it while it holds the rows
-	// (refreshPrefetched), and serving replaces it with the consumer's
-	// lease.
-	prefetchLease = 5 * time.Second
-	// refreshEvery is how often buffered rows' prefetch leases are checked;
-	// those with less than refreshBelow left are extended to prefetchLease.
-	refreshEvery = time.Second
-	refreshBelow = 3 * time.Second
+	// servedFor is how long a queue remembers the versions of rows it
+	// served or found changed (shardQueue.served): a read whose snapshot
+	// predates a serve's commit returns the row as it was, and without the
+	// memory it would be buffered again, only to fail its serve.
+	servedFor = 5 * time.Second
 )
 
-// bufItem is a row prefetched into buf under a batch token until untilUS.
-// Once served, token and untilUS are the delivery's own.
+// bufItem is a row read into buf, with the version (Item.UpdatedAt) its
+// serve compares. Once served, token and untilUS are the delivery's.
 type bufItem struct {
 	store.Item
 	buf     *topicBuf
@@ -69,6 +63,9 @@ type shardQueue struct {
 	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
 	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
+	// fetchStart is when the take's fetch in flight began; zero while a
+	// release holds the queue (fetching, but not reading).
+	fetchStart time.Time
 	// refilling is closed when the background refill in flight ends (see
 	// startRefills); refillAt is notices when it began. Takes go on
 	// serving the queue's items meanwhile, and wait for the refill only
@@ -76,6 +73,82 @@ type shardQueue struct {
 	refilling   chan struct{}
 	refillAt    uint64
 	refillStart time.Time
+	// served and servedOld hold, for servedFor to twice that, the
+	// versions (id -> updated_at) of rows this queue served or found
+	// changed when serving; a read returning a row at such a version is
+	// stale and the row is not buffered again. Two generations, swapped
+	// every servedFor at servedAt, bound the memory.
+	served, servedOld map[uint64]int64
+	servedAt          time.Time
+	// inflight holds the rows taken from the queue whose serve has not
+	// settled (id -> version): reads leave them out, as they do the rows
+	// the queue holds, so a read racing their serve does not buffer them
+	// again only for a second serve to fail on them.
+	inflight map[uint64]int64
+}
+
+// markServed records that row id at version is spent: served, or found
+// changed by its serve. Caller holds the buffer's lock.
+func (q *shardQueue) markServed(id uint64, version int64, now time.Time) {
+	if q.served == nil || now.Sub(q.servedAt) >= servedFor {
+		q.servedOld, q.served, q.servedAt = q.served, map[uint64]int64{}, now
+	}
+	q.served[id] = version
+}
+
+// spent reports whether a read copy of a row is a version already served
+// or found changed. Caller holds the buffer's lock.
+func (q *shardQueue) spent(it *store.Item) bool {
+	if v, ok := q.served[it.ID]; ok && v == it.UpdatedAt {
+		return true
+	}
+	v, ok := q.servedOld[it.ID]
+	return ok && v == it.UpdatedAt
+}
+
+// held returns the rows, at their versions, that the queue holds or has
+// in flight: a read of its shard leaves them out, unless they changed
+// since, in which case the read's copy replaces the stale one
+// (mergeSorted). Leaving out a row by id alone let a stale copy (an
+// in-flight fetch that buffered a row while UpdateItem changed it, or a
+// lapsed lease acked or nacked late) hide the row's current version from
+// every read, and a take served past it (the model-based test's
+// inversion check). Caller holds the buffer's lock.
+func (q *shardQueue) held() []store.RowVersion {
+	out := make([]store.RowVersion, 0, len(q.items)+len(q.inflight))
+	for i := range q.items {
+		out = append(out, store.RowVersion{ID: q.items[i].ID, Version: q.items[i].UpdatedAt})
+	}
+	for id, v := range q.inflight {
+		out = append(out, store.RowVersion{ID: id, Version: v})
+	}
+	return out
+}
+
+// take pops the queue's head and counts it in flight until its serve
+// settles (settle). Caller holds the buffer's lock.
+func (q *shardQueue) take() bufItem {
+	it := q.items[0]
+	q.items = q.items[1:]
+	if q.inflight == nil {
+		q.inflight = map[uint64]int64{}
+	}
+	q.inflight[it.ID] = it.UpdatedAt
+	return it
+}
+
+// settle ends the flight of items taken from their queues (take), without
+// anything else: putBack returns them, and a row whose TTL passed needs no
+// read again.
+func settle(items []bufItem) {
+	for _, it := range items {
+		b := it.buf
+		b.mu.Lock()
+		if q := b.queues[it.shard]; q != nil {
+			delete(q.inflight, it.ID)
+		}
+		b.mu.Unlock()
+	}
 }
 
 // fresh reports whether the queue can take part in a merge: it was read
@@ -237,8 +310,8 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 	// waited: this call fetched or waited for a fetch, so what it takes
 	// after that is a prefetch miss.
 	waited := false
+	start := s.cfg.Now()
 	for len(out) < n {
-		s.adopt(b, shards)
 		now := s.cfg.Now()
 		b.mu.Lock()
 		b.lastUsed = now
@@ -256,19 +329,20 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		}
 		var stale []uint32
 		var tails []*store.Item
-		var inflight []chan struct{}
+		var excludes [][]store.RowVersion
+		var inflight []pendingRead
 		for _, id := range shards {
 			q := b.queue(id)
 			switch {
 			case q.fetching != nil:
-				inflight = append(inflight, q.fetching)
+				inflight = append(inflight, pendingRead{q.fetching, id, q.fetchStart})
 			case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now) && !readThisCall(q, read[id])):
 				// A second read beside the refill could merge rows after
 				// ones it has leased and not merged yet, and serve them out
 				// of order: wait for it. Its read counts as of when it
 				// began (refillStart), so a refill that began long ago is
 				// followed by a fresh read.
-				inflight = append(inflight, q.refilling)
+				inflight = append(inflight, pendingRead{q.refilling, id, q.refillStart})
 			case !q.fresh(now) && !readThisCall(q, read[id]):
 				stale = append(stale, id)
 				var tail *store.Item
@@ -277,9 +351,10 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 					tail = &c
 				}
 				tails = append(tails, tail)
+				excludes = append(excludes, q.held())
 				read[id] = true
 				q.fetching = make(chan struct{})
-				q.fetchedAt = q.notices
+				q.fetchedAt, q.fetchStart = q.notices, now
 			}
 		}
 		if len(stale) == 0 && len(inflight) == 0 {
@@ -293,84 +368,35 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		b.mu.Unlock()
 		waited = true
 		if len(stale) > 0 {
-			if err := s.fetch(ctx, b, stale, tails, size); err != nil && len(out) == 0 {
+			if err := s.fetch(ctx, b, stale, tails, excludes, size); err != nil && len(out) == 0 {
 				return nil, err
 			}
 		}
-		for _, ch := range inflight {
+		for _, p := range inflight {
 			select {
-			case <-ch:
+			case <-p.done:
 			case <-ctx.Done():
 				return out, ctx.Err()
+			}
+			if !p.began.IsZero() && !p.began.Before(start) {
+				read[p.shard] = true
 			}
 		}
 	}
 	return out, nil
 }
 
-// adopt moves into b the items of b's band that buffers of overlapping
-// bands of the same topic hold. Bands overlap when dequeues of one topic
-// ask for different priority ranges (min/max_priority beside unbounded
-// dequeues, or beside a weighted topic's bands); a row is leased into one
-// buffer only, so without this a ready item another band's buffer holds
-// would stay invisible to b's dequeues until that buffer served or
-// released it. Only items that sort before b's tail move (all of them into
-// an empty queue): b holds the complete ready head up to its tail, and an
-// item past it could jump a more urgent row b has not read yet.
-func (s *Service) adopt(b *topicBuf, shards []uint32) {
-	others := s.siblings(b)
-	if len(others) == 0 {
-		return
-	}
-	b.mu.Lock()
-	bounds := make(map[uint32]*store.Item, len(shards))
-	for _, id := range shards {
-		q := b.queue(id)
-		if q.fetching != nil {
-			continue
-		}
-		var bound *store.Item
-		if t := q.tail(); t != nil {
-			c := *t
-			bound = &c
-		}
-		bounds[id] = bound
-	}
-	b.mu.Unlock()
-	// One buffer's lock at a time (see topicBuf): moving items are briefly
-	// in neither buffer, which only delays their refresh or unbuffer, and
-	// serving checks the batch token anyway.
-	moved := map[uint32][]bufItem{}
-	for _, o := range others {
-		o.mu.Lock()
-		for id, bound := range bounds {
-			q := o.queues[id]
-			if q == nil {
-				continue
-			}
-			kept := q.items[:0]
-			for _, it := range q.items {
-				if it.Priority >= b.band.lo && it.Priority <= b.band.hi && (bound == nil || it.Less(bound)) {
-					it.buf = b
-					moved[id] = append(moved[id], it)
-				} else {
-					kept = append(kept, it)
-				}
-			}
-			q.items = kept
-		}
-		o.mu.Unlock()
-	}
-	if len(moved) == 0 {
-		return
-	}
-	b.mu.Lock()
-	for id, items := range moved {
-		slices.SortFunc(items, func(x, y bufItem) int { return x.Compare(&y.Item) })
-		q := b.queue(id)
-		q.items = mergeSorted(q.items, items)
-	}
-	b.mu.Unlock()
+// pendingRead is another take's fetch, or a refill, that a take waits
+// for. One that began after the take did is as good as a read of the
+// take's own (see readThisCall): it saw every row announced before the
+// take began. Without this, consumers under a flood of enqueues formed a
+// convoy: each waited for another's fetch, found the queue dirty again (a
+// notice lands during every fetch) and waited for the next one, about ten
+// times per take in the triage-steady bench, until its own turn to read.
+type pendingRead struct {
+	done  chan struct{}
+	shard uint32
+	began time.Time
 }
 
 // readThisCall reports whether a queue read during the current take counts
@@ -413,13 +439,13 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 				return out // an announced row may come first: read it
 			}
 		}
-		out = append(out, best.items[0])
-		best.items = best.items[1:]
+		out = append(out, best.take())
 	}
 	return out
 }
 
-// fetch leases the ready heads of shards into b, concurrently. A shard that
+// fetch reads the ready heads of shards into b, concurrently, leaving out
+// the rows each queue holds already at their versions (excludes[i]). A shard that
 // fails is treated as empty until the next recheck, so one shard down does
 // not stop dequeues from the others; fetch fails only when every shard did.
 //
@@ -429,9 +455,9 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 // read says nothing about rows past the tail, so it clears exhausted: the
 // queue is read in full once it drains. When it comes back full, unread ready rows may sort between
 // the rows read and the buffered ones, so the buffered rows after the last
-// row read are handed back rather than served out of order.
-func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, size int) error {
-	return s.fetchInto(ctx, b, shards, tails, size, false)
+// row read are dropped rather than served out of order.
+func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, excludes [][]store.RowVersion, size int) error {
+	return s.fetchInto(ctx, b, shards, tails, excludes, size, false)
 }
 
 // startRefills starts a background refill of each of shards' queues that
@@ -453,9 +479,10 @@ func (s *Service) startRefills(b *topicBuf, shards []uint32) {
 		}
 		q.refilling = make(chan struct{})
 		q.refillAt, q.refillStart = q.notices, s.cfg.Now()
+		exclude := q.held()
 		go func() {
 			defer s.refills.Done()
-			_ = s.fetchInto(s.bgCtx, b, []uint32{id}, []*store.Item{nil}, size, true)
+			_ = s.fetchInto(s.bgCtx, b, []uint32{id}, []*store.Item{nil}, [][]store.RowVersion{exclude}, size, true)
 		}()
 	}
 }
@@ -476,7 +503,7 @@ func (s *Service) refillAdd() bool {
 // fetchInto is fetch; with refill set it is the background refill of one
 // queue that startRefills began, which ends q.refilling rather than
 // q.fetching.
-func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, size int, refill bool) error {
+func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, excludes [][]store.RowVersion, size int, refill bool) error {
 	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
@@ -496,11 +523,10 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 				return
 			}
 			now := s.cfg.Clock.Now(ctx, db)
-			until := now.Add(prefetchLease).UnixMicro()
-			rows, token, full, err := store.New(db).ItemLeaseHead(ctx, store.ItemLeaseHeadParams{
-				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i],
+			rows, full, err := store.New(db).ItemReadHead(ctx, store.ItemReadHeadParams{
+				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i], Exclude: excludes[i],
 				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
-				Limit: size, NowUS: now.UnixMicro(), PrefetchUntilUS: until,
+				Limit: size, NowUS: now.UnixMicro(),
 				Observe: func(c store.LeaseHeadCounts) {
 					tm := s.cfg.Metrics.Topic(b.ns, b.topic)
 					tm.LeaseExpiries.Add(float64(c.Lapsed))
@@ -508,9 +534,9 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 				},
 			})
 			if err == nil {
-				// Leased on a primary that may have been deposed while the
-				// statement waited: serve none of it (see shardmap.Writable).
-				// The rows come back when the short prefetch lease lapses.
+				// Read on a primary that may have been deposed while the
+				// statement waited, which may lack rows the new one has:
+				// buffer none of it (see shardmap.Writable).
 				err = s.cfg.Maps.Writable(id)
 			}
 			if err != nil {
@@ -527,14 +553,13 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 			fulls[i] = full
 			items := make([]bufItem, len(rows))
 			for j, r := range rows {
-				items[j] = bufItem{Item: r, buf: b, shard: id, token: token, untilUS: until}
+				items[j] = bufItem{Item: r, buf: b, shard: id}
 			}
 			results[i] = items
 		}()
 	}
 	wg.Wait()
 	now := s.cfg.Now()
-	var surplus []bufItem
 	b.mu.Lock()
 	failed := 0
 	var firstErr error
@@ -542,9 +567,8 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 		q := b.queue(id)
 		if errs[i] == nil && !s.owner.owns(id) {
 			// The shard was handed over while the fetch ran, and its
-			// buffers were dropped already: these rows would sit here
-			// hidden, served by nobody. Hand them back.
-			surplus = append(surplus, results[i]...)
+			// buffers were dropped already: these rows belong to the new
+			// owner's reads now.
 			results[i] = nil
 			errs[i] = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
 		}
@@ -560,16 +584,15 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 			// this read did not reach (a bounded recheck, or a refill of a
 			// queue that still held items).
 			last := &results[i][len(results[i])-1].Item
-			kept := q.items[:0]
-			for _, it := range q.items {
-				if last.Less(&it.Item) {
-					surplus = append(surplus, it)
-				} else {
-					kept = append(kept, it)
-				}
-			}
-			q.items = kept
+			q.items = slices.DeleteFunc(q.items, func(it bufItem) bool { return last.Less(&it.Item) })
 		}
+		// A row served (or found changed) since the read's snapshot was
+		// taken comes back as it was, and one taken since the read began
+		// is in flight: neither goes in again.
+		results[i] = slices.DeleteFunc(results[i], func(it bufItem) bool {
+			v, flying := q.inflight[it.ID]
+			return flying && v == it.UpdatedAt || q.spent(&it.Item)
+		})
 		// Rows leased now may be more urgent than ones buffered earlier
 		// (new arrivals, items turned ready); merge to keep delivery order.
 		q.items = mergeSorted(q.items, results[i])
@@ -606,9 +629,6 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 		}
 	}
 	b.mu.Unlock()
-	if len(surplus) > 0 {
-		s.releaseItems(ctx, surplus)
-	}
 	if failed == len(shards) {
 		return firstErr
 	}
@@ -642,92 +662,11 @@ func putBack(items []bufItem) {
 		b := it.buf
 		b.mu.Lock()
 		q := b.queue(it.shard)
+		delete(q.inflight, it.ID)
 		// A copy fetched again meanwhile is the current one: keep it.
 		if !slices.ContainsFunc(q.items, func(o bufItem) bool { return o.ID == it.ID }) {
 			q.items = mergeSorted(q.items, []bufItem{it})
 		}
 		b.mu.Unlock()
-	}
-}
-
-// refreshPrefetched extends the prefetch leases of buffered rows before
-// they lapse, with one UPDATE per (buffer, shard, batch). Rows the update
-// no longer finds ours (deleted, updated, leased elsewhere after a lapse)
-// leave the buffer. A failed refresh is harmless: the rows may lapse and be
-// leased elsewhere, and serving checks the batch token, so no row is
-// delivered twice.
-func (s *Service) refreshPrefetched(ctx context.Context) {
-	s.mu.Lock()
-	bufs := make([]*topicBuf, 0, len(s.topics))
-	for _, b := range s.topics {
-		bufs = append(bufs, b)
-	}
-	s.mu.Unlock()
-	type group struct {
-		shard uint32
-		token uint64
-	}
-	for _, b := range bufs {
-		// Leases are in each shard's primary's time (see Config.Clock).
-		nows := map[uint32]time.Time{}
-		b.mu.Lock()
-		var ids []uint32
-		for id := range b.queues {
-			ids = append(ids, id)
-		}
-		b.mu.Unlock()
-		for _, id := range ids {
-			nows[id] = s.shardNow(ctx, id)
-		}
-		groups := map[group][]uint64{}
-		b.mu.Lock()
-		for id, q := range b.queues {
-			now, ok := nows[id]
-			if !ok { // a queue added meanwhile: refreshed next pass
-				continue
-			}
-			limit := now.Add(refreshBelow).UnixMicro()
-			for _, it := range q.items {
-				if it.untilUS < limit {
-					g := group{id, it.token}
-					groups[g] = append(groups[g], it.ID)
-				}
-			}
-		}
-		b.mu.Unlock()
-		for g, ids := range groups {
-			db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
-			if err != nil {
-				continue
-			}
-			now := nows[g.shard]
-			until := now.Add(prefetchLease).UnixMicro()
-			held, err := store.New(db).ItemRefreshPrefetch(ctx, store.ItemRefreshPrefetchParams{
-				IDs: ids, Token: g.token, UntilUS: until, NowUS: now.UnixMicro(),
-			})
-			if err != nil {
-				s.log.Warn("prefetch lease refresh failed", "shard", g.shard, "topic", b.topic, "err", err)
-				continue
-			}
-			asked := make(map[uint64]bool, len(ids))
-			for _, id := range ids {
-				asked[id] = true
-			}
-			b.mu.Lock()
-			if q := b.queues[g.shard]; q != nil {
-				kept := q.items[:0]
-				for _, it := range q.items {
-					if it.token == g.token && asked[it.ID] {
-						if !held[it.ID] {
-							continue
-						}
-						it.untilUS = until
-					}
-					kept = append(kept, it)
-				}
-				q.items = kept
-			}
-			b.mu.Unlock()
-		}
 	}
 }

@@ -85,10 +85,7 @@ type Service struct {
 
 	mu     sync.Mutex
 	topics map[bufKey]*topicBuf
-	// bands lists each (namespace, topic)'s buffers, one per priority
-	// band dequeued with, for adopt.
-	bands map[[2]string][]*topicBuf
-	wrr   map[[2]string]*wrr
+	wrr    map[[2]string]*wrr
 
 	// inflight bounds the dequeue requests served (parked long polls
 	// included): one slot each, taken before any goroutine starts.
@@ -139,7 +136,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, bands: map[[2]string][]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
+	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
 		inflight: make(chan struct{}, MaxInflight)}, nil
 }
 
@@ -217,27 +214,26 @@ func (s *Service) Start(ctx context.Context) error {
 	s.claimLoop(ctx)
 	s.loop(ctx, 5*time.Second, s.watchDrops)
 	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
-	s.loop(ctx, refreshEvery, s.refreshPrefetched)
 	s.loop(ctx, time.Second, s.sweepTTL)
 	s.loop(ctx, 100*time.Millisecond, s.sweepAging)
 	return nil
 }
 
-// Stop stops serving, hands buffered leases back and gives up ownership so
-// another dequeuer takes the shards at once.
+// Stop stops serving, drops the buffers and gives up ownership so another
+// dequeuer takes the shards at once.
 func (s *Service) Stop() {
 	s.halt()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.releaseAll(ctx, func(*topicBuf) bool { return true })
+	s.releaseAll(func(*topicBuf) bool { return true })
 	if s.owner != nil {
 		s.owner.resign(ctx)
 	}
 }
 
-// Crash stops the dequeuer the way a killed process stops: no lease is
-// handed back and no ownership is resigned, so other dequeuers wait for
-// the ownership TTL and the prefetched items for their leases to lapse.
+// Crash stops the dequeuer the way a killed process stops: no ownership
+// is resigned, so other dequeuers wait for the ownership TTL. Its buffered
+// items were never hidden: they are ready for the next owner at once.
 // Drills use it.
 func (s *Service) Crash() {
 	s.halt()
@@ -306,17 +302,23 @@ func (s *Service) claimLoop(ctx context.Context) {
 		// shard still held elsewhere (pending), which a later round takes.
 		t := time.NewTimer(claimRetry)
 		defer t.Stop()
+		changed := s.mapChanged()
 		for {
-			var changed <-chan struct{}
-			if c, ok := s.cfg.Maps.(interface{ Changed() <-chan struct{} }); ok {
-				changed = c.Changed()
-			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			case <-changed:
 			}
+			// Taken before the round reads the map, so that a map that
+			// lands while the round runs wakes the next one at once. Taken
+			// after it, as it was, such a change went unseen until the
+			// next tick: a failover's old owner handed its shard over
+			// OwnerTTL/4 (1.25 s on the multi-region bed) after the new
+			// primary was published, or was taken over after
+			// handOverGrace, and dequeues of the shard through the other
+			// regions' routers waited for it.
+			changed = s.mapChanged()
 			next := s.cfg.OwnerTTL / 4
 			if s.owner.claim(ctx) {
 				next = min(next, claimRetry)
@@ -324,6 +326,15 @@ func (s *Service) claimLoop(ctx context.Context) {
 			t.Reset(next)
 		}
 	}()
+}
+
+// mapChanged returns a channel closed at the next shard-map change, or
+// nil (never) for a map source that does not tell.
+func (s *Service) mapChanged() <-chan struct{} {
+	if c, ok := s.cfg.Maps.(interface{ Changed() <-chan struct{} }); ok {
+		return c.Changed()
+	}
+	return nil
 }
 
 // claimRetry paces claims of a shard another dequeuer is handing over.
@@ -353,28 +364,8 @@ func (s *Service) buf(k bufKey) *topicBuf {
 	if b == nil {
 		b = newTopicBuf(k)
 		s.topics[k] = b
-		t := [2]string{k.ns, k.topic}
-		s.bands[t] = append(s.bands[t], b)
 	}
 	return b
-}
-
-// siblings returns the other buffers of b's topic whose priority bands
-// overlap b's.
-func (s *Service) siblings(b *topicBuf) []*topicBuf {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	all := s.bands[[2]string{b.ns, b.topic}]
-	if len(all) < 2 {
-		return nil
-	}
-	var out []*topicBuf
-	for _, o := range all {
-		if o != b && o.band.lo <= b.band.hi && b.band.lo <= o.band.hi {
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 // policy is the lease-path view of a topic's configuration.
@@ -513,8 +504,14 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 }
 
 // maxTakeRounds bounds how often one topic's take is repeated to replace
-// taken items that could not be served.
-const maxTakeRounds = 4
+// taken items that could not be served. Every round removes what it took
+// from the buffer, so rounds end on their own once the buffer yields
+// nothing; the bound only stops churn. It is well above what stale copies
+// need: buffered rows are not leased, so a copy goes stale whenever its
+// row is acked under a lapsed lease, expires or changes, and a buffer
+// can hold several at its head (the model-based test saw four rounds
+// spent on them while a ready row waited behind).
+const maxTakeRounds = 32
 
 // dequeue is Dequeue with the reply bounded to budget bytes: items that
 // would not fit stay buffered, neither leased to anyone nor counted, for
@@ -571,6 +568,7 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 				// not served (store.ItemServe checks the same for the rows it
 				// touches); the sweep deletes it.
 				nowUS := map[uint32]int64{} // per shard, its primary's time
+				var expired []bufItem
 				items = slices.DeleteFunc(items, func(it bufItem) bool {
 					if !it.ExpiresAt.Valid {
 						return false
@@ -578,8 +576,13 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 					if _, ok := nowUS[it.shard]; !ok {
 						nowUS[it.shard] = s.shardNow(ctx, it.shard).UnixMicro()
 					}
-					return it.ExpiresAt.Int64 <= nowUS[it.shard]
+					if it.ExpiresAt.Int64 <= nowUS[it.shard] {
+						expired = append(expired, it)
+						return true
+					}
+					return false
 				})
+				settle(expired)
 				slices.SortStableFunc(items, func(a, b bufItem) int { return a.Compare(&b.Item) })
 				if budget > 0 {
 					var fit int
@@ -686,13 +689,12 @@ func (s *Service) fitting(topic string, items []bufItem, budget, used int) (int,
 	return len(items), used
 }
 
-// serve hands prefetched items to a consumer: each gets its own lease
-// token and the request's lease duration (or the item's own) from now,
-// and counts an attempt, in one UPDATE per prefetch batch that applies
-// only to rows still under that batch's prefetch lease. An item deleted,
-// updated or expired since it was buffered fails that condition and is
-// not delivered. Items not served stay prefetched and come back when the
-// prefetch lease lapses.
+// serve hands buffered items to a consumer: each gets its own lease token
+// and the request's lease duration (or the item's own) from now, and
+// counts an attempt, in one UPDATE per shard that applies only to rows
+// unchanged since they were read (store.ItemServe). An item deleted,
+// updated, served elsewhere or expired since it was read fails that
+// condition and is not delivered; its queue reads again (spend).
 func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duration) ([]bufItem, error) {
 	if len(items) == 0 {
 		return nil, nil
@@ -715,12 +717,12 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			shards[id] = a
 		}
 	}
-	// One call per shard, whatever prefetch batches its items came from
-	// (each delivery names its own), through the shard's ServeBatcher, so
-	// concurrent takes share a statement. A row can be buffered twice (its
-	// prefetch lapsed and a later fetch took it again); only the copy
-	// under the row's current batch token is served, so a second copy
-	// goes in a call of its own (round), never beside the first.
+	// One call per shard, whatever reads its items came from (each
+	// delivery names the version it was read at), through the shard's
+	// ServeBatcher, so concurrent takes share a statement. A row can be
+	// taken twice (buffered by two overlapping bands' buffers); only the
+	// copy at the row's current version is served, so a second copy goes
+	// in a call of its own (round), never beside the first.
 	type group struct {
 		shard uint32
 		round int
@@ -736,7 +738,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		if d == 0 {
 			d = time.Duration(it.LeaseMS) * time.Millisecond
 		}
-		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro(), Prefetch: it.token}
+		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro(), Version: it.UpdatedAt}
 		k := [2]uint64{uint64(it.shard), it.ID}
 		round[i] = seen[k]
 		seen[k]++
@@ -759,6 +761,13 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		}
 		held[g] = ok
 	}
+	// Every version a serve ran on is spent, served or found changed:
+	// copies of it (a read racing the serve buffered the row again) leave
+	// the buffers, and reads still in flight will not add them back.
+	s.spend(items, func(i int) (ran, ok bool) {
+		h, ran := held[group{items[i].shard, round[i]}]
+		return ran, h[items[i].ID]
+	})
 	out := items[:0]
 	for i, it := range items {
 		if !held[group{it.shard, round[i]}][it.ID] {
@@ -771,6 +780,41 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		s.count(&it, shards[it.shard].now)
 	}
 	return out, errors.Join(errs...)
+}
+
+// spend settles the serve of items taken from their queues. A version
+// served is spent (shardQueue.markServed): buffered copies at it leave the
+// queue (a read racing the serve buffered the row again), and reads still
+// in flight will not add them back. A copy whose serve ran and failed
+// leaves too, but its version is not marked spent, since the serve may
+// have failed on a row that did not change (its TTL, say), and a spent
+// version is kept out of every read for seconds. An item not served
+// leaves a hole: its row, if still ready, sorts somewhere the queue
+// cannot tell (changed since the read) or where it was, and the queue's
+// reads left it out while it was taken. So the queue is marked dirty and
+// read again before the next take serves past that place; without it a
+// released or redriven item was passed over for seconds (the model-based
+// test's inversion check).
+func (s *Service) spend(items []bufItem, served func(int) (ran, ok bool)) {
+	now := s.cfg.Now()
+	for i := range items {
+		ran, ok := served(i)
+		it := &items[i]
+		b := it.buf
+		b.mu.Lock()
+		q := b.queue(it.shard)
+		delete(q.inflight, it.ID)
+		if ran {
+			q.items = slices.DeleteFunc(q.items, func(o bufItem) bool { return o.ID == it.ID && o.UpdatedAt == it.UpdatedAt })
+		}
+		if ok {
+			q.markServed(it.ID, it.UpdatedAt, now)
+		} else {
+			q.markAllDirty()
+			q.notices++ // a read in flight left the row out too
+		}
+		b.mu.Unlock()
+	}
 }
 
 // count records one delivery of it at now (its primary's time).
@@ -802,14 +846,16 @@ func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {
 	return li
 }
 
-// releaseIdle hands back the leases of buffers nobody has dequeued from
-// lately, so their items are not held until the lease lapses.
-func (s *Service) releaseIdle(ctx context.Context) {
+// releaseIdle drops the buffers nobody has dequeued from lately. Their
+// rows were never hidden; this only frees the memory.
+func (s *Service) releaseIdle(context.Context) {
 	cutoff := s.cfg.Now().Add(-s.cfg.IdleRelease)
-	s.releaseAll(ctx, func(b *topicBuf) bool { return b.lastUsed.Before(cutoff) })
+	s.releaseAll(func(b *topicBuf) bool { return b.lastUsed.Before(cutoff) })
 }
 
-func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
+// releaseAll empties the queues of the buffers pick chooses; the next take
+// reads them again.
+func (s *Service) releaseAll(pick func(*topicBuf) bool) {
 	s.mu.Lock()
 	bufs := make([]*topicBuf, 0, len(s.topics))
 	for _, b := range s.topics {
@@ -818,68 +864,18 @@ func (s *Service) releaseAll(ctx context.Context, pick func(*topicBuf) bool) {
 	s.mu.Unlock()
 	for _, b := range bufs {
 		b.mu.Lock()
-		if !pick(b) {
-			b.mu.Unlock()
-			continue
-		}
-		// The emptied queues stay "fetching" until the release commits: a
-		// take meanwhile would read the head with the rows still hidden
-		// and serve less urgent ones before them. It waits instead, and
-		// reads again after.
-		var items []bufItem
-		var emptied []*shardQueue
-		for _, q := range b.queues {
-			if q.fetching != nil || q.refilling != nil || len(q.items) == 0 {
-				continue
+		if pick(b) {
+			for _, q := range b.queues {
+				if len(q.items) > 0 {
+					q.items = nil
+					q.exhausted = false
+					q.markAllDirty()
+					q.notices++ // a read in flight left the dropped rows out
+				}
 			}
-			items = append(items, q.items...)
-			q.items = nil
-			q.fetching = make(chan struct{})
-			emptied = append(emptied, q)
-		}
-		b.mu.Unlock()
-		if len(items) == 0 {
-			continue
-		}
-		s.releaseItems(ctx, items)
-		b.mu.Lock()
-		for _, q := range emptied {
-			q.exhausted = false
-			q.markAllDirty()
-			close(q.fetching)
-			q.fetching = nil
 		}
 		b.mu.Unlock()
 	}
-}
-
-func (s *Service) releaseItems(ctx context.Context, items []bufItem) {
-	if err := s.releaseItemsErr(ctx, items); err != nil {
-		s.log.Warn("release of prefetched items failed; they return when their lease lapses", "err", err)
-	}
-}
-
-func (s *Service) releaseItemsErr(ctx context.Context, items []bufItem) error {
-	type group struct {
-		shard uint32
-		token uint64
-	}
-	groups := map[group][]store.Item{}
-	for _, it := range items {
-		g := group{it.shard, it.token}
-		groups[g] = append(groups[g], it.Item)
-	}
-	var errs []error
-	for g, rows := range groups {
-		db, err := s.cfg.Pool.Writer(s.cfg.Maps, g.shard)
-		if err == nil {
-			err = store.New(db).ItemRelease(ctx, store.ItemReleaseParams{Rows: rows, Token: g.token, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %d: %w", g.shard, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func (s *Service) handleUnbuffer(m *nats.Msg) {
@@ -887,21 +883,18 @@ func (s *Service) handleUnbuffer(m *nats.Msg) {
 	resp := &peerv1.UnbufferResponse{}
 	if err := proto.Unmarshal(m.Data, &req); err != nil {
 		resp.Error = "malformed Unbuffer"
-	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.Unbuffer(ctx, req.Namespace, req.Shard, req.Keys); err != nil {
-			resp.Error = err.Error()
-		}
-		cancel()
+	} else if err := s.Unbuffer(context.Background(), req.Namespace, req.Shard, req.Keys); err != nil {
+		resp.Error = err.Error()
 	}
 	data, _ := proto.Marshal(resp)
 	_ = m.Respond(data)
 }
 
-// Unbuffer takes keys of a shard out of the namespace's prefetch buffers
-// and hands their prefetch leases back, so a router can update or delete
-// them without a stale copy being served. Keys not buffered are ignored.
-func (s *Service) Unbuffer(ctx context.Context, ns string, shard uint32, keys []uint64) error {
+// Unbuffer takes keys of a shard out of the namespace's buffers before a
+// router updates or deletes them. A stale copy could not be served anyway
+// (a serve compares the row's version); dropping it keeps it from holding
+// a place in the merge. Keys not buffered are ignored.
+func (s *Service) Unbuffer(_ context.Context, ns string, shard uint32, keys []uint64) error {
 	want := make(map[uint64]bool, len(keys))
 	for _, k := range keys {
 		want[k] = true
@@ -914,47 +907,40 @@ func (s *Service) Unbuffer(ctx context.Context, ns string, shard uint32, keys []
 		}
 	}
 	s.mu.Unlock()
-	var taken []bufItem
 	for _, b := range bufs {
 		b.mu.Lock()
 		if q := b.queues[shard]; q != nil {
-			kept := q.items[:0]
-			for _, it := range q.items {
-				if want[it.ID] {
-					taken = append(taken, it)
-				} else {
-					kept = append(kept, it)
-				}
+			n := len(q.items)
+			q.items = slices.DeleteFunc(q.items, func(it bufItem) bool { return want[it.ID] })
+			if len(q.items) < n {
+				// The row is ready still, unless the router's change
+				// makes it otherwise, and the router announces only some
+				// changes (a metadata update of a lapsed lease, none):
+				// read again before serving past its place.
+				q.markAllDirty()
+				q.notices++
 			}
-			// Not marked dirty: the router announces the item once its
-			// update is committed, and a refill before that could buffer
-			// the old version again.
-			q.items = kept
 		}
 		b.mu.Unlock()
 	}
-	return s.releaseItemsErr(ctx, taken)
+	return nil
 }
 
-// dropShard forgets the buffered items of a shard this dequeuer lost, and
-// hands their leases back.
-func (s *Service) dropShard(ctx context.Context, shard uint32) {
+// dropShard forgets the buffered items of a shard this dequeuer lost.
+func (s *Service) dropShard(_ context.Context, shard uint32) {
 	s.mu.Lock()
 	bufs := make([]*topicBuf, 0, len(s.topics))
 	for _, b := range s.topics {
 		bufs = append(bufs, b)
 	}
 	s.mu.Unlock()
-	var items []bufItem
 	for _, b := range bufs {
 		b.mu.Lock()
 		if q := b.queues[shard]; q != nil {
-			items = append(items, q.items...)
 			q.items = nil
 		}
 		b.mu.Unlock()
 	}
-	s.releaseItems(ctx, items)
 }
 
 func (s *Service) sweepTTL(ctx context.Context) {
@@ -990,11 +976,6 @@ func (s *Service) sweepTTL(ctx context.Context) {
 		b.mu.Unlock()
 		if empty && idle {
 			delete(s.topics, k)
-			t := [2]string{k.ns, k.topic}
-			s.bands[t] = slices.DeleteFunc(s.bands[t], func(o *topicBuf) bool { return o == b })
-			if len(s.bands[t]) == 0 {
-				delete(s.bands, t)
-			}
 		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
+	"github.com/triage-queue/triage/shardmap/shardmaptest"
 )
 
 func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }
@@ -353,6 +354,43 @@ func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return workers() == 0 }, handOver+5*time.Second, 50*time.Millisecond,
 		"the worker stops handOver after its shard's primary left the region")
+}
+
+// TestWorkerStartsOnAMapThatLandsDuringAReconcile: a map that arrives
+// while a reconcile runs (after it read the map) starts the next one at
+// once. The loop used to ask for the change channel after each
+// reconcile, so such a change waited for the next tick: the worker of a
+// shard whose primary just moved into the region started up to a second
+// late.
+func TestWorkerStartsOnAMapThatLandsDuringAReconcile(t *testing.T) {
+	defer func(d time.Duration) { reconcileEvery = d }(reconcileEvery)
+	reconcileEvery = time.Minute // no tick within the test
+	dsn := mariadbtest.Database(t)
+	c, err := mysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	nc, js := natstest.JetStream(t)
+	regions := []string{"r", "s"}
+	shard := shardmap.Shard{ID: 1, HomeRegion: "s", PrimaryRegion: "s", Primary: c.Addr, Database: c.DBName}
+	away, err := shardmap.New(shardmap.Map{Version: 1, Regions: regions, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	maps := &shardmaptest.LandsDuringRead{Holder: shardmap.NewHolder(away)}
+	pool := shardmap.NewPool(shardmap.Credentials{})
+	t.Cleanup(func() { pool.Close() })
+	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	// The primary moves to r right after Start's reconcile reads the map.
+	shard.PrimaryRegion = "r"
+	here, err := shardmap.New(shardmap.Map{Version: 2, Regions: regions, Shards: []shardmap.Shard{shard}})
+	require.NoError(t, err)
+	maps.Arm(here)
+	require.NoError(t, svc.Start(context.Background()))
+	t.Cleanup(svc.Stop)
+	require.Eventually(t, func() bool {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return len(svc.workers) == 1
+	}, 5*time.Second, 20*time.Millisecond, "the worker starts on the change, not at the next tick")
 }
 
 // holdBatch starts region r's enqueuer on a fresh database with shard 1

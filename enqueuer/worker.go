@@ -113,6 +113,10 @@ func New(cfg Config) (*Service, error) {
 		leaving: map[uint32]time.Time{}, absent: map[string]time.Time{}}, nil
 }
 
+// reconcileEvery paces the workers' reconciliation with the shard map
+// between map changes (a var for tests).
+var reconcileEvery = time.Second
+
 // Start creates the stream and starts the workers. They follow the shard
 // map: a shard added to the region gets a worker within a second, and at
 // once on a map change.
@@ -121,21 +125,26 @@ func (s *Service) Start(ctx context.Context) error {
 		return err
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	// The change channel is taken before each reconcile reads the map, so
+	// a map that lands during one wakes the next at once rather than at
+	// the next tick (a failover's new primary region then waited up to a
+	// second for its worker).
+	changed := mapChanged(s.cfg.Maps)
 	s.reconcile(ctx)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		t := time.NewTicker(time.Second)
+		t := time.NewTicker(reconcileEvery)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				s.reconcile(ctx)
-			case <-mapChanged(s.cfg.Maps):
-				s.reconcile(ctx)
+			case <-changed:
 			}
+			changed = mapChanged(s.cfg.Maps)
+			s.reconcile(ctx)
 		}
 	}()
 	return nil

@@ -894,11 +894,8 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	epochStored := false
 	var epochTook time.Duration
 	prepare := func(ctx context.Context) error {
-		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		start := time.Now()
-		epochErr = c.storeEpoch(ectx, s, replicas[newPrimary])
-		epochTook, epochStored = time.Since(start), epochErr == nil
+		epochTook, epochErr = c.storeEpoch(ctx, s, replicas[newPrimary])
+		epochStored = epochErr == nil
 		return nil
 	}
 	promoteAt := time.Now()
@@ -916,7 +913,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		newPrimary, gtid, ms(claimAt.Sub(chose)), ms(promoteAt.Sub(claimAt)), ms(promoted), ms(repointed)))
 	replicaList = append(replicaList, old)
 	regions = append(regions, c.primaryRegion(s))
-	epochAt := time.Now()
+	publishAt := time.Now()
 	if !epochStored {
 		// Promoted by an earlier attempt (ErrNotReplica), or the store in
 		// prepare failed: now it is the new primary's first commit, and
@@ -924,11 +921,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		if epochErr != nil {
 			c.log.Warn("storing the failover epoch before the promotion failed; storing it now", "shard", s.ID, "err", epochErr)
 		}
-		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = c.storeEpoch(ectx, s, replicas[newPrimary])
-		epochTook = time.Since(epochAt)
-		cancel()
-		if err != nil {
+		if epochTook, err = c.storeEpoch(ctx, s, replicas[newPrimary]); err != nil {
 			return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
 		}
 	}
@@ -943,7 +936,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	}
 	c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d (epoch stored on it in %v %s; published in %v)",
 		newPrimary, newRegion, s.Epoch, ms(epochTook), map[bool]string{true: "before it took writes", false: "as its first commit"}[epochStored],
-		ms(time.Since(epochAt))))
+		ms(time.Since(publishAt))))
 	c.mu.Lock()
 	c.cooldown[s.ID] = time.Now().Add(c.cfg.Cooldown)
 	delete(c.suspect, s.ID)
@@ -983,13 +976,17 @@ func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate stri
 }
 
 // storeEpoch records the shard's epoch on the new primary (shard_meta), so
-// that a writer whose map predates this failover cannot write there. It
+// that a writer whose map predates this failover cannot write there,
+// within 10 s, and says how long it took (the failover's step timings). It
 // runs on the promotion's admin connection, already open.
-func (c *Controller) storeEpoch(ctx context.Context, s shardmap.Shard, primary *replication.Admin) error {
+func (c *Controller) storeEpoch(ctx context.Context, s shardmap.Shard, primary *replication.Admin) (took time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
 	if err := shardmap.StoreEpoch(ctx, primary.DB(), cmp.Or(s.Database, "triage"), s.Epoch); err != nil {
-		return fmt.Errorf("shard %d: %w", s.ID, err)
+		return time.Since(start), fmt.Errorf("shard %d: %w", s.ID, err)
 	}
-	return nil
+	return time.Since(start), nil
 }
 
 // primaryRegion is where a shard's current primary runs.

@@ -96,7 +96,8 @@
 // ExtendLease, dead letters, stats, topic listing) call package
 // schema/store on the shard's database chosen here; this package writes
 // no SQL. UpdateItem's rules (what a lease forbids, priority history,
-// taking a prefetched row back) run in the store's transaction as a
+// taking back a row an older version prefetched) run in the store's
+// transaction as a
 // callback, under the row's lock.
 //
 // # Errors

@@ -76,7 +76,7 @@ func itemProto(row *store.Item, shard uint32, region string, now time.Time) *tri
 	nowUS := now.UnixMicro()
 	switch {
 	case row.Prefetched():
-		// In a dequeuer's prefetch buffer: ready, not yet delivered.
+		// Under an older version's prefetch lease: ready, not yet delivered.
 		it.State = triagev1.ItemState_READY
 	case row.LeaseToken != 0 && row.LeasedUntil.Valid && row.LeasedUntil.Int64 > nowUS:
 		it.State = triagev1.ItemState_LEASED
@@ -176,11 +176,10 @@ func updateRow(row *store.Item, req *triagev1.UpdateItemRequest, now time.Time) 
 		row.ChangedAt = sql.NullInt64{Int64: now.UnixMicro(), Valid: true}
 	}
 	if row.Prefetched() {
-		// A fetch that was in flight during UpdateItem's unbuffer holds the
-		// row: take it from the buffer. Its stale copy cannot be served,
-		// since serving is conditional on the batch token cleared here,
-		// and the row is ready again at once. Its deliver_after was the
-		// prefetch lease's expiry; the item was ready before, so now.
+		// Under the prefetch lease of an older version (a rolling
+		// upgrade): take it back, so the row is ready again at once. Its
+		// deliver_after was the prefetch lease's expiry; the item was ready
+		// before, so now.
 		row.LeaseToken = 0
 		row.DeliverAfter = min(row.DeliverAfter, now.UnixMicro())
 	}

@@ -721,9 +721,10 @@ func (r *Router) afterWrite(shard uint32) error {
 }
 
 // unbuffer asks the dequeuer that owns an item's shard to drop the item
-// from its prefetch buffers (handing the prefetch lease back) before the
-// router updates or deletes it; a buffered copy would be served stale.
-// No owner, or an owner that is gone, holds no buffer.
+// from its buffers before the router updates or deletes it. A buffered
+// copy could not be served (a serve compares the row's version), but it
+// would hold a place in the merge until a take found it stale. No owner,
+// or an owner that is gone, holds no buffer.
 func (r *Router) unbuffer(ctx context.Context, ns string, id itemid.ID) error {
 	owner, ok := r.cfg.Owners.Owner(id.Shard)
 	if !ok {

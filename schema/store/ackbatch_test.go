@@ -24,8 +24,8 @@ func TestAckBatcherCoalesces(t *testing.T) {
 		keys = append(keys, i)
 	}
 	f.enqueue(1, keys...)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	require.Len(t, f.serve(rows, token), callers+1)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, f.serve(rows), callers+1)
 
 	// Hold item 1's row lock, so the first batch (item 1's ack) waits in
 	// its transaction while the other callers arrive.
@@ -116,8 +116,8 @@ func TestAckDelete(t *testing.T) {
 	other := &peerv1.EnqueueBatch{Namespace: "other", Topic: topic, BatchId: 3, Items: []*peerv1.BufferedItem{{Key: 20}}}
 	_, err = f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{other}, NowUS: f.nowUS})
 	require.NoError(t, err)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	require.Len(t, f.serve(rows, token), 7)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, f.serve(rows), 7)
 	f.db.MustExecContext(f.ctx, "UPDATE items SET lease_token = 1020 WHERE id = 20")
 
 	tests := []struct {
@@ -162,8 +162,8 @@ func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
 	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, Items: []*peerv1.BufferedItem{{Key: 10, DedupKey: "d10"}}}
 	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
 	require.NoError(t, err)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	require.Len(t, f.serve(rows, token), 1)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, f.serve(rows), 1)
 
 	shardNow := time.Now().Add(time.Hour).Truncate(time.Microsecond)
 	var asked []*sqlx.DB

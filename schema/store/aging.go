@@ -23,7 +23,7 @@ const itemAgingCandidatesSQL = `SELECT id, deliver_after, priority_changed_at FR
 // priority and readiness they were read with, so a lease, ack or
 // escalation in between wins.
 const itemAgeSQL = `UPDATE items FORCE INDEX (PRIMARY) SET original_priority = COALESCE(original_priority, priority), priority = priority - 1,
-			priority_changed_by = 'aging', priority_changed_at = ?, updated_at = ?
+			priority_changed_by = 'aging', priority_changed_at = ?, ` + bumpUpdatedAt + `
 			WHERE id IN (?) AND priority = ? AND deliver_after <= ?`
 
 // ItemNextPriorityParams: see ItemNextPriority.

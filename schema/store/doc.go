@@ -9,7 +9,7 @@
 // Modelled on River's driver: a Store wraps the shard's *sqlx.DB, which
 // the caller picks (shardmap.Pool.Writer for writes, whose fencing checks
 // stay with the caller, Pool.Primary for reads), and each method is named
-// NounVerb and takes (ctx, params): ItemLeaseHead, ItemServe, ItemAck,
+// NounVerb and takes (ctx, params): ItemReadHead, ItemServe, ItemAck,
 // DeadLetterRedrive, ... Methods carry the statements and the decisions
 // that must be made under the statements' row locks (a lease token check,
 // out of attempts, a dedup tombstone); what a caller keeps in memory
@@ -28,7 +28,10 @@
 // statement reads (the others stay zero); DeadLetter is dead_letters'.
 // Item also carries the ready index's order (Compare, Less), which the
 // dequeuer's buffers merge by, and Prefetched, the one definition of a
-// row held in a prefetch buffer (lease_token set, leased_until NULL).
+// row under an older version's prefetch lease (lease_token set,
+// leased_until NULL). UpdatedAt is each row's version: every UPDATE moves
+// it forward (bumpUpdatedAt, never back whatever the writer's clock), and
+// ItemServe leases only rows still at the version read.
 //
 // # Transactions
 //
@@ -47,7 +50,7 @@
 // (ItemAckDelete; a diagnostic read tells not-found from stale only when
 // refs are left, and items whose dedup key needs a tombstone take the
 // transactional ItemAck), serves into one ItemServe UPDATE whose
-// deliveries each name their prefetch batch. A caller waits for the
+// deliveries each name the version their row was read at. A caller waits for the
 // statement in flight and then for its own; the one in flight never waits
 // for more, so a lone call costs one statement. Nacks are not batched yet:
 // each may dead-letter, merge metadata or back off, which a single
@@ -70,11 +73,13 @@
 //     number of ids) is what gets it a primary-key range instead of a scan.
 //   - Single-table UPDATEs by id carry FORCE INDEX (PRIMARY) for the same
 //     reason; they are conditional (token, deliver_after) so a row that
-//     changed since it was read is left alone and reported missing.
+//     changed since it was read is left alone and reported missing (the
+//     serve compares updated_at, the row's version).
 //   - The ready head and aging read through FORCE INDEX (ready), whose
 //     order (namespace, topic, priority, deliver_after, id) is the
-//     delivery order; the head read takes no locks, since only the shard's
-//     owner leases and the conditional prefetch UPDATE settles races.
+//     delivery order; the head read takes no locks and writes nothing,
+//     since only the shard's owner reads it and the serve's compare-and-set
+//     on each row's version settles races.
 //   - The TTL and tombstone sweeps delete through their expiry indexes,
 //     bounded per statement, so their cost follows what expired, not the
 //     backlog.

@@ -21,13 +21,16 @@ type Item struct {
 	Attempts   int32         `db:"attempts"`
 	LeaseToken uint64        `db:"lease_token"`
 	// LeasedUntil is set only while a consumer holds (or held, until the
-	// row is leased again) a delivery lease; a prefetch lease leaves it
-	// NULL. It tells an expired delivery from a lapsed prefetch.
-	LeasedUntil  sql.NullInt64  `db:"leased_until"`
-	DedupKey     sql.NullString `db:"dedup_key"`
-	Payload      []byte         `db:"payload"`
-	Metadata     []byte         `db:"metadata"`
-	LastError    sql.NullString `db:"last_error"`
+	// row is leased again) a delivery lease; the prefetch lease of an
+	// older version left it NULL. It tells an expired delivery from a
+	// lapsed prefetch.
+	LeasedUntil sql.NullInt64  `db:"leased_until"`
+	DedupKey    sql.NullString `db:"dedup_key"`
+	Payload     []byte         `db:"payload"`
+	Metadata    []byte         `db:"metadata"`
+	LastError   sql.NullString `db:"last_error"`
+	// UpdatedAt is the row's version as well as its time: every UPDATE
+	// moves it forward (bumpUpdatedAt), and a serve compares it.
 	UpdatedAt    int64          `db:"updated_at"`
 	OrigPriority sql.NullInt32  `db:"original_priority"`
 	ChangedBy    sql.NullString `db:"priority_changed_by"`
@@ -42,11 +45,11 @@ func (r *Item) Compare(o *Item) int {
 	return cmp.Or(cmp.Compare(r.Priority, o.Priority), cmp.Compare(r.DeliverAfter, o.DeliverAfter), cmp.Compare(r.ID, o.ID))
 }
 
-// Prefetched reports whether the row sits in a dequeuer's prefetch
-// buffer: leased under a batch token, with no delivery lease (no
-// leased_until). Its deliver_after is the prefetch lease's expiry; when it
-// became ready is kept in the ready_since column (itemPrefetchSQL), which
-// only the statements read.
+// Prefetched reports whether the row is under the prefetch lease of an
+// older version (lease token, no leased_until), which hid rows while they
+// sat in a dequeuer's buffer. Its deliver_after is that lease's expiry;
+// when it became ready is kept in the ready_since column, which only the
+// statements read. Rows the current version buffers are not written.
 func (r *Item) Prefetched() bool { return r.LeaseToken != 0 && !r.LeasedUntil.Valid }
 
 // DeadLetter is a row of dead_letters.

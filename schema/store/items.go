@@ -20,7 +20,7 @@ FROM items WHERE id = ? AND namespace = ?`
 const itemGetForUpdateSQL = itemGetSQL + " FOR UPDATE"
 
 // itemUpdateSQL writes the columns an update may change.
-const itemUpdateSQL = `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, updated_at = ?,
+const itemUpdateSQL = `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, ` + bumpUpdatedAt + `,
 		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ? WHERE id = ?`
 
 // itemDeleteSQL deletes one locked item.
@@ -70,9 +70,11 @@ func (s Store) ItemUpdate(ctx context.Context, p ItemUpdateParams) (*Item, error
 		if err != nil {
 			return err
 		}
+		was := row.UpdatedAt
 		if err := p.Update(row); err != nil {
 			return err
 		}
+		row.UpdatedAt = max(row.UpdatedAt, was+1) // as bumpUpdatedAt writes it
 		if _, err := tx.ExecContext(ctx, itemUpdateSQL, row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt,
 			row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.ID); err != nil {
 			return err
@@ -112,10 +114,10 @@ func (s Store) ItemDelete(ctx context.Context, p ItemDeleteParams) error {
 }
 
 // topicReadySQL counts a topic's ready items per priority, with the oldest
-// ready time. A prefetched row (a dequeuer's buffer holds it: lease_token
+// ready time. A row under an older version's prefetch lease (lease_token
 // set, leased_until NULL) is ready: it waits for a consumer, and its
 // deliver_after is only the prefetch lease's expiry, so its ready time is
-// ready_since (itemPrefetchSQL), whether its prefetch lease runs or lapsed.
+// ready_since, whether its prefetch lease runs or lapsed.
 const topicReadySQL = `SELECT priority, COUNT(*) AS ready,
 			COALESCE(MIN(` + readySinceSQL + `), 0) AS oldest FROM items
 			WHERE namespace = ? AND topic = ? AND (deliver_after <= ? OR (lease_token <> 0 AND leased_until IS NULL))

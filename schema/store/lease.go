@@ -1,7 +1,6 @@
 package store
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -11,62 +10,45 @@ import (
 	"github.com/triage-queue/triage/schema"
 )
 
-// The head of a topic's ready set, read without row locks: only this
-// shard's owner leases from it, and the conditional UPDATE below settles
-// any race with UpdateItem, DeleteItem or an overlapping owner. Measured on
-// the development box, this is twice the rate of SELECT ... FOR UPDATE SKIP
-// LOCKED (ARCHITECTURE.md, environment facts).
+// The head of a topic's ready set, read without row locks and without
+// writing anything: only this shard's owner reads it, and serving is a
+// compare-and-set on each row's version (updated_at), which settles any
+// race with UpdateItem, DeleteItem, a nack, an ack or an overlapping
+// owner. Measured on the development box, an owner's read is twice the
+// rate of SELECT ... FOR UPDATE SKIP LOCKED (ARCHITECTURE.md, environment
+// facts).
 //
 // The priority bounds serve priority bands (dequeue min/max_priority and
 // the weighted policy); without bounds they span all of int32 and the
 // index range is the same.
-const itemHeadSQL = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at
+const itemHeadSelect = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at, updated_at
 FROM items FORCE INDEX (ready)
-WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
+WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)`
+
+// itemHeadBefore limits the head read to rows that sort before a buffered
+// tail (priority, deliver_after, id): the recheck of a shard whose buffer
+// holds items, which only needs rows more urgent than those. The caller
+// narrows the priority range to the tail's priority, so the index range
+// stays small.
+const itemHeadBefore = `
+AND (priority < ? OR (priority = ? AND (deliver_after < ? OR (deliver_after = ? AND id < ?))))`
+
+// itemHeadOrder ends the head read.
+const itemHeadOrder = `
 ORDER BY priority, deliver_after, id
 LIMIT ?`
 
-// itemHeadBeforeSQL is itemHeadSQL limited to rows that sort before a
-// buffered tail (priority, deliver_after, id): the recheck of a shard whose
-// buffer holds items, which only needs rows more urgent than those. The
-// caller narrows the priority range to the tail's priority, so the index
-// range stays small.
-const itemHeadBeforeSQL = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at
-FROM items FORCE INDEX (ready)
-WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)
-AND (priority < ? OR (priority = ? AND (deliver_after < ? OR (deliver_after = ? AND id < ?))))
-ORDER BY priority, deliver_after, id
-LIMIT ?`
-
-// Prefetching stamps a batch token and hides the row for the short
-// prefetch lease (deliver_after = its expiry), only if the row is still
-// ready. It counts no attempt and sets no leased_until: nothing has reached
-// a consumer yet. A dequeuer that dies with rows buffered leaves them
-// hidden for at most the prefetch lease, and with their attempts unchanged.
-//
-// ready_since keeps when the row became ready, which deliver_after no
-// longer says: the stats' oldest ready age and ItemRelease read it. A row
-// whose prefetch lease lapsed keeps the ready_since it had; any other row
-// became ready at its deliver_after. MariaDB assigns left to right, each
-// expression seeing the columns already assigned, so ready_since comes
-// first, while lease_token, leased_until and deliver_after are the row's.
-const itemPrefetchSQL = `UPDATE items FORCE INDEX (PRIMARY)
-SET ready_since = IF(lease_token <> 0 AND leased_until IS NULL, COALESCE(ready_since, deliver_after), deliver_after),
-	lease_token = ?, leased_until = NULL, deliver_after = ?, updated_at = ?
-WHERE id IN (?) AND deliver_after <= ?`
+// bumpUpdatedAt is how every UPDATE of items sets updated_at: never to a
+// value the row had before, whatever the writer's clock says, because
+// updated_at is the version a serve compares (ItemServe). Two writers'
+// clocks (a router's and a dequeuer's estimates of the primary's) can
+// disagree by milliseconds, and a plain "updated_at = now" could write a
+// value a buffered copy was read with.
+const bumpUpdatedAt = "updated_at = GREATEST(?, updated_at + 1)"
 
 // itemServeCheckSQL reads the tokens rows carry after a serve that did
 // not update them all.
 const itemServeCheckSQL = "SELECT id, lease_token FROM items WHERE id IN (?)"
-
-// itemRefreshPrefetchSQL extends prefetch leases still held under a
-// batch token.
-const itemRefreshPrefetchSQL = `UPDATE items FORCE INDEX (PRIMARY) SET deliver_after = ?, updated_at = ?
-		WHERE id IN (?) AND lease_token = ? AND leased_until IS NULL`
-
-// itemHeldSQL reads which rows carry a token, unexpired, after an UPDATE
-// that did not change them all.
-const itemHeldSQL = "SELECT id FROM items WHERE id IN (?) AND lease_token = ? AND (expires_at IS NULL OR expires_at > ?)"
 
 // itemLockLeasesSQL reads the lease state of rows under row locks, by
 // primary key lookups from k (schema.Keys("items", "i", ...)).
@@ -80,19 +62,24 @@ func itemLockLeasesSQL(k string) string {
 // release: the delivery does not count).
 const itemNackSQL = `UPDATE items SET lease_token = 0, leased_until = NULL, deliver_after = ?,
 				attempts = GREATEST(attempts - ?, 0),
-				last_error = COALESCE(?, last_error), metadata = ?, updated_at = ? WHERE id = ?`
+				last_error = COALESCE(?, last_error), metadata = ?, ` + bumpUpdatedAt + ` WHERE id = ?`
 
 // itemExtendSQL moves one locked row's delivery lease.
-const itemExtendSQL = "UPDATE items SET deliver_after = ?, leased_until = ?, updated_at = ? WHERE id = ?"
+const itemExtendSQL = "UPDATE items SET deliver_after = ?, leased_until = ?, " + bumpUpdatedAt + " WHERE id = ?"
 
-// ItemLeaseHeadParams: see ItemLeaseHead.
-type ItemLeaseHeadParams struct {
+// ItemReadHeadParams: see ItemReadHead.
+type ItemReadHeadParams struct {
 	Namespace, Topic string
 	// PriorityLo, PriorityHi: the band read, inclusive.
 	PriorityLo, PriorityHi int32
 	// Tail: when set, only rows that sort before it are read (and the band
 	// is narrowed to its priority).
 	Tail *Item
+	// Exclude: rows not to read at the versions given (those the caller's
+	// buffer holds already); Limit counts the others. A row that changed
+	// since is read: the caller's copy is stale, and a stale copy must not
+	// keep the row's current version out of the buffer.
+	Exclude []RowVersion
 	// MaxAttempts: rows delivered this many times are dead-lettered
 	// instead (0: never).
 	MaxAttempts int
@@ -102,14 +89,18 @@ type ItemLeaseHeadParams struct {
 	DedupWindow time.Duration
 	Limit       int
 	NowUS       int64
-	// PrefetchUntilUS: the prefetch lease's expiry.
-	PrefetchUntilUS int64
 	// Observe, when set, is told what the read found besides ready rows
 	// (metrics), once the dead and expired rows are retired.
 	Observe func(LeaseHeadCounts)
 }
 
-// LeaseHeadCounts is what one ItemLeaseHead read found.
+// RowVersion names a row at a version (its updated_at).
+type RowVersion struct {
+	ID      uint64
+	Version int64
+}
+
+// LeaseHeadCounts is what one ItemReadHead read found.
 type LeaseHeadCounts struct {
 	// Lapsed: rows whose delivery lease had lapsed (redelivered now,
 	// dead-lettered or deleted).
@@ -119,23 +110,38 @@ type LeaseHeadCounts struct {
 	Dead, Expired int
 }
 
-// ItemLeaseHead prefetch-leases up to Limit ready items of a topic's band
-// and returns them in delivery order with the batch's prefetch token.
-// Rows out of attempts go to dead_letters, and for at-most-once topics
-// rows whose delivery lease expired are deleted; neither is returned.
-// A row that changed between the read and the lease is left out.
+// ItemReadHead reads up to Limit ready items of a topic's band, leaving
+// out Exclude (rows at the versions named), in delivery order, each with its version (UpdatedAt) for
+// ItemServe. It writes nothing to them: a row stays ready, in place, until
+// a serve that finds it unchanged leases it to a consumer. Rows out of
+// attempts go to dead_letters, and for at-most-once topics rows whose
+// delivery lease expired are deleted; neither is returned.
 //
-// full reports whether the read came back with Limit rows, that is whether
-// the band may hold more ready rows than were read.
-func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows []Item, token uint64, full bool, err error) {
-	if tail := p.Tail; tail == nil {
-		err = s.db.SelectContext(ctx, &rows, itemHeadSQL, p.Namespace, p.Topic, p.PriorityLo, p.PriorityHi, p.NowUS, p.NowUS, p.Limit)
-	} else {
-		err = s.db.SelectContext(ctx, &rows, itemHeadBeforeSQL, p.Namespace, p.Topic, p.PriorityLo, min(p.PriorityHi, tail.Priority), p.NowUS, p.NowUS,
-			tail.Priority, tail.Priority, tail.DeliverAfter, tail.DeliverAfter, tail.ID, p.Limit)
+// full reports whether the read came back with Limit rows (before those
+// retired), that is whether the band may hold more ready rows than were
+// read.
+func (s Store) ItemReadHead(ctx context.Context, p ItemReadHeadParams) (rows []Item, full bool, err error) {
+	var q stmt
+	q.add(itemHeadSelect, p.Namespace, p.Topic, p.PriorityLo, p.PriorityHi, p.NowUS, p.NowUS)
+	if tail := p.Tail; tail != nil {
+		q.args[3] = min(p.PriorityHi, tail.Priority)
+		q.add(itemHeadBefore, tail.Priority, tail.Priority, tail.DeliverAfter, tail.DeliverAfter, tail.ID)
 	}
-	if err != nil {
-		return nil, 0, false, fmt.Errorf("read ready head: %w", err)
+	if len(p.Exclude) > 0 {
+		// MariaDB sorts a constant IN list, row constructors too, and
+		// looks each scanned row up in it.
+		q.add(" AND (id, updated_at) NOT IN (")
+		for i, e := range p.Exclude {
+			if i > 0 {
+				q.add(",")
+			}
+			q.add("(?,?)", e.ID, e.Version)
+		}
+		q.add(")")
+	}
+	q.add(itemHeadOrder, p.Limit)
+	if err := s.db.SelectContext(ctx, &rows, q.sql.String(), q.args...); err != nil {
+		return nil, false, fmt.Errorf("read ready head: %w", err)
 	}
 	full = len(rows) == p.Limit
 	var dead, expired []uint64
@@ -147,8 +153,8 @@ func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows [
 		}
 		switch {
 		case p.AtMostOnce && r.LeaseToken != 0 && r.LeasedUntil.Valid:
-			// A delivery lease lapsed (a lapsed prefetch lease has no
-			// leased_until: that item never reached anyone).
+			// A delivery lease lapsed (a lapsed prefetch lease of an older
+			// version has no leased_until: that item never reached anyone).
 			expired = append(expired, r.ID)
 		case p.MaxAttempts > 0 && int(r.Attempts) >= p.MaxAttempts:
 			dead = append(dead, r.ID)
@@ -158,93 +164,63 @@ func (s Store) ItemLeaseHead(ctx context.Context, p ItemLeaseHeadParams) (rows [
 	}
 	rows = kept
 	if err := s.retire(ctx, dead, expired, p.DedupWindow, p.NowUS); err != nil {
-		return nil, 0, false, err
+		return nil, false, err
 	}
 	if p.Observe != nil && lapsed+len(dead)+len(expired) > 0 {
 		p.Observe(LeaseHeadCounts{Lapsed: lapsed, Dead: len(dead), Expired: len(expired)})
 	}
-	if len(rows) == 0 {
-		return nil, 0, full, nil
-	}
-	ids := make([]uint64, len(rows))
-	for i := range rows {
-		ids[i] = rows[i].ID
-	}
-	token = NewToken()
-	q, args, err := sqlx.In(itemPrefetchSQL, token, p.PrefetchUntilUS, p.NowUS, ids, p.NowUS)
-	if err != nil {
-		return nil, 0, false, err
-	}
-	mine, err := s.updateHeld(ctx, q, args, ids, token, p.NowUS)
-	if err != nil {
-		return nil, 0, false, fmt.Errorf("lease rows: %w", err)
-	}
-	if len(mine) < len(rows) {
-		// Some rows changed between the read and the update.
-		kept := rows[:0]
-		for _, r := range rows {
-			if mine[r.ID] {
-				kept = append(kept, r)
-			}
-		}
-		rows = kept
-	}
-	return rows, token, full, nil
+	return rows, full, nil
 }
 
-// Delivery is one prefetched row handed to a consumer: its own lease
-// token and lease expiry.
+// Delivery is one buffered row handed to a consumer: its own lease token
+// and lease expiry, and the version the row was read with.
 type Delivery struct {
 	ID      uint64
 	Token   uint64
 	UntilUS int64
-	// Prefetch is the batch token the row was prefetched under; 0 for
-	// ItemServeParams.PrefetchToken. Deliveries of several prefetch
-	// batches (ServeBatcher) go in one statement this way.
-	Prefetch uint64
+	// Version is the row's updated_at as read (ItemReadHead): the serve
+	// applies only if the row has not changed since.
+	Version int64
 }
 
 // ItemServeParams: see ItemServe.
 type ItemServeParams struct {
-	Deliveries    []Delivery
-	PrefetchToken uint64
-	NowUS         int64
+	Deliveries []Delivery
+	NowUS      int64
 }
 
-// ItemServe turns the prefetch leases of rows still held under
-// PrefetchToken (or each delivery's own Prefetch) into delivery leases, in
-// one UPDATE: each row gets its own
-// token and expiry (deliver_after moves with it, so a lapsed lease makes
-// the row ready again) and counts one attempt, since this is the moment it
-// reaches a consumer. A row that was deleted, updated, released, expired
-// (TTL) or leased by someone else since the prefetch is left alone and
-// missing from the result: the caller must not deliver it.
+// ItemServe leases buffered rows to a consumer, in one UPDATE, each only
+// if it is unchanged since it was read (its version, updated_at, is the
+// one read, so it is as ready as it was) and its TTL has not passed: each row gets its own token and
+// expiry (deliver_after moves with it, so a lapsed lease makes the row
+// ready again) and counts one attempt, since this is the moment it reaches
+// a consumer. A row that was deleted, updated, acked, nacked, served by
+// someone else or expired (TTL) since the read is left alone and missing
+// from the result: the caller must not deliver it.
 func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]bool, error) {
 	ds := p.Deliveries
 	ids := make([]uint64, len(ds))
 	tokens := make([]any, len(ds))
 	untils := make([]any, len(ds))
-	prefetch := make([]any, len(ds))
-	mixed := false
+	versions := make([]any, len(ds))
 	for i, d := range ds {
-		ids[i], tokens[i], untils[i] = d.ID, d.Token, d.UntilUS
-		prefetch[i] = cmp.Or(d.Prefetch, p.PrefetchToken)
-		mixed = mixed || prefetch[i] != prefetch[0]
+		ids[i], tokens[i], untils[i], versions[i] = d.ID, d.Token, d.UntilUS, d.Version
 	}
 	// Each expiry is spelled out rather than copied from another column:
 	// MariaDB evaluates SET left to right, and relying on that is fragile.
+	// WHERE sees the row as it was, before any of SET.
 	var q stmt
-	q.add("UPDATE items FORCE INDEX (PRIMARY) SET attempts = attempts + 1, updated_at = ?", p.NowUS)
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET attempts = attempts + 1, "+bumpUpdatedAt, p.NowUS)
 	q.add(", lease_token = ").caseByID(ids, tokens, "lease_token")
 	q.add(", leased_until = ").caseByID(ids, untils, "leased_until")
 	q.add(", deliver_after = ").caseByID(ids, untils, "deliver_after")
-	if mixed {
-		// NULL matches no row: an id the CASE does not list is not served.
-		q.add(" WHERE lease_token = ").caseByID(ids, prefetch, "NULL")
-	} else {
-		q.add(" WHERE lease_token = ?", prefetch[0])
-	}
-	q.add(" AND leased_until IS NULL AND (expires_at IS NULL OR expires_at > ?) AND id", p.NowUS).in(ids)
+	// NULL matches no row: an id the CASE does not list is not served.
+	q.add(" WHERE updated_at = ").caseByID(ids, versions, "NULL")
+	// Not "deliver_after <= now": a row at the version read was ready when
+	// read, and the estimate of the primary's clock the serve stamps with
+	// may sit a hair behind the read's after a re-measure (shardmap.Clock),
+	// which failed the serve of a row that had not changed.
+	q.add(" AND (expires_at IS NULL OR expires_at > ?) AND id", p.NowUS).in(ids)
 	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
 	if err != nil {
 		return nil, fmt.Errorf("serve leases: %w", err)
@@ -275,88 +251,6 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 		}
 	}
 	return held, nil
-}
-
-// ItemRefreshPrefetchParams: see ItemRefreshPrefetch.
-type ItemRefreshPrefetchParams struct {
-	IDs            []uint64
-	Token          uint64
-	UntilUS, NowUS int64
-}
-
-// ItemRefreshPrefetch extends the prefetch lease of rows still buffered
-// under Token to UntilUS, and returns those still held: the others were
-// deleted, updated, released or leased elsewhere and must leave the buffer.
-func (s Store) ItemRefreshPrefetch(ctx context.Context, p ItemRefreshPrefetchParams) (map[uint64]bool, error) {
-	q, args, err := sqlx.In(itemRefreshPrefetchSQL, p.UntilUS, p.NowUS, p.IDs, p.Token)
-	if err != nil {
-		return nil, err
-	}
-	ok, err := s.updateHeld(ctx, q, args, p.IDs, p.Token, p.NowUS)
-	if err != nil {
-		return nil, fmt.Errorf("refresh prefetch leases: %w", err)
-	}
-	return ok, nil
-}
-
-// updateHeld runs a conditional UPDATE of ids (retried on deadlock) and
-// returns the ids that carry token, unexpired, afterwards: all of them
-// without a second round trip when every row was updated, else the ones a
-// follow-up SELECT finds (the others changed under us: acked, deleted,
-// leased again).
-func (s Store) updateHeld(ctx context.Context, q string, args []any, ids []uint64, token uint64, nowUS int64) (map[uint64]bool, error) {
-	affected, err := retryExec(ctx, s.db, q, args)
-	if err != nil {
-		return nil, err
-	}
-	held := make(map[uint64]bool, len(ids))
-	if int(affected) == len(ids) {
-		for _, id := range ids {
-			held[id] = true
-		}
-		return held, nil
-	}
-	q, args, err = sqlx.In(itemHeldSQL, ids, token, nowUS)
-	if err != nil {
-		return nil, err
-	}
-	var got []uint64
-	if err := s.db.SelectContext(ctx, &got, q, args...); err != nil {
-		return nil, err
-	}
-	for _, id := range got {
-		held[id] = true
-	}
-	return held, nil
-}
-
-// ItemReleaseParams: see ItemRelease.
-type ItemReleaseParams struct {
-	// Rows: their ID and the DeliverAfter they were read with.
-	Rows  []Item
-	Token uint64
-	NowUS int64
-}
-
-// ItemRelease hands prefetched, never-served rows back: ready at the time
-// they first became ready (ready_since, else the deliver_after they were
-// read with), so they keep their place in the delivery order, also after
-// a prefetch lease that lapsed and was taken again. No attempt was counted
-// for them, so none is taken back.
-func (s Store) ItemRelease(ctx context.Context, p ItemReleaseParams) error {
-	if len(p.Rows) == 0 {
-		return nil
-	}
-	ids := make([]uint64, len(p.Rows))
-	was := make([]any, len(p.Rows))
-	for i, r := range p.Rows {
-		ids[i], was[i] = r.ID, r.DeliverAfter
-	}
-	var q stmt
-	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, updated_at = ?, deliver_after = COALESCE(ready_since, ", p.NowUS).caseByID(ids, was, "deliver_after")
-	q.add("), ready_since = NULL WHERE lease_token = ? AND leased_until IS NULL AND id", p.Token).in(ids)
-	_, err := retryExec(ctx, s.db, q.sql.String(), q.args)
-	return err
 }
 
 // LeaseRef names a leased item on one shard: its key and its delivery's
@@ -401,7 +295,7 @@ func (s Store) ItemUnserve(ctx context.Context, p ItemUnserveParams) error {
 		ids[i], was[i], tokens[i] = it.Key, it.DeliverAfterUS, it.Token
 	}
 	var q stmt
-	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = ?, deliver_after = ", p.NowUS).caseByID(ids, was, "deliver_after")
+	q.add("UPDATE items FORCE INDEX (PRIMARY) SET lease_token = 0, leased_until = NULL, attempts = GREATEST(attempts - 1, 0), "+bumpUpdatedAt+", deliver_after = ", p.NowUS).caseByID(ids, was, "deliver_after")
 	q.add(" WHERE namespace = ? AND lease_token = ", p.Namespace).caseByID(ids, tokens, "0")
 	q.add(" AND lease_token <> 0 AND leased_until IS NOT NULL AND id").in(ids)
 	if _, err := retryExec(ctx, s.db, q.sql.String(), q.args); err != nil {

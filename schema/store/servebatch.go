@@ -14,17 +14,17 @@ const MaxServeBatch = 500
 // shard into one ItemServe UPDATE, as AckBatcher does for acks: in steady
 // state many consumers are each handed a few items at once, and an UPDATE
 // and commit per consumer spends the shard's time on commits rather than
-// on rows. Deliveries of different prefetch batches share the statement
-// (Delivery.Prefetch).
+// on rows. Each delivery carries the version its row was read with
+// (Delivery.Version), so deliveries of different reads share the statement.
 //
 // A caller waits for the serve in flight (if any) and then for its own;
 // the one in flight never waits for more, so a lone serve costs one
 // statement. Each caller gets the result ItemServe would have given its
 // deliveries alone: the ids served. A batch never holds the same row
-// twice (a row buffered twice, under two prefetch tokens, goes to the next
+// twice (a row buffered twice, read at two versions, goes to the next
 // batch), so one caller's stale copy cannot keep another's current copy
 // from being served. A batch that fails fails every caller in it, whose
-// items then stay prefetched, as after a failed ItemServe.
+// items then stay ready, as after a failed ItemServe.
 //
 // The zero value is ready to use.
 type ServeBatcher struct {
@@ -55,9 +55,6 @@ func (b *ServeBatcher) Serve(_ context.Context, db *sqlx.DB, p ItemServeParams) 
 			sb.ids = map[uint64]bool{}
 		}
 		for _, d := range p.Deliveries {
-			if d.Prefetch == 0 {
-				d.Prefetch = p.PrefetchToken
-			}
 			sb.ds = append(sb.ds, d)
 			sb.ids[d.ID] = true
 		}

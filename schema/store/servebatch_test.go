@@ -9,31 +9,34 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestServeMixedPrefetchTokens: one ItemServe over rows of two prefetch
-// batches serves each row only under its own batch's token: a delivery
-// naming another batch's token, a released row or an unknown id is left
-// alone and missing from the result.
-func TestServeMixedPrefetchTokens(t *testing.T) {
+// TestServeComparesEachRowsVersion: one ItemServe over rows read at
+// different times serves each row only at the version it names: a
+// delivery of an older version, or of an unknown id, is left alone and
+// missing from the result.
+func TestServeComparesEachRowsVersion(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 3)
-	first, tok1 := f.leaseHead(ItemLeaseHeadParams{Limit: 3})
+	first := f.readHead(ItemReadHeadParams{Limit: 3})
 	require.Len(t, first, 3)
-	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{Rows: first[2:], Token: tok1, NowUS: f.nowUS}))
+	_, err := f.s.ItemUpdate(f.ctx, ItemUpdateParams{Namespace: ns, ID: first[1].ID, Update: func(*Item) error { return nil }})
+	require.NoError(t, err)
 	f.enqueue(2, 4, 5)
-	second, tok2 := f.leaseHead(ItemLeaseHeadParams{})
-	require.ElementsMatch(t, []uint64{first[2].ID, 4, 5}, ids(second))
-	d := func(id, prefetch uint64) Delivery {
-		return Delivery{ID: id, Token: 1000 + id, UntilUS: f.nowUS + 30e6, Prefetch: prefetch}
+	second := f.readHead(ItemReadHeadParams{Exclude: versions(first)})
+	require.ElementsMatch(t, []uint64{first[1].ID, 4, 5}, ids(second), "the updated row is read again, at its new version")
+	byID := map[uint64]Item{}
+	for _, r := range second {
+		byID[r.ID] = r
 	}
+	stale := f.delivery(first[1])
 	held, err := f.s.ItemServe(f.ctx, ItemServeParams{NowUS: f.nowUS, Deliveries: []Delivery{
-		d(first[0].ID, tok1), d(first[1].ID, tok2) /* the wrong batch */, d(first[2].ID, tok1) /* released, re-leased under tok2 */, d(4, tok2), d(5, tok2), d(99, tok2)}})
+		f.delivery(first[0]), stale, f.delivery(byID[4]), f.delivery(byID[5]), {ID: 99, Token: 1, UntilUS: f.nowUS + 30e6}}})
 	require.NoError(t, err)
 	require.Equal(t, map[uint64]bool{first[0].ID: true, 4: true, 5: true}, held)
 	require.Equal(t, uint64(1004), f.get(4).LeaseToken)
 	require.Equal(t, int32(1), f.get(4).Attempts)
-	require.True(t, f.get(first[1].ID).Prefetched(), "a row named with another batch's token keeps its prefetch lease")
+	require.Zero(t, f.get(first[1].ID).LeaseToken, "the row updated since the first read is not served from it")
 	require.Zero(t, f.get(first[1].ID).Attempts, "and counts no attempt")
-	require.True(t, f.get(first[2].ID).Prefetched())
+	require.Equal(t, map[uint64]bool{first[1].ID: true}, f.serve([]Item{byID[first[1].ID]}), "it is served at its new version")
 }
 
 // TestServeBatcherCoalesces: serves that arrive while one is in flight go
@@ -48,7 +51,7 @@ func TestServeBatcherCoalesces(t *testing.T) {
 		keys = append(keys, i)
 	}
 	f.enqueue(1, keys...)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
+	rows := f.readHead(ItemReadHeadParams{})
 	require.Len(t, rows, callers+1)
 
 	// Hold item 1's row lock, so the first serve waits while the others
@@ -57,14 +60,20 @@ func TestServeBatcherCoalesces(t *testing.T) {
 	defer tx.Rollback()
 	tx.MustExecContext(f.ctx, "UPDATE items SET updated_at = updated_at WHERE id = 1")
 	var b ServeBatcher
-	dl := func(id, tok uint64) Delivery { return Delivery{ID: id, Token: tok, UntilUS: f.nowUS + 30e6} }
+	version := map[uint64]int64{}
+	for _, r := range rows {
+		version[r.ID] = r.UpdatedAt
+	}
+	dl := func(id, tok uint64) Delivery {
+		return Delivery{ID: id, Token: tok, UntilUS: f.nowUS + 30e6, Version: version[id]}
+	}
 	type answer struct {
 		held map[uint64]bool
 		err  error
 	}
 	first := make(chan answer, 1)
 	go func() {
-		held, err := b.Serve(f.ctx, f.db, ItemServeParams{PrefetchToken: token, NowUS: f.nowUS, Deliveries: []Delivery{dl(1, 1001)}})
+		held, err := b.Serve(f.ctx, f.db, ItemServeParams{NowUS: f.nowUS, Deliveries: []Delivery{dl(1, 1001)}})
 		first <- answer{held, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -79,15 +88,17 @@ func TestServeBatcherCoalesces(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id, tok := uint64(c+2), token
+			id := uint64(c + 2)
+			d := dl(id, 2000+uint64(c))
 			switch {
 			case c == callers: // a second copy of caller 0's row
+				d = dl(2, 2000+uint64(c))
 				id = 2
 			case c%3 == 2:
-				tok = 7 // not this row's prefetch batch
+				d.Version = 7 // not the version the row has
 			}
-			held, err := b.Serve(f.ctx, f.db, ItemServeParams{PrefetchToken: tok, NowUS: f.nowUS,
-				Deliveries: []Delivery{dl(id, 2000+uint64(c)), dl(9000+id, 1)}})
+			held, err := b.Serve(f.ctx, f.db, ItemServeParams{NowUS: f.nowUS,
+				Deliveries: []Delivery{d, dl(9000+id, 1)}})
 			results[c] = answer{held, err}
 		}()
 	}
@@ -121,7 +132,7 @@ func TestServeBatcherCoalesces(t *testing.T) {
 		require.NoError(t, a.err, "caller %d", c)
 		if c%3 == 2 {
 			require.Empty(t, a.held, "caller %d", c)
-			require.True(t, f.get(uint64(c+2)).Prefetched(), "caller %d", c)
+			require.Zero(t, f.get(uint64(c+2)).Attempts, "caller %d", c)
 		} else {
 			require.Equal(t, map[uint64]bool{uint64(c + 2): true}, a.held, "caller %d", c)
 			require.Equal(t, 2000+uint64(c), f.get(uint64(c+2)).LeaseToken, "caller %d", c)
@@ -140,7 +151,7 @@ func TestServeBatcherCoalesces(t *testing.T) {
 func TestServeBatcherAnswersAfterCtxEnds(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
+	rows := f.readHead(ItemReadHeadParams{})
 	require.Len(t, rows, 1)
 	tx := f.db.MustBeginTx(f.ctx, nil)
 	defer tx.Rollback()
@@ -154,8 +165,8 @@ func TestServeBatcherAnswersAfterCtxEnds(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		held, err := b.Serve(ctx, f.db, ItemServeParams{PrefetchToken: token, NowUS: f.nowUS,
-			Deliveries: []Delivery{{ID: 1, Token: 4242, UntilUS: f.nowUS + 30e6}}})
+		held, err := b.Serve(ctx, f.db, ItemServeParams{NowUS: f.nowUS,
+			Deliveries: []Delivery{{ID: 1, Token: 4242, UntilUS: f.nowUS + 30e6, Version: rows[0].UpdatedAt}}})
 		done <- answer{held, err}
 	}()
 	require.Eventually(t, func() bool {

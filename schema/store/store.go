@@ -59,8 +59,8 @@ func retryExec(ctx context.Context, db *sqlx.DB, q string, args []any) (int64, e
 	return affected, err
 }
 
-// NewToken returns a random non-zero lease token: a prefetch batch's, or
-// a delivery's own (the receipt handle).
+// NewToken returns a random non-zero lease token: a delivery's own (the
+// receipt handle).
 func NewToken() uint64 {
 	var b [8]byte
 	for {

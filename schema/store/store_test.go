@@ -63,8 +63,8 @@ func (f *fixture) count(q string, args ...any) int {
 	return n
 }
 
-// leaseHead prefetches the whole topic.
-func (f *fixture) leaseHead(p ItemLeaseHeadParams) ([]Item, uint64) {
+// readHead reads the whole topic's ready head.
+func (f *fixture) readHead(p ItemReadHeadParams) []Item {
 	f.t.Helper()
 	p.Namespace, p.Topic = ns, topic
 	if p.PriorityLo == 0 && p.PriorityHi == 0 {
@@ -73,22 +73,36 @@ func (f *fixture) leaseHead(p ItemLeaseHeadParams) ([]Item, uint64) {
 	if p.Limit == 0 {
 		p.Limit = 100
 	}
-	p.NowUS, p.PrefetchUntilUS = f.nowUS, f.nowUS+5e6
-	rows, token, _, err := f.s.ItemLeaseHead(f.ctx, p)
+	p.NowUS = f.nowUS
+	rows, _, err := f.s.ItemReadHead(f.ctx, p)
 	require.NoError(f.t, err)
-	return rows, token
+	return rows
 }
 
-// serve delivers prefetched rows, each under token 1000+id.
-func (f *fixture) serve(rows []Item, token uint64) map[uint64]bool {
+// delivery is the delivery of a row read at its version, under token
+// 1000+id.
+func (f *fixture) delivery(r Item) Delivery {
+	return Delivery{ID: r.ID, Token: 1000 + r.ID, UntilUS: f.nowUS + 30e6, Version: r.UpdatedAt}
+}
+
+// serve delivers rows as read, each under token 1000+id.
+func (f *fixture) serve(rows []Item) map[uint64]bool {
 	f.t.Helper()
 	var ds []Delivery
 	for _, r := range rows {
-		ds = append(ds, Delivery{ID: r.ID, Token: 1000 + r.ID, UntilUS: f.nowUS + 30e6})
+		ds = append(ds, f.delivery(r))
 	}
-	held, err := f.s.ItemServe(f.ctx, ItemServeParams{Deliveries: ds, PrefetchToken: token, NowUS: f.nowUS})
+	held, err := f.s.ItemServe(f.ctx, ItemServeParams{Deliveries: ds, NowUS: f.nowUS})
 	require.NoError(f.t, err)
 	return held
+}
+
+func versions(rows []Item) []RowVersion {
+	out := make([]RowVersion, len(rows))
+	for i, r := range rows {
+		out[i] = RowVersion{ID: r.ID, Version: r.UpdatedAt}
+	}
+	return out
 }
 
 func ids(rows []Item) []uint64 {
@@ -145,17 +159,24 @@ func TestGetNotFound(t *testing.T) {
 func TestLeaseServeAck(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 3, 4, 5, 6)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{Limit: 4})
+	before := f.get(6)
+	rows := f.readHead(ItemReadHeadParams{Limit: 4})
 	require.Equal(t, []uint64{6, 3, 4, 1}, ids(rows), "ready index order: priority, deliver_after, id")
-	require.True(t, f.get(6).Prefetched())
-	require.Zero(t, f.get(6).Attempts, "a prefetch counts no attempt")
+	require.Equal(t, before, f.get(6), "a read writes nothing")
+	require.Equal(t, before.UpdatedAt, rows[0].UpdatedAt, "it returns the row's version")
 
-	// With a tail, only rows before it; rows already prefetched are hidden.
+	// With a tail, only rows before it; excluded rows are left out.
 	tail := rows[3]
-	more, _ := f.leaseHead(ItemLeaseHeadParams{Tail: &tail})
-	require.Empty(t, more)
+	require.Equal(t, []uint64{6, 3, 4}, ids(f.readHead(ItemReadHeadParams{Tail: &tail})))
+	require.Equal(t, []uint64{4}, ids(f.readHead(ItemReadHeadParams{Tail: &tail, Exclude: versions(rows[:2])})))
+	require.Equal(t, []uint64{1, 5, 2}, ids(f.readHead(ItemReadHeadParams{Exclude: versions(rows[:3]), Limit: 3})))
+	// A row excluded at a version it no longer has is read: the caller's
+	// copy is stale.
+	stale := versions(rows[:2])
+	stale[1].Version--
+	require.Equal(t, []uint64{3, 4}, ids(f.readHead(ItemReadHeadParams{Tail: &tail, Exclude: stale})))
 
-	held := f.serve(rows[:2], token)
+	held := f.serve(rows[:2])
 	require.Equal(t, map[uint64]bool{6: true, 3: true}, held)
 	got := f.get(6)
 	require.Equal(t, uint64(1006), got.LeaseToken)
@@ -178,51 +199,44 @@ func TestLeaseServeAck(t *testing.T) {
 	require.ErrorIs(t, res[0], ErrNotFound)
 }
 
-// TestServeSkipsChangedRows: a row updated, deleted or released since its
-// prefetch is not served.
+// TestServeSkipsChangedRows: a row updated, deleted, served elsewhere or
+// nacked since it was read is not served from the copy read before.
 func TestServeSkipsChangedRows(t *testing.T) {
 	f := newFixture(t)
-	f.enqueue(1, 3, 6, 9, 12)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	require.Len(t, rows, 4)
+	f.enqueue(1, 3, 6, 9, 12, 15)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Equal(t, []uint64{15, 12, 9, 6, 3}, ids(rows))
+	// An update by a writer whose clock is behind: updated_at still moves.
 	_, err := f.s.ItemUpdate(f.ctx, ItemUpdateParams{Namespace: ns, ID: 3, Update: func(r *Item) error {
-		r.LeaseToken = 0 // as routing does for a prefetched row
+		r.Metadata = []byte(`{"v":"new"}`)
+		r.UpdatedAt -= 5e6
 		return nil
 	}})
 	require.NoError(t, err)
+	require.Greater(t, f.get(3).UpdatedAt, rows[4].UpdatedAt, "a version never goes back")
 	require.NoError(t, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: 6, Now: f.now}))
-	require.Equal(t, []uint64{12, 9, 6, 3}, ids(rows))
-	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{Rows: rows[1:2], Token: token, NowUS: f.nowUS}))
-	held := f.serve(rows, token)
-	require.Equal(t, map[uint64]bool{12: true}, held)
+	// 9 is served by another owner, then nacked: ready again, at a new
+	// version.
+	require.Equal(t, map[uint64]bool{9: true}, f.serve(rows[2:3]))
+	res, _, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS, Nacks: []Nack{{LeaseRef: LeaseRef{Key: 9, Token: 1009}, Release: true}}})
+	require.NoError(t, err)
+	require.NoError(t, res[0])
+	require.Equal(t, f.nowUS, f.get(9).DeliverAfter, "9 is ready again")
+	held := f.serve(rows)
+	require.Equal(t, map[uint64]bool{15: true, 12: true}, held)
 	require.Zero(t, f.get(3).Attempts)
+	require.Zero(t, f.get(9).Attempts, "the stale copy of 9 was not served")
+	// Read again, 9 and 3 are served at their new versions.
+	again := f.readHead(ItemReadHeadParams{})
+	require.Equal(t, []uint64{3, 9}, ids(again), "9 ready since the nack (now), 3 since now-3")
+	require.Equal(t, map[uint64]bool{9: true, 3: true}, f.serve(again))
 }
 
-func TestRefreshAndRelease(t *testing.T) {
-	f := newFixture(t)
-	f.enqueue(1, 1, 2)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	held, err := f.s.ItemRefreshPrefetch(f.ctx, ItemRefreshPrefetchParams{IDs: ids(rows), Token: token, UntilUS: f.nowUS + 9e6, NowUS: f.nowUS})
-	require.NoError(t, err)
-	require.Equal(t, map[uint64]bool{1: true, 2: true}, held)
-	require.Equal(t, f.nowUS+9e6, f.get(1).DeliverAfter)
-
-	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{Rows: rows[:1], Token: token, NowUS: f.nowUS}))
-	got := f.get(rows[0].ID)
-	require.Zero(t, got.LeaseToken)
-	require.Equal(t, rows[0].DeliverAfter, got.DeliverAfter, "released at its old place in the order")
-
-	held, err = f.s.ItemRefreshPrefetch(f.ctx, ItemRefreshPrefetchParams{IDs: ids(rows), Token: token, UntilUS: f.nowUS + 9e6, NowUS: f.nowUS})
-	require.NoError(t, err)
-	require.Equal(t, map[uint64]bool{rows[1].ID: true}, held, "a released row is no longer held")
-	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{NowUS: f.nowUS}), "nothing to release")
-}
-
-// TestPrefetchedRowsKeepTheirReadyTime: the prefetch lease moves
-// deliver_after to its expiry, yet the stats' oldest ready age and a
-// release go by when the row became ready, also after the prefetch lease
-// lapsed and another owner took the row.
-func TestPrefetchedRowsKeepTheirReadyTime(t *testing.T) {
+// TestReadLeavesReadyTime: a read writes nothing, so the stats' oldest
+// ready age is the rows' own; rows an older version prefetched (lease
+// token, no leased_until, ready_since kept) still count as ready since
+// then.
+func TestReadLeavesReadyTime(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 4) // priorities 1, 2, 1; ready at now-1, now-2, now-4
 	oldest := func(nowUS int64) map[int32]int64 {
@@ -243,29 +257,18 @@ func TestPrefetchedRowsKeepTheirReadyTime(t *testing.T) {
 	}
 	want := map[int32]int64{1: f.nowUS - 4, 2: f.nowUS - 2}
 	require.Equal(t, want, oldest(f.nowUS))
+	require.Len(t, f.readHead(ItemReadHeadParams{}), 3)
+	require.Equal(t, want, oldest(f.nowUS), "read rows are ready since they were")
 
-	rows, _ := f.leaseHead(ItemLeaseHeadParams{})
-	require.Len(t, rows, 3)
-	require.Equal(t, want, oldest(f.nowUS), "prefetched rows are ready since they were")
-
-	// The prefetch lease lapses (its owner died); another owner takes the
-	// rows, and their ready time stays the first one.
+	// Row 4 as an older version left it: prefetched until now+5 s.
+	f.db.MustExecContext(f.ctx, "UPDATE items SET ready_since = deliver_after, deliver_after = ?, lease_token = 77 WHERE id = 4", f.nowUS+5e6)
+	require.True(t, f.get(4).Prefetched())
+	require.Equal(t, want, oldest(f.nowUS))
 	later := f.nowUS + 6e6
-	rows, token, _, err := f.s.ItemLeaseHead(f.ctx, ItemLeaseHeadParams{Namespace: ns, Topic: topic, PriorityLo: math.MinInt32, PriorityHi: math.MaxInt32,
-		Limit: 10, NowUS: later, PrefetchUntilUS: later + 5e6})
+	rows, _, err := f.s.ItemReadHead(f.ctx, ItemReadHeadParams{Namespace: ns, Topic: topic, PriorityLo: math.MinInt32, PriorityHi: math.MaxInt32,
+		Limit: 10, NowUS: later})
 	require.NoError(t, err)
-	require.Len(t, rows, 3)
-	require.Equal(t, f.nowUS+5e6, rows[0].DeliverAfter, "read with the lapsed prefetch lease's expiry")
-	require.Equal(t, want, oldest(later))
-
-	// Released, they are ready at their first ready time again, not at the
-	// expiry they were read with.
-	require.NoError(t, f.s.ItemRelease(f.ctx, ItemReleaseParams{Rows: rows, Token: token, NowUS: later}))
-	for _, id := range []uint64{1, 2, 4} {
-		require.Equal(t, f.nowUS-int64(id), f.get(id).DeliverAfter, "item %d", id)
-	}
-	require.Equal(t, want, oldest(later))
-	require.Zero(t, f.count("SELECT COUNT(*) FROM items WHERE ready_since IS NOT NULL"), "a released row is not prefetched")
+	require.Equal(t, []uint64{1, 4, 2}, ids(rows), "its lapsed prefetch lease makes it ready, in its place after it")
 }
 
 // TestLeaseHeadRetires: rows out of attempts are dead-lettered and, on
@@ -284,7 +287,7 @@ func TestLeaseHeadRetires(t *testing.T) {
 	require.NoError(t, err)
 
 	ready3 := f.get(3).DeliverAfter
-	rows, _ := f.leaseHead(ItemLeaseHeadParams{MaxAttempts: 3, AtMostOnce: true, DedupWindow: time.Hour})
+	rows := f.readHead(ItemReadHeadParams{MaxAttempts: 3, AtMostOnce: true, DedupWindow: time.Hour})
 	require.Equal(t, []uint64{3}, ids(rows))
 	require.Equal(t, 2, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE expires_at = ?", f.nowUS+time.Hour.Microseconds()))
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items"))
@@ -299,7 +302,7 @@ func TestLeaseHeadRetires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.DeadLetters)
 	require.Equal(t, int64(1), st.Total)
-	require.Equal(t, []PriorityReady{{Priority: 0, Ready: 1, Oldest: ready3}}, st.Ready, "a prefetched row is ready since it was")
+	require.Equal(t, []PriorityReady{{Priority: 0, Ready: 1, Oldest: ready3}}, st.Ready, "a read row is ready since it was")
 
 	n, err := f.s.DeadLetterRedrive(f.ctx, DeadLetterRedriveParams{Namespace: ns, Topic: topic, NowUS: f.nowUS})
 	require.NoError(t, err)
@@ -340,8 +343,8 @@ func TestDeadLetterListAndRedriveKeys(t *testing.T) {
 func TestNack(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 3)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	f.serve(rows, token)
+	rows := f.readHead(ItemReadHeadParams{})
+	f.serve(rows)
 	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 5 WHERE id = 3")
 	require.NoError(t, err)
 	backoffs := 0
@@ -370,9 +373,9 @@ func TestNack(t *testing.T) {
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dead_letters WHERE id = 3 AND last_error = 'nacked after 5 deliveries'"))
 
 	// A merge too large refuses the whole batch.
-	rows, token = f.leaseHead(ItemLeaseHeadParams{})
+	rows = f.readHead(ItemReadHeadParams{})
 	require.Equal(t, []uint64{1}, ids(rows))
-	f.serve(rows, token)
+	f.serve(rows)
 	_, _, err = f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS, Nacks: []Nack{
 		{LeaseRef: LeaseRef{Key: 1, Token: 1001}, Metadata: map[string]string{"big": strings.Repeat("x", MaxMetadataBytes)}}}})
 	require.ErrorIs(t, err, ErrMetadataTooLarge)
@@ -382,8 +385,8 @@ func TestNack(t *testing.T) {
 func TestNackDeadLetterAndRelease(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 3)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	f.serve(rows, token)
+	rows := f.readHead(ItemReadHeadParams{})
+	f.serve(rows)
 	// 3 is on its last attempt: a release must not dead-letter it.
 	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 5 WHERE id = 3")
 	require.NoError(t, err)
@@ -413,8 +416,8 @@ func TestNackDeadLetterAndRelease(t *testing.T) {
 func TestExtend(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	f.serve(rows, token)
+	rows := f.readHead(ItemReadHeadParams{})
+	f.serve(rows)
 	until, err := f.s.ItemExtend(f.ctx, ItemExtendParams{Namespace: ns, Ref: LeaseRef{Key: 1, Token: 1001}, Now: f.now})
 	require.NoError(t, err)
 	require.Equal(t, f.now.Add(30*time.Second).UnixMicro(), until.UnixMicro(), "the item's own lease")
@@ -429,8 +432,8 @@ func TestUnserve(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2)
 	before := f.get(1).DeliverAfter
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	f.serve(rows, token)
+	rows := f.readHead(ItemReadHeadParams{})
+	f.serve(rows)
 	require.NoError(t, f.s.ItemUnserve(f.ctx, ItemUnserveParams{Namespace: ns, NowUS: f.nowUS, Items: []Undelivered{
 		{LeaseRef: LeaseRef{Key: 1, Token: 1001}, DeliverAfterUS: before},
 		{LeaseRef: LeaseRef{Key: 2, Token: 7}, DeliverAfterUS: 0}}}))
@@ -460,7 +463,8 @@ func TestUpdateAndDelete(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Equal(t, int32(1), row.Priority)
-	require.Equal(t, int64(77), f.get(1).UpdatedAt)
+	require.Equal(t, f.nowUS+1, f.get(1).UpdatedAt, "a version never goes back, whatever the writer's clock")
+	require.Equal(t, f.nowUS+1, row.UpdatedAt, "the row as written")
 
 	require.Equal(t, ErrNotFound, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: "other", ID: 1, Now: f.now}))
 	require.NoError(t, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: 1, DedupWindow: time.Minute, Now: f.now}))
@@ -585,8 +589,8 @@ func TestAckRetriesRealDeadlock(t *testing.T) {
 	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 1, Items: []*peerv1.BufferedItem{{Key: 1, DedupKey: "k"}}}
 	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
 	require.NoError(t, err)
-	rows, token := f.leaseHead(ItemLeaseHeadParams{})
-	f.serve(rows, token)
+	rows := f.readHead(ItemReadHeadParams{})
+	f.serve(rows)
 
 	other, err := f.db.BeginTxx(f.ctx, nil)
 	require.NoError(t, err)

@@ -500,8 +500,8 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 }
 
 // Stop shuts the roles down gracefully: servers first (in-flight requests
-// finish, bounded by 10 s), then the dequeuer hands back prefetched leases
-// and ownership, the enqueuer naks what it pulled, then NATS closes.
+// finish, bounded by 10 s), then the dequeuer drops its buffers and hands
+// back ownership, the enqueuer naks what it pulled, then NATS closes.
 func (n *Node) Stop() {
 	select {
 	case <-n.done:

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -19,6 +20,15 @@ func enqueue(t *testing.T, b *bed, topic string, items ...*triagev1.NewItem) []*
 	require.NoError(t, err)
 	require.Len(t, resp.Results, len(items))
 	return resp.Results
+}
+
+// copies returns n items like it, each its own copy.
+func copies(n int, it *triagev1.NewItem) []*triagev1.NewItem {
+	out := make([]*triagev1.NewItem, n)
+	for i := range out {
+		out[i] = proto.CloneOf(it)
+	}
+	return out
 }
 
 func dequeue(t *testing.T, b *bed, topic string, n int32, lease time.Duration) []*triagev1.LeasedItem {
