@@ -63,8 +63,9 @@ type Config struct {
 	// lease arithmetic on that shard's rows (see "# Clocks" in doc.go).
 	// Default: a Clock of this service's own.
 	Clock *shardmap.Clock
-	// BeforeBuffer, when set, runs after a fetch prefetch-leased keys of a
-	// shard and before they enter the buffer. It is a seam for tests that
+	// BeforeBuffer, when set, runs after a fetch read keys of a shard
+	// (a take's own fetch or a background refill) and before they enter
+	// the buffer. It is a seam for tests that
 	// widen race windows (an update or delete landing mid-fetch).
 	BeforeBuffer func(shard uint32, keys []uint64)
 	// Metrics records deliveries, attempts, enqueue-to-delivery latency,
@@ -272,6 +273,10 @@ func (s *Service) acquire() bool {
 }
 
 func (s *Service) release() { <-s.inflight }
+
+// Serving is how many dequeue requests this dequeuer is serving now,
+// parked long polls included (what MaxInflight bounds).
+func (s *Service) Serving() int { return len(s.inflight) }
 
 // refuse answers a request the dequeuer has no room for.
 func (s *Service) refuse(m *nats.Msg) {
