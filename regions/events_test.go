@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
@@ -112,4 +115,44 @@ func TestHistorySurvivesLeaderChange(t *testing.T) {
 	a.loadHistory(ctx)
 	require.Len(t, a.Events(), 5)
 	require.Equal(t, "by b", a.Events()[4].Details)
+}
+
+// TestHistoryLoadHoldsNoFailover: a new leader's history read, which can
+// hang while JetStream elects stream leaders (a region died with the old
+// controller leader), does not hold the failover lock. It did, and a
+// region-down drill's new leader fenced the dead primary only when the
+// read gave up, 10 s after detecting it.
+func TestHistoryLoadHoldsNoFailover(t *testing.T) {
+	nc, _ := natstest.JetStream(t)
+	// A JetStream API nobody answers: the read hangs as it does while the
+	// history stream has no leader.
+	const prefix = "hung.API"
+	asked := make(chan struct{})
+	var once sync.Once
+	sub, err := nc.Subscribe(prefix+".>", func(*nats.Msg) { once.Do(func() { close(asked) }) })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	js, err := jetstream.NewWithAPIPrefix(nc, prefix)
+	require.NoError(t, err)
+	c := &Controller{cfg: Config{ID: "ctl-new", NC: nc, JS: js}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.loadHistory(ctx)
+	}()
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the history read never asked JetStream")
+	}
+	// The read is in flight: a failover must be able to start now.
+	locked := c.busy.TryLock()
+	if locked {
+		c.busy.Unlock()
+	}
+	cancel()
+	<-done
+	require.True(t, locked, "the history read holds the failover lock")
 }

@@ -109,18 +109,23 @@ func (c *Controller) persist(ctx context.Context) {
 }
 
 // loadHistory merges the history stream's events into this controller's,
-// in time order. It runs when the controller becomes leader, under busy so
-// that no failover's eventsSince sees the list change under it.
+// in time order. It runs when the controller becomes leader. The read
+// holds no lock: a leader elected because a region died finds JetStream
+// electing new stream leaders too, and the read can take its whole bound
+// (10 s). It used to hold busy for it, so the new leader's first failover
+// waited behind the history for the console (region-down drills fenced
+// the dead primary 10 s after detecting it). Only the merge takes busy,
+// so that no failover's eventsSince sees the list change under it.
 func (c *Controller) loadHistory(ctx context.Context) {
-	c.busy.Lock()
-	defer c.busy.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	loaded, err := readHistory(ctx, c.cfg.JS)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	loaded, err := readHistory(rctx, c.cfg.JS)
+	cancel()
 	if err != nil {
 		c.log.Warn("failover history not loaded; the console shows this leader's steps only", "err", err)
 		return
 	}
+	c.busy.Lock()
+	defer c.busy.Unlock()
 	c.mu.Lock()
 	c.events = mergeEvents(loaded, c.events)
 	c.mu.Unlock()
