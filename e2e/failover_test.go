@@ -36,6 +36,12 @@ import (
 // nothing resurrected after ack, no nack undone, no isolated write after
 // publication) are exact.
 //
+// Region-down spreads widest: the control and map buckets' stream leaders
+// die with the region, and nats-server elects new ones after a random
+// 4-9 s. Three runs on 2026-11-24 measured 5.0-11.6 s (after the new
+// leader stopped holding the failover lock while it read the history; a
+// CI run failed here before that, and local runs reached 15.5 s).
+//
 // The compose bed's primary-kill gets its own bound by the same rule: its
 // 31 containers share the 2 cores with the drill, and its dequeues resumed
 // 4.9-7.7 s after the kill in the local runs of 2026-11-23. In a CI run
