@@ -29,4 +29,14 @@
 // also keeps out a server holding the login but no certificate. The beds
 // join the regions' servers into one cluster by routes (no gateways or
 // leaf nodes), so routes are the only server-to-server links to guard.
+//
+// # Raft timing
+//
+// The first Start of a process sets nats-server's Raft heartbeat (250 ms),
+// election timeout (1.5-3.5 s, from 4-9 s) and lost-quorum interval (5 s,
+// from 10 s) through go:linkname (raft.go): nats-server has no option for
+// them, and a region that dies with the leaders of the shard map bucket,
+// the controller lease and the enqueue buffers stops every region's
+// writes until new leaders are elected. The values are those nats-server's
+// own test suite runs its clusters with, but for a gentler heartbeat.
 package natsserver

@@ -66,8 +66,10 @@ type Config struct {
 // server's default (2s) is tight for a route across a slow WAN link.
 const tlsTimeout = 5
 
-// Start runs a server and waits until it accepts clients.
+// Start runs a server and waits until it accepts clients. The process's
+// first Start sets nats-server's Raft timing (raft.go).
 func Start(cfg Config) (*server.Server, error) {
+	tuneRaft()
 	if cfg.StoreDir == "" {
 		return nil, fmt.Errorf("natsserver: StoreDir is required")
 	}
