@@ -181,9 +181,9 @@ const ConfirmKey = "confirm"
 // answered by any replica, also one cut off from the others, from its
 // stale copy. $JS.API.STREAM.MSG.GET is answered by the stream leader, but
 // a leader cut off into a minority keeps believing it leads, and answering,
-// until it notices the lost quorum (nats-server checks every 10 s), while
-// the majority has elected another leader and a failover has published a
-// new map there.
+// until it notices the lost quorum (after 10 s by default, 5 s with the
+// embedded servers' timing, natsserver/raft.go), while the majority has
+// elected another leader and a failover has published a new map there.
 //
 // So every round publishes a probe, a unique token, to ConfirmKey, and
 // Watch's ordered consumer, which also carries the map's key, reports
