@@ -1062,11 +1062,15 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 	// and a demotion of the real primary if s is stale (a controller that
 	// just came back from a partition leads with the map it had). Act only
 	// as the leader now, and only if the bucket still names s.Primary at
-	// s's epoch.
+	// s's epoch, read so that a lagging replica cannot answer
+	// (LoadCurrent): a compose partition drill's us-east controller, back
+	// from the cut, read its own NATS server's stale copy and demoted the
+	// new primary, and the enqueues committed there since were lost.
 	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
 		return
 	}
-	if m, err := shardmap.Load(ctx, c.cfg.MapKV); err != nil {
+	if m, err := shardmap.LoadCurrent(ctx, c.cfg.MapKV); err != nil {
+		c.log.Warn("rejoin skipped: the stored shard map could not be proven current", "shard", s.ID, "server", r, "err", err)
 		return
 	} else if cur, ok := m.Shard(s.ID); !ok || cur.Epoch != s.Epoch || cur.Primary != s.Primary || cur.Fenced {
 		c.log.Warn("rejoin skipped: the stored shard map moved on", "shard", s.ID, "server", r, "primary_in_memory", s.Primary)

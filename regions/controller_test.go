@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,23 @@ type cluster struct {
 	maps     *shardmap.Holder
 	ctl      *Controller
 	ctlNC    *nats.Conn // ctl's own connection, so a test can cut it off
+	ctlKV    *laggingKV // ctl's view of the map bucket, so a test can make it lag
 	natsURL  string
+}
+
+// laggingKV answers Get of the shard map from revision lag when it is set,
+// as a direct get answered by a NATS server that has not caught up does
+// (one back from a partition). Everything else goes to the bucket.
+type laggingKV struct {
+	jetstream.KeyValue
+	lag atomic.Uint64
+}
+
+func (k *laggingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if rev := k.lag.Load(); rev != 0 && key == shardmap.Key {
+		return k.KeyValue.GetRevision(ctx, key, rev)
+	}
+	return k.KeyValue.Get(ctx, key)
 }
 
 func start(t *testing.T, id int) *mariadb.Server {
@@ -121,22 +138,23 @@ func setup(t *testing.T) *cluster {
 		go o.Run(runCtx)
 	}
 	c := &cluster{t: t, primary: p, replica: r, replica2: r2, maps: maps, natsURL: nc.ConnectedUrl()}
-	c.ctl, c.ctlNC = c.newController("ctl-1")
+	c.ctl, c.ctlNC, c.ctlKV = c.newController("ctl-1")
 	require.Eventually(t, c.ctl.isLeader, 10*time.Second, 20*time.Millisecond)
 	return c
 }
 
 // newController starts a controller as a separate node would run it: its
 // own NATS connection, shard-map holder and watch.
-func (c *cluster) newController(id string) (*Controller, *nats.Conn) {
+func (c *cluster) newController(id string) (*Controller, *nats.Conn, *laggingKV) {
 	t := c.t
 	nc, err := nats.Connect(c.natsURL, nats.MaxReconnects(0))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	kv, err := shardmap.OpenBucket(t.Context(), js, 1)
+	bucket, err := shardmap.OpenBucket(t.Context(), js, 1)
 	require.NoError(t, err)
+	kv := &laggingKV{KeyValue: bucket}
 	m, err := shardmap.Load(t.Context(), kv)
 	require.NoError(t, err)
 	maps := shardmap.NewHolder(m)
@@ -148,7 +166,7 @@ func (c *cluster) newController(id string) (*Controller, *nats.Conn) {
 		Detect:  time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)})
 	require.NoError(t, err)
 	require.NoError(t, ctl.Run(runCtx))
-	return ctl, nc
+	return ctl, nc, kv
 }
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -222,6 +240,8 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 		require.NoError(t, err)
 	}
 	before := c.ctl.cfg.Maps.Current()
+	stored, err := c.ctlKV.KeyValue.Get(t.Context(), shardmap.Key)
+	require.NoError(t, err)
 	res, err := c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, ToRegion: "b", Planned: true})
 	require.NoError(t, err)
 	require.Equal(t, c.replica.Addr(), res.NewPrimary)
@@ -255,6 +275,14 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 	c.ctl.rejoin(t.Context(), before)
 	_, err = rdb.Exec("INSERT INTO t VALUES (23)")
 	require.NoError(t, err, "a rejoin from a stale map demoted the new primary")
+	// Nor when the bucket's copy it reads lags too (its NATS server is back
+	// from the same partition and has not caught up): it agrees with the
+	// stale map, and only a read the bucket's leader commits tells.
+	c.ctlKV.lag.Store(stored.Revision())
+	c.ctl.rejoin(t.Context(), before)
+	c.ctlKV.lag.Store(0)
+	_, err = rdb.Exec("INSERT INTO t VALUES (24)")
+	require.NoError(t, err, "a rejoin from a stale map, confirmed by a lagging read, demoted the new primary")
 	// A planned switchover of a shard whose primary is down is refused.
 	require.NoError(t, c.replica.Kill())
 	_, err = c.ctl.Failover(t.Context(), FailoverRequest{Shard: 1, Planned: true})
@@ -343,7 +371,7 @@ func TestTwoControllersOnePromotion(t *testing.T) {
 	t.Parallel()
 	c := setup(t)
 	a := c.ctl
-	b, _ := c.newController("ctl-2")
+	b, _, _ := c.newController("ctl-2")
 	cutOff := make(chan struct{})
 	a.stepHook = func(_ uint32, step string) {
 		if step != "promote" {

@@ -65,6 +65,32 @@ func Load(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
 	return Parse(e.Value())
 }
 
+// LoadCurrent returns the stored map, proven the current one by a
+// compare-and-set: it writes the same value back at the revision it read,
+// which the bucket's leader commits only if no newer revision exists and
+// only with a quorum. Load cannot prove that: its direct get is answered
+// by any replica, also one that lags (a NATS server back from a partition
+// catching up) or is cut off. A controller checks this before an
+// irreversible step that no write of the bucket guards (rejoining a server
+// as a replica of the primary it names): a stale read made it demote the
+// real primary. The rewrite changes no map (watchers ignore a version they
+// hold) and costs one commit, so it is for rare steps only. A conflict is
+// ErrConflict.
+func LoadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
+	e, err := kv.Get(ctx, Key)
+	if err != nil {
+		return nil, fmt.Errorf("load shard map: %w", err)
+	}
+	m, err := Parse(e.Value())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := kv.Update(ctx, Key, e.Value(), e.Revision()); err != nil {
+		return nil, fmt.Errorf("%w: revision %d (version %d) is not the stored one: %v", ErrConflict, e.Revision(), m.Version, err)
+	}
+	return m, nil
+}
+
 // ErrConflict means the stored map moved on since the one a change was
 // based on; reload and retry.
 var ErrConflict = errors.New("shard map changed concurrently")
