@@ -200,7 +200,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	go c.keepHistory(ctx)
 	go c.campaign(ctx)
 	go c.every(ctx, evaluateEvery, c.evaluate)
-	go c.every(ctx, rejoinEvery, func(ctx context.Context) { c.rejoin(ctx, c.cfg.Maps.Current()) })
+	go c.every(ctx, rejoinEvery, func(ctx context.Context) {
+		// A map the bucket has not confirmed lately may be long gone (this
+		// controller is back from a partition): wait for the watch to
+		// catch up. rejoinOne's LoadCurrent is what keeps the step safe;
+		// this spares it attempts bound to be refused.
+		if c.cfg.Maps.Unconfirmed() > shardmap.MaxStaleness {
+			return
+		}
+		c.rejoin(ctx, c.cfg.Maps.Current())
+	})
 	return nil
 }
 
