@@ -95,6 +95,13 @@
 // threads both run, and a replica stopped on an error against the current
 // primary (1236: diverged) raises an alarm: it must be rebuilt. It never serves as a second primary: the map
 // names one primary, and the old one is read-only before it is repointed.
+// Rejoining is irreversible and a demotion of the real primary if the map
+// it acts on is stale, so it acts only as the leader, only while its map
+// is confirmed, and only once shardmap.LoadCurrent (a compare-and-set the
+// bucket's leader commits) proves the stored map still names that primary
+// at that epoch. A direct get is not enough: a controller back from a
+// partition read its own NATS server's lagging copy, which agreed with its
+// stale map, and demoted the new primary.
 //
 // Metrics (Config.Metrics on the controller and the Observer): failovers
 // by kind and result, the time each step of a failover took since the
@@ -108,5 +115,7 @@
 // controller that becomes leader loads the stream, so the history the
 // console shows (EventsSubject) survives leader changes, as in a
 // region-down drill. Publishing is asynchronous and retried for a minute:
-// it never holds a failover back.
+// it never holds a failover back, and neither does loading, which takes
+// the failover lock only to merge what it read (the read can wait out its
+// 10 s bound while JetStream elects the stream's leader).
 package regions
