@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
+	"github.com/triage-queue/triage/shardmap/shardmaptest"
 )
 
 func TestMain(m *testing.M) { os.Exit(mariadbtest.MainCheckingLeaks(m)) }
@@ -44,24 +44,9 @@ type cluster struct {
 	replica2 *mariadb.Server // in region c
 	maps     *shardmap.Holder
 	ctl      *Controller
-	ctlNC    *nats.Conn // ctl's own connection, so a test can cut it off
-	ctlKV    *laggingKV // ctl's view of the map bucket, so a test can make it lag
+	ctlNC    *nats.Conn              // ctl's own connection, so a test can cut it off
+	ctlKV    *shardmaptest.LaggingKV // ctl's view of the map bucket, so a test can make it lag
 	natsURL  string
-}
-
-// laggingKV answers Get of the shard map from revision lag when it is set,
-// as a direct get answered by a NATS server that has not caught up does
-// (one back from a partition). Everything else goes to the bucket.
-type laggingKV struct {
-	jetstream.KeyValue
-	lag atomic.Uint64
-}
-
-func (k *laggingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	if rev := k.lag.Load(); rev != 0 && key == shardmap.Key {
-		return k.KeyValue.GetRevision(ctx, key, rev)
-	}
-	return k.KeyValue.Get(ctx, key)
 }
 
 func start(t *testing.T, id int) *mariadb.Server {
@@ -145,7 +130,7 @@ func setup(t *testing.T) *cluster {
 
 // newController starts a controller as a separate node would run it: its
 // own NATS connection, shard-map holder and watch.
-func (c *cluster) newController(id string) (*Controller, *nats.Conn, *laggingKV) {
+func (c *cluster) newController(id string) (*Controller, *nats.Conn, *shardmaptest.LaggingKV) {
 	t := c.t
 	nc, err := nats.Connect(c.natsURL, nats.MaxReconnects(0))
 	require.NoError(t, err)
@@ -154,7 +139,7 @@ func (c *cluster) newController(id string) (*Controller, *nats.Conn, *laggingKV)
 	require.NoError(t, err)
 	bucket, err := shardmap.OpenBucket(t.Context(), js, 1)
 	require.NoError(t, err)
-	kv := &laggingKV{KeyValue: bucket}
+	kv := &shardmaptest.LaggingKV{KeyValue: bucket}
 	m, err := shardmap.Load(t.Context(), kv)
 	require.NoError(t, err)
 	maps := shardmap.NewHolder(m)
@@ -278,9 +263,9 @@ func TestPlannedSwitchoverAndRejoin(t *testing.T) {
 	// Nor when the bucket's copy it reads lags too (its NATS server is back
 	// from the same partition and has not caught up): it agrees with the
 	// stale map, and only a read the bucket's leader commits tells.
-	c.ctlKV.lag.Store(stored.Revision())
+	c.ctlKV.Lag.Store(stored.Revision())
 	c.ctl.rejoin(t.Context(), before)
-	c.ctlKV.lag.Store(0)
+	c.ctlKV.Lag.Store(0)
 	_, err = rdb.Exec("INSERT INTO t VALUES (24)")
 	require.NoError(t, err, "a rejoin from a stale map, confirmed by a lagging read, demoted the new primary")
 	// A planned switchover of a shard whose primary is down is refused.

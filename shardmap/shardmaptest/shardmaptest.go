@@ -1,7 +1,11 @@
 package shardmaptest
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -35,4 +39,21 @@ func (l *LandsDuringRead) Current() *shardmap.Map {
 		l.Holder.Offer(next)
 	}
 	return m
+}
+
+// LaggingKV is a shard-map bucket whose Get of the map answers from
+// revision Lag when Lag is set, as a direct get answered by a NATS server
+// that has not caught up does (one back from a partition). Everything
+// else, writes included, goes to the bucket.
+type LaggingKV struct {
+	jetstream.KeyValue
+	Lag atomic.Uint64
+}
+
+// Get reads key, the map from revision Lag when that is set.
+func (k *LaggingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if rev := k.Lag.Load(); rev != 0 && key == shardmap.Key {
+		return k.KeyValue.GetRevision(ctx, key, rev)
+	}
+	return k.KeyValue.Get(ctx, key)
 }
