@@ -132,6 +132,10 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 	p := &prober{h: h, log: logger, id: nuid.Next(), sent: map[string]time.Time{}, acked: map[string]time.Time{},
 		reset: make(chan struct{}, 1)}
 	go p.run(ctx, js)
+	// liveWithin bounds how long a new watch may take to deliver its
+	// initial values (see below); it doubles while watches keep missing it,
+	// so a slow store is not restarted forever, and resets once one is live.
+	liveWithin := watchLiveWithin
 	for ctx.Err() == nil {
 		w, err := kv.WatchFiltered(ctx, []string{Key, ConfirmKey})
 		if err != nil {
@@ -142,12 +146,24 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		// live turns true at the end of the initial values: from then on
 		// the watch delivers every message on the two keys in stream order.
 		live := false
+		// A watch whose consumer was placed on a server that is cut off
+		// never goes live, and until it does no probe counts as stuck
+		// (checkStuck), so nothing restarted it until the client's own
+		// heartbeat check, seconds later: in a partition drill the
+		// majority's routers got the new map 5 s after it was published.
+		notLive := time.NewTimer(liveWithin)
 	updates:
 		for {
 			var e jetstream.KeyValueEntry
 			select {
 			case <-ctx.Done():
 				break updates
+			case <-notLive.C:
+				if !live {
+					logger.Warn("restarting the shard map watch: it delivered no initial values", "within", liveWithin)
+					liveWithin = min(2*liveWithin, maxWatchLiveWithin)
+					break updates
+				}
 			case <-p.reset:
 				// The watch's consumer may sit on a server that went away;
 				// the client notices only after missed heartbeats (seconds,
@@ -163,6 +179,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 			switch {
 			case e == nil:
 				live = true
+				liveWithin = watchLiveWithin
 				p.watchLive()
 			case e.Operation() != jetstream.KeyValuePut:
 			case e.Key() == ConfirmKey:
@@ -180,11 +197,20 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 				}
 			}
 		}
+		notLive.Stop()
 		_ = w.Stop()
 		p.watchDown()
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
 }
+
+// watchLiveWithin is how long a new watch may take to deliver the map
+// before it is restarted; after each miss it doubles, up to
+// maxWatchLiveWithin.
+const (
+	watchLiveWithin    = MaxStaleness / 2
+	maxWatchLiveWithin = 8 * time.Second
+)
 
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

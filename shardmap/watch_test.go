@@ -1,0 +1,59 @@
+package shardmap
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+)
+
+// hungFirstWatch is a bucket whose first watch never delivers anything,
+// as one whose consumer was placed on a server that is cut off.
+type hungFirstWatch struct {
+	jetstream.KeyValue
+	watches atomic.Int32
+}
+
+func (k *hungFirstWatch) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	if k.watches.Add(1) == 1 {
+		return hungWatcher{}, nil
+	}
+	return k.KeyValue.WatchFiltered(ctx, keys, opts...)
+}
+
+type hungWatcher struct{}
+
+func (hungWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
+func (hungWatcher) Stop() error                             { return nil }
+
+// TestWatchRestartsAWatchThatNeverGoesLive: a watch that delivers no
+// initial values is restarted after watchLiveWithin, so the process is
+// confirmed by the next one. Only a live watch's probes could count as
+// stuck, so nothing restarted it and the process stayed unconfirmed (in a
+// partition drill, for seconds, until the NATS client's heartbeat check).
+func TestWatchRestartsAWatchThatNeverGoesLive(t *testing.T) {
+	ctx := t.Context()
+	_, js := natstest.JetStream(t)
+	bucket, err := OpenBucket(ctx, js, 1)
+	require.NoError(t, err)
+	m, err := Parse([]byte(twoShards))
+	require.NoError(t, err)
+	_, err = Bootstrap(ctx, bucket, m)
+	require.NoError(t, err)
+	kv := &hungFirstWatch{KeyValue: bucket}
+	h := NewHolder(m)
+	wctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go Watch(wctx, js, kv, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cctx, ccancel := context.WithTimeout(ctx, watchLiveWithin+5*time.Second)
+	defer ccancel()
+	require.NoError(t, h.WaitConfirmed(cctx), "the hung watch was never replaced")
+	require.GreaterOrEqual(t, kv.watches.Load(), int32(2))
+}
