@@ -463,12 +463,7 @@ func (b *syncBuffer) String() string {
 // default expiry; the worker's pulls expire every pullExpiry.
 func TestWorkerPullsFromANewConsumerLeader(t *testing.T) {
 	t.Parallel()
-	servers := natstest.Cluster(t, 3)
-	nc, err := nats.Connect(servers[0].ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	servers, nc, js := natstest.Cluster(t, 3)
 	logs := &syncBuffer{}
 	b := setupOn(t, nc, js, StreamConfig{Replicas: 3}, logs)
 	b.publish(t, batch(1, "t", "", 1))

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
@@ -20,12 +19,7 @@ import (
 // leader hears from its followers about every RaftHeartbeat, where with
 // nats-server's default (1 s) the last contact reaches about a second.
 func TestRaftHeartbeatIsTuned(t *testing.T) {
-	servers := natstest.Cluster(t, 3)
-	nc, err := nats.Connect(servers[0].ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
+	servers, _, js := natstest.Cluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RAFT", Subjects: []string{"raft"}, Replicas: 3})

@@ -36,10 +36,12 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 }
 
 // Cluster starts n routed embedded servers with JetStream (named s0…),
-// waits until JetStream has a meta leader, and stops them when t ends.
-// Tests of what a replicated stream or consumer does when a server goes
-// (leader elections, lost pull requests) shut one down with Shutdown.
-func Cluster(t testing.TB, n int) []*server.Server {
+// waits until JetStream has a meta leader, and stops them when t ends. It
+// returns them with a connection to s0 and its JetStream context, closed
+// when t ends. Tests of what a replicated stream or consumer does when a
+// server goes (leader elections, lost pull requests) shut one down with
+// Shutdown.
+func Cluster(t testing.TB, n int) ([]*server.Server, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	ports := make([]int, n)
 	routes := make([]string, n)
@@ -65,7 +67,7 @@ func Cluster(t testing.TB, n int) []*server.Server {
 	if err != nil {
 		t.Fatalf("natstest: connect: %v", err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
@@ -76,7 +78,7 @@ func Cluster(t testing.TB, n int) []*server.Server {
 		_, err := js.AccountInfo(ctx)
 		cancel()
 		if err == nil {
-			return servers
+			return servers, nc, js
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("natstest: the cluster's JetStream is not ready after 30s: %v", err)
