@@ -273,9 +273,34 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	sleep(ctx, cfg.Warmup)
 
 	fault := Fault{Scenario: cfg.Scenario, Region: cfg.Region, Shard: cfg.Shard}
+	// The failover is watched from before the injection: the compose bed's
+	// docker CLI can take seconds to return after the fault took effect,
+	// and a watch started only then saw the new primary that much later.
+	// It times what it sees once it knows when the fault took effect.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	faultKnown := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		faultAt := func() (time.Time, bool) {
+			select {
+			case <-faultKnown:
+				return f.faultAt, true
+			case <-watchCtx.Done():
+				return time.Time{}, false
+			}
+		}
+		watchFailover(watchCtx, admin, primaries, f.shards, f.published, faultAt, progress)
+		if len(f.published) == len(f.shards) {
+			rp(PhaseFailedOver)
+		}
+	}()
 	injecting := time.Now()
 	inj, err := cfg.Bed.Inject(ctx, fault)
 	if err != nil {
+		stopWatch()
+		<-watched
 		return nil, fmt.Errorf("inject %s: %w", cfg.Scenario, err)
 	}
 	// The clocks start when the fault took effect: as the bed recorded it,
@@ -295,15 +320,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	rp(PhaseFaulted)
 	fmt.Fprintf(progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
 		injected.Sub(f.faultAt).Round(time.Millisecond), inj.Description, cfg.Hold)
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		watchFailover(watchCtx, admin, primaries, f.shards, f.published, f.faultAt, progress)
-		if len(f.published) == len(f.shards) {
-			rp(PhaseFailedOver)
-		}
-	}()
+	close(faultKnown)
 	sleep(ctx, cfg.Hold)
 	stopWatch()
 	<-watched
@@ -411,7 +428,7 @@ func survives(scenario, faulted, region string) bool {
 // and records, per shard, when it first shows a primary other than the
 // one before the fault and not fenced: the new primary is published.
 func watchFailover(ctx context.Context, admin triagev1.AdminClient, before map[uint32]string, shards map[uint32]bool,
-	published map[uint32]time.Time, faultAt time.Time, progress io.Writer) {
+	published map[uint32]time.Time, faultAt func() (time.Time, bool), progress io.Writer) {
 	for ctx.Err() == nil && len(published) < len(shards) {
 		if m, err := getMap(ctx, admin); err == nil {
 			now := time.Now()
@@ -420,8 +437,10 @@ func watchFailover(ctx context.Context, admin triagev1.AdminClient, before map[u
 					continue
 				}
 				published[s.Id] = now
-				fmt.Fprintf(progress, "shard %d: new primary %s (%s, epoch %d) published %s after the fault\n",
-					s.Id, s.Primary, s.PrimaryRegion, s.Epoch, now.Sub(faultAt).Round(time.Millisecond))
+				if at, ok := faultAt(); ok {
+					fmt.Fprintf(progress, "shard %d: new primary %s (%s, epoch %d) published %s after the fault\n",
+						s.Id, s.Primary, s.PrimaryRegion, s.Epoch, now.Sub(at).Round(time.Millisecond))
+				}
 			}
 		}
 		sleep(ctx, 100*time.Millisecond)
