@@ -64,7 +64,8 @@
 // successful call sent after it that touched a faulted shard (see
 // Report.DequeueRTOMS); the headline figure is the slowest surviving
 // router. "The fault" is the moment it took effect, as the bed recorded
-// it (the compose bed reads docker's record of the kill or disconnect), or
-// else the moment the bed's Inject returned: a call sent while it was being
-// injected might have been served before it took effect.
+// it, never later (the compose bed: when it asked docker to kill, or the
+// disconnect's event; docker's own record of a kill comes up to 1.8 s
+// late), or else the moment the bed's Inject returned: a call sent while
+// it was being injected might have been served before it took effect.
 package drill
