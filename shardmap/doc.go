@@ -87,7 +87,12 @@
 //     cut-off one, and a cut-off stream leader keeps answering for seconds
 //     after the majority elected another. A process in a minority
 //     partition thus stops writing within MaxStaleness. Processes start
-//     their roles only after the first confirmation (WaitConfirmed);
+//     their roles only after the first confirmation (WaitConfirmed). A
+//     watch that does not start, or deliver its initial values, within
+//     a second (doubling to 8 s while watches keep missing it), or whose
+//     committed probes do not come back within MaxStaleness/2, is
+//     restarted: after a partition, a watch's consumer may sit on the
+//     cut-off server, and its creation may wait on one;
 //   - the primary is not at a later failover epoch than the map. The
 //     controller stores the epoch in the shard's shard_meta table
 //     (StoreEpoch, migration 0006) on the promoted primary before it

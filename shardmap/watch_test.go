@@ -28,6 +28,22 @@ func (k *hungFirstWatch) WatchFiltered(ctx context.Context, keys []string, opts 
 	return k.KeyValue.WatchFiltered(ctx, keys, opts...)
 }
 
+// slowFirstStart is a bucket whose first watch does not start until its
+// context ends, as one whose consumer's creation waits for a server that
+// is cut off or electing.
+type slowFirstStart struct {
+	jetstream.KeyValue
+	watches atomic.Int32
+}
+
+func (k *slowFirstStart) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	if k.watches.Add(1) == 1 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return k.KeyValue.WatchFiltered(ctx, keys, opts...)
+}
+
 type hungWatcher struct{}
 
 func (hungWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
@@ -56,4 +72,33 @@ func TestWatchRestartsAWatchThatNeverGoesLive(t *testing.T) {
 	defer ccancel()
 	require.NoError(t, h.WaitConfirmed(cctx), "the hung watch was never replaced")
 	require.GreaterOrEqual(t, kv.watches.Load(), int32(2))
+}
+
+// TestWatchRestartsAWatchThatDoesNotStart: a watch whose start hangs is
+// given up on after watchLiveWithin and started again. Before, Watch
+// waited for the start, and no timer ran meanwhile: the process stayed
+// unconfirmed for as long as the start took (5.4 s in a compose partition
+// drill; here, for ever).
+func TestWatchRestartsAWatchThatDoesNotStart(t *testing.T) {
+	ctx := t.Context()
+	_, js := natstest.JetStream(t)
+	bucket, err := OpenBucket(ctx, js, 1)
+	require.NoError(t, err)
+	m, err := Parse([]byte(twoShards))
+	require.NoError(t, err)
+	_, err = Bootstrap(ctx, bucket, m)
+	require.NoError(t, err)
+	kv := &slowFirstStart{KeyValue: bucket}
+	h := NewHolder(m)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		Watch(wctx, js, kv, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	cctx, ccancel := context.WithTimeout(ctx, watchLiveWithin+5*time.Second)
+	defer ccancel()
+	require.NoError(t, h.WaitConfirmed(cctx), "the watch that did not start was never replaced")
+	require.Equal(t, int32(2), kv.watches.Load())
 }
