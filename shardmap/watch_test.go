@@ -55,22 +55,9 @@ func (hungWatcher) Stop() error                             { return nil }
 // stuck, so nothing restarted it and the process stayed unconfirmed (in a
 // partition drill, for seconds, until the NATS client's heartbeat check).
 func TestWatchRestartsAWatchThatNeverGoesLive(t *testing.T) {
-	ctx := t.Context()
-	_, js := natstest.JetStream(t)
-	bucket, err := OpenBucket(ctx, js, 1)
-	require.NoError(t, err)
-	m, err := Parse([]byte(twoShards))
-	require.NoError(t, err)
-	_, err = Bootstrap(ctx, bucket, m)
-	require.NoError(t, err)
-	kv := &hungFirstWatch{KeyValue: bucket}
-	h := NewHolder(m)
-	wctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go Watch(wctx, js, kv, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	cctx, ccancel := context.WithTimeout(ctx, watchLiveWithin+5*time.Second)
-	defer ccancel()
-	require.NoError(t, h.WaitConfirmed(cctx), "the hung watch was never replaced")
+	kv := &hungFirstWatch{}
+	watchConfirms(t, func(bucket jetstream.KeyValue) jetstream.KeyValue { kv.KeyValue = bucket; return kv },
+		"the hung watch was never replaced")
 	require.GreaterOrEqual(t, kv.watches.Load(), int32(2))
 }
 
@@ -80,6 +67,17 @@ func TestWatchRestartsAWatchThatNeverGoesLive(t *testing.T) {
 // unconfirmed for as long as the start took (5.4 s in a compose partition
 // drill; here, for ever).
 func TestWatchRestartsAWatchThatDoesNotStart(t *testing.T) {
+	kv := &slowFirstStart{}
+	watchConfirms(t, func(bucket jetstream.KeyValue) jetstream.KeyValue { kv.KeyValue = bucket; return kv },
+		"the watch that did not start was never replaced")
+	require.Equal(t, int32(2), kv.watches.Load())
+}
+
+// watchConfirms runs Watch on a bootstrapped bucket as wrap wraps it, and
+// requires the holder to be confirmed within watchLiveWithin + 5 s. Watch
+// has ended when the test's cleanups are done.
+func watchConfirms(t *testing.T, wrap func(jetstream.KeyValue) jetstream.KeyValue, msg string) {
+	t.Helper()
 	ctx := t.Context()
 	_, js := natstest.JetStream(t)
 	bucket, err := OpenBucket(ctx, js, 1)
@@ -88,17 +86,15 @@ func TestWatchRestartsAWatchThatDoesNotStart(t *testing.T) {
 	require.NoError(t, err)
 	_, err = Bootstrap(ctx, bucket, m)
 	require.NoError(t, err)
-	kv := &slowFirstStart{KeyValue: bucket}
 	h := NewHolder(m)
 	wctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
-		Watch(wctx, js, kv, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		Watch(wctx, js, wrap(bucket), h, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
 	cctx, ccancel := context.WithTimeout(ctx, watchLiveWithin+5*time.Second)
 	defer ccancel()
-	require.NoError(t, h.WaitConfirmed(cctx), "the watch that did not start was never replaced")
-	require.Equal(t, int32(2), kv.watches.Load())
+	require.NoError(t, h.WaitConfirmed(cctx), msg)
 }
