@@ -51,7 +51,7 @@ type composeBed struct {
 //     nothing lost, resurrected after ack or nack undone, nothing
 //     acknowledged by the cut-off region after the new primary was
 //     published, the old primary rejoined as a replica, and RTO within
-//     20 s and 15 s (composePrimaryKillRTO). Partition first: a primary-kill of us-east's shard
+//     20 s and 15 s (composePartitionRTO, composePrimaryKillRTO). Partition first: a primary-kill of us-east's shard
 //     would move it to another region, and the partition would not fault
 //     it;
 //   - growing online: the spare shard 4 (SPARE_SHARDS=1), started and
@@ -110,7 +110,7 @@ func TestCompose(t *testing.T) {
 	rec.at("partition drill")
 	rep := runDrill(t, "partition", 25*time.Second, "--bed", "compose", "--project", b.project, "--region", "us-east")
 	rec.add("partition: " + summary(rep))
-	checkPartition(t, rep)
+	checkPartition(t, rep, composePartitionRTO)
 	rec.at("primary-kill drill")
 	rep = runDrill(t, "primary-kill", 10*time.Second, "--bed", "compose", "--project", b.project, "--region", "eu-west")
 	rec.add("primary-kill: " + summary(rep))
