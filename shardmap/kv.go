@@ -214,7 +214,14 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 			}
 		}
 		notLive.Stop()
-		_ = w.Stop()
+		// Stopped in the background: nats.go stops a watch by deleting its
+		// consumer, a JetStream API request that waits out the client's
+		// timeout (5 s) when the consumer's server is cut off or dead, which
+		// is when a watch is restarted. Waiting for it put a surviving
+		// node's next watch, and the new map, 5 s after the restart in
+		// partition and region-down drills. Its deliveries end at once:
+		// the subscription goes before the delete is asked for.
+		go func(w jetstream.KeyWatcher) { _ = w.Stop() }(w)
 		p.watchDown()
 		sleepCtx(ctx, 200*time.Millisecond)
 	}

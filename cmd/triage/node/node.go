@@ -323,7 +323,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	n.maps = maps
 	var runCtx context.Context
 	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	go shardmap.Watch(runCtx, js, kv, maps, logger)
+	// Attributed like the roles' logs: a bed runs every region's node in
+	// one process, and a watch stuck in one of them was otherwise
+	// anonymous in its log.
+	go shardmap.Watch(runCtx, js, kv, maps, logger.With("role", "shardmap", "region", cfg.Region))
 	// Start no role on a map the store has not confirmed: one that went
 	// stale MaxStaleness after start would refuse every write.
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)

@@ -62,7 +62,7 @@ type observability struct {
 
 func newObservability(cfg Config, log *slog.Logger) *observability {
 	reg := prometheus.NewRegistry()
-	o := &observability{reg: reg, log: log,
+	o := &observability{reg: reg, log: log.With("region", cfg.Region),
 		set:      metrics.New(reg, metrics.Options{MaxTopics: cfg.MaxTopicLabels}),
 		health:   health.NewServer(),
 		notReady: fmt.Errorf("starting"),
