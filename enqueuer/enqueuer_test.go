@@ -45,7 +45,7 @@ func setup(t *testing.T) *bundle {
 
 // setupOn starts an enqueuer for region "r" with one shard on a fresh
 // database, on the NATS connection given, logging to logs.
-func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer) *bundle {
+func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer, opts ...func(*Config)) *bundle {
 	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
@@ -58,8 +58,12 @@ func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamC
 	require.NoError(t, err)
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
-	svc, err := New(Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
-		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	cfg := Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
+		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	svc, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
 	t.Cleanup(svc.Stop)
@@ -523,4 +527,60 @@ func TestWorkerRecreatesADeletedConsumer(t *testing.T) {
 	b.publish(t, batch(2, "t", "", 2))
 	require.Eventually(t, func() bool { return b.count(t) == 2 }, 15*time.Second, 50*time.Millisecond,
 		"the worker must drain again after its consumer was deleted; logs:\n%s", logs)
+}
+
+// TestWorkerMovesItsLeadersToItsServer: a worker draining its own
+// region's stream moves the stream's and its consumer's Raft leaders to
+// the NATS server it is connected to, so an enqueue's publish and pull
+// cross no WAN (on the three-region bed a single COMMITTED enqueue took
+// 170 ms at p50 with both leaders in another region, 128 ms with them
+// local), and moves them no more than once per leaderMoveEvery.
+func TestWorkerMovesItsLeadersToItsServer(t *testing.T) {
+	t.Parallel()
+	servers, nc, js := natstest.Cluster(t, 3)
+	here, there := servers[0].Name(), servers[1].Name()
+	logs := &syncBuffer{}
+	b := setupOn(t, nc, js, StreamConfig{Replicas: 3}, logs) // PlaceLeaders off: the test moves them
+	b.publish(t, batch(1, "t", "", 1))
+	require.Eventually(t, func() bool { return b.count(t) == 1 }, 20*time.Second, 20*time.Millisecond)
+
+	ctx := context.Background()
+	stream := peer.EnqueueStream("r")
+	leaders := func() string {
+		s, err := js.Stream(ctx, stream)
+		if err != nil || s.CachedInfo().Cluster == nil {
+			return ""
+		}
+		c, err := js.Consumer(ctx, stream, "enq-1")
+		if err != nil || c.CachedInfo().Cluster == nil {
+			return ""
+		}
+		return s.CachedInfo().Cluster.Leader + "," + c.CachedInfo().Cluster.Leader
+	}
+	moveAway := func() {
+		req := []byte(`{"placement":{"preferred":"` + there + `"}}`)
+		require.Eventually(t, func() bool {
+			if leaders() == there+","+there {
+				return true
+			}
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, req, 5*time.Second)
+			_, _ = nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+stream+".enq-1", req, 5*time.Second)
+			return false
+		}, 20*time.Second, 200*time.Millisecond, "put both leaders on %s", there)
+	}
+	moveAway()
+	w := &worker{svc: b.svc, shard: 1, home: "r", log: b.svc.cfg.Logger}
+	moved := map[string]time.Time{}
+	w.placeLeaders(ctx, moved)
+	require.Eventually(t, func() bool { return leaders() == here+","+here }, 10*time.Second, 50*time.Millisecond,
+		"leaders (stream, consumer) not moved to %s; logs:\n%s", here, logs)
+
+	moveAway()
+	w.placeLeaders(ctx, moved)
+	require.Never(t, func() bool { return leaders() != there+","+there }, time.Second, 100*time.Millisecond,
+		"moved again within leaderMoveEvery")
+
+	// Enqueues go on through the moves.
+	b.publish(t, batch(2, "t", "", 2))
+	require.Eventually(t, func() bool { return b.count(t) == 2 }, 20*time.Second, 20*time.Millisecond)
 }

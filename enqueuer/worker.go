@@ -58,6 +58,11 @@ type Config struct {
 	// Metrics records inserts and the buffer's depth and age per shard.
 	// Nil: none.
 	Metrics *metrics.Set
+	// PlaceLeaders moves the Raft leaders of the enqueue stream and of
+	// the workers' consumers to this process's NATS server (see Leader
+	// placement in leaders.go). Off by default, so that tests of leader
+	// elections keep the leaders where they put them; a node turns it on.
+	PlaceLeaders bool
 	// Tracer traces each insert transaction ("enqueuer.insert"), in the
 	// traces of the Enqueue requests whose batches it inserts (carried in
 	// the messages' headers; schema/tracing). Nil: no tracing.
@@ -235,6 +240,9 @@ func (w *worker) run(ctx context.Context) {
 	cfg := w.svc.cfg
 	go w.prune(ctx)
 	go w.measure(ctx)
+	if cfg.PlaceLeaders {
+		go w.keepLeadersNear(ctx)
+	}
 	msgs := make(chan jetstream.Msg, cfg.MaxBatchMessages)
 	// Several transactions in flight per shard: while one waits for its
 	// fsync the next one is being built, and InnoDB's group commit folds

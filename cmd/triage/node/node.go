@@ -373,7 +373,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners,
+			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners, PlaceLeaders: cfg.StreamReplicas > 1,
 			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met, Tracer: cfg.tracerProvider})
 		if err != nil {
 			return nil, err
