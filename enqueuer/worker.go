@@ -248,11 +248,12 @@ func (w *worker) run(ctx context.Context) {
 	// fsync the next one is being built, and InnoDB's group commit folds
 	// their fsyncs together.
 	var wg sync.WaitGroup
+	g := newGate()
 	for i := 0; i < cfg.InFlight; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.insertLoop(ctx, msgs)
+			w.insertLoop(ctx, msgs, g)
 		}()
 	}
 	for ctx.Err() == nil {
@@ -408,52 +409,55 @@ func (w *worker) prune(ctx context.Context) {
 // running out.
 var retryCap, retryFloor = 250 * time.Millisecond, 50 * time.Millisecond
 
-// insertLoop takes the first waiting batch, then every other batch already
-// pulled (up to MaxBatchMessages), and inserts them in one transaction.
-func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg) {
+// insertLoop takes the batches g gathers (up to MaxBatchMessages; see
+// Gathering) and inserts them in one transaction.
+func (w *worker) insertLoop(ctx context.Context, msgs <-chan jetstream.Msg, g *gate) {
 	cfg := w.svc.cfg
 	backoff := time.Duration(0)
 	batch := make([]jetstream.Msg, 0, cfg.MaxBatchMessages)
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m := <-msgs:
-			batch = append(batch[:0], m)
-		}
-	drain:
-		for len(batch) < cfg.MaxBatchMessages {
-			select {
-			case m := <-msgs:
-				batch = append(batch, m)
-			default:
-				break drain
-			}
-		}
-		for {
-			changed := mapChanged(cfg.Maps) // before the try, so no new map is missed
-			err := w.process(ctx, batch)
-			if err == nil {
-				backoff = 0
-				break
-			}
-			// Circuit breaker: the shard is failing; hold the batches (they
-			// stay unacknowledged in the buffer) and try again after the
-			// backoff, or at once when a new shard map arrives: that is
-			// what a failover's publication looks like from here, and
-			// the batches then go to the new primary without waiting out
-			// a backoff (or a redelivery delay, had they been nacked).
-			backoff = min(max(2*backoff, retryFloor), retryCap)
-			w.log.Warn("insert failed; batches stay buffered", "err", err, "batches", len(batch), "retry_in", backoff)
+		var ok bool
+		batch, ok = g.gather(ctx, msgs, batch[:0], cfg.MaxBatchMessages)
+		if !ok {
 			for _, m := range batch {
-				_ = m.InProgress() // held, not lost: reset the ack wait
+				_ = m.Nak() // stopping: hand them back at once
 			}
-			if !waitRetry(ctx, backoff, changed) {
-				for _, m := range batch {
-					_ = m.Nak() // stopping: hand them back at once
-				}
-				return
+			return
+		}
+		inserted := w.insertRetrying(ctx, batch, &backoff)
+		g.done()
+		if !inserted {
+			return
+		}
+	}
+}
+
+// insertRetrying inserts batch, trying again while the shard fails (see
+// below); false when ctx ended first, with the batches handed back.
+func (w *worker) insertRetrying(ctx context.Context, batch []jetstream.Msg, backoff *time.Duration) bool {
+	for {
+		changed := mapChanged(w.svc.cfg.Maps) // before the try, so no new map is missed
+		err := w.process(ctx, batch)
+		if err == nil {
+			*backoff = 0
+			return true
+		}
+		// Circuit breaker: the shard is failing; hold the batches (they
+		// stay unacknowledged in the buffer) and try again after the
+		// backoff, or at once when a new shard map arrives: that is
+		// what a failover's publication looks like from here, and
+		// the batches then go to the new primary without waiting out
+		// a backoff (or a redelivery delay, had they been nacked).
+		*backoff = min(max(2**backoff, retryFloor), retryCap)
+		w.log.Warn("insert failed; batches stay buffered", "err", err, "batches", len(batch), "retry_in", *backoff)
+		for _, m := range batch {
+			_ = m.InProgress() // held, not lost: reset the ack wait
+		}
+		if !waitRetry(ctx, *backoff, changed) {
+			for _, m := range batch {
+				_ = m.Nak() // stopping: hand them back at once
 			}
+			return false
 		}
 	}
 }
