@@ -39,6 +39,14 @@ func TestKeysPlan(t *testing.T) {
 			return "INSERT INTO dead_letters (id, namespace, topic, priority, enqueued_at, lease_ms, attempts, payload, died_at) " +
 				"SELECT i.id, i.namespace, i.topic, 0, 0, 0, 0, '', 0 FROM " + k, args
 		},
+		"serve": func(ids []uint64) (string, []any) {
+			rows := make([][]any, len(ids))
+			for i, id := range ids {
+				rows[i] = []any{id, uint64(1)<<63 + uint64(i), int64(7), int64(0)}
+			}
+			k, args := schema.KeyValues("items", "i", []string{"tok", "until_us", "ver"}, rows)
+			return "UPDATE " + k + " SET i.lease_token = k.tok, i.deliver_after = k.until_us WHERE i.updated_at = k.ver", args
+		},
 		"dead letters": func(ids []uint64) (string, []any) {
 			k, args := schema.Keys("dead_letters", "i", ids)
 			return "SELECT i.id FROM " + k + " WHERE i.namespace = 'ns' AND i.topic = 't' FOR UPDATE", args

@@ -20,7 +20,8 @@
 //
 // The SQL is in named constants next to the method that runs it, one
 // place per statement; statements whose size depends on a batch are built
-// from fixed text by one function each (stmt, caseByID, schema.Keys).
+// from fixed text by one function each (stmt, caseByID, schema.Keys, and
+// schema.KeyValues where each row gets values of its own: the serve).
 //
 // # Rows
 //

@@ -199,28 +199,31 @@ type ItemServeParams struct {
 // from the result: the caller must not deliver it.
 func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]bool, error) {
 	ds := p.Deliveries
-	ids := make([]uint64, len(ds))
-	tokens := make([]any, len(ds))
-	untils := make([]any, len(ds))
-	versions := make([]any, len(ds))
-	for i, d := range ds {
-		ids[i], tokens[i], untils[i], versions[i] = d.ID, d.Token, d.UntilUS, d.Version
+	if len(ds) == 0 {
+		return map[uint64]bool{}, nil
 	}
-	// Each expiry is spelled out rather than copied from another column:
-	// MariaDB evaluates SET left to right, and relying on that is fragile.
-	// WHERE sees the row as it was, before any of SET.
+	ids := make([]uint64, len(ds))
+	rows := make([][]any, len(ds))
+	for i, d := range ds {
+		ids[i] = d.ID
+		rows[i] = []any{d.ID, d.Token, d.UntilUS, d.Version}
+	}
+	// Each row's token, expiry and version come from a derived table
+	// joined by primary key (schema.KeyValues), not from CASE lists
+	// MariaDB scans for every row. Each expiry is spelled out rather than
+	// copied from another column: MariaDB evaluates SET left to right, and
+	// relying on that is fragile. WHERE sees the row as it was, before
+	// any of SET; a row whose version is not the one read is not served.
+	k, args := schema.KeyValues("items", "i", []string{"tok", "until_us", "ver"}, rows)
 	var q stmt
-	q.add("UPDATE items FORCE INDEX (PRIMARY) SET attempts = attempts + 1, "+bumpUpdatedAt, p.NowUS)
-	q.add(", lease_token = ").caseByID(ids, tokens, "lease_token")
-	q.add(", leased_until = ").caseByID(ids, untils, "leased_until")
-	q.add(", deliver_after = ").caseByID(ids, untils, "deliver_after")
-	// NULL matches no row: an id the CASE does not list is not served.
-	q.add(" WHERE updated_at = ").caseByID(ids, versions, "NULL")
+	q.add("UPDATE "+k, args...)
+	q.add(" SET i.attempts = i.attempts + 1, "+bumpUpdatedAt, p.NowUS) // k has no updated_at
+	q.add(", i.lease_token = k.tok, i.leased_until = k.until_us, i.deliver_after = k.until_us")
 	// Not "deliver_after <= now": a row at the version read was ready when
 	// read, and the estimate of the primary's clock the serve stamps with
 	// may sit a hair behind the read's after a re-measure (shardmap.Clock),
 	// which failed the serve of a row that had not changed.
-	q.add(" AND (expires_at IS NULL OR expires_at > ?) AND id", p.NowUS).in(ids)
+	q.add(" WHERE i.updated_at = k.ver AND (i.expires_at IS NULL OR i.expires_at > ?)", p.NowUS)
 	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
 	if err != nil {
 		return nil, fmt.Errorf("serve leases: %w", err)

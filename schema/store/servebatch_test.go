@@ -39,6 +39,35 @@ func TestServeComparesEachRowsVersion(t *testing.T) {
 	require.Equal(t, map[uint64]bool{first[1].ID: true}, f.serve([]Item{byID[first[1].ID]}), "it is served at its new version")
 }
 
+// TestServeStampsEachRowsOwnValues: one serve gives every row its own
+// token (the full uint64 range, which a derived table's column must carry
+// exactly whatever the other rows hold), its own expiry and an attempt,
+// and moves its version forward; a repeated delivery of one row counts
+// once.
+func TestServeStampsEachRowsOwnValues(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2, 3, 4)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, rows, 4)
+	tokens := []uint64{7, 1<<63 + 5, ^uint64(0), 1<<63 - 1}
+	var ds []Delivery
+	for i, r := range rows {
+		ds = append(ds, Delivery{ID: r.ID, Token: tokens[i], UntilUS: f.nowUS + int64(i+1)*1e6, Version: r.UpdatedAt})
+	}
+	ds = append(ds, ds[0]) // the same delivery twice
+	held, err := f.s.ItemServe(f.ctx, ItemServeParams{NowUS: f.nowUS, Deliveries: ds})
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]bool{1: true, 2: true, 3: true, 4: true}, held)
+	for i, r := range rows {
+		got := f.get(r.ID)
+		require.Equal(t, tokens[i], got.LeaseToken, "row %d", r.ID)
+		require.Equal(t, f.nowUS+int64(i+1)*1e6, got.DeliverAfter, "row %d", r.ID)
+		require.Equal(t, f.nowUS+int64(i+1)*1e6, got.LeasedUntil.Int64, "row %d", r.ID)
+		require.Equal(t, int32(1), got.Attempts, "row %d", r.ID)
+		require.Greater(t, got.UpdatedAt, r.UpdatedAt, "row %d: its version moved", r.ID)
+	}
+}
+
 // TestServeBatcherCoalesces: serves that arrive while one is in flight go
 // out in one statement, each caller learns which of its own rows were
 // served, and a copy of a row another caller serves waits for a statement
