@@ -166,18 +166,31 @@ func TestKillEnqueuerAndDequeuerLosesNothing(t *testing.T) {
 		len(acked), len(delivered), dups, enqErrs.Load(), deqErrs.Load())
 }
 
-// ownerOf reads the dequeuer that owns shard from the ownership bucket.
+// ownerOf reads the dequeuer that owns shard from the ownership bucket,
+// waiting up to 30 s for one to claim it: dequeuers are started without
+// waiting for them to be ready, and once the producers reached the kill
+// point before either had claimed shard 1 (a CI run: "nats: key not
+// found"), after enqueues got faster.
 func ownerOf(t *testing.T, natsURL string, shard int) string {
 	nc, err := nats.Connect(natsURL)
 	require.NoError(t, err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.KeyValue(ctx, "triage_owners")
-	require.NoError(t, err)
-	e, err := kv.Get(ctx, fmt.Sprintf("shard.%d", shard))
-	require.NoError(t, err)
-	return string(e.Value())
+	var owner string
+	require.Eventually(t, func() bool {
+		kv, err := js.KeyValue(ctx, "triage_owners")
+		if err != nil {
+			return false
+		}
+		e, err := kv.Get(ctx, fmt.Sprintf("shard.%d", shard))
+		if err != nil {
+			return false
+		}
+		owner = string(e.Value())
+		return true
+	}, 30*time.Second, 20*time.Millisecond, "no dequeuer claimed shard %d", shard)
+	return owner
 }
