@@ -45,7 +45,7 @@ func setup(t *testing.T) *bundle {
 
 // setupOn starts an enqueuer for region "r" with one shard on a fresh
 // database, on the NATS connection given, logging to logs.
-func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer, opts ...func(*Config)) *bundle {
+func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer) *bundle {
 	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
@@ -58,12 +58,8 @@ func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamC
 	require.NoError(t, err)
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
-	cfg := Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
-		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	svc, err := New(cfg)
+	svc, err := New(Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
+		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
 	t.Cleanup(svc.Stop)
@@ -570,13 +566,13 @@ func TestWorkerMovesItsLeadersToItsServer(t *testing.T) {
 	}
 	moveAway()
 	w := &worker{svc: b.svc, shard: 1, home: "r", log: b.svc.cfg.Logger}
-	moved := map[string]time.Time{}
-	w.placeLeaders(ctx, moved)
+	var moved time.Time
+	w.placeLeaders(ctx, &moved)
 	require.Eventually(t, func() bool { return leaders() == here+","+here }, 10*time.Second, 50*time.Millisecond,
 		"leaders (stream, consumer) not moved to %s; logs:\n%s", here, logs)
 
 	moveAway()
-	w.placeLeaders(ctx, moved)
+	w.placeLeaders(ctx, &moved)
 	require.Never(t, func() bool { return leaders() != there+","+there }, time.Second, 100*time.Millisecond,
 		"moved again within leaderMoveEvery")
 

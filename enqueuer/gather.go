@@ -58,6 +58,7 @@ func (g *gate) gather(ctx context.Context, msgs <-chan jetstream.Msg, batch []je
 		batch = append(batch, m)
 	}
 	var linger <-chan time.Time
+wait:
 	for {
 	drain:
 		for len(batch) < max {
@@ -68,14 +69,14 @@ func (g *gate) gather(ctx context.Context, msgs <-chan jetstream.Msg, batch []je
 				break drain
 			}
 		}
+		// Only the gatherer adds to inflight, so what it reads here can
+		// only shrink before it counts its own transaction below.
 		g.mu.Lock()
 		busy, finished := g.inflight > 0, g.finished
-		if !busy || len(batch) >= max || len(batch) >= minGather {
-			g.inflight++
-			g.mu.Unlock()
-			return batch, true
-		}
 		g.mu.Unlock()
+		if !busy || len(batch) >= min(max, minGather) {
+			break
+		}
 		if linger == nil {
 			t := time.NewTimer(gatherLinger)
 			defer t.Stop()
@@ -86,15 +87,16 @@ func (g *gate) gather(ctx context.Context, msgs <-chan jetstream.Msg, batch []je
 			return batch, false
 		case m := <-msgs:
 			batch = append(batch, m)
-			continue
 		case <-finished:
+			break wait
 		case <-linger:
+			break wait
 		}
-		g.mu.Lock()
-		g.inflight++
-		g.mu.Unlock()
-		return batch, true
 	}
+	g.mu.Lock()
+	g.inflight++
+	g.mu.Unlock()
+	return batch, true
 }
 
 // done ends a transaction counted by gather.

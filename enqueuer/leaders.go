@@ -28,13 +28,13 @@ import (
 // worker draining another region's stream after a failover moves nothing:
 // the stream stays with its region's producers, and a stepdown in the
 // middle of a failover would only add an election to the outage. The
-// move is a leader stepdown with that server as
-// the preferred successor, asked only of a leader elsewhere, while the
-// server holds a current replica, and at most once per leaderMoveEvery by
-// one worker: with several NATS servers in a region, workers connected to
-// different ones would otherwise trade the leader back and forth; at
-// this pace they cost a sub-second stepdown every few minutes. A stepdown
-// is the same election JetStream runs after a leader is lost, but planned:
+// move is a leader stepdown with that server as the preferred successor,
+// asked only of a leader elsewhere, while the server holds a current
+// replica, and at most once per leaderMoveEvery for each group by a
+// process: with several NATS servers in a region, workers connected to
+// different ones would otherwise trade the leader back and forth; at this
+// pace they cost a sub-second stepdown every few minutes. A stepdown is
+// the same election JetStream runs after a leader is lost, but planned:
 // publishes and pulls in flight are retried by the routers (Nats-Msg-Id)
 // and by the client library.
 
@@ -48,7 +48,7 @@ const (
 
 // keepLeadersNear runs placeLeaders until ctx ends.
 func (w *worker) keepLeadersNear(ctx context.Context) {
-	moved := map[string]time.Time{}
+	var moved time.Time // the consumer's leader, last
 	t := time.NewTimer(leaderCheckFirst)
 	defer t.Stop()
 	for {
@@ -57,15 +57,18 @@ func (w *worker) keepLeadersNear(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		w.placeLeaders(ctx, moved)
+		w.placeLeaders(ctx, &moved)
 		t.Reset(leaderCheckEvery)
 	}
 }
 
 // placeLeaders moves the stream's leader and the consumer's to the
 // connected server when the worker drains its own region's stream (see
-// Leader placement); moved holds when each was last moved.
-func (w *worker) placeLeaders(ctx context.Context, moved map[string]time.Time) {
+// Leader placement). consumerMoved is when this worker last moved its
+// consumer's; the stream's, which every worker of the region shares, is
+// the service's, and one worker at a time looks at it, so workers that
+// start together do not ask for a stepdown each.
+func (w *worker) placeLeaders(ctx context.Context, consumerMoved *time.Time) {
 	cfg := w.svc.cfg
 	here := cfg.NC.ConnectedServerName()
 	if here == "" || w.home != cfg.Region {
@@ -74,27 +77,30 @@ func (w *worker) placeLeaders(ctx context.Context, moved map[string]time.Time) {
 	stream := peer.EnqueueStream(w.home)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	w.svc.streamMu.Lock()
 	if s, err := cfg.JS.Stream(cctx, stream); err == nil {
-		w.moveLeader(cctx, moved, "stream", s.CachedInfo().Cluster, here,
+		w.moveLeader(cctx, &w.svc.streamMoved, "stream", s.CachedInfo().Cluster, here,
 			"$JS.API.STREAM.LEADER.STEPDOWN."+stream)
 	}
+	w.svc.streamMu.Unlock()
 	if c, err := cfg.JS.Consumer(cctx, stream, w.durable()); err == nil {
-		w.moveLeader(cctx, moved, "consumer", c.CachedInfo().Cluster, here,
+		w.moveLeader(cctx, consumerMoved, "consumer", c.CachedInfo().Cluster, here,
 			"$JS.API.CONSUMER.LEADER.STEPDOWN."+stream+"."+w.durable())
 	}
 }
 
 // moveLeader asks the leader of a Raft group (described by cluster) to
 // step down in favour of here, when it is elsewhere, here holds a current
-// replica, and what was last moved leaderMoveEvery ago or more.
-func (w *worker) moveLeader(ctx context.Context, moved map[string]time.Time, what string, cluster *jetstream.ClusterInfo, here, subject string) {
-	if cluster == nil || cluster.Leader == "" || cluster.Leader == here || time.Since(moved[what]) < leaderMoveEvery {
+// replica, and the group was last moved (*moved) leaderMoveEvery ago or
+// more.
+func (w *worker) moveLeader(ctx context.Context, moved *time.Time, what string, cluster *jetstream.ClusterInfo, here, subject string) {
+	if cluster == nil || cluster.Leader == "" || cluster.Leader == here || time.Since(*moved) < leaderMoveEvery {
 		return
 	}
 	if !slices.ContainsFunc(cluster.Replicas, func(p *jetstream.PeerInfo) bool { return p.Name == here && p.Current && !p.Offline }) {
 		return
 	}
-	moved[what] = time.Now()
+	*moved = time.Now()
 	req, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": here}})
 	msg, err := w.svc.cfg.NC.RequestWithContext(ctx, subject, req)
 	if err == nil {

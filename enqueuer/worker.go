@@ -91,6 +91,12 @@ type Service struct {
 	absent  map[string]time.Time // regions seen without enqueuers since (reconcile only)
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc
+
+	// streamMu serialises the moves of the region's stream leader, which
+	// every worker of the region may ask for (leaders.go); streamMoved is
+	// when it was last moved.
+	streamMu    sync.Mutex
+	streamMoved time.Time
 }
 
 // New validates cfg and returns a stopped service.
