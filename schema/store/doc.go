@@ -44,6 +44,21 @@
 // retried the same way (retryExec). fn must therefore start over each
 // time; methods reset what they collect at the top of fn.
 //
+// The one exception is the common enqueue (insertAtOnce): a group of
+// batches without dedup keys, small enough for one packet, goes as one
+// multi-statement query (START TRANSACTION, the batch records, the items,
+// COMMIT), one round trip instead of five. Its batch records go first
+// without an outcome, so a batch recorded before fails the query on the
+// primary key and the group takes the long way, which reads the records.
+// A failed statement stops the query with its transaction open on that
+// connection, so it is rolled back there before the connection is reused
+// (or discarded): the next query's START TRANSACTION would otherwise
+// commit a batch record whose items were refused, and its redelivery
+// would be answered as applied (TestInsertAtOnceRollsBackARefusedGroup).
+// Every insert reports the version its rows were stored at
+// (EnqueueCommitted.version_us), which lets the announcer hand the rows to
+// their dequeuer (see package dequeuer, "Prefetch").
+//
 // # Batching
 //
 // AckBatcher and ServeBatcher coalesce what concurrent callers do on one

@@ -103,6 +103,11 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 	for i, b := range batches {
 		hashes[i] = batchHash(b)
 	}
+	if !isolate {
+		if out, ok, err := insertAtOnce(ctx, db, batches, hashes, nowUS); ok {
+			return out, err
+		}
+	}
 	err := inTx(ctx, db, func(tx *sqlx.Tx) error {
 		out = make([]*peerv1.EnqueueCommitted, len(batches))
 		for i, b := range batches {
@@ -212,6 +217,9 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		}
 		if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
 			return fmt.Errorf("record batches: %w", err)
+		}
+		for _, i := range fresh {
+			out[i].VersionUs = nowUS // the rows this insert stored
 		}
 		return nil
 	})

@@ -280,7 +280,11 @@ type EnqueueCommitted struct {
 	// else the key of the live item that holds the same dedup key.
 	DuplicateOf []uint64 `protobuf:"varint,2,rep,packed,name=duplicate_of,json=duplicateOf,proto3" json:"duplicate_of,omitempty"`
 	// Set when the batch can never be inserted; the router reports it.
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// The stored rows' version (updated_at, microseconds) when this insert
+	// stored them; 0 when the batch was applied before (its rows may have
+	// changed since). Lets the router hand the rows to their dequeuer.
+	VersionUs     int64 `protobuf:"varint,4,opt,name=version_us,json=versionUs,proto3" json:"version_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -334,6 +338,13 @@ func (x *EnqueueCommitted) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *EnqueueCommitted) GetVersionUs() int64 {
+	if x != nil {
+		return x.VersionUs
+	}
+	return 0
 }
 
 // ShardDequeue asks the dequeuer that owns shards for leased items.
@@ -467,8 +478,19 @@ type ItemsReady struct {
 	// unknown, as for items handed back with an old deliver_after, which
 	// may sort before anything buffered at their priority.
 	MinDeliverAfterUs int64 `protobuf:"varint,6,opt,name=min_deliver_after_us,json=minDeliverAfterUs,proto3" json:"min_deliver_after_us,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The new rows themselves, when the announcer knows them as stored and
+	// they are small enough to travel (see peer.BatchReady): the owner's
+	// buffers take the ready ones in without reading the shard, so in
+	// steady state an item goes from its insert to a consumer without a
+	// read. Empty: the buffers read the shard as before.
+	Items []*BufferedItem `protobuf:"bytes,7,rep,name=items,proto3" json:"items,omitempty"`
+	// The rows' version (updated_at, microseconds), which a serve compares;
+	// set whenever items is.
+	VersionUs int64 `protobuf:"varint,8,opt,name=version_us,json=versionUs,proto3" json:"version_us,omitempty"`
+	// The rows' enqueue time (microseconds), as stored.
+	EnqueuedAtUs  int64 `protobuf:"varint,9,opt,name=enqueued_at_us,json=enqueuedAtUs,proto3" json:"enqueued_at_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ItemsReady) Reset() {
@@ -539,6 +561,27 @@ func (x *ItemsReady) GetCount() int32 {
 func (x *ItemsReady) GetMinDeliverAfterUs() int64 {
 	if x != nil {
 		return x.MinDeliverAfterUs
+	}
+	return 0
+}
+
+func (x *ItemsReady) GetItems() []*BufferedItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ItemsReady) GetVersionUs() int64 {
+	if x != nil {
+		return x.VersionUs
+	}
+	return 0
+}
+
+func (x *ItemsReady) GetEnqueuedAtUs() int64 {
+	if x != nil {
+		return x.EnqueuedAtUs
 	}
 	return 0
 }
@@ -674,18 +717,20 @@ const file_triage_peer_v1_peer_proto_rawDesc = "" +
 	"\blease_ms\x18\x05 \x01(\rR\aleaseMs\x12\"\n" +
 	"\rexpires_at_us\x18\x06 \x01(\x03R\vexpiresAtUs\x12\x1b\n" +
 	"\tdedup_key\x18\a \x01(\tR\bdedupKey\x12\x1a\n" +
-	"\bmetadata\x18\b \x01(\fR\bmetadata\"f\n" +
+	"\bmetadata\x18\b \x01(\fR\bmetadata\"\x85\x01\n" +
 	"\x10EnqueueCommitted\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12!\n" +
 	"\fduplicate_of\x18\x02 \x03(\x04R\vduplicateOf\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"[\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"version_us\x18\x04 \x01(\x03R\tversionUs\"[\n" +
 	"\fShardDequeue\x123\n" +
 	"\arequest\x18\x01 \x01(\v2\x19.triage.v1.DequeueRequestR\arequest\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\rR\x06shards\"m\n" +
 	"\x14ShardDequeueResponse\x12+\n" +
 	"\x05items\x18\x01 \x03(\v2\x15.triage.v1.LeasedItemR\x05items\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xc0\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xb9\x02\n" +
 	"\n" +
 	"ItemsReady\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
@@ -693,7 +738,11 @@ const file_triage_peer_v1_peer_proto_rawDesc = "" +
 	"\x05shard\x18\x03 \x01(\rR\x05shard\x12!\n" +
 	"\fmin_priority\x18\x04 \x01(\x05R\vminPriority\x12\x14\n" +
 	"\x05count\x18\x05 \x01(\x05R\x05count\x12/\n" +
-	"\x14min_deliver_after_us\x18\x06 \x01(\x03R\x11minDeliverAfterUs\"R\n" +
+	"\x14min_deliver_after_us\x18\x06 \x01(\x03R\x11minDeliverAfterUs\x122\n" +
+	"\x05items\x18\a \x03(\v2\x1c.triage.peer.v1.BufferedItemR\x05items\x12\x1d\n" +
+	"\n" +
+	"version_us\x18\b \x01(\x03R\tversionUs\x12$\n" +
+	"\x0eenqueued_at_us\x18\t \x01(\x03R\fenqueuedAtUs\"R\n" +
 	"\bUnbuffer\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\rR\x05shard\x12\x12\n" +
@@ -732,11 +781,12 @@ var file_triage_peer_v1_peer_proto_depIdxs = []int32{
 	2,  // 1: triage.peer.v1.EnqueueBatch.items:type_name -> triage.peer.v1.BufferedItem
 	9,  // 2: triage.peer.v1.ShardDequeue.request:type_name -> triage.v1.DequeueRequest
 	10, // 3: triage.peer.v1.ShardDequeueResponse.items:type_name -> triage.v1.LeasedItem
-	4,  // [4:4] is the sub-list for method output_type
-	4,  // [4:4] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	2,  // 4: triage.peer.v1.ItemsReady.items:type_name -> triage.peer.v1.BufferedItem
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_triage_peer_v1_peer_proto_init() }
