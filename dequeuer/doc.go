@@ -157,6 +157,25 @@
 // read may be about (shardQueue.dirtyFrom); the first that may not waits
 // for the read. Under a flood of enqueues into a backlog, every take had
 // waited for a read before (a notice arrives between any two takes).
+//
+// A notice of a committed insert carries the rows themselves when the
+// insert stored them just now and they are small (peer.CommittedReady,
+// peer.MaxHandedBytes): the router announces a COMMITTED batch with the
+// version its insert reported (EnqueueCommitted.version_us), the enqueue
+// worker a BUFFERED one. The owner's buffers take the rows that are ready
+// by the primary's clock in where a read would have put them
+// (shardQueue.handIn): anywhere in a queue whose last full read found
+// everything, before the tail of one that holds the head only; the rest
+// is handled as a notice without rows. In steady state an item thus goes
+// from its insert to a consumer with no read: the mixed benchmark had
+// read the shard once per insert, as many statements as the inserts
+// themselves. A handed row is a copy at a version like a read one: an
+// update or delete before its dequeue unbuffers it, and the serve's
+// version check stops any copy that is stale.
+//
+// A Dequeue's serves on different shards run at once: each waits for a
+// commit on its own primary.
+//
 // Buffers idle for IdleRelease are emptied (their rows were never hidden;
 // this frees memory), and Stop does the same.
 //

@@ -146,3 +146,72 @@ func TestMergeTakeServesWhatSortsBeforeTheNotices(t *testing.T) {
 		})
 	}
 }
+
+// TestHandInTakesWhatAReadWouldHave: rows a notice carries go into a
+// queue where a read would have put them: anywhere in a queue whose last
+// full read found everything, before the tail of one that holds only the
+// head; rows past the tail wait for the read that drains the queue, and
+// a queue that holds nothing and knows nothing reads them (dirty). A row
+// the queue has already (a read that began after the insert), has in
+// flight or has served is not added again, rows outside the band are not
+// the buffer's, a release holding the queue takes nothing, and the queue
+// keeps at most maxFetch rows.
+func TestHandInTakesWhatAReadWouldHave(t *testing.T) {
+	t.Parallel()
+	row := func(id uint64, prio int32, at int64) bufItem {
+		return bufItem{Item: store.Item{ID: id, Priority: prio, DeliverAfter: at, UpdatedAt: 7}, shard: 1}
+	}
+	ids := func(q *shardQueue) (out []uint64) {
+		for _, it := range q.items {
+			out = append(out, it.ID)
+		}
+		return out
+	}
+	held := func(exhausted bool) (*topicBuf, *shardQueue) {
+		b := newTopicBuf(bufKey{ns: "n", topic: "t", band: band{lo: 0, hi: 5}})
+		q := b.queue(1)
+		q.items = []bufItem{row(1, 1, 10), row(2, 3, 10)}
+		q.exhausted = exhausted
+		return b, q
+	}
+
+	b, q := held(true)
+	q.handIn(b, []bufItem{row(3, 0, 50), row(4, 2, 50), row(5, 4, 50), row(6, 9, 50)})
+	require.Equal(t, []uint64{3, 1, 4, 2, 5}, ids(q), "everything in the band, in order")
+	require.False(t, q.dirty)
+	require.Same(t, b, q.items[0].buf)
+
+	b, q = held(false)
+	q.handIn(b, []bufItem{row(3, 0, 50), row(5, 4, 50)})
+	require.Equal(t, []uint64{3, 1, 2}, ids(q), "only what sorts before the tail")
+	require.False(t, q.dirty, "the row past the tail is the drain's read's")
+
+	b = newTopicBuf(bufKey{ns: "n", topic: "t", band: allPriorities})
+	q = b.queue(1)
+	q.handIn(b, []bufItem{row(3, 4, 50)})
+	require.Empty(t, q.items, "a queue never read takes nothing")
+	require.True(t, q.dirty, "and reads")
+	require.Equal(t, uint64(1), q.notices)
+
+	b, q = held(true)
+	q.inflight = map[uint64]int64{8: 7}
+	q.markServed(9, 7, time.Now())
+	q.handIn(b, []bufItem{row(2, 3, 10), row(8, 2, 50), row(9, 2, 60), row(10, 2, 70)})
+	require.Equal(t, []uint64{1, 10, 2}, ids(q), "buffered, in flight and served rows are not added again")
+
+	b, q = held(true)
+	q.fetching = make(chan struct{}) // a release: fetching, not reading
+	q.handIn(b, []bufItem{row(3, 0, 50)})
+	require.Equal(t, []uint64{1, 2}, ids(q))
+	require.True(t, q.dirty, "a left-out row before the tail is read")
+
+	b, q = held(true)
+	var many []bufItem
+	for i := range maxFetch {
+		many = append(many, row(uint64(100+i), 4, int64(i)))
+	}
+	q.handIn(b, many)
+	require.Len(t, q.items, maxFetch)
+	require.False(t, q.exhausted, "a queue cut at maxFetch no longer holds everything")
+	require.Equal(t, uint64(1), q.items[0].ID)
+}

@@ -189,6 +189,67 @@ func (q *shardQueue) safeBefore(it *store.Item) bool {
 	return !q.dirty || it.Less(&q.dirtyFrom)
 }
 
+// handIn takes rows a notice carried (Service.handedRows: ready, as
+// stored, in delivery order) into the queue, as a read would have
+// buffered them; the queue's other reads
+// and notices are untouched. In steady state this is how items reach
+// consumers: the insert's notice brings them, and no read of the shard
+// is needed (a read per notice was as many statements as the inserts).
+//
+// A row goes in when the queue would have it after a read: it sorts
+// before the tail (the queue holds the head up to there), or the queue's
+// last full read found everything (exhausted), in which case the queue
+// still holds everything with it. The queue keeps at most maxFetch rows;
+// dropping rows from the end keeps "the head up to the tail" true, but
+// no longer "everything". Rows outside the buffer's band are not its
+// own. A row left out that may sort before what the queue holds, or of a
+// queue that holds nothing, marks the queue dirty as a notice without
+// rows does, so the next take reads it; rows after the tail wait for the
+// read that drains the queue. A release holding the queue (fetching
+// without a read) takes nothing. Caller holds b.mu.
+func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
+	releasing := q.fetching != nil && q.fetchStart.IsZero()
+	var took []bufItem
+	var left *bufItem
+	for i := range rows {
+		it := rows[i]
+		if it.Priority < b.band.lo || it.Priority > b.band.hi {
+			continue
+		}
+		t := q.tail()
+		if !releasing && (q.exhausted || t != nil && it.Less(t)) {
+			it.buf = b
+			took = append(took, it)
+		} else if left == nil {
+			left = &rows[i]
+		}
+	}
+	if left != nil && (len(q.items) == 0 && len(took) == 0 || q.tail() != nil && left.Less(q.tail())) {
+		q.markDirty(store.Item{Priority: left.Priority, DeliverAfter: left.DeliverAfter})
+		q.notices++
+	}
+	if len(took) == 0 {
+		return
+	}
+	// Each row goes in at its place (mergeSorted's full sort, per notice,
+	// cost more than the rows), unless a read that began after the insert
+	// committed has buffered it already, or it is taken or served since:
+	// a second copy would be taken beside the first and fail its serve.
+	for _, it := range took {
+		if _, flying := q.inflight[it.ID]; flying || q.spent(&it.Item) {
+			continue
+		}
+		i, found := slices.BinarySearchFunc(q.items, it, func(a, b bufItem) int { return a.Compare(&b.Item) })
+		if !found {
+			q.items = slices.Insert(q.items, i, it)
+		}
+	}
+	if len(q.items) > maxFetch {
+		q.items = q.items[:maxFetch]
+		q.exhausted = false
+	}
+}
+
 // noticeFrom is the least sort key a notice's rows may have.
 func noticeFrom(r *peerv1.ItemsReady) store.Item {
 	at := r.MinDeliverAfterUs

@@ -2,6 +2,7 @@ package dequeuer
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -404,18 +405,52 @@ func (s *Service) Ready(r *peerv1.ItemsReady) {
 		}
 	}
 	s.mu.Unlock()
+	if len(bufs) == 0 {
+		return
+	}
+	rows := s.handedRows(r)
 	for _, b := range bufs {
 		b.mu.Lock()
 		q := b.queue(r.Shard)
-		// An empty queue must look again; a buffered one when the items
-		// may sort before what it holds.
-		if len(q.items) == 0 || mayPrecede(r, q.tail()) {
+		if rows != nil {
+			q.handIn(b, rows)
+		} else if len(q.items) == 0 || mayPrecede(r, q.tail()) {
+			// An empty queue must look again; a buffered one when the
+			// items may sort before what it holds.
 			q.markDirty(noticeFrom(r))
 			q.notices++
 		}
 		b.mu.Unlock()
 		b.wake(int(max(r.Count, 1)))
 	}
+}
+
+// handedRows returns the rows a notice carries (peer.Handed) as buffer
+// items, or nil when it carries none or any of them is not ready yet by
+// the shard primary's clock (a delayed item, or the announcer's clock
+// ahead of the primary's): such a notice is handled as one without rows.
+func (s *Service) handedRows(r *peerv1.ItemsReady) []bufItem {
+	if !peer.Handed(r) || !s.owner.owns(r.Shard) {
+		return nil
+	}
+	// Ready runs on a committed enqueue's way back to its client: the
+	// clock's rare refresh query may not hold it up for long.
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	now := s.shardNow(ctx, r.Shard).UnixMicro()
+	rows := make([]bufItem, len(r.Items))
+	for i, it := range r.Items {
+		if it.DeliverAfterUs > now {
+			return nil
+		}
+		rows[i] = bufItem{shard: r.Shard, Item: store.Item{ID: it.Key, Priority: it.Priority, DeliverAfter: it.DeliverAfterUs,
+			EnqueuedAt: r.EnqueuedAtUs, LeaseMS: it.LeaseMs, Payload: it.Payload, Metadata: it.Metadata, UpdatedAt: r.VersionUs}}
+		if it.ExpiresAtUs != 0 {
+			rows[i].ExpiresAt = sql.NullInt64{Int64: it.ExpiresAtUs, Valid: true}
+		}
+	}
+	slices.SortFunc(rows, func(a, b bufItem) int { return a.Compare(&b.Item) })
+	return rows
 }
 
 // mayPrecede reports whether announced items may sort before tail, so
@@ -751,21 +786,34 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		groups[g] = append(groups[g], dl)
 		dls[i] = dl
 	}
+	// The shards' serves run at once: each waits for a commit on its own
+	// primary, and one after another a Dequeue over two shards took two
+	// commits' time (the triage-steady bench's consumers spent a third of
+	// their cycle there).
 	held := map[group]map[uint64]bool{}
 	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for g, ds := range groups {
 		a := shards[g.shard]
 		if a.err != nil {
 			errs = append(errs, a.err)
 			continue
 		}
-		ok, err := s.serves.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		held[g] = ok
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := s.serves.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			held[g] = ok
+		}()
 	}
+	wg.Wait()
 	// Every version a serve ran on is spent, served or found changed:
 	// copies of it (a read racing the serve buffered the row again) leave
 	// the buffers, and reads still in flight will not add them back.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -617,20 +619,28 @@ func (w *worker) announce(batches []*peerv1.EnqueueBatch, results []*peerv1.Enqu
 	// Announce BUFFERED batches' items to dequeuers. A router waiting on a
 	// COMMITTED batch announces it itself, before it answers its client,
 	// on the connection its next dequeue goes out on (see routing).
+	// A batch whose rows travel with its notice (peer.CommittedReady)
+	// goes alone; the others of a topic share one notice.
 	type topicKey struct{ ns, topic string }
 	ready := map[topicKey]*peerv1.ItemsReady{}
-	for _, b := range batches {
+	var handed []*peerv1.ItemsReady
+	for i, b := range batches {
 		if b.ReplySubject != "" {
+			continue
+		}
+		n := peer.CommittedReady(b, results[i])
+		if peer.Handed(n) {
+			handed = append(handed, n)
 			continue
 		}
 		k := topicKey{b.Namespace, b.Topic}
 		if r := ready[k]; r != nil {
-			peer.MergeReady(r, peer.BatchReady(b))
+			peer.MergeReady(r, n)
 		} else {
-			ready[k] = peer.BatchReady(b)
+			ready[k] = n
 		}
 	}
-	for _, r := range ready {
+	for _, r := range append(handed, slices.Collect(maps.Values(ready))...) {
 		if data, err := proto.Marshal(r); err == nil {
 			_ = cfg.NC.Publish(peer.ReadySubject(r.Namespace), data)
 		}

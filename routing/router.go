@@ -392,7 +392,7 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			}
 			// Tell dequeuers before the client hears back, so a dequeue the
 			// client sends next sees the new items (see announceBatch).
-			r.announceBatch(g.batch)
+			r.announceBatch(g.batch, c)
 		}
 		for j, pos := range g.idx {
 			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: g.home}
@@ -410,11 +410,12 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	return &triagev1.EnqueueResponse{Results: results}, nil
 }
 
-// announceBatch tells the dequeuers of a committed batch: the local one
+// announceBatch tells the dequeuers of a committed batch, with its rows
+// when c says its insert stored them (peer.CommittedReady): the local one
 // directly, the others over NATS on the connection the router's next
 // forwarded dequeue will use, which they read in order.
-func (r *Router) announceBatch(b *peerv1.EnqueueBatch) {
-	ready := peer.BatchReady(b)
+func (r *Router) announceBatch(b *peerv1.EnqueueBatch, c *peerv1.EnqueueCommitted) {
+	ready := peer.CommittedReady(b, c)
 	if r.cfg.Local != nil {
 		r.cfg.Local.Ready(ready)
 		if owner, ok := r.cfg.Owners.Owner(b.Shard); ok && owner == r.cfg.Local.ID() {

@@ -186,8 +186,10 @@ func TestDeleteAndUpdateDuringFetch(t *testing.T) {
 	require.Empty(t, dequeue(t, b, "race", 1, 0), "a deleted item is not delivered")
 
 	// Update: the escalation and the new metadata are what the consumer
-	// sees, never the buffered copy.
-	res = enqueue(t, b, "race", &triagev1.NewItem{Payload: []byte("updated"), Priority: 5, Metadata: map[string]string{"v": "old"}})
+	// sees, never the buffered copy. A topic of its own: "race" has a
+	// buffer now, which the enqueue's notice would hand the row to
+	// (TestHandedRowsChangedBeforeTheirDequeue), and no fetch would read it.
+	res = enqueue(t, b, "race-update", &triagev1.NewItem{Payload: []byte("updated"), Priority: 5, Metadata: map[string]string{"v": "old"}})
 	arm(res[0].Id, func() {
 		p := int32(-1)
 		_, err := b.queue.UpdateItem(context.Background(), &triagev1.UpdateItemRequest{Namespace: "default", Id: res[0].Id,
@@ -196,7 +198,7 @@ func TestDeleteAndUpdateDuringFetch(t *testing.T) {
 	})
 	var got []*triagev1.LeasedItem
 	require.Eventually(t, func() bool {
-		got = dequeue(t, b, "race", 1, 0)
+		got = dequeue(t, b, "race-update", 1, 0)
 		for _, it := range got {
 			require.Equal(t, int32(-1), it.Priority, "served with the stale priority")
 			require.Equal(t, "new", it.Metadata["v"], "served with stale metadata")
@@ -672,4 +674,64 @@ func TestItemsServedAfterTheCallerLeftGoBack(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, id, got[0].Id)
 	require.EqualValues(t, 1, got[0].Attempts, "the first delivery to a consumer is its first attempt")
+}
+
+// TestHandedRowsChangedBeforeTheirDequeue: once a topic has a buffer, a
+// committed enqueue's notice hands its rows to it (peer.CommittedReady),
+// and the dequeue serves them without a read: no fetch ever buffers them,
+// and the consumer gets the row as stored. A handed row updated or
+// deleted before its dequeue is served as it is then, or not at all (the
+// router's unbuffer and the serve's version check), exactly as a row a
+// read had buffered.
+func TestHandedRowsChangedBeforeTheirDequeue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{shards: 1})
+	var mu sync.Mutex
+	read := map[uint64]bool{}
+	hookDequeuer(t, b, func(_ uint32, keys []uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range keys {
+			read[k] = true
+		}
+	})
+	wasRead := func(id string) bool {
+		parsed, err := itemid.Parse(id)
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		return read[parsed.Key]
+	}
+	require.Empty(t, dequeue(t, b, "handed", 1, 0), "the topic's buffer now exists, empty and read")
+
+	res := enqueue(t, b, "handed", &triagev1.NewItem{Payload: []byte("as stored"), Priority: 3, Metadata: map[string]string{"k": "v"}})
+	got := dequeue(t, b, "handed", 5, 0)
+	require.Len(t, got, 1)
+	require.Equal(t, res[0].Id, got[0].Id)
+	require.Equal(t, []byte("as stored"), got[0].Payload)
+	require.Equal(t, int32(3), got[0].Priority)
+	require.Equal(t, "v", got[0].Metadata["k"])
+	require.Equal(t, int32(1), got[0].Attempts)
+	require.False(t, wasRead(res[0].Id), "served from the notice's rows, not from a read")
+	require.Equal(t, got[0].EnqueuedAt.AsTime(), getItem(t, b, res[0].Id).EnqueuedAt.AsTime())
+	require.True(t, ack(t, b, got...)[0].Ok, "the served lease is the row's")
+
+	res = enqueue(t, b, "handed", &triagev1.NewItem{Payload: []byte("updated"), Priority: 5, Metadata: map[string]string{"v": "old"}})
+	p := int32(-1)
+	_, err := b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: res[0].Id, Priority: &p, Metadata: map[string]string{"v": "new"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		got = dequeue(t, b, "handed", 1, 0)
+		for _, it := range got {
+			require.Equal(t, int32(-1), it.Priority, "served with the stale priority")
+			require.Equal(t, "new", it.Metadata["v"], "served with stale metadata")
+		}
+		return len(got) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	require.True(t, ack(t, b, got...)[0].Ok)
+
+	res = enqueue(t, b, "handed", &triagev1.NewItem{Payload: []byte("deleted")})
+	_, err = b.queue.DeleteItem(b.ctx(), &triagev1.DeleteItemRequest{Namespace: "default", Id: res[0].Id})
+	require.NoError(t, err)
+	require.Empty(t, dequeue(t, b, "handed", 1, 0), "a deleted item is not delivered")
 }

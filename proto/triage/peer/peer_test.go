@@ -78,3 +78,31 @@ func TestBatchReady(t *testing.T) {
 	peer.MergeReady(r, &peerv1.ItemsReady{MinPriority: 9, Count: 1})
 	require.Zero(t, r.MinDeliverAfterUs, "a notice of unknown time makes the merge's unknown")
 }
+
+// TestCommittedReadyCarriesTheStoredRows: a notice carries a batch's rows
+// only when its insert stored them now (a version) and they are small;
+// items that were duplicates of live ones stored nothing and are left
+// out; a merged notice carries none, since its rows would not share one
+// version.
+func TestCommittedReadyCarriesTheStoredRows(t *testing.T) {
+	b := &peerv1.EnqueueBatch{Namespace: "n", Topic: "t", Shard: 3, EnqueuedAtUs: 40, Items: []*peerv1.BufferedItem{
+		{Key: 1, Priority: 5, DeliverAfterUs: 100}, {Key: 2, Priority: 2, DeliverAfterUs: 300}, {Key: 3, Priority: 7, DeliverAfterUs: 50}}}
+	r := peer.CommittedReady(b, &peerv1.EnqueueCommitted{VersionUs: 77, DuplicateOf: []uint64{0, 9, 0}})
+	require.True(t, peer.Handed(r))
+	require.Equal(t, []uint64{1, 3}, []uint64{r.Items[0].Key, r.Items[1].Key}, "the duplicate stored nothing")
+	require.Equal(t, int32(2), r.Count)
+	require.Equal(t, int64(77), r.VersionUs)
+	require.Equal(t, int64(40), r.EnqueuedAtUs)
+
+	require.False(t, peer.Handed(peer.CommittedReady(b, &peerv1.EnqueueCommitted{})), "applied before: no version, no rows")
+	require.False(t, peer.Handed(peer.CommittedReady(b, &peerv1.EnqueueCommitted{VersionUs: 77, Error: "x"})))
+	require.False(t, peer.Handed(peer.CommittedReady(b, nil)))
+	big := &peerv1.EnqueueBatch{Items: []*peerv1.BufferedItem{{Key: 1, Payload: make([]byte, peer.MaxHandedBytes+1)}}}
+	require.False(t, peer.Handed(peer.CommittedReady(big, &peerv1.EnqueueCommitted{VersionUs: 77})), "too large to travel")
+	plain := peer.CommittedReady(big, &peerv1.EnqueueCommitted{VersionUs: 77})
+	require.Equal(t, int32(1), plain.Count, "announced without its rows")
+
+	peer.MergeReady(r, plain)
+	require.False(t, peer.Handed(r), "a merged notice carries no rows")
+	require.Equal(t, int32(3), r.Count)
+}
