@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/triage-queue/triage/proto/triage/peer"
+	"github.com/triage-queue/triage/schema"
 )
 
 // DefaultOwnerTTL is the ownership TTL when none is configured.
@@ -69,10 +70,65 @@ type ownership struct {
 	// heldAway: shards whose primary runs in this region but whose claim
 	// a dequeuer of another region still holds, since when (see takeOver).
 	heldAway map[uint32]time.Time
+	// current: shards of other regions whose schema was found current
+	// (see migrated); a schema never goes back.
+	current  map[uint32]bool
+	checking map[uint32]bool
 }
 
 func newOwnership(s *Service, kv jetstream.KeyValue) *ownership {
-	return &ownership{s: s, kv: kv, revs: map[uint32]uint64{}, sureAt: map[uint32]time.Time{}, heldAway: map[uint32]time.Time{}}
+	return &ownership{s: s, kv: kv, revs: map[uint32]uint64{}, sureAt: map[uint32]time.Time{}, heldAway: map[uint32]time.Time{},
+		current: map[uint32]bool{}, checking: map[uint32]bool{}}
+}
+
+// migrated reports whether an unowned shard of another region has every
+// migration this binary knows, so that adopting it is of use. A region's
+// node migrates its own shards as it starts; when regions start together,
+// a dequeuer that adopted another region's shard before that had
+// happened swept and read tables that did not exist yet ("ttl sweep
+// failed ... dedup_tombstones doesn't exist"), and a dequeue there would
+// have failed the same way.
+//
+// The check runs in the background (one at a time per shard) and this
+// reports what it last found, so a claim never waits on it: a shard is
+// adopted only when its home region has no dequeuer left, typically a
+// region that is down, whose primary may not answer for seconds, while
+// the same claim refreshes this dequeuer's own shards. A shard is adopted
+// at the claim after the check found it current. A Service without a
+// Pool (ownership tests) has no schema to check.
+func (o *ownership) migrated(ctx context.Context, shard uint32) bool {
+	if o.s.cfg.Pool == nil {
+		return true
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.current[shard] || o.checking[shard] {
+		return o.current[shard]
+	}
+	o.checking[shard] = true
+	o.s.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := o.pending(ctx, shard)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		delete(o.checking, shard)
+		if err == nil && n == 0 {
+			o.current[shard] = true
+			return
+		}
+		o.s.log.Debug("not adopting a shard whose schema is not current yet", "shard", shard, "pending", n, "err", err)
+	})
+	return false
+}
+
+// pending is schema.Pending on shard's primary.
+func (o *ownership) pending(ctx context.Context, shard uint32) (int, error) {
+	db, _, err := o.s.cfg.Pool.Primary(o.s.cfg.Maps.Current(), shard)
+	if err != nil {
+		return 0, err
+	}
+	return schema.Pending(ctx, db.DB)
 }
 
 // handOverGrace is how long a dequeuer of another region may keep the
@@ -205,7 +261,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 				// Adopt a shard whose home region has no dequeuer left
 				// (its presence key expired: none refreshed it for a
 				// TTL) once its owner's claim expired too.
-				if _, err := o.kv.Get(ctx, peer.OwnerKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) {
+				if _, err := o.kv.Get(ctx, peer.OwnerKey(id)); errors.Is(err, jetstream.ErrKeyNotFound) && o.migrated(ctx, id) {
 					want = append(want, id)
 				}
 			}
