@@ -111,8 +111,10 @@
 //   - triage-mixed: non-waiting dequeue p99 <= 10 ms, enqueue p99 <= 25
 //     ms, end-to-end p99 <= 50 ms (metric e2e_p99_ms), zero priority
 //     inversions.
-//   - triage-dequeue-ack: >= 0.7x ceiling-lease-ack; Dequeue and Ack p99
-//     both <= 100 ms.
+//   - triage-dequeue-ack: >= 0.7x ceiling-lease-ack (its best trial);
+//     Dequeue and Ack p99 both <= 100 ms at the first trial's
+//     configuration (16 consumers x count 100), whichever trial is
+//     fastest, so the latency target compares one load from run to run.
 //   - triage-enqueue-batch1 >= 2x naive-enqueue; triage-enqueue-batch100
 //     >= 0.6x ceiling-insert.
 //   - triage-enqueue-3region: COMMITTED enqueue p50 <= 3 WAN round trips

@@ -92,8 +92,9 @@ func applyTargets(ss []Scenario) {
 	}
 	if s := ok(DequeueAck); s != nil {
 		atLeast(s, ">= 0.70x ceiling-lease-ack", s.RatioVsCeiling, 0.70)
-		d, a := s.P99MS, s.Metrics["ack_p99_ms"]
-		s.Targets = append(s.Targets, Target{Goal: "Dequeue and Ack p99 <= 100 ms",
+		// At a fixed configuration (the first trial), not the fastest one.
+		d, a := s.Metrics["fixed_dequeue_p99_ms"], s.Metrics["fixed_ack_p99_ms"]
+		s.Targets = append(s.Targets, Target{Goal: fmt.Sprintf("Dequeue and Ack p99 <= 100 ms (%.0f consumers)", s.Metrics["fixed_consumers"]),
 			Measured: fmt.Sprintf("Dequeue %.2f ms, Ack %.2f ms", d, a), Met: d <= 100 && a <= 100})
 	}
 	if s := ok(EnqueueBatch1); s != nil {

@@ -292,11 +292,11 @@ func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
 		r.deepDepth.Add(need - d)
 	}
 	depth := r.deepDepth.Load()
-	var best *sampler
+	var best, first *sampler
 	var bestTrial dequeueTrial
 	var trials []string
 	var errs []string
-	for _, t := range r.p.dequeueTrials {
+	for i, t := range r.p.dequeueTrials {
 		prog := r.progress(fmt.Sprintf("%s (%d consumers, count %d)", DequeueAck, t.consumers, t.count))
 		s := runLoad(ctx, loadSpec{workers: t.consumers, warmup: r.p.warmup, measure: r.p.measure,
 			op: func(ctx context.Context, w int, s *sampler) (int, error) {
@@ -312,6 +312,9 @@ func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
 		if best == nil || s.rate() > best.rate() {
 			best, bestTrial = s, t
 		}
+		if i == 0 {
+			first = s
+		}
 		if ctx.Err() != nil {
 			return Scenario{}, ctx.Err()
 		}
@@ -319,8 +322,14 @@ func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
 	if best.items == 0 {
 		return Scenario{}, fmt.Errorf("no dequeue+ack succeeded: %s", best.errNote())
 	}
-	note := fmt.Sprintf("gRPC, best: %d consumers x Dequeue(count %d) + Ack of the batch; all (consumers x count): %s; backlog %s items over %d shards; ack p99 %.2f ms",
-		bestTrial.consumers, bestTrial.count, strings.Join(trials, ", "), human(float64(depth)), len(r.shardIDs), best.pct("ack", 99))
+	// The latency target is judged at one configuration, the first trial's,
+	// whichever trial is fastest: the best one's latency compared
+	// different loads from run to run (8 consumers in one, 32 in the next).
+	lt := r.p.dequeueTrials[0]
+	note := fmt.Sprintf("gRPC, best: %d consumers x Dequeue(count %d) + Ack of the batch; all (consumers x count): %s; backlog %s items over %d shards; ack p99 %.2f ms; "+
+		"at %dx%d (the latency target's configuration): Dequeue p99 %.2f ms, Ack p99 %.2f ms",
+		bestTrial.consumers, bestTrial.count, strings.Join(trials, ", "), human(float64(depth)), len(r.shardIDs), best.pct("ack", 99),
+		lt.consumers, lt.count, first.pct("dequeue", 99), first.pct("ack", 99))
 	if len(errs) > 0 {
 		note += "; " + strings.Join(errs, "; ")
 	}
@@ -329,7 +338,8 @@ func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
 		P50MS:       best.pct("dequeue", 50), P99MS: best.pct("dequeue", 99), P999MS: best.pct("dequeue", 99.9),
 		Latency: fmt.Sprintf("Dequeue RPC (count %d)", bestTrial.count),
 		Notes:   note,
-		Metrics: map[string]float64{"ack_p50_ms": best.pct("ack", 50), "ack_p99_ms": best.pct("ack", 99), "backlog_items": float64(depth)},
+		Metrics: map[string]float64{"ack_p50_ms": best.pct("ack", 50), "ack_p99_ms": best.pct("ack", 99), "backlog_items": float64(depth),
+			"fixed_consumers": float64(lt.consumers), "fixed_dequeue_p99_ms": first.pct("dequeue", 99), "fixed_ack_p99_ms": first.pct("ack", 99)},
 	}, nil
 }
 
