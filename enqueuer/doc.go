@@ -36,6 +36,22 @@
 // as usual; a retired shard leaves the map only with its subject empty,
 // and its worker stops with the next reconcile.
 //
+// # Fast copies
+//
+// With replicated streams (a node sets Config.FastCopies when streams
+// have more than one replica), routers also send each envelope the stream
+// acknowledged to the shard's worker over core NATS
+// (triage.enqnow.<region>.<shard>, a queue group), and the worker inserts
+// it at once: a replicated consumer delivers only after its delivered
+// state has a Raft quorum, a WAN round trip on every COMMITTED enqueue
+// (nats-server 2.11, PR #6792). The stream stays the record: the copy is
+// a hint, dropped when the worker's channel is full or its batches are in
+// flight, and the stream's copy is acked without a statement when a fast
+// copy inserted its batches, waits (a nak of 100 ms) while one inserts
+// them, and is inserted as always otherwise. When both race to the
+// database anyway, enqueue_batches makes the second an answer from the
+// record. See fast.go.
+//
 // # Idempotency
 //
 // JetStream redelivers a message whose ack was lost. The insert is

@@ -45,7 +45,7 @@ func setup(t *testing.T) *bundle {
 
 // setupOn starts an enqueuer for region "r" with one shard on a fresh
 // database, on the NATS connection given, logging to logs.
-func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer) *bundle {
+func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamConfig, logs io.Writer, with ...func(*Config)) *bundle {
 	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
@@ -58,8 +58,12 @@ func setupOn(t *testing.T, nc *nats.Conn, js jetstream.JetStream, stream StreamC
 	require.NoError(t, err)
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
-	svc, err := New(Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
-		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	cfg := Config{Region: "r", Maps: shardmap.NewHolder(m), Pool: pool, NC: nc, JS: js, AckWait: time.Second,
+		Stream: stream, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	for _, f := range with {
+		f(&cfg)
+	}
+	svc, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
 	t.Cleanup(svc.Stop)

@@ -65,6 +65,11 @@ type Config struct {
 	// placement in leaders.go). Off by default, so that tests of leader
 	// elections keep the leaders where they put them; a node turns it on.
 	PlaceLeaders bool
+	// FastCopies has workers take the fast copies of their shards'
+	// envelopes that routers send once the stream acknowledged them (see
+	// Fast copies in fast.go). Off by default; a node turns it on, as its
+	// routers' FastCopies, when streams are replicated.
+	FastCopies bool
 	// Tracer traces each insert transaction ("enqueuer.insert"), in the
 	// traces of the Enqueue requests whose batches it inserts (carried in
 	// the messages' headers; schema/tracing). Nil: no tracing.
@@ -242,6 +247,7 @@ type worker struct {
 	shard uint32
 	home  string // the shard's home region: whose stream it drains
 	log   *slog.Logger
+	fast  *fastState // nil without Config.FastCopies
 }
 
 func (w *worker) run(ctx context.Context) {
@@ -252,6 +258,10 @@ func (w *worker) run(ctx context.Context) {
 		go w.keepLeadersNear(ctx)
 	}
 	msgs := make(chan jetstream.Msg, cfg.MaxBatchMessages)
+	if cfg.FastCopies {
+		w.fast = &fastState{inflight: map[uint64]bool{}, done: map[uint64]time.Time{}}
+		go w.listenFast(ctx, msgs)
+	}
 	// Several transactions in flight per shard: while one waits for its
 	// fsync the next one is being built, and InnoDB's group commit folds
 	// their fsyncs together.
@@ -496,6 +506,17 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 	cfg := w.svc.cfg
 	var batches []*peerv1.EnqueueBatch
 	var parents []trace.SpanContext
+	// Batch ids in flight here, of fast copies and of the stream's: a fast
+	// copy's are recorded as inserted when this succeeds, for its stream
+	// copy to find; the stream's copy is the last, so only its flight ends.
+	var fastIDs, streamIDs []uint64
+	if w.fast != nil {
+		defer func() {
+			now := time.Now()
+			w.fast.settle(fastIDs, err == nil, now)
+			w.fast.settle(streamIDs, false, now)
+		}()
+	}
 	kept := msgs[:0:0]
 	for _, m := range msgs {
 		env := &peerv1.EnqueueEnvelope{}
@@ -508,6 +529,28 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 			w.log.Error("terminating malformed enqueue message", "err", err)
 			_ = m.Term()
 			continue
+		}
+		if w.fast != nil {
+			ids := make([]uint64, len(env.Batches))
+			for i, b := range env.Batches {
+				ids[i] = b.BatchId
+			}
+			if _, isFast := m.(*fastMsg); isFast {
+				if !w.fast.claim(ids) {
+					continue // the stream's copy is ahead of it
+				}
+				fastIDs = append(fastIDs, ids...)
+			} else {
+				switch w.fast.seen(ids) {
+				case copyInserted:
+					_ = m.Ack()
+					continue
+				case copyInFlight:
+					_ = m.NakWithDelay(fastNakDelay)
+					continue
+				}
+				streamIDs = append(streamIDs, ids...)
+			}
 		}
 		batches = append(batches, env.Batches...)
 		parents = append(parents, tracing.Extract(m.Headers(), len(env.Batches))...)

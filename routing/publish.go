@@ -85,15 +85,18 @@ type pubReq struct {
 // requests.
 type shardPublisher struct {
 	subject string
+	home    string
+	shard   uint32
 	ch      chan pubReq
 }
 
-func (r *Router) publisherFor(subject string) *shardPublisher {
+func (r *Router) publisherFor(home string, shard uint32) *shardPublisher {
+	subject := peer.EnqueueSubject(home, shard)
 	r.pubMu.Lock()
 	defer r.pubMu.Unlock()
 	p := r.publishers[subject]
 	if p == nil {
-		p = &shardPublisher{subject: subject, ch: make(chan pubReq, 4*maxEnvelopeBatches)}
+		p = &shardPublisher{subject: subject, home: home, shard: shard, ch: make(chan pubReq, 4*maxEnvelopeBatches)}
 		r.publishers[subject] = p
 		for i := 0; i < publishersPerShard; i++ {
 			r.pubWG.Add(1)
@@ -125,7 +128,7 @@ func (r *Router) publishLoop(p *shardPublisher) {
 					// Not in this envelope: it goes alone, so that no
 					// message is larger than the server takes.
 					go func() {
-						q.done <- r.publishEnvelope(p.subject, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
+						q.done <- r.publishEnvelope(p.home, p.shard, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
 					}()
 					break drain
 				}
@@ -141,21 +144,24 @@ func (r *Router) publishLoop(p *shardPublisher) {
 			env.Batches[i] = q.batch
 			tps[i] = q.traceparent
 		}
-		err := r.publishEnvelope(p.subject, env, tps)
+		err := r.publishEnvelope(p.home, p.shard, env, tps)
 		for _, q := range reqs {
 			q.done <- err
 		}
 	}
 }
 
-// publishEnvelope publishes env, its batches' trace contexts
-// (traceparents, in order) in the message header.
-func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope, traceparents []string) error {
+// publishEnvelope publishes env to the enqueue stream of home's shard,
+// its batches' trace contexts (traceparents, in order) in the message
+// header. With Config.FastCopies, once the stream has acknowledged it,
+// a copy goes to the shard's worker over core NATS (see package
+// enqueuer, Fast copies): lost or late, it costs nothing.
+func (r *Router) publishEnvelope(home string, shard uint32, env *peerv1.EnqueueEnvelope, traceparents []string) error {
 	data, err := proto.Marshal(env)
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(subject)
+	msg := nats.NewMsg(peer.EnqueueSubject(home, shard))
 	msg.Data = data
 	// The stream drops a retried publish of the same envelope.
 	msg.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(env.Batches[0].BatchId, 16))
@@ -163,6 +169,11 @@ func (r *Router) publishEnvelope(subject string, env *peerv1.EnqueueEnvelope, tr
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	_, err = r.cfg.JS.PublishMsg(ctx, msg)
+	if err == nil && r.cfg.FastCopies {
+		fast := nats.NewMsg(peer.EnqueueNowSubject(home, shard))
+		fast.Data, fast.Header = data, msg.Header
+		_ = r.cfg.NC.PublishMsg(fast)
+	}
 	return classifyPublish(err)
 }
 
@@ -181,12 +192,12 @@ func (r *Router) publish(ctx context.Context, order []*shardBatch) (err error) {
 		if reqs[i].size > r.envelopeLimit()/2 {
 			// Too big to share an envelope; it goes alone.
 			go func(q pubReq) {
-				q.done <- r.publishEnvelope(peer.EnqueueSubject(g.home, g.shard), &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
+				q.done <- r.publishEnvelope(g.home, g.shard, &peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{q.batch}}, []string{q.traceparent})
 			}(reqs[i])
 			continue
 		}
 		select {
-		case r.publisherFor(peer.EnqueueSubject(g.home, g.shard)).ch <- reqs[i]:
+		case r.publisherFor(g.home, g.shard).ch <- reqs[i]:
 		case <-ctx.Done():
 			return ctx.Err()
 		}

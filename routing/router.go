@@ -77,6 +77,12 @@ type Config struct {
 	// Claim, when set, is asked before minting IDs; an error (the node
 	// number is not confirmed in NATS) answers the enqueue UNAVAILABLE.
 	Claim interface{ Check(now time.Time) error }
+	// FastCopies sends each envelope the enqueue stream acknowledged to
+	// its shard's worker over core NATS as well, which saves a replicated
+	// stream's consumer its quorum round trip (see package enqueuer, Fast
+	// copies). Off by default; a node turns it on with the enqueuers'
+	// FastCopies when streams are replicated.
+	FastCopies bool
 	// CommitTimeout bounds how long a COMMITTED enqueue waits for the
 	// enqueuer when the client set no deadline. Default 10s.
 	CommitTimeout time.Duration

@@ -374,7 +374,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
 			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners, PlaceLeaders: cfg.StreamReplicas > 1,
-			AckWait: time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met, Tracer: cfg.tracerProvider})
+			FastCopies: cfg.StreamReplicas > 1,
+			AckWait:    time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met, Tracer: cfg.tracerProvider})
 		if err != nil {
 			return nil, err
 		}
@@ -449,7 +450,8 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		return err
 	}
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Drills: drills, Logger: n.log,
-		Publisher: kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
+		FastCopies: n.cfg.StreamReplicas > 1,
+		Publisher:  kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}

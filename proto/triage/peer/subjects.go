@@ -12,6 +12,14 @@ func EnqueueSubject(region string, shard uint32) string {
 	return fmt.Sprintf("triage.enq.%s.%d", region, shard)
 }
 
+// EnqueueNowSubject carries the fast copy of an envelope the stream
+// acknowledged on EnqueueSubject(region, shard), over core NATS to the
+// worker draining it (see package enqueuer, Fast copies). It is outside
+// the stream's subjects.
+func EnqueueNowSubject(region string, shard uint32) string {
+	return fmt.Sprintf("triage.enqnow.%s.%d", region, shard)
+}
+
 // EnqueueSubjects matches every shard's EnqueueSubject in region.
 func EnqueueSubjects(region string) string { return "triage.enq." + region + ".*" }
 
