@@ -2,7 +2,6 @@ package dequeuer
 
 import (
 	"context"
-	"database/sql"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver/natstest"
-	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -27,12 +25,7 @@ func TestAdoptsOnlyAMigratedShard(t *testing.T) {
 	nc, js := natstest.JetStream(t)
 	dsn, err := mysql.ParseDSN(mariadbtest.Database(t))
 	require.NoError(t, err)
-	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b"},
-		Namespaces: []shardmap.Namespace{{Name: "default"}},
-		Shards: []shardmap.Shard{{ID: 1, HomeRegion: "a", PrimaryRegion: "a", Primary: dsn.Addr,
-			Database: dsn.DBName, Replicas: []string{"127.0.0.1:1"}, ReplicaRegions: []string{"b"}}}})
-	require.NoError(t, err)
-	maps := shardmap.NewHolder(m)
+	maps := shardmap.NewHolder(dbShardMap(t, 1, "a", dsn))
 	pool := shardmap.NewPool(shardmap.Credentials{User: dsn.User, Password: dsn.Passwd})
 	defer pool.Close()
 	s, err := New(Config{Region: "b", ID: "deq-b", Maps: maps, Pool: pool, NC: nc, JS: js,
@@ -46,13 +39,7 @@ func TestAdoptsOnlyAMigratedShard(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	require.False(t, s.owner.owns(1), "adopted a shard with no tables")
 
-	root := *dsn
-	root.MultiStatements = true
-	db, err := sql.Open("mysql", root.FormatDSN())
-	require.NoError(t, err)
-	defer db.Close()
-	_, err = schema.Migrate(ctx, db)
-	require.NoError(t, err)
+	migrateDB(t, dsn)
 	require.Eventually(t, func() bool { return s.owner.owns(1) }, 5*time.Second, 20*time.Millisecond,
 		"the migrated shard of a region without dequeuers is adopted")
 }

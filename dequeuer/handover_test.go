@@ -33,21 +33,10 @@ func TestHandOverEndsLongPollsAtTheOldOwner(t *testing.T) {
 	nc, js := natstest.JetStream(t)
 	dsn, err := mysql.ParseDSN(mariadbtest.Database(t))
 	require.NoError(t, err)
-	root := *dsn
-	root.MultiStatements = true
-	db, err := sql.Open("mysql", root.FormatDSN())
-	require.NoError(t, err)
-	defer db.Close()
-	_, err = schema.Migrate(ctx, db)
-	require.NoError(t, err)
+	migrateDB(t, dsn)
 
 	at := func(version uint64, primaryRegion string) *shardmap.Map {
-		m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"},
-			Namespaces: []shardmap.Namespace{{Name: "default"}},
-			Shards: []shardmap.Shard{{ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: dsn.Addr,
-				Database: dsn.DBName, Replicas: []string{"127.0.0.1:1"}, ReplicaRegions: []string{"b"}}}})
-		require.NoError(t, err)
-		return m
+		return dbShardMap(t, version, primaryRegion, dsn)
 	}
 	maps := shardmap.NewHolder(at(1, "a"))
 	// The store confirms the map (a KV watch does in a node); a map
@@ -99,4 +88,28 @@ func TestHandOverEndsLongPollsAtTheOldOwner(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the old owner's long poll still runs 5 s after it handed the shard over")
 	}
+}
+
+// dbShardMap is a map of regions a and b whose shard 1 is dsn's database,
+// its primary in primaryRegion.
+func dbShardMap(t *testing.T, version uint64, primaryRegion string, dsn *mysql.Config) *shardmap.Map {
+	t.Helper()
+	m, err := shardmap.New(shardmap.Map{Version: version, Regions: []string{"a", "b"},
+		Namespaces: []shardmap.Namespace{{Name: "default"}},
+		Shards: []shardmap.Shard{{ID: 1, HomeRegion: "a", PrimaryRegion: primaryRegion, Primary: dsn.Addr,
+			Database: dsn.DBName, Replicas: []string{"127.0.0.1:1"}, ReplicaRegions: []string{"b"}}}})
+	require.NoError(t, err)
+	return m
+}
+
+// migrateDB applies the schema to dsn's database.
+func migrateDB(t *testing.T, dsn *mysql.Config) {
+	t.Helper()
+	root := *dsn
+	root.MultiStatements = true
+	db, err := sql.Open("mysql", root.FormatDSN())
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = schema.Migrate(t.Context(), db)
+	require.NoError(t, err)
 }

@@ -178,13 +178,7 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		for _, i := range fresh {
 			b := batches[i]
 			for _, it := range b.Items {
-				var expires any
-				if it.ExpiresAtUs != 0 {
-					expires = it.ExpiresAtUs
-				}
-				dedup, payload, meta := columns(it)
-				args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
-					it.LeaseMs, expires, dedup, payload, meta, nowUS)
+				args = itemArgs(args, b, it, nowUS)
 				pending = append(pending, it)
 				pendingBatch, pendingOut = b, out[i]
 				rows++
@@ -274,6 +268,18 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 // columns returns a buffered item's dedup key, payload and metadata as
 // their columns take them: no dedup key or metadata is NULL, an empty
 // payload is not.
+// itemArgs appends the values of one row of insertItemsPrefix's VALUES:
+// it of batch b, stored at nowUS (its version).
+func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64) []any {
+	var expires any
+	if it.ExpiresAtUs != 0 {
+		expires = it.ExpiresAtUs
+	}
+	dedup, payload, meta := columns(it)
+	return append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
+		it.LeaseMs, expires, dedup, payload, meta, nowUS)
+}
+
 func columns(it *peerv1.BufferedItem) (dedup any, payload []byte, meta any) {
 	if it.DedupKey != "" {
 		dedup = it.DedupKey

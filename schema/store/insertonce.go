@@ -72,13 +72,7 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBat
 	}
 	for _, b := range batches {
 		for _, it := range b.Items {
-			var expires any
-			if it.ExpiresAtUs != 0 {
-				expires = it.ExpiresAtUs
-			}
-			dedup, payload, meta := columns(it)
-			args = append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
-				it.LeaseMs, expires, dedup, payload, meta, nowUS)
+			args = itemArgs(args, b, it, nowUS)
 		}
 	}
 	err = schema.Retry(ctx, func() error {

@@ -196,18 +196,27 @@ func TestDeleteAndUpdateDuringFetch(t *testing.T) {
 			Priority: &p, Metadata: map[string]string{"v": "new"}})
 		require.NoError(t, err)
 	})
+	got := dequeueUpdated(t, b, "race-update")
+	require.Equal(t, res[0].Id, got[0].Id)
+	require.Equal(t, int32(1), got[0].Attempts)
+	require.True(t, ack(t, b, got...)[0].Ok)
+}
+
+// dequeueUpdated dequeues topic's one item, which was updated to priority
+// -1 and metadata v=new after it was buffered, and fails on a delivery
+// of the buffered copy.
+func dequeueUpdated(t *testing.T, b *bed, topic string) []*triagev1.LeasedItem {
+	t.Helper()
 	var got []*triagev1.LeasedItem
 	require.Eventually(t, func() bool {
-		got = dequeue(t, b, "race-update", 1, 0)
+		got = dequeue(t, b, topic, 1, 0)
 		for _, it := range got {
 			require.Equal(t, int32(-1), it.Priority, "served with the stale priority")
 			require.Equal(t, "new", it.Metadata["v"], "served with stale metadata")
 		}
 		return len(got) == 1
 	}, 5*time.Second, 10*time.Millisecond)
-	require.Equal(t, res[0].Id, got[0].Id)
-	require.Equal(t, int32(1), got[0].Attempts)
-	require.True(t, ack(t, b, got...)[0].Ok)
+	return got
 }
 
 // TestWaitingTakesShareALaterFetch: takes that wait for a fetch which
@@ -720,14 +729,7 @@ func TestHandedRowsChangedBeforeTheirDequeue(t *testing.T) {
 	p := int32(-1)
 	_, err := b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: res[0].Id, Priority: &p, Metadata: map[string]string{"v": "new"}})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		got = dequeue(t, b, "handed", 1, 0)
-		for _, it := range got {
-			require.Equal(t, int32(-1), it.Priority, "served with the stale priority")
-			require.Equal(t, "new", it.Metadata["v"], "served with stale metadata")
-		}
-		return len(got) == 1
-	}, 5*time.Second, 10*time.Millisecond)
+	got = dequeueUpdated(t, b, "handed")
 	require.True(t, ack(t, b, got...)[0].Ok)
 
 	res = enqueue(t, b, "handed", &triagev1.NewItem{Payload: []byte("deleted")})
