@@ -797,7 +797,9 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 	for g, ds := range groups {
 		a := shards[g.shard]
 		if a.err != nil {
+			mu.Lock() // serves started in earlier rounds of this loop append too
 			errs = append(errs, a.err)
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)

@@ -47,7 +47,7 @@
 // (nats-server 2.11, PR #6792). The stream stays the record: the copy is
 // a hint, dropped when the worker's channel is full or its batches are in
 // flight, and the stream's copy is acked without a statement when a fast
-// copy inserted its batches, waits (a nak of 100 ms) while one inserts
+// copy inserted its batches, waits (a nak of 500 ms) while one inserts
 // them, and is inserted as always otherwise. When both race to the
 // database anyway, enqueue_batches makes the second an answer from the
 // record. See fast.go.

@@ -46,7 +46,10 @@ const fastDoneFor = 2 * time.Minute
 
 // fastNakDelay is how long the stream's copy of a batch whose fast copy
 // is being inserted waits before it is redelivered and looked at again.
-const fastNakDelay = 100 * time.Millisecond
+// Nobody waits for it (the fast copy answers the router), so it is long
+// enough that a shard whose inserts hang (a failover) does not have its
+// stream copies redelivered many times a second.
+const fastNakDelay = 500 * time.Millisecond
 
 // claim registers a fast copy's ids as being inserted and reports whether
 // it should go on: false when the stream's copy has them in flight, or a
