@@ -209,40 +209,36 @@ func (q *shardQueue) safeBefore(it *store.Item) bool {
 // without a read) takes nothing. Caller holds b.mu.
 func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
 	releasing := q.fetching != nil && q.fetchStart.IsZero()
-	var took []bufItem
-	var left *bufItem
+	tail := q.tail()
+	var left *bufItem // the first row left out (rows are in order)
 	for i := range rows {
 		it := rows[i]
-		if it.Priority < b.band.lo || it.Priority > b.band.hi {
+		switch {
+		case it.Priority < b.band.lo || it.Priority > b.band.hi:
+			continue
+		case releasing || !q.exhausted && (tail == nil || !it.Less(tail)):
+			if left == nil {
+				left = &rows[i]
+			}
 			continue
 		}
-		t := q.tail()
-		if !releasing && (q.exhausted || t != nil && it.Less(t)) {
-			it.buf = b
-			took = append(took, it)
-		} else if left == nil {
-			left = &rows[i]
-		}
-	}
-	if left != nil && (len(q.items) == 0 && len(took) == 0 || q.tail() != nil && left.Less(q.tail())) {
-		q.markDirty(store.Item{Priority: left.Priority, DeliverAfter: left.DeliverAfter})
-		q.notices++
-	}
-	if len(took) == 0 {
-		return
-	}
-	// Each row goes in at its place (mergeSorted's full sort, per notice,
-	// cost more than the rows), unless a read that began after the insert
-	// committed has buffered it already, or it is taken or served since:
-	// a second copy would be taken beside the first and fail its serve.
-	for _, it := range took {
+		// Not if a read that began after the insert committed buffered it
+		// already, or it is taken or served since: a second copy would be
+		// taken beside the first and fail its serve. Each row goes in at
+		// its place (mergeSorted's full sort, per notice, cost more than
+		// the rows).
 		if _, flying := q.inflight[it.ID]; flying || q.spent(&it.Item) {
 			continue
 		}
-		i, found := slices.BinarySearchFunc(q.items, it, func(a, b bufItem) int { return a.Compare(&b.Item) })
+		at, found := slices.BinarySearchFunc(q.items, it, func(a, b bufItem) int { return a.Compare(&b.Item) })
 		if !found {
-			q.items = slices.Insert(q.items, i, it)
+			it.buf = b
+			q.items = slices.Insert(q.items, at, it)
 		}
+	}
+	if left != nil && (len(q.items) == 0 || tail != nil && left.Less(tail)) {
+		q.markDirty(store.Item{Priority: left.Priority, DeliverAfter: left.DeliverAfter})
+		q.notices++
 	}
 	if len(q.items) > maxFetch {
 		q.items = q.items[:maxFetch]

@@ -86,9 +86,12 @@ func batch(id uint64, topic, reply string, keys ...uint64) *peerv1.EnqueueBatch 
 	return b
 }
 
-func (b *bundle) count(t *testing.T) int {
+func (b *bundle) count(t *testing.T) int { return b.rowsIn(t, "items") }
+
+// rowsIn counts the rows of table.
+func (b *bundle) rowsIn(t *testing.T, table string) int {
 	var n int
-	require.NoError(t, b.db.Get(&n, "SELECT COUNT(*) FROM items"))
+	require.NoError(t, b.db.Get(&n, "SELECT COUNT(*) FROM "+table))
 	return n
 }
 

@@ -12,24 +12,9 @@ import (
 	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
-// # Fast copies
-//
-// With a replicated enqueue stream, a message reaches the shard's worker
-// through the stream's consumer only after the consumer's delivered state
-// has a Raft quorum (nats-server 2.11 and later): across regions that is
-// a WAN round trip on every COMMITTED enqueue, beside the publish's own
-// and the insert's semi-sync one. So a router whose publish was
-// acknowledged (the message is durable in the stream) also sends the
-// envelope over core NATS to the shard's worker (peer.EnqueueNowSubject),
-// which inserts it at once. The stream stays the only record that
-// counts: a fast copy is a hint, dropped whenever it is not useful (no
-// worker listening, a full channel, a batch in flight or done), and the
-// stream's copy, when it arrives, is acked without a statement if its
-// batches are inserted, or inserted as always (idempotently, should both
-// copies race: enqueue_batches tells).
-//
-// fastState tracks, per worker, the batches a copy is inserting (inflight)
-// and those inserted lately (done, with when), so that the second copy of
+// fastState is a worker's side of fast copies (see "Fast copies" in the
+// package doc): the batches a copy is inserting (inflight) and those a
+// fast copy inserted lately (done, with when), so that the second copy of
 // a batch does no database work.
 type fastState struct {
 	mu       sync.Mutex

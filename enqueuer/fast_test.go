@@ -33,15 +33,9 @@ func (b *bundle) sendFast(t *testing.T, batches ...*peerv1.EnqueueBatch) {
 
 // settled reports whether the shard's consumer has nothing pending or
 // unacknowledged.
-func (b *bundle) settled(t *testing.T) bool {
+func (b *bundle) settled() bool {
 	info, err := consumerInfo(context.Background(), b.js, peer.EnqueueStream("r"), "enq-1")
 	return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-}
-
-func (b *bundle) batches(t *testing.T) int {
-	var n int
-	require.NoError(t, b.db.Get(&n, "SELECT COUNT(*) FROM enqueue_batches"))
-	return n
 }
 
 // TestFastCopyIsInsertedAndItsStreamCopyAcked: a fast copy is inserted
@@ -62,10 +56,10 @@ func TestFastCopyIsInsertedAndItsStreamCopyAcked(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 	c := reply(t, replies)
 	require.NotZero(t, c.VersionUs, "inserted by this copy")
-	require.Equal(t, 1, b.batches(t))
+	require.Equal(t, 1, b.rowsIn(t, "enqueue_batches"))
 
 	b.publish(t, first)
-	require.Eventually(t, func() bool { return b.settled(t) }, 10*time.Second, 20*time.Millisecond, "the stream's copy is acked")
+	require.Eventually(t, func() bool { return b.settled() }, 10*time.Second, 20*time.Millisecond, "the stream's copy is acked")
 	select {
 	case m := <-replies:
 		t.Fatalf("the stream's copy was answered again: %s", m.Data)
@@ -75,12 +69,12 @@ func TestFastCopyIsInsertedAndItsStreamCopyAcked(t *testing.T) {
 
 	late := batch(200, "t", "reply.fast", 200)
 	b.publish(t, late)
-	require.Eventually(t, func() bool { return b.count(t) == 3 && b.settled(t) }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.count(t) == 3 && b.settled() }, 10*time.Second, 20*time.Millisecond)
 	require.NotZero(t, reply(t, replies).VersionUs)
 	b.sendFast(t, late)
 	require.Zero(t, reply(t, replies).VersionUs, "a late fast copy is answered as applied")
 	require.Equal(t, 3, b.count(t))
-	require.Equal(t, 2, b.batches(t))
+	require.Equal(t, 2, b.rowsIn(t, "enqueue_batches"))
 }
 
 // TestFastAndStreamCopiesRaceToOneInsert: both copies of many envelopes,
@@ -105,9 +99,9 @@ func TestFastAndStreamCopiesRaceToOneInsert(t *testing.T) {
 		wg.Go(func() { b.sendFast(t, bt) })
 	}
 	wg.Wait()
-	require.Eventually(t, func() bool { return b.count(t) == n+1 && b.settled(t) }, 20*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return b.count(t) == n+1 && b.settled() }, 20*time.Second, 50*time.Millisecond,
 		"every item once, every stream copy acked")
-	require.Equal(t, n+1, b.batches(t))
+	require.Equal(t, n+1, b.rowsIn(t, "enqueue_batches"))
 }
 
 // TestFastStateTellsEachCopyWhatToDo: the bookkeeping alone. A fast copy

@@ -265,9 +265,6 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 	return applied, nil
 }
 
-// columns returns a buffered item's dedup key, payload and metadata as
-// their columns take them: no dedup key or metadata is NULL, an empty
-// payload is not.
 // itemArgs appends the values of one row of insertItemsPrefix's VALUES:
 // it of batch b, stored at nowUS (its version).
 func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64) []any {
@@ -280,6 +277,9 @@ func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS
 		it.LeaseMs, expires, dedup, payload, meta, nowUS)
 }
 
+// columns returns a buffered item's dedup key, payload and metadata as
+// their columns take them: no dedup key or metadata is NULL, an empty
+// payload is not.
 func columns(it *peerv1.BufferedItem) (dedup any, payload []byte, meta any) {
 	if it.DedupKey != "" {
 		dedup = it.DedupKey
