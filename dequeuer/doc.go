@@ -118,11 +118,16 @@
 // A queue is refilled in the background before it runs dry: when a take
 // leaves a shard's queue below its low-water mark (half a fetch, so about
 // 50 ms of the topic's observed rate) and its last full read was not
-// short, one unbounded read of the head is started (startRefills), and
-// takes go on serving what the queue holds meanwhile. Only a take that
-// finds the queue empty, or in need of a fresh read, waits for the refill:
-// the refill is that read, and a second one beside it could merge rows
-// read after the refill's unmerged ones and serve them first. What the
+// short, a read of the rows after its tail is started (startRefills; of
+// the head, when the queue is empty), and takes go on serving what the
+// queue holds meanwhile. The rows before the tail are the ones the queue
+// holds or ones its rechecks find, so the refill neither walks nor leaves
+// out the held rows by version, which had cost the deep backlog a second
+// index row read per row served. Only a take that finds the queue empty,
+// or in need of a fresh read, waits for the refill (a second read beside
+// it could merge rows read after the refill's unmerged ones and serve
+// them first); a refill of the head counts as the take's fresh read, one
+// after the tail does not. What the
 // refill read merges like any fetch's rows, and, as for a full recheck,
 // buffered rows after its last row are dropped when it came back full.
 // Without it a consumer that emptied a buffer waited a read round trip,

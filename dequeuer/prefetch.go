@@ -73,6 +73,10 @@ type shardQueue struct {
 	refilling   chan struct{}
 	refillAt    uint64
 	refillStart time.Time
+	// refillAfter is set while the refill in flight reads only the rows
+	// after the queue's tail (the queue held items when it began): it is
+	// no read of the head, and a take that needs one does not count it.
+	refillAfter bool
 	// served and servedOld hold, for servedFor to twice that, the
 	// versions (id -> updated_at) of rows this queue served or found
 	// changed when serving; a read returning a row at such a version is
@@ -398,8 +402,13 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 				// ones it has leased and not merged yet, and serve them out
 				// of order: wait for it. Its read counts as of when it
 				// began (refillStart), so a refill that began long ago is
-				// followed by a fresh read.
-				inflight = append(inflight, pendingRead{q.refilling, id, q.refillStart})
+				// followed by a fresh read; one of the rows after the tail
+				// does not count at all.
+				began := q.refillStart
+				if q.refillAfter {
+					began = time.Time{}
+				}
+				inflight = append(inflight, pendingRead{q.refilling, id, began})
 			case !q.fresh(now) && !readThisCall(q, read[id]):
 				stale = append(stale, id)
 				var tail *store.Item
@@ -514,15 +523,30 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 // the rows read and the buffered ones, so the buffered rows after the last
 // row read are dropped rather than served out of order.
 func (s *Service) fetch(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, excludes [][]store.RowVersion, size int) error {
-	return s.fetchInto(ctx, b, shards, tails, excludes, size, false)
+	return s.fetchInto(ctx, b, shards, readSpec{tails: tails, excludes: excludes}, size, false)
+}
+
+// readSpec says what fetchInto reads of each shard: the rows before
+// tails[i] (all of them when nil) but those in excludes[i]; or, for a
+// refill with after set, only the rows after it.
+type readSpec struct {
+	tails    []*store.Item
+	excludes [][]store.RowVersion
+	after    *store.Item
 }
 
 // startRefills starts a background refill of each of shards' queues that
 // holds fewer than lowWater items and may have more ready rows (its last
 // full read was not short), so that consumers find the next items
 // buffered instead of waiting for a lease round trip when the queue runs
-// dry. A refill reads the ready head unbounded, like the fetch of an empty
-// queue, and merges what it leased (see fetchInto). Caller holds b.mu.
+// dry. A refill of an empty queue reads the ready head, like its fetch; a
+// refill of a queue that holds items reads the rows after its tail, which
+// is what the queue lacks: the rows before the tail are the ones it holds,
+// or ones that its rechecks find. Reading the head instead, leaving out
+// what the queue holds, walked every held row's index entry and primary
+// key on every refill, a second row read per row served on a deep backlog
+// (Handler_read_next 2.2 per item against the raw ceiling's 1.0). It
+// merges what it read (see fetchInto). Caller holds b.mu.
 func (s *Service) startRefills(b *topicBuf, shards []uint32) {
 	low := b.lowWater()
 	size := b.fetchSize(0)
@@ -536,10 +560,20 @@ func (s *Service) startRefills(b *topicBuf, shards []uint32) {
 		}
 		q.refilling = make(chan struct{})
 		q.refillAt, q.refillStart = q.notices, s.cfg.Now()
-		exclude := q.held()
+		var after *store.Item
+		var exclude []store.RowVersion
+		if t := q.tail(); t != nil {
+			// What the queue holds and has in flight sorts up to its
+			// tail, so the read after it leaves all of that out.
+			c := *t
+			after = &c
+		} else {
+			exclude = q.held()
+		}
+		q.refillAfter = after != nil
 		go func() {
 			defer s.refills.Done()
-			_ = s.fetchInto(s.bgCtx, b, []uint32{id}, []*store.Item{nil}, [][]store.RowVersion{exclude}, size, true)
+			_ = s.fetchInto(s.bgCtx, b, []uint32{id}, readSpec{tails: []*store.Item{nil}, excludes: [][]store.RowVersion{exclude}, after: after}, size, true)
 		}()
 	}
 }
@@ -560,7 +594,8 @@ func (s *Service) refillAdd() bool {
 // fetchInto is fetch; with refill set it is the background refill of one
 // queue that startRefills began, which ends q.refilling rather than
 // q.fetching.
-func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, tails []*store.Item, excludes [][]store.RowVersion, size int, refill bool) error {
+func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, spec readSpec, size int, refill bool) error {
+	tails, excludes := spec.tails, spec.excludes
 	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
 	var wg sync.WaitGroup
 	results := make([][]bufItem, len(shards))
@@ -581,7 +616,7 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 			}
 			now := s.cfg.Clock.Now(ctx, db)
 			rows, full, err := store.New(db).ItemReadHead(ctx, store.ItemReadHeadParams{
-				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i], Exclude: excludes[i],
+				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i], Exclude: excludes[i], After: spec.after,
 				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
 				Limit: size, NowUS: now.UnixMicro(),
 				Observe: func(c store.LeaseHeadCounts) {
@@ -658,6 +693,20 @@ func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, t
 			// What the refill read is as old as its SELECT, which may
 			// have run long before now.
 			readAt = q.refillStart
+		}
+		if spec.after != nil {
+			// The rows after the tail: whether there are more says nothing
+			// about the rows before it, whose last read stands (headAt),
+			// and the queue is as dirty as it was, or dirtier. "Nothing
+			// more" dates from that read: the buffer may drain before the
+			// next one.
+			q.exhausted = errs[i] != nil || !fulls[i]
+			q.checkedAt = q.headAt
+			q.dirty = q.dirty || q.notices != q.refillAt
+			q.refillAfter = false
+			close(q.refilling)
+			q.refilling = nil
+			continue
 		}
 		if tails[i] == nil || errs[i] != nil {
 			q.exhausted = errs[i] != nil || !fulls[i]

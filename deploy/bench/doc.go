@@ -31,7 +31,14 @@
 //     workers deleting by primary key (Triage's design); and
 //     SELECT ... FOR UPDATE SKIP LOCKED + UPDATE by primary key, then a
 //     DELETE. Best of both, a few batch sizes and worker counts, one shard
-//     and all shards.
+//     and all shards. Each shard leases from as many ready rows as
+//     triage-dequeue-ack's deep backlog puts on it (2.5M of the 5M on two
+//     shards), settled as triage-backlog's fill is: the head of the ready
+//     index takes each priority from every page of the table, so a table
+//     larger than the buffer pool is read from disk once per priority and
+//     one that fits is read once, and a ceiling on a shallower table
+//     measured the buffer pool instead of Triage (it leased from 480k rows
+//     a shard, inside the 256 MB pool, until 2026-11-24).
 //   - naive-enqueue, naive-dequeue-ack: the seeds' single-table queue on one
 //     shard (database bench_naive, same table and indexes): one autocommit
 //     INSERT per item; per item SELECT ... ORDER BY priority, deliver_after,

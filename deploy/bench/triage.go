@@ -290,6 +290,7 @@ func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {
 			return Scenario{}, err
 		}
 		r.deepDepth.Add(need - d)
+		r.settle(ctx, r.shardDBs(), r.label(DequeueAck))
 	}
 	depth := r.deepDepth.Load()
 	var best, first *sampler

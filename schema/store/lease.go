@@ -33,6 +33,14 @@ WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after
 const itemHeadBefore = `
 AND (priority < ? OR (priority = ? AND (deliver_after < ? OR (deliver_after = ? AND id < ?))))`
 
+// itemHeadAfter limits the head read to rows that sort after a buffered
+// tail: the refill of a buffer that holds the head up to there, which
+// needs the rows that come next. The caller starts the priority range at
+// the tail's priority, so the index range starts at the tail and the read
+// walks none of the rows the buffer holds.
+const itemHeadAfter = `
+AND (priority > ? OR (priority = ? AND (deliver_after > ? OR (deliver_after = ? AND id > ?))))`
+
 // itemHeadOrder ends the head read.
 const itemHeadOrder = `
 ORDER BY priority, deliver_after, id
@@ -75,6 +83,10 @@ type ItemReadHeadParams struct {
 	// Tail: when set, only rows that sort before it are read (and the band
 	// is narrowed to its priority).
 	Tail *Item
+	// After: when set, only rows that sort after it are read (and the band
+	// starts at its priority): the rows that follow a buffer holding the
+	// head up to After. Such a read says nothing about the rows before it.
+	After *Item
 	// Exclude: rows not to read at the versions given (those the caller's
 	// buffer holds already); Limit counts the others. A row that changed
 	// since is read: the caller's copy is stale, and a stale copy must not
@@ -126,6 +138,10 @@ func (s Store) ItemReadHead(ctx context.Context, p ItemReadHeadParams) (rows []I
 	if tail := p.Tail; tail != nil {
 		q.args[3] = min(p.PriorityHi, tail.Priority)
 		q.add(itemHeadBefore, tail.Priority, tail.Priority, tail.DeliverAfter, tail.DeliverAfter, tail.ID)
+	}
+	if after := p.After; after != nil {
+		q.args[2] = max(p.PriorityLo, after.Priority)
+		q.add(itemHeadAfter, after.Priority, after.Priority, after.DeliverAfter, after.DeliverAfter, after.ID)
 	}
 	if len(p.Exclude) > 0 {
 		// MariaDB sorts a constant IN list, row constructors too, and

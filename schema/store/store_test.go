@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -620,4 +621,60 @@ func TestAckRetriesRealDeadlock(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Nil(t, res[0])
 	require.Zero(t, f.count("SELECT COUNT(*) FROM items"))
+}
+
+// TestReadAfterStartsAtTheTail: a read of the rows after a buffered tail
+// returns the rows that follow it in delivery order, ties on priority and
+// deliver_after broken by id, and its index scan starts at the tail
+// instead of walking the rows before it, as a read that leaves those out
+// by version does (the refill of a deep backlog's buffer, dequeuer's
+// startRefills).
+func TestReadAfterStartsAtTheTail(t *testing.T) {
+	f := newFixture(t)
+	var keys []uint64
+	for id := uint64(1); id <= 600; id++ {
+		keys = append(keys, id)
+	}
+	f.enqueue(1, keys...)
+	// Rows that tie with row 300 on priority and deliver_after.
+	tie := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, EnqueuedAtUs: f.nowUS}
+	for id := uint64(1000); id < 1004; id++ {
+		tie.Items = append(tie.Items, &peerv1.BufferedItem{Key: id, Priority: 300 % 3, DeliverAfterUs: f.nowUS - 300, LeaseMs: 30000})
+	}
+	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{tie}, NowUS: f.nowUS})
+	require.NoError(t, err)
+	all := f.readHead(ItemReadHeadParams{Limit: 1000})
+	require.Len(t, all, 604)
+
+	// One connection, so that its session counters are the reads'.
+	f.db.SetMaxOpenConns(1)
+	readNext := func() int {
+		var k string
+		var n int
+		require.NoError(t, f.db.QueryRowContext(f.ctx, "SHOW SESSION STATUS LIKE 'Handler_read_next'").Scan(&k, &n))
+		return n
+	}
+	for _, at := range []int{0, 1, 449, 560} {
+		tail := all[at]
+		if tail.ID == 300 {
+			t.Fatalf("row %d is a tie; the tie case is the next row", at)
+		}
+		n0 := readNext()
+		got := f.readHead(ItemReadHeadParams{After: &tail, Limit: 100})
+		scanned := readNext() - n0
+		want := all[at+1 : min(at+101, len(all))]
+		require.Equal(t, ids(want), ids(got), "the rows after row %d (%d)", at, tail.ID)
+		require.LessOrEqual(t, scanned, 100+5, "rows after %d: the scan starts at the tail", at)
+	}
+	// The tie: after row 300 come the rows that share its place, by id.
+	at := slices.IndexFunc(all, func(r Item) bool { return r.ID == 300 })
+	got := f.readHead(ItemReadHeadParams{After: &all[at], Limit: 3})
+	require.Equal(t, []uint64{1000, 1001, 1002}, ids(got))
+
+	// What the read after the tail saves: leaving out the 450 rows before
+	// it walks them all.
+	n0 := readNext()
+	got = f.readHead(ItemReadHeadParams{Exclude: versions(all[:450]), Limit: 100})
+	require.Equal(t, ids(all[450:550]), ids(got))
+	require.Greater(t, readNext()-n0, 450, "the excluding read walks the rows it leaves out")
 }
