@@ -38,7 +38,10 @@
 //     larger than the buffer pool is read from disk once per priority and
 //     one that fits is read once, and a ceiling on a shallower table
 //     measured the buffer pool instead of Triage (it leased from 480k rows
-//     a shard, inside the 256 MB pool, until 2026-11-24).
+//     a shard, inside the 256 MB pool, until 2026-11-24). It runs after
+//     Triage's enqueue scenarios and the mixed load, just before
+//     triage-backlog: its deep table's drop and purge slowed what ran
+//     after it.
 //   - naive-enqueue, naive-dequeue-ack: the seeds' single-table queue on one
 //     shard (database bench_naive, same table and indexes): one autocommit
 //     INSERT per item; per item SELECT ... ORDER BY priority, deliver_after,
