@@ -30,16 +30,22 @@ WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after
 // holds items, which only needs rows more urgent than those. The caller
 // narrows the priority range to the tail's priority, so the index range
 // stays small.
-const itemHeadBefore = `
-AND (priority < ? OR (priority = ? AND (deliver_after < ? OR (deliver_after = ? AND id < ?))))`
+var itemHeadBefore = itemHeadBound("<")
 
 // itemHeadAfter limits the head read to rows that sort after a buffered
 // tail: the refill of a buffer that holds the head up to there, which
 // needs the rows that come next. The caller starts the priority range at
 // the tail's priority, so the index range starts at the tail and the read
 // walks none of the rows the buffer holds.
-const itemHeadAfter = `
-AND (priority > ? OR (priority = ? AND (deliver_after > ? OR (deliver_after = ? AND id > ?))))`
+var itemHeadAfter = itemHeadBound(">")
+
+// itemHeadBound is the condition that a row sorts on side op ("<" or ">")
+// of a given row in delivery order, spelled out column by column. Its
+// arguments: priority, priority, deliver_after, deliver_after, id.
+func itemHeadBound(op string) string {
+	return `
+AND (priority ` + op + ` ? OR (priority = ? AND (deliver_after ` + op + ` ? OR (deliver_after = ? AND id ` + op + ` ?))))`
+}
 
 // itemHeadOrder ends the head read.
 const itemHeadOrder = `
