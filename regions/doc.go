@@ -4,9 +4,10 @@
 //
 // # Detection
 //
-// Every node runs an Observer: every ObserveEvery (250 ms) it pings every shard
-// primary (through the same links the node's writes would take) and
-// stores the result in the NATS KV bucket triage_health under
+// Every node with the controller role runs an Observer that reports: every
+// ObserveEvery (250 ms) it pings every shard primary (through the same
+// links the node's writes would take) and stores the result in the NATS
+// KV bucket triage_health under
 // "s<shard>.<region>", and publishes it on core NATS (HealthSubject), which
 // the controllers also follow: core NATS needs no stream leader, so a
 // region going down with the health stream's leader does not blind the
@@ -20,6 +21,18 @@
 // observers also raise two alarms: a primary with no semi-sync replica
 // connected (its commits block: there is no async fallback) and a primary
 // whose semi-sync is off.
+//
+// A region reports through its controller's node alone. Every node once
+// reported, so a region of four single-role nodes (the compose bed)
+// pinged each primary and wrote one replicated KV entry per shard sixteen
+// times a second, all under the same key: with three regions and three
+// shards, 144 replicated writes and over 400 MySQL round trips a second,
+// most across the WAN, while the queue was idle, and the bed's two cores
+// had no time left for the Docker daemon. The other nodes still run an
+// Observer for their own metrics (primary up, semi-sync, replica lag),
+// every ObserveMetricsEvery (2 s), which reports nothing. A region whose
+// controller is down reports nothing, so detection then needs the other
+// two regions.
 //
 // # One leader
 //

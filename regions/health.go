@@ -106,7 +106,9 @@ type Observer struct {
 	// SLAVE STATUS needs SLAVE MONITOR or more, which the application
 	// account lacks). Default Cred.
 	Monitor *shardmap.Credentials
-	KV      jetstream.KeyValue
+	// KV, when set, stores each report (see Detection in doc.go); nil:
+	// the observer only sets Metrics.
+	KV jetstream.KeyValue
 	// NC, when set, also carries each report on HealthSubject.
 	NC *nats.Conn
 	// Every is the ping period (default ObserveEvery).
@@ -118,8 +120,9 @@ type Observer struct {
 
 	mu      sync.Mutex
 	dbs     map[string]*sql.DB
-	async   map[uint32]bool // last semi-sync state seen, for alarm edges
-	blocked map[uint32]bool // last "no replica connected" seen, likewise
+	async   map[uint32]bool   // last semi-sync state seen, for alarm edges
+	blocked map[uint32]bool   // last "no replica connected" seen, likewise
+	stored  map[uint32]Report // the last report put in KV per shard (see storeDue)
 }
 
 // ObserveEvery is the observers' default ping period. Detection of a dead
@@ -128,10 +131,15 @@ type Observer struct {
 // shard primary and region.
 const ObserveEvery = 250 * time.Millisecond
 
+// ObserveMetricsEvery is the period of an observer that only keeps a
+// node's metrics (no KV, no NC): nothing waits on it.
+const ObserveMetricsEvery = 2 * time.Second
+
 // Run pings every o.Every until ctx ends.
 func (o *Observer) Run(ctx context.Context) {
 	o.dbs = map[string]*sql.DB{}
 	o.async = map[uint32]bool{}
+	o.stored = map[uint32]Report{}
 	o.blocked = map[uint32]bool{}
 	defer func() {
 		for _, db := range o.dbs {
@@ -140,11 +148,15 @@ func (o *Observer) Run(ctx context.Context) {
 	}()
 	t := time.NewTicker(cmp.Or(o.Every, ObserveEvery))
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	// The first round at once: a metrics-only observer's period is long
+	// enough for its gauges to read "down" (0) for seconds after start.
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		m := o.Maps.Current()
 		var wg sync.WaitGroup
@@ -241,9 +253,36 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	if o.NC != nil {
 		_ = o.NC.Publish(HealthSubject+"."+healthKey(s.ID, o.Region), data)
 	}
-	kctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+	if o.KV != nil && o.storeDue(r) {
+		kctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+	}
+}
+
+// storeEvery is how often an unchanged report is stored again in KV:
+// within the controllers' 3 s freshness window, so a controller that
+// reads only the bucket (its core NATS subscription cut off) still sees
+// a fresh report of every observer.
+const storeEvery = time.Second
+
+// storeDue tells whether r goes to KV: when what it says differs from the
+// report last stored for its shard, or that one is storeEvery old. Every
+// report goes out on core NATS, which the controllers follow; the bucket
+// is what a controller reads when it starts, and its replicated write per
+// report (every ObserveEvery, per shard and region) was most of an idle
+// cluster's JetStream traffic.
+func (o *Observer) storeDue(r Report) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	last, ok := o.stored[r.Shard]
+	same := ok && last.OK == r.OK && last.Refused == r.Refused && last.SemiSyncOff == r.SemiSyncOff &&
+		last.NoReplicas == r.NoReplicas && last.Primary == r.Primary && last.Epoch == r.Epoch
+	if same && time.UnixMilli(r.At).Sub(time.UnixMilli(last.At)) < storeEvery {
+		return false
+	}
+	o.stored[r.Shard] = r
+	return true
 }
 
 // measure sets the shard's gauges from one observation, and reads the

@@ -108,3 +108,23 @@ func TestRefusedAtOnce(t *testing.T) {
 		require.Equal(t, tc.want, refusedAtOnce(tc.err), "%v", tc.err)
 	}
 }
+
+// TestStoreDue: a report goes to KV when what it says changes, and an
+// unchanged one only every storeEvery, so that the bucket stays fresh for
+// a controller that reads only it without taking a replicated write per
+// ping.
+func TestStoreDue(t *testing.T) {
+	o := &Observer{stored: map[uint32]Report{}}
+	at := time.Now()
+	r := func(after time.Duration, ok bool, epoch uint64) Report {
+		return Report{Shard: 1, Primary: "p:1", Epoch: epoch, OK: ok, Error: after.String(), At: at.Add(after).UnixMilli()}
+	}
+	require.True(t, o.storeDue(r(0, true, 1)), "the first report")
+	require.False(t, o.storeDue(r(250*time.Millisecond, true, 1)), "unchanged, 250 ms later (a new error text is no change)")
+	require.True(t, o.storeDue(r(500*time.Millisecond, false, 1)), "the primary is down now")
+	require.False(t, o.storeDue(r(750*time.Millisecond, false, 1)))
+	require.True(t, o.storeDue(r(time.Second, false, 2)), "a new epoch")
+	require.False(t, o.storeDue(r(1900*time.Millisecond, false, 2)))
+	require.True(t, o.storeDue(r(2*time.Second, false, 2)), "storeEvery after the last stored")
+	require.True(t, o.storeDue(Report{Shard: 2, At: at.UnixMilli()}), "shards apart")
+}

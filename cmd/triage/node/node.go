@@ -344,7 +344,15 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		return nil, err
 	}
 	met.RegisterShardMap(maps)
-	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, KV: hkv, NC: n.nc, Logger: logger, Metrics: met}
+	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, Logger: logger, Metrics: met}
+	if slices.Contains(cfg.Roles, RoleController) {
+		// A controller's node reports for its region, which failover
+		// detection reads; the region's other nodes only keep their
+		// metrics, at a slower pace (see regions.Observer).
+		obs.KV, obs.NC = hkv, n.nc
+	} else {
+		obs.Every = regions.ObserveMetricsEvery
+	}
 	if cfg.adminGiven || slices.Contains(cfg.Roles, RoleController) {
 		// Replica lag needs more than the application account; a node
 		// that was given no admin account reports it unknown rather than
