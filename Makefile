@@ -86,7 +86,7 @@ tools: gen-tools ## Install code generators and grpcurl into .bin/.
 
 .PHONY: gen-tools
 gen-tools: # protoc (Debian) and the protoc plugins, pinned.
-	@command -v protoc >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev >/dev/null; } || { echo "protoc missing: install protobuf-compiler"; exit 1; }
+	@command -v protoc >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq protobuf-compiler libprotobuf-dev >/dev/null; } || { echo "protoc missing: install protobuf-compiler"; exit 1; }
 	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 	GOBIN=$(BIN) $(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION)

@@ -530,7 +530,7 @@ func (b *Bed) startServers(ctx context.Context, cs []container, deposed func(con
 // start starts cs and waits until they serve: a MariaDB server until it
 // answers an admin connection, a NATS server until its /healthz answers
 // ok (both reached from the host, on their region's network), anything
-// else until docker has it running. Docker's health checks run every 5 s,
+// else until docker has it running. Docker's health checks run every 15 s,
 // too seldom to wait on.
 func (b *Bed) start(ctx context.Context, cs []container) error {
 	if len(cs) == 0 {
@@ -719,7 +719,8 @@ func (b *Bed) describe(addr string) string {
 // MariaDB containers runs `mariadb -vvv` with SELECT 1 five times on one
 // connection through from's gateway, per other region, and the fastest
 // statement's time is that region's figure (millisecond resolution, as
-// the client prints it).
+// the client prints it). A probe that fails or hangs (bounded by
+// roundTripProbe) is reported with each hop's view of it (stalled).
 func (b *Bed) RoundTrips(ctx context.Context, from string) (map[string]time.Duration, error) {
 	cs, err := b.containers(ctx)
 	if err != nil {
@@ -741,41 +742,72 @@ func (b *Bed) RoundTrips(ctx context.Context, from string) (map[string]time.Dura
 	if client == nil || len(servers) == 0 {
 		return nil, fmt.Errorf("no running MariaDB container in %s, or none elsewhere", from)
 	}
-	var script strings.Builder
-	for r, c := range servers {
-		fmt.Fprintf(&script, "echo '== %s' && mariadb -h %s -P %d -u%s -p%s -vvv -e '%s' &&\n",
-			r, gateway(from), mysqlPort(c.Shard, c.RegionIndex), adminUser, adminPassword, strings.Repeat("SELECT 1;", 5))
-	}
-	script.WriteString("true")
-	out, err := docker(ctx, "exec", client.ID, "bash", "-c", script.String())
-	if err != nil {
-		return nil, err
-	}
 	rtt := map[string]time.Duration{}
-	region := ""
-	for line := range strings.Lines(out) {
-		if r, ok := strings.CutPrefix(strings.TrimSpace(line), "== "); ok {
-			region = r
-			continue
-		}
-		m := statementTime.FindStringSubmatch(line)
-		if m == nil || region == "" {
-			continue
-		}
-		sec, err := strconv.ParseFloat(m[1], 64)
+	for r, c := range servers {
+		// A probe of its own per region, bounded, so that a connection
+		// that hangs is reported with where its bytes stopped rather than
+		// killed with the caller's context.
+		pctx, cancel := context.WithTimeout(ctx, roundTripProbe)
+		out, err := docker(pctx, "exec", client.ID, "mariadb", "--connect-timeout=20", "-h", gateway(from),
+			"-P", strconv.Itoa(mysqlPort(c.Shard, c.RegionIndex)), "-u"+adminUser, "-p"+adminPassword, "-vvv", "-e", strings.Repeat("SELECT 1;", 5))
+		cancel()
 		if err != nil {
-			continue
+			return nil, fmt.Errorf("round trip %s -> %s (%s through %s): %w\n%s", from, r, c.Addr, gateway(from), err,
+				b.stalled(context.WithoutCancel(ctx), from, c))
 		}
-		if d, ok := rtt[region]; !ok || time.Duration(sec*float64(time.Second)) < d {
-			rtt[region] = time.Duration(sec * float64(time.Second))
+		for line := range strings.Lines(out) {
+			m := statementTime.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			sec, err := strconv.ParseFloat(m[1], 64)
+			if err != nil {
+				continue
+			}
+			if d, ok := rtt[r]; !ok || time.Duration(sec*float64(time.Second)) < d {
+				rtt[r] = time.Duration(sec * float64(time.Second))
+			}
 		}
-	}
-	for r := range servers {
 		if _, ok := rtt[r]; !ok {
 			return nil, fmt.Errorf("no statement time to %s in the output of mariadb -vvv: %s", r, out)
 		}
 	}
 	return rtt, nil
+}
+
+// roundTripProbe bounds one region's probe in RoundTrips: a connection
+// and five statements across a 40 ms round trip take well under a second.
+const roundTripProbe = 45 * time.Second
+
+// stalled describes, for a probe from region from to server that failed,
+// each hop's view of the connection: the open connections of from's
+// gateway and of server's region's gateway with the bytes they passed on
+// each way (GET /links), and server's process list. A handshake whose
+// greeting never came back shows where it stopped.
+func (b *Bed) stalled(ctx context.Context, from string, server container) string {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var out strings.Builder
+	for _, r := range []string{from, server.Region} {
+		gw, err := b.service(ctx, gateway(r))
+		if err != nil {
+			fmt.Fprintf(&out, "%s: %v\n", gateway(r), err)
+			continue
+		}
+		links, err := docker(ctx, "exec", gw.ID, "/triage", "probe", "http://127.0.0.1:7070/links")
+		fmt.Fprintf(&out, "%s GET /links: %s%v\n", gateway(r), links, errOrNil(err))
+	}
+	pl, err := docker(ctx, "exec", server.ID, "mariadb", "-uroot", "-e", "SHOW FULL PROCESSLIST") // the socket: no password
+	fmt.Fprintf(&out, "%s SHOW FULL PROCESSLIST:\n%s%v", server.Addr, pl, errOrNil(err))
+	return out.String()
+}
+
+// errOrNil prints err after a space, or nothing.
+func errOrNil(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " " + err.Error()
 }
 
 // statementTime is how mariadb -vvv reports a statement's time: "1 row in

@@ -14,6 +14,12 @@
 # It writes TRIAGE_IMAGE and TRIAGE_MARIADB_IMAGE to ENV_FILE (default
 # deploy/compose/.images.env), which docker-compose --env-file reads.
 # Needs root for debootstrap (installed with apt-get when missing).
+#
+# Runs take turns (a lock): a second one waits for the first and then finds
+# its images instead of building them again beside it. .ci/run starts one
+# in the background at its beginning, so that debootstrap (the network and
+# the disk) and the static build overlap the checks and the tests, and
+# TestCompose's up.sh finds the images made or waits for them.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -41,6 +47,11 @@ say "go build (CGO_ENABLED=0, static), in the background"
   CGO_ENABLED=0 go build -C "$root" -trimpath -buildvcs=false -ldflags='-s -w' -o "$ctx/triage-bed" ./cmd/triage-bed) \
   >"$ctx/build.log" 2>&1 &
 gobuild=$!
+exec 9>"${TMPDIR:-/tmp}/triage-build-images.lock"
+if ! flock -n 9; then
+  say "waiting for another build-images.sh to finish"
+  flock 9
+fi
 
 # 1. The Debian root file system.
 h1=$(hash "$here/mariadb/rootfs.sh" "$here/mariadb/packages.txt")
@@ -51,7 +62,7 @@ else
   if ! command -v debootstrap >/dev/null; then
     [ "$(id -u)" = 0 ] || { echo "debootstrap is missing: apt-get install debootstrap (as root)" >&2; exit 1; }
     say "installing debootstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
   fi
   [ "$(id -u)" = 0 ] || { echo "debootstrap needs root" >&2; exit 1; }
   tmp=$(mktemp -d /tmp/triage-rootfs.XXXXXX)

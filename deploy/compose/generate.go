@@ -501,7 +501,7 @@ func composeFile(t Topology, servers []server) []byte {
 		// crosses only direct routes, and a partial mesh still has a
 		// JetStream quorum.
 		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"--nats-peers\", \"%d\", \"http://127.0.0.1:8222\"]\n", len(t.Regions)-1)
-		w("      interval: 5s\n      timeout: 30s\n      retries: 120\n")
+		w("      interval: 15s\n      timeout: 30s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
 		w("%s%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret), mountSecret(natsRouteSecret))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
@@ -617,16 +617,23 @@ func spareFile(t Topology, spares []server) []byte {
 
 const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
 
-// Health checks run every 5 s (the first 5 s after start). Each is a
+// Health checks run every 15 s (the first 15 s after start). Each is a
 // docker exec, a runc process and the probe: at 1 s, the 27 containers'
-// checks took most of a 2-core machine. A check may take up to 30 s:
-// under a load average of 50 the exec alone took over 5 s, and with a
-// 5 s timeout a node that had been ready for minutes stayed "starting"
-// until up.sh gave up.
+// checks took most of a 2-core machine, and at 5 s the 31 containers' (a
+// spare shard's three servers included) still did. On 2026-11-25 an idle
+// bed kept both cores busy, more than half of it in the kernel, with 40
+// runnable processes; a docker exec took 10 s, and a TestCompose probe
+// whose mariadb client had printed its last result and "Bye" was killed
+// when its docker exec had not returned 45 s later. Docker 20.10 has no
+// start_interval, so the bed waits up to 15 s more per stage of its
+// start (servers, then roles) instead. A check may take up to 30 s: under
+// a load average of 50 the exec alone took over 5 s, and with a 5 s
+// timeout a node that had been ready for minutes stayed "starting" until
+// up.sh gave up.
 
 const probe = `    healthcheck:
       test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
-      interval: 5s
+      interval: 15s
       timeout: 30s
       retries: 120
 `
@@ -664,7 +671,7 @@ x-mariadb: &mariadb
   image: ${TRIAGE_MARIADB_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
   healthcheck:
     test: ["CMD", "mariadb", "-uroot", "--socket=/run/mysqld/mysqld.sock", "-e", "SELECT 1"]
-    interval: 5s
+    interval: 15s
     timeout: 30s
     retries: 120
   stop_grace_period: 20s
@@ -676,7 +683,7 @@ x-triage: &triage
   image: ${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}
   healthcheck:
     test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]
-    interval: 5s
+    interval: 15s
     timeout: 30s
     retries: 120
   depends_on:

@@ -1,6 +1,7 @@
 package wan
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -148,11 +149,26 @@ type Gateway struct {
 	links []*gwLink
 }
 
-// gwLink is one endpoint's listener and its counters.
+// gwLink is one endpoint's listener, its counters and its open
+// connections.
 type gwLink struct {
 	Endpoint
 	Egress                 bool
 	open, accepted, failed atomic.Int64
+
+	mu    sync.Mutex // guards conns
+	conns map[*gwConn]struct{}
+}
+
+// gwConn is one relayed connection. Its byte counts tell, for a client
+// that waits, which hop holds the bytes: a MariaDB handshake stalled with
+// nothing sent back from the server is told apart from one whose greeting
+// the gateway did not pass on.
+type gwConn struct {
+	from               string
+	since              time.Time
+	dialed             atomic.Bool
+	toServer, toClient atomic.Int64
 }
 
 // StartGateway listens on every endpoint's port and on cfg.Health, and
@@ -209,13 +225,39 @@ type GatewayLink struct {
 	Open        int64 `json:"open"`
 	Accepted    int64 `json:"accepted"`
 	FailedDials int64 `json:"failed_dials"`
+	// Conns are the open connections, oldest first.
+	Conns []GatewayConn `json:"conns,omitempty"`
+}
+
+// GatewayConn is one open connection of a link.
+type GatewayConn struct {
+	// From is the client's address (for an ingress link, the other
+	// region's gateway).
+	From string `json:"from"`
+	// Age is how long ago the gateway accepted it.
+	Age Duration `json:"age"`
+	// Dialed is true once the onward connection is made (after the
+	// handshake's round trip on an egress link).
+	Dialed bool `json:"dialed"`
+	// ToServer and ToClient are the bytes written onward each way.
+	ToServer int64 `json:"to_server"`
+	ToClient int64 `json:"to_client"`
 }
 
 // Links describes every endpoint's listener, in config order.
 func (g *Gateway) Links() []GatewayLink {
 	var out []GatewayLink
+	now := time.Now()
 	for _, k := range g.links {
-		out = append(out, GatewayLink{Endpoint: k.Endpoint, Egress: k.Egress, Open: k.open.Load(), Accepted: k.accepted.Load(), FailedDials: k.failed.Load()})
+		l := GatewayLink{Endpoint: k.Endpoint, Egress: k.Egress, Open: k.open.Load(), Accepted: k.accepted.Load(), FailedDials: k.failed.Load()}
+		k.mu.Lock()
+		for c := range k.conns {
+			l.Conns = append(l.Conns, GatewayConn{From: c.from, Age: Duration(now.Sub(c.since)), Dialed: c.dialed.Load(),
+				ToServer: c.toServer.Load(), ToClient: c.toClient.Load()})
+		}
+		k.mu.Unlock()
+		slices.SortFunc(l.Conns, func(a, b GatewayConn) int { return cmp.Compare(b.Age, a.Age) })
+		out = append(out, l)
 	}
 	return out
 }
@@ -279,7 +321,19 @@ func (g *Gateway) serve(l net.Listener, k *gwLink) {
 			k.open.Add(1)
 			defer k.open.Add(-1)
 			defer g.untrack(c)
-			g.relay(c, k)
+			gc := &gwConn{from: c.RemoteAddr().String(), since: time.Now()}
+			k.mu.Lock()
+			if k.conns == nil {
+				k.conns = map[*gwConn]struct{}{}
+			}
+			k.conns[gc] = struct{}{}
+			k.mu.Unlock()
+			defer func() {
+				k.mu.Lock()
+				delete(k.conns, gc)
+				k.mu.Unlock()
+			}()
+			g.relay(c, k, gc)
 		})
 	}
 }
@@ -289,7 +343,7 @@ func (g *Gateway) serve(l net.Listener, k *gwLink) {
 // the handshake), or from another region's gateway to a server of this
 // one (ingress: as is). The side that crosses regions gets keepalives and
 // TCP_USER_TIMEOUT.
-func (g *Gateway) relay(client net.Conn, k *gwLink) {
+func (g *Gateway) relay(client net.Conn, k *gwLink, gc *gwConn) {
 	delay := time.Duration(*g.cfg.Latency)
 	target := k.Addr
 	d := net.Dialer{Timeout: dialTimeout}
@@ -312,9 +366,10 @@ func (g *Gateway) relay(client net.Conn, k *gwLink) {
 		return
 	}
 	defer g.untrack(up)
+	gc.dialed.Store(true)
 	var wg sync.WaitGroup
-	wg.Go(func() { pipe(up, client, delay) })
-	wg.Go(func() { pipe(client, up, delay) })
+	wg.Go(func() { pipe(up, client, delay, &gc.toServer) })
+	wg.Go(func() { pipe(client, up, delay, &gc.toClient) })
 	wg.Wait()
 }
 
@@ -325,12 +380,12 @@ type chunk struct {
 }
 
 // pipe copies src to dst, each chunk delay after it was read from src, and
-// half-closes dst when src ends. An error on either side closes both, so
-// the other direction ends too.
-func pipe(dst, src net.Conn, delay time.Duration) {
+// half-closes dst when src ends; written counts the bytes written to dst.
+// An error on either side closes both, so the other direction ends too.
+func pipe(dst, src net.Conn, delay time.Duration, written *atomic.Int64) {
 	fail := func() { _ = src.Close(); _ = dst.Close() }
 	if delay <= 0 {
-		if _, err := io.Copy(dst, src); err != nil {
+		if _, err := io.Copy(countingWriter{dst, written}, src); err != nil {
 			fail()
 			return
 		}
@@ -367,7 +422,9 @@ func pipe(dst, src net.Conn, delay time.Duration) {
 			continue
 		}
 		time.Sleep(time.Until(c.at.Add(delay)))
-		if _, err := dst.Write(c.data); err != nil {
+		n, err := dst.Write(c.data)
+		written.Add(int64(n))
+		if err != nil {
 			fail()
 			broken = true
 		}
@@ -375,6 +432,20 @@ func pipe(dst, src net.Conn, delay time.Duration) {
 	if !broken {
 		closeWrite(dst)
 	}
+}
+
+// countingWriter counts what it writes. It hides dst's ReadFrom, so an
+// ingress copy goes through a buffer rather than splice: the bed's links
+// carry little, and the count is what a stalled client's diagnosis reads.
+type countingWriter struct {
+	dst io.Writer
+	n   *atomic.Int64
+}
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	n, err := w.dst.Write(p)
+	w.n.Add(int64(n))
+	return n, err
 }
 
 // closeWrite half-closes c (a TCP connection), or closes it.

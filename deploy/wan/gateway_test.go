@@ -52,7 +52,7 @@ func dialLine(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 func TestGatewayDelaysWhatLeavesTheRegion(t *testing.T) {
 	t.Parallel()
 	const oneWay = 50 * time.Millisecond
-	port, a, _ := gateways(t, oneWay)
+	port, a, b := gateways(t, oneWay)
 	c, r := dialLine(t, net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
 	require.GreaterOrEqual(t, roundTrip(t, c, r), 4*oneWay, "first round trip: handshake plus request")
 	for range 3 {
@@ -69,6 +69,18 @@ func TestGatewayDelaysWhatLeavesTheRegion(t *testing.T) {
 	require.True(t, links[0].Egress)
 	require.Equal(t, int64(1), links[0].Accepted)
 	require.Equal(t, int64(1), links[0].Open)
+	// The open connection and what crossed it: four pings and their
+	// echoes (counted after each write returns, which may be after the
+	// client read it).
+	require.Eventually(t, func() bool {
+		cs := a.Links()[0].Conns
+		return len(cs) == 1 && cs[0].From == c.LocalAddr().String() && cs[0].Dialed && cs[0].ToServer == 4*5 && cs[0].ToClient == 4*5
+	}, 5*time.Second, 10*time.Millisecond, "%+v", a.Links())
+	// And on b's side, ingress: two connections, one from a's gateway.
+	require.Eventually(t, func() bool {
+		cs := b.Links()[0].Conns
+		return len(cs) == 2 && cs[0].ToClient == 4*5 && cs[1].ToClient == 5
+	}, 5*time.Second, 10*time.Millisecond, "%+v", b.Links())
 }
 
 // TestGatewayClosesWhatItCannotReach: a connection whose other side
