@@ -150,25 +150,24 @@ func (o *Observer) Run(ctx context.Context) {
 	defer t.Stop()
 	// The first round at once: a metrics-only observer's period is long
 	// enough for its gauges to read "down" (0) for seconds after start.
-	for first := true; ; first = false {
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+	o.round(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-		m := o.Maps.Current()
-		var wg sync.WaitGroup
-		for _, s := range m.Shards {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				o.observe(ctx, s)
-			}()
-		}
-		wg.Wait()
+		o.round(ctx)
 	}
+}
+
+// round observes every shard of the current map at once.
+func (o *Observer) round(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, s := range o.Maps.Current().Shards {
+		wg.Go(func() { o.observe(ctx, s) })
+	}
+	wg.Wait()
 }
 
 func (o *Observer) db(addr string) *sql.DB { return o.conn(addr, o.Cred) }

@@ -153,8 +153,8 @@ type Gateway struct {
 // connections.
 type gwLink struct {
 	Endpoint
-	Egress                 bool
-	open, accepted, failed atomic.Int64
+	Egress           bool
+	accepted, failed atomic.Int64
 
 	mu    sync.Mutex // guards conns
 	conns map[*gwConn]struct{}
@@ -183,7 +183,7 @@ func StartGateway(cfg GatewayConfig, log *slog.Logger) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, conns: map[net.Conn]struct{}{}}
 	lc := net.ListenConfig{KeepAliveConfig: wanKeepAlive}
 	for _, e := range cfg.Endpoints {
-		k := &gwLink{Endpoint: e, Egress: e.Region != cfg.Region}
+		k := &gwLink{Endpoint: e, Egress: e.Region != cfg.Region, conns: map[*gwConn]struct{}{}}
 		l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(e.Port)))
 		if err != nil {
 			g.Close()
@@ -249,8 +249,9 @@ func (g *Gateway) Links() []GatewayLink {
 	var out []GatewayLink
 	now := time.Now()
 	for _, k := range g.links {
-		l := GatewayLink{Endpoint: k.Endpoint, Egress: k.Egress, Open: k.open.Load(), Accepted: k.accepted.Load(), FailedDials: k.failed.Load()}
+		l := GatewayLink{Endpoint: k.Endpoint, Egress: k.Egress, Accepted: k.accepted.Load(), FailedDials: k.failed.Load()}
 		k.mu.Lock()
+		l.Open = int64(len(k.conns))
 		for c := range k.conns {
 			l.Conns = append(l.Conns, GatewayConn{From: c.from, Age: Duration(now.Sub(c.since)), Dialed: c.dialed.Load(),
 				ToServer: c.toServer.Load(), ToClient: c.toClient.Load()})
@@ -318,14 +319,9 @@ func (g *Gateway) serve(l net.Listener, k *gwLink) {
 		}
 		k.accepted.Add(1)
 		g.wg.Go(func() {
-			k.open.Add(1)
-			defer k.open.Add(-1)
 			defer g.untrack(c)
 			gc := &gwConn{from: c.RemoteAddr().String(), since: time.Now()}
 			k.mu.Lock()
-			if k.conns == nil {
-				k.conns = map[*gwConn]struct{}{}
-			}
 			k.conns[gc] = struct{}{}
 			k.mu.Unlock()
 			defer func() {
