@@ -363,6 +363,46 @@ func TestHandedOverWorkerInsertsWhatItHeld(t *testing.T) {
 		"the worker stops handOver after its shard's primary left the region")
 }
 
+// TestStoppedWorkerHandsBackWhatItPulled: a worker that stops hands back
+// every batch it pulled, at once: those its insert loop held, those in its
+// channel, and those the client library had received but not passed on
+// (the pull's buffer), so the next worker inserts them all without waiting
+// out the ack wait (a minute here). The pull's buffer is handed back
+// through the callback, which naks once the worker stops; this test
+// passed before the pull was drained instead of stopped, since the
+// callback emptied the buffer before the stop landed. What draining adds
+// is for a lost pull (see pull), whose buffer a stop dropped.
+func TestStoppedWorkerHandsBackWhatItPulled(t *testing.T) {
+	const batches = 12
+	b, maps, shard := holdBatch(t, []string{"r"}, time.Minute, func(c *Config) {
+		c.MaxBatchMessages, c.InFlight = 4, 1 // a small channel: the pull's buffer fills behind it
+	})
+	for i := uint64(2); i <= batches; i++ {
+		b.publish(t, batch(i, "t", "", 10*i))
+	}
+	info := func() *jetstream.ConsumerInfo {
+		ci, err := consumerInfo(t.Context(), b.js, peer.EnqueueStream("r"), "enq-1")
+		require.NoError(t, err)
+		return ci
+	}
+	// Wait until the worker has pulled more than its insert loop (the
+	// first batch, held), its channel (4) and the callback blocked on the
+	// channel (1) hold: the rest sits in the pull's buffer.
+	require.Eventually(t, func() bool { return info().NumAckPending > 6 }, 10*time.Second, 20*time.Millisecond)
+	pulled := info().NumAckPending
+	b.svc.Stop()
+
+	shard.Fenced = false
+	offer(t, maps, 2, []string{"r"}, shard)
+	next, err := New(Config{Region: "r", Maps: maps, Pool: b.svc.cfg.Pool, NC: b.nc, JS: b.js, AckWait: time.Minute,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.NoError(t, next.Start(context.Background()))
+	t.Cleanup(next.Stop)
+	require.Eventually(t, func() bool { return b.count(t) == batches+1 }, 10*time.Second, 20*time.Millisecond,
+		"every batch (%d pulled by the stopped worker) inserted by the next one well within the ack wait", pulled)
+}
+
 // TestWorkerStartsOnAMapThatLandsDuringAReconcile: a map that arrives
 // while a reconcile runs (after it read the map) starts the next one at
 // once. The loop used to ask for the change channel after each
@@ -404,7 +444,7 @@ func TestWorkerStartsOnAMapThatLandsDuringAReconcile(t *testing.T) {
 // (primary in r) fenced at epoch 2, publishes one batch of two items and
 // waits until the worker holds it, refused by the fenced shard. It
 // returns the map holder and the shard, for the test's next map.
-func holdBatch(t *testing.T, regions []string, ackWait time.Duration) (*bundle, *shardmap.Holder, shardmap.Shard) {
+func holdBatch(t *testing.T, regions []string, ackWait time.Duration, with ...func(*Config)) (*bundle, *shardmap.Holder, shardmap.Shard) {
 	t.Helper()
 	dsn := mariadbtest.Database(t)
 	c, err := mysql.ParseDSN(dsn)
@@ -421,8 +461,12 @@ func holdBatch(t *testing.T, regions []string, ackWait time.Duration) (*bundle, 
 	pool := shardmap.NewPool(shardmap.Credentials{})
 	t.Cleanup(func() { pool.Close() })
 	logs := &syncBuffer{}
-	svc, err := New(Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: ackWait,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	cfg := Config{Region: "r", Maps: maps, Pool: pool, NC: nc, JS: js, AckWait: ackWait,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	for _, f := range with {
+		f(&cfg)
+	}
+	svc, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, svc.Start(context.Background()))
 	t.Cleanup(svc.Stop)

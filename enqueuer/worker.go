@@ -306,6 +306,10 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 	}
 	lost := make(chan error, 1)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if ctx.Err() != nil {
+			_ = m.Nak() // stopping (and the channel may have room): hand it back
+			return
+		}
 		select {
 		case msgs <- m:
 		case <-ctx.Done():
@@ -323,7 +327,21 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
-	defer cc.Stop()
+	// Drain, not Stop: the client library may hold batches it received
+	// but has not passed to the callback yet, and Stop drops them, so
+	// they came back only when their ack wait ran out (30 s). Drained,
+	// each goes through the callback: to the insert loops, or handed
+	// back when stopping. run hands back what the channel still holds
+	// only after this returns.
+	defer func() {
+		cc.Drain()
+		t := time.NewTimer(drainWait)
+		defer t.Stop()
+		select {
+		case <-cc.Closed():
+		case <-t.C: // the insert loops are held (a failing shard): go on
+		}
+	}()
 	select {
 	case <-ctx.Done():
 		return nil
@@ -331,6 +349,10 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 		return err
 	}
 }
+
+// drainWait bounds how long a lost or stopped pull waits for the
+// batches the client library still held to go through the callback.
+const drainWait = 2 * time.Second
 
 // pullExpiry is how long one pull request of a worker lives. The client
 // library pulls again when it expires, and when two heartbeats (half the
