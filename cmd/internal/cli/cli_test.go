@@ -227,3 +227,13 @@ func TestConfigFileLogFormat(t *testing.T) {
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, `--log-format "yaml": allowed text or json`)
 }
+
+// TestGCPercent: the binaries collect at GCPercent, unless GOGC is set,
+// which wins.
+func TestGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	setGCPercent(func(string) string { return "" })
+	require.Equal(t, GCPercent, debug.SetGCPercent(100))
+	setGCPercent(func(k string) string { return map[string]string{"GOGC": "50"}[k] })
+	require.Equal(t, 100, debug.SetGCPercent(100), "GOGC set: left as the runtime read it")
+}

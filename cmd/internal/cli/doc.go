@@ -30,4 +30,7 @@
 //     bash|zsh|fish|powershell` (cobra's).
 //   - [Main] runs the root under a context that SIGINT and SIGTERM cancel,
 //     with the process's streams; tests call [Run] with their own.
+//   - [Main] sets the collector's target to [GCPercent] (400) unless GOGC
+//     is set: set where the process starts, so `triage serve`, the beds
+//     and the benchmark (whose node runs inside triage-bed) collect alike.
 package cli
