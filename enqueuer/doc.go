@@ -111,7 +111,11 @@
 // library does not recover from by itself (the consumer deleted, its
 // leader's server shut down, no leader to take the pull), the worker
 // makes its consumer again, waits for it to have a leader, and pulls
-// anew. The insert loops go on meanwhile.
+// anew. The insert loops go on meanwhile. A pull that ends, lost or
+// stopped, is drained rather than stopped: the batches the client library
+// received but had not passed on yet go to the insert loops (or, when
+// the worker stops, back to the stream at once), where a stop dropped
+// them and JetStream redelivered them only after the ack wait, 30 s.
 //
 // Metrics (Config.Metrics): items inserted and insert time per shard, and
 // every 2 s per shard the envelopes pending or unacknowledged on its
