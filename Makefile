@@ -71,9 +71,9 @@ test: test-deps ## Run every test (unit, integration on real MariaDB + NATS, e2e
 	@# -p 1 below also compiles one package at a time: build every test
 	@# binary on all cores first (a fresh cache: 2m44s against 4m08s on 2
 	@# cores); the run then only links. Output shows only on failure.
-	@mkdir -p .triage/artifacts
+	@mkdir -p "$$TRIAGE_ARTIFACTS"
 	@echo "compiling the test binaries (-race) on every core..."
-	@$(GO) test -race -exec /bin/true ./... >.triage/artifacts/test-compile.log 2>&1 || { cat .triage/artifacts/test-compile.log; exit 1; }
+	@$(GO) test -race -exec /bin/true ./... >"$$TRIAGE_ARTIFACTS/test-compile.log" 2>&1 || { cat "$$TRIAGE_ARTIFACTS/test-compile.log"; exit 1; }
 	GO=$(GO) .ci/gotest -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test/e2e

@@ -335,11 +335,9 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 	// only after this returns.
 	defer func() {
 		cc.Drain()
-		t := time.NewTimer(drainWait)
-		defer t.Stop()
 		select {
 		case <-cc.Closed():
-		case <-t.C: // the insert loops are held (a failing shard): go on
+		case <-time.After(drainWait): // the insert loops are held (a failing shard): go on
 		}
 	}()
 	select {

@@ -275,9 +275,11 @@ func (o *Observer) storeDue(r Report) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	last, ok := o.stored[r.Shard]
-	same := ok && last.OK == r.OK && last.Refused == r.Refused && last.SemiSyncOff == r.SemiSyncOff &&
-		last.NoReplicas == r.NoReplicas && last.Primary == r.Primary && last.Epoch == r.Epoch
-	if same && time.UnixMilli(r.At).Sub(time.UnixMilli(last.At)) < storeEvery {
+	// The same report but for when it was taken and its error's words
+	// (addresses, timings): every other field, including any added later.
+	a, b := last, r
+	a.At, b.At, a.Error, b.Error = 0, 0, "", ""
+	if ok && a == b && time.UnixMilli(r.At).Sub(time.UnixMilli(last.At)) < storeEvery {
 		return false
 	}
 	o.stored[r.Shard] = r
