@@ -82,3 +82,27 @@ func TestClosedPoolOpensNothing(t *testing.T) {
 	defer pool.mu.Unlock()
 	require.Empty(t, pool.dbs, "a closed pool holds no connection pool")
 }
+
+// TestPoolDSNFollowsTheShard: DSN is cached, so the cache must be keyed by
+// everything a shard's DSN depends on: a shard moved to another primary or
+// database gets a pool of its own, never the old one's.
+func TestPoolDSNFollowsTheShard(t *testing.T) {
+	pool := NewPool(Credentials{User: "app", DialVia: map[string]string{"10.0.0.2:3306": "127.0.0.1:4000"}})
+	t.Cleanup(func() { pool.Close() })
+	a := Shard{ID: 1, Primary: "10.0.0.1:3306", Database: "triage_1"}
+	moved := a
+	moved.Primary = "10.0.0.2:3306"
+	renamed := a
+	renamed.Database = "triage_9"
+	dsns := map[string]bool{}
+	for _, s := range []Shard{a, moved, renamed, a, moved} {
+		dsn := pool.DSN(s)
+		require.Equal(t, pool.formatDSN(s), dsn)
+		cfg, err := mysql.ParseDSN(dsn)
+		require.NoError(t, err)
+		require.Equal(t, pool.Addr(s.Primary), cfg.Addr)
+		require.Equal(t, s.Database, cfg.DBName)
+		dsns[dsn] = true
+	}
+	require.Len(t, dsns, 3)
+}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
-	"regexp"
 	"slices"
 	"sort"
 	"time"
@@ -271,11 +270,26 @@ type Map struct {
 	byRegion   map[string][]uint32
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 // ValidName reports whether s is a valid namespace, topic or region name:
 // 1-128 of letters, digits, '_', '.', '-', starting with a letter or digit.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+// Every request checks its namespace and topics, so this is a loop over
+// bytes rather than a regular expression (1 % of the node's CPU in
+// triage-steady).
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case i > 0 && (c == '_' || c == '.' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Parse reads a JSON map and validates it.
 func Parse(data []byte) (*Map, error) {
