@@ -302,8 +302,12 @@ func newRunner(ctx context.Context, cfg Config, out io.Writer, b *bed.Bed) (r *r
 	r.httpBase = "http://" + region.HTTP
 	// Several connections, so that HTTP/2 flow control and one connection's
 	// reader goroutine do not become the limit of many concurrent clients.
+	// Their transports' goroutines count as load (loadshare.go).
 	for range 4 {
-		cc, err := grpc.NewClient(region.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		var cc *grpc.ClientConn
+		asLoad(ctx, func(context.Context) {
+			cc, err = grpc.NewClient(region.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -420,18 +424,35 @@ func (r *runner) scenario(ctx context.Context, name string, fn func(context.Cont
 		return
 	}
 	start := time.Now()
+	var profiled string
 	if r.cfg.ProfileDir != "" {
-		if f, err := os.Create(filepath.Join(r.cfg.ProfileDir, name+".pprof")); err == nil {
+		path := filepath.Join(r.cfg.ProfileDir, name+".pprof")
+		if f, err := os.Create(path); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
-				defer func() { pprof.StopCPUProfile(); f.Close() }()
+				profiled = path
+				defer f.Close()
 			} else {
 				f.Close()
 			}
 		}
 	}
 	before := takeCPU(r.mariadbPIDs())
-	s, err := fn(ctx)
+	var s Scenario
+	var err error
+	asLoad(ctx, func(ctx context.Context) { s, err = fn(ctx) })
 	use := cpuSince(before, takeCPU(r.mariadbPIDs()), runtime.NumCPU())
+	if profiled != "" {
+		pprof.StopCPUProfile()
+		if share, perr := loadShare(profiled); perr != nil {
+			s.Notes += fmt.Sprintf("; CPU profile unreadable: %v", perr)
+		} else if err == nil && !s.Skipped {
+			if s.Metrics == nil {
+				s.Metrics = map[string]float64{}
+			}
+			s.Metrics["load_cpu_share"] = share
+			s.Notes += fmt.Sprintf("; the load generators (profiler label bench=load) took %.0f %% of this process's CPU samples", 100*share)
+		}
+	}
 	s.Name = name
 	s.Seconds = time.Since(start).Seconds()
 	if !s.Skipped && err == nil && !s.cpuDone {

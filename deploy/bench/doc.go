@@ -155,4 +155,13 @@
 //
 // Config.ProfileDir writes a CPU profile of this process (load generators,
 // Triage node, NATS; not mariadbd) per scenario, for tuning hot paths.
+//
+// The load generators run in this process and take CPU the node does not
+// get; nothing keeps them from it (a second process would share the same
+// two cores). What the run does is measure it: every scenario runs under
+// the profiler label bench=load, which the goroutines it starts inherit,
+// the gRPC clients' transports included, while the nodes start unlabelled
+// (loadshare.go). With a profile, each scenario's notes and its metric
+// load_cpu_share say what share of this process's CPU the load took, and
+// `go tool pprof -tagignore=bench=load` shows the node's part alone.
 package bench

@@ -40,8 +40,11 @@ func (r *runner) enqueue3Region(ctx context.Context, pids *[]int) (Scenario, err
 	var b *bed.Bed
 	var retried string
 	for attempt := 1; ; attempt++ {
-		b, err = bed.Start(ctx, bed.Config{Dir: dir, Regions: bed.DefaultRegions, ShardsPerRegion: perRegion,
-			HTTPBase: 0, GRPCBase: 0, NATSPort: -1, Logger: r.cfg.Logger})
+		// The nodes are not load: they start without the label.
+		withoutLoadLabel(ctx, func() {
+			b, err = bed.Start(ctx, bed.Config{Dir: dir, Regions: bed.DefaultRegions, ShardsPerRegion: perRegion,
+				HTTPBase: 0, GRPCBase: 0, NATSPort: -1, Logger: r.cfg.Logger})
+		})
 		if err == nil {
 			break
 		}
