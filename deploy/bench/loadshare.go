@@ -9,15 +9,9 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// The load generators share this process with the Triage node and NATS,
-// and on two cores their CPU is CPU the node does not get. Every
-// scenario runs under the profiler label bench=load, which the
-// goroutines it starts inherit (load workers, the gRPC and HTTP clients'
-// transports, made under the label too); the node's goroutines are
-// started by its servers and by bed.Start, which runs unlabelled
-// (withoutLoadLabel), so they carry none. With --profile, each scenario's
-// notes say what share of the process's CPU samples the load took
-// (loadShare), and `go tool pprof -tagignore=bench=load` shows the rest.
+// The profiler label every scenario runs under, so that a profile tells
+// the load generators' CPU from the node's (the package doc, Reading the
+// numbers, says why and how to read it).
 const (
 	loadLabelKey   = "bench"
 	loadLabelValue = "load"
