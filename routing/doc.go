@@ -37,7 +37,9 @@
 // stream of the shard's home region, which is the request's region (its
 // enqueuers drain it), with
 // Nats-Msg-Id set to its first batch ID so a retried publish is stored
-// once. With COMMITTED durability (default) the router then waits on its
+// once. A publish with no PubAck after 2 s is sent again, within 10 s in
+// all: a stream leader that steps down or dies drops the publishes it
+// has not stored without answering them (publishMsg). With COMMITTED durability (default) the router then waits on its
 // inbox for the enqueuer's EnqueueCommitted, tells the dequeuers about the
 // new items, and answers; with BUFFERED it answers once JetStream stored
 // the envelope. Quotas (quota.go) are checked before any of this. A full stream is

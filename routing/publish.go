@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,10 @@ const (
 	maxEnvelopeBytes   = 4 << 20
 	publishersPerShard = 4
 	publishTimeout     = 10 * time.Second
+	// publishAttempt is how long one publish waits for its PubAck before
+	// it is sent again (publishMsg): a healthy stream answers within
+	// milliseconds, and 200 ms over a WAN under load.
+	publishAttempt = 2 * time.Second
 	// msgOverhead is what a JetStream message carries beside its envelope
 	// (the Nats-Msg-Id header and framing), with room to spare.
 	msgOverhead = 1 << 10
@@ -166,15 +171,35 @@ func (r *Router) publishEnvelope(home string, shard uint32, env *peerv1.EnqueueE
 	// The stream drops a retried publish of the same envelope.
 	msg.Header.Set(jetstream.MsgIDHeader, strconv.FormatUint(env.Batches[0].BatchId, 16))
 	tracing.Inject(msg.Header, traceparents)
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
-	defer cancel()
-	_, err = r.cfg.JS.PublishMsg(ctx, msg)
+	err = r.publishMsg(msg)
 	if err == nil && r.cfg.FastCopies {
 		fast := nats.NewMsg(peer.EnqueueNowSubject(home, shard))
 		fast.Data, fast.Header = data, msg.Header
 		_ = r.cfg.NC.PublishMsg(fast)
 	}
 	return classifyPublish(err)
+}
+
+// publishMsg publishes msg to its stream within publishTimeout, sending it
+// again when an attempt has had no answer for publishAttempt or found no
+// stream to answer it. A stream leader that steps down (the enqueuers
+// move leaders near their region, see package enqueuer) or is lost with
+// its server drops the publishes it had not yet stored without a word,
+// and the client library only retries "no responders": with a single
+// attempt, such an envelope's requests waited the whole publishTimeout
+// and failed, unstored. The resent message carries the same Nats-Msg-Id,
+// so the stream stores it once whether or not the first one got in.
+func (r *Router) publishMsg(msg *nats.Msg) error {
+	deadline := time.Now().Add(publishTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), min(time.Until(deadline), publishAttempt))
+		_, err := r.cfg.JS.PublishMsg(ctx, msg)
+		cancel()
+		lost := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoStreamResponse)
+		if !lost || !time.Now().Before(deadline) {
+			return err
+		}
+	}
 }
 
 // publish stores every batch of a request in the enqueue stream of its

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
+	"github.com/triage-queue/triage/deploy/testlog"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/itemid"
 )
@@ -33,7 +34,7 @@ func TestBedUpAndDown(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := Start(ctx, Config{Dir: dir, NATSPort: -1, Auth: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	b, err := Start(ctx, Config{Dir: dir, NATSPort: -1, Auth: true, Logger: testlog.New(t, slog.LevelInfo)})
 	require.NoError(t, err)
 	defer b.Stop()
 
@@ -157,7 +158,7 @@ func TestThreeRegionBed(t *testing.T) {
 	defer cancel()
 	const latency = 20 * time.Millisecond
 	b, err := Start(ctx, Config{Dir: dir, Regions: DefaultRegions, NATSPort: -1, WANLatency: latency,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: testlog.New(t, slog.LevelInfo)})
 	require.NoError(t, err)
 	defer b.Stop()
 

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/deploy/testlog"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -145,35 +144,5 @@ func (b *bed) rowCount(table string) int {
 	return total
 }
 
-// testLogger logs warnings and errors to t.Log, so a node's log lines are
-// printed with the test that made them (and only when it fails or runs
-// with -v) instead of flooding the package's output, where parallel
-// tests' lines hid a failure's cause. Call it before registering the
-// node's Stop: cleanups run last-registered first, so the node has stopped
-// when the writer closes; a line written after that (a goroutine that
-// outlived Stop) goes to stderr, since t.Log would panic.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return os.Stderr.Write(p)
-	}
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
+// testLogger logs the node's warnings and errors to t.Log (see testlog).
+func testLogger(t testing.TB) *slog.Logger { return testlog.New(t, slog.LevelWarn) }
