@@ -183,6 +183,7 @@ func benchCommand() *cobra.Command {
 	f.IntVar(&cfg.Shards, "shards", 2, "shard primaries of the benchmark bed")
 	f.StringVar(&only, "only", "", "comma-separated scenarios to run (default: all): "+strings.Join(bench.Names, ", "))
 	f.StringVar(&cfg.ProfileDir, "profile", "", "directory for a CPU profile per scenario (this process: load, node, NATS; not mariadbd)")
+	f.StringVar(&cfg.TraceDir, "trace", "", "directory for an execution trace of the last 3 s of each scenario (go tool trace -pprof=sched FILE: where goroutines waited to run); costs CPU")
 	return cmd
 }
 

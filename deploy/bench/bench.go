@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -73,6 +74,14 @@ type Config struct {
 	// generators and the bed's Triage node and NATS server (not mariadbd).
 	// Default: no profiles.
 	ProfileDir string
+	// TraceDir, when set, receives an execution trace of the last
+	// traceSpan of each scenario, <TraceDir>/<scenario>.trace (a flight
+	// recorder runs through the scenario). `go tool trace -pprof=sched`
+	// turns one into a profile of where goroutines waited to run: on a
+	// saturated box a request's latency is mostly such waits. Tracing
+	// costs CPU, so a run with traces is not one to report figures from.
+	// Default: no traces.
+	TraceDir string
 	// Only, when set, runs just the named scenarios (Names); the others are
 	// reported as skipped, and ratios and targets that need them are left
 	// out. For working on one path: `triage-bed bench --only triage-steady`.
@@ -171,8 +180,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	if cfg.ProfileDir != "" {
-		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+	for _, d := range []string{cfg.ProfileDir, cfg.TraceDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -436,10 +448,22 @@ func (r *runner) scenario(ctx context.Context, name string, fn func(context.Cont
 			}
 		}
 	}
+	var fr *trace.FlightRecorder
+	if r.cfg.TraceDir != "" {
+		fr = trace.NewFlightRecorder(trace.FlightRecorderConfig{MinAge: traceSpan, MaxBytes: 512 << 20})
+		if fr.Start() != nil {
+			fr = nil // another trace is running
+		}
+	}
 	before := takeCPU(r.mariadbPIDs())
 	var s Scenario
 	var err error
 	asLoad(ctx, func(ctx context.Context) { s, err = fn(ctx) })
+	if fr != nil {
+		if werr := writeTrace(fr, filepath.Join(r.cfg.TraceDir, name+".trace")); werr != nil {
+			s.Notes += fmt.Sprintf("; execution trace not written: %v", werr)
+		}
+	}
 	use := cpuSince(before, takeCPU(r.mariadbPIDs()), runtime.NumCPU())
 	if profiled != "" {
 		pprof.StopCPUProfile()
@@ -524,4 +548,21 @@ func sanitize(ss []Scenario) {
 			s.Metrics[k] = v
 		}
 	}
+}
+
+// traceSpan is how much of a scenario's end its execution trace keeps.
+const traceSpan = 3 * time.Second
+
+// writeTrace writes what fr holds to path and stops it.
+func writeTrace(fr *trace.FlightRecorder, path string) error {
+	defer fr.Stop()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := fr.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
