@@ -159,10 +159,11 @@
 // last 3 s, from a flight recorder, for latency on a saturated box: there
 // a request mostly waits to be scheduled, not on its statements, and
 // `go tool trace -pprof=sched` shows which wake-ups those waits follow.
-// In triage-steady at 512 producers (p7's code) a woken goroutine waited
-// 3-4 ms on average for a core, and a consumer's Dequeue + Ack cycle has
-// about ten such wake-ups (the gRPC server's handler, the serve and ack
-// batches' replies, the client's response), as does an enqueue.
+// In triage-steady at 512 producers a woken goroutine waited 3-4 ms on
+// average for a core (one traced run, 2026-11-27), and by the code a
+// consumer's Dequeue + Ack cycle has about ten such wake-ups (the gRPC
+// server's handler, the serve and ack batches' replies, the client's
+// response), as does an enqueue.
 //
 // The load generators run in this process and take CPU the node does not
 // get; nothing keeps them from it (a second process would share the same
