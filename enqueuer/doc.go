@@ -111,7 +111,11 @@
 // library does not recover from by itself (the consumer deleted, its
 // leader's server shut down, no leader to take the pull), the worker
 // makes its consumer again, waits for it to have a leader, and pulls
-// anew. The insert loops go on meanwhile. A pull that ends, lost or
+// anew. The insert loops go on meanwhile. A starting worker whose first
+// pull cannot be made yet (JetStream electing its leaders at a cluster's
+// start, a stream not made yet) says so at Info for its first 10 s
+// (pullQuiet); a pull lost after it ran, or failing for longer, is a
+// warning. A pull that ends, lost or
 // stopped, is drained rather than stopped: the batches the client library
 // received but had not passed on yet go to the insert loops (or, when
 // the worker stops, back to the stream at once), where a stop dropped

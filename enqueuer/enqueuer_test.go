@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -574,6 +575,38 @@ func TestWorkerRecreatesADeletedConsumer(t *testing.T) {
 	b.publish(t, batch(2, "t", "", 2))
 	require.Eventually(t, func() bool { return b.count(t) == 2 }, 15*time.Second, 50*time.Millisecond,
 		"the worker must drain again after its consumer was deleted; logs:\n%s", logs)
+	require.Contains(t, logs.String(), `level=WARN msg="enqueue buffer pull lost; pulling again"`, "a pull lost after it ran is a warning")
+}
+
+// TestStartingWorkerWaitsQuietlyForItsStream: a worker whose first pull
+// cannot be made yet (here: it drains another region's stream, which
+// does not exist yet; on a clustered bed's start, JetStream electing its
+// leaders) says so at Info, not Warn, for pullQuiet, and drains the
+// stream once it is there.
+func TestStartingWorkerWaitsQuietlyForItsStream(t *testing.T) {
+	t.Parallel()
+	nc, js := natstest.JetStream(t)
+	logs := &syncBuffer{}
+	b := setupOn(t, nc, js, StreamConfig{}, logs, func(c *Config) {
+		cur := c.Maps.Current()
+		shards := slices.Clone(cur.Shards)
+		shards[0].HomeRegion, shards[0].PrimaryRegion = "far", "r" // failed over to r
+		sm, err := shardmap.New(shardmap.Map{Version: cur.Version, Regions: []string{"r", "far"}, Shards: shards})
+		require.NoError(t, err)
+		c.Maps = shardmap.NewHolder(sm)
+	})
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "enqueue buffer not reachable yet") }, 10*time.Second, 20*time.Millisecond)
+	require.NotContains(t, logs.String(), "level=WARN")
+
+	ctx := context.Background()
+	_, err := EnsureStream(ctx, js, "far", StreamConfig{})
+	require.NoError(t, err)
+	data, err := proto.Marshal(&peerv1.EnqueueEnvelope{Batches: []*peerv1.EnqueueBatch{batch(1, "t", "", 1)}})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, peer.EnqueueSubject("far", 1), data)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.count(t) == 1 }, 10*time.Second, 20*time.Millisecond, "logs:\n%s", logs)
+	require.NotContains(t, logs.String(), "level=WARN")
 }
 
 // TestWorkerMovesItsLeadersToItsServer: a worker draining its own

@@ -274,12 +274,20 @@ func (w *worker) run(ctx context.Context) {
 			w.insertLoop(ctx, msgs, g)
 		}()
 	}
-	for ctx.Err() == nil {
-		err := w.pull(ctx, msgs)
+	quietUntil := time.Now().Add(pullQuiet)
+	for pulled := false; ctx.Err() == nil; {
+		consumed, err := w.pull(ctx, msgs)
 		if ctx.Err() != nil {
 			break
 		}
-		w.log.Warn("enqueue buffer pull lost; pulling again", "err", err)
+		pulled = pulled || consumed
+		if !pulled && time.Now().Before(quietUntil) {
+			// Starting: the stream or the cluster's JetStream is not
+			// there yet (a bed's or a cluster's first seconds).
+			w.log.Info("enqueue buffer not reachable yet; pulling again", "err", err)
+		} else {
+			w.log.Warn("enqueue buffer pull lost; pulling again", "err", err)
+		}
 		sleep(ctx, pullRetry)
 	}
 	wg.Wait()
@@ -297,12 +305,21 @@ func (w *worker) run(ctx context.Context) {
 // pullRetry is the pause before a lost pull is made again.
 const pullRetry = 250 * time.Millisecond
 
+// pullQuiet is how long a starting worker whose first pull cannot be
+// made yet says so at Info, not Warn: at every start of a clustered bed
+// JetStream answered the first consumer creates "no responders" while it
+// elected its leaders, a warning that meant nothing and taught operators
+// to read past the ones that do. A pull lost after one ran, or failing
+// for longer, is a warning.
+const pullQuiet = 10 * time.Second
+
 // pull feeds the shard's buffered batches into msgs until ctx ends (nil)
-// or the pull is lost (the error why).
-func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
+// or the pull is lost (the error why). consumed says whether the pull
+// ran at all.
+func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) (consumed bool, err error) {
 	cons, err := w.consumer(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	lost := make(chan error, 1)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -325,7 +342,7 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 			}
 		}))
 	if err != nil {
-		return fmt.Errorf("consume: %w", err)
+		return false, fmt.Errorf("consume: %w", err)
 	}
 	// Drain, not Stop: the client library may hold batches it received
 	// but has not passed to the callback yet, and Stop drops them, so
@@ -342,9 +359,9 @@ func (w *worker) pull(ctx context.Context, msgs chan<- jetstream.Msg) error {
 	}()
 	select {
 	case <-ctx.Done():
-		return nil
+		return true, nil
 	case err := <-lost:
-		return err
+		return true, err
 	}
 }
 
