@@ -14,20 +14,27 @@ import (
 )
 
 // Pool keeps one connection pool per shard primary. When the map moves a
-// shard to a new primary, the next call opens a pool to it; a pool to an
-// address no longer in use keeps no connection past its idle time (5
-// min) and is closed with the Pool.
+// shard to a new primary, the next call opens a pool to it; the pool to
+// the former primary is closed by Prune once it has been idle for a
+// while, and every pool with the Pool.
 type Pool struct {
 	cred Credentials
 
-	mu     sync.Mutex
-	dbs    map[string]*sqlx.DB // by DSN
+	mu  sync.Mutex
+	dbs map[string]*poolEntry // by DSN
 	epochs map[epochKey]time.Time
 	// dsns caches DSN by what it depends on besides cred: every write
 	// asks (Writer), and formatting one (mysql.Config.FormatDSN and its
 	// parameter map) was 3 % of the node's CPU in triage-steady.
 	dsns   map[dsnKey]string
 	closed bool
+}
+
+// poolEntry is one primary's pool and whether it was handed out since
+// the last Prune.
+type poolEntry struct {
+	db   *sqlx.DB
+	used bool
 }
 
 // dsnKey is what a shard's DSN depends on besides the pool's credentials.
@@ -58,7 +65,7 @@ func NewPool(cred Credentials) *Pool {
 	if cred.User == "" {
 		cred.User = "root"
 	}
-	return &Pool{cred: cred, dbs: map[string]*sqlx.DB{}, epochs: map[epochKey]time.Time{}, dsns: map[dsnKey]string{}}
+	return &Pool{cred: cred, dbs: map[string]*poolEntry{}, epochs: map[epochKey]time.Time{}, dsns: map[dsnKey]string{}}
 }
 
 // DSN returns the data source name for a shard's primary. Queue
@@ -208,8 +215,9 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	if p.closed {
 		return nil, ErrPoolClosed
 	}
-	if db, ok := p.dbs[dsn]; ok {
-		return db, nil
+	if e, ok := p.dbs[dsn]; ok {
+		e.used = true
+		return e.db, nil
 	}
 	db, err := sqlx.Open("mysql", dsn)
 	if err != nil {
@@ -222,17 +230,69 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	db.SetMaxOpenConns(n)
 	db.SetMaxIdleConns(n)
 	db.SetConnMaxIdleTime(5 * time.Minute)
-	p.dbs[dsn] = db
+	p.dbs[dsn] = &poolEntry{db: db, used: true}
 	return db, nil
 }
+
+// Prune closes the pools of servers that are no shard's primary in m and
+// were not handed out since the last Prune, and forgets what the Pool
+// kept for them (DSNs, epoch checks). The node calls it every
+// PruneEvery, so the pool of a former primary goes one to two periods
+// after the last write there: a long-lived node that saw many failovers
+// kept every pool it had ever opened. The period is the grace for work
+// that took a pool just before the map moved (a serve or ack batch in
+// flight): it finishes on the pool it has. A pool handed out after it was
+// closed answers "sql: database is closed", as one to an unreachable
+// server would fail, and the next call opens a new pool. It returns how
+// many pools it closed.
+func (p *Pool) Prune(m *Map) int {
+	current := map[string]bool{}
+	for _, s := range m.Shards {
+		current[p.DSN(s)] = true
+	}
+	var idle []*sqlx.DB
+	defer func() {
+		// Outside the lock: Close waits for the queries in flight.
+		for _, db := range idle {
+			db.Close()
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for dsn, e := range p.dbs {
+		if current[dsn] {
+			continue
+		}
+		if e.used {
+			e.used = false
+			continue
+		}
+		idle = append(idle, e.db)
+		delete(p.dbs, dsn)
+	}
+	for k := range p.epochs {
+		if _, ok := p.dbs[k.dsn]; !ok {
+			delete(p.epochs, k)
+		}
+	}
+	for k, dsn := range p.dsns {
+		if _, ok := p.dbs[dsn]; !ok && !current[dsn] {
+			delete(p.dsns, k)
+		}
+	}
+	return len(idle)
+}
+
+// PruneEvery is how often a node prunes its pools (Prune).
+const PruneEvery = time.Minute
 
 // Close closes every pool; later calls get ErrPoolClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	for k, db := range p.dbs {
-		db.Close()
+	for k, e := range p.dbs {
+		e.db.Close()
 		delete(p.dbs, k)
 	}
 	return nil

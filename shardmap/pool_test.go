@@ -106,3 +106,56 @@ func TestPoolDSNFollowsTheShard(t *testing.T) {
 	}
 	require.Len(t, dsns, 3)
 }
+
+// TestPruneClosesTheFormerPrimarysPool: once the map moves a shard, the
+// pool to its former primary is closed by the second Prune that finds it
+// not handed out since the one before (the grace for work in flight),
+// while the current primary's pool is never closed, and a call for the
+// former primary afterwards gets a new, working pool.
+func TestPruneClosesTheFormerPrimarysPool(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	a, err := mysql.ParseDSN(mariadbtest.Database(t))
+	require.NoError(t, err)
+	b, err := mysql.ParseDSN(mariadbtest.Database(t))
+	require.NoError(t, err)
+	mapOn := func(version uint64, c *mysql.Config) *Map {
+		m, err := New(Map{Version: version, Regions: []string{"a"}, Shards: []Shard{{ID: 1, HomeRegion: "a", Primary: c.Addr, Database: c.DBName}}})
+		require.NoError(t, err)
+		return m
+	}
+	before, after := mapOn(1, a), mapOn(2, b) // a failover moved shard 1
+	pool := NewPool(Credentials{User: a.User, Password: a.Passwd})
+	t.Cleanup(func() { pool.Close() })
+	former, err := pool.Writer(NewHolder(before), 1) // checks and keeps the epoch
+	require.NoError(t, err)
+	require.NoError(t, former.PingContext(ctx))
+	current, _, err := pool.Primary(after, 1)
+	require.NoError(t, err)
+
+	require.Zero(t, pool.Prune(after), "handed out since the last prune: kept for work in flight")
+	require.NoError(t, former.PingContext(ctx))
+	require.Equal(t, 1, pool.Prune(after))
+	require.ErrorContains(t, former.PingContext(ctx), "database is closed")
+	for range 3 {
+		require.Zero(t, pool.Prune(after), "the current primary's pool stays")
+		require.NoError(t, current.PingContext(ctx))
+	}
+
+	again, _, err := pool.Primary(before, 1) // failed back
+	require.NoError(t, err)
+	require.NotSame(t, former, again)
+	require.NoError(t, again.PingContext(ctx))
+	require.Zero(t, pool.Prune(after))
+	_, _, err = pool.Primary(before, 1) // still in use
+	require.NoError(t, err)
+	require.Zero(t, pool.Prune(after))
+	require.Equal(t, 1, pool.Prune(after))
+	want := pool.DSN(after.Shards[0])
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	require.Len(t, pool.dbs, 1)
+	require.Contains(t, pool.dbs, want)
+	require.Empty(t, pool.epochs, "the former primary's epoch check is forgotten")
+	require.Equal(t, map[dsnKey]string{{primary: b.Addr, database: b.DBName}: want}, pool.dsns)
+}

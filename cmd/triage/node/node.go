@@ -422,9 +422,28 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		}
 	}
 	go n.obs.readiness(runCtx, n.Healthy)
+	go n.prunePools(runCtx, maps)
 	ok = true
 	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr)
 	return n, nil
+}
+
+// prunePools closes the pools to servers that are no longer a shard's
+// primary (shardmap.Pool.Prune) every PruneEvery until ctx ends.
+func (n *Node) prunePools(ctx context.Context, maps *shardmap.Holder) {
+	t := time.NewTicker(shardmap.PruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m := maps.Current()
+		if closed := n.pool.Prune(m) + n.admin.Prune(m); closed > 0 {
+			n.log.Info("closed the connection pools of former primaries", "pools", closed)
+		}
+	}
 }
 
 func (n *Node) migrate(ctx context.Context, m *shardmap.Map) error {
