@@ -20,8 +20,8 @@ import (
 type Pool struct {
 	cred Credentials
 
-	mu  sync.Mutex
-	dbs map[string]*poolEntry // by DSN
+	mu     sync.Mutex
+	dbs    map[string]*poolEntry // by DSN
 	epochs map[epochKey]time.Time
 	// dsns caches DSN by what it depends on besides cred: every write
 	// asks (Writer), and formatting one (mysql.Config.FormatDSN and its
