@@ -46,6 +46,15 @@
 // RESOURCE_EXHAUSTED; a commit not confirmed in time is DEADLINE_EXCEEDED
 // with a message saying the batch is still buffered.
 //
+// While the process's CPU is saturated and consumers are being served,
+// at most EnqueueConcurrency Enqueue calls (32 per core) run at once;
+// the others wait their turn before anything is done for them
+// (admission.go): on a saturated node every wake-up of a request queues
+// for a core, and a flood of producers' requests otherwise starves the
+// consumers' Dequeue and Ack calls, so the backlog grows without bound.
+// A bulk load with no consumer, or enqueues slow for the WAN, are never
+// held back.
+//
 // # Dequeue
 //
 // The router forwards a dequeue to the dequeuer that owns the region's

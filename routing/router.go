@@ -99,6 +99,11 @@ type Config struct {
 	// (see "# Clocks" in dequeuer/doc.go). Default: a Clock of the
 	// router's own.
 	Clock *shardmap.Clock
+	// EnqueueConcurrency caps the Enqueue calls that run at once while
+	// the process's CPU is saturated and consumers are being served (see
+	// admission.go). 0: DefaultEnqueueConcurrency (32 per core);
+	// negative: no cap ever.
+	EnqueueConcurrency int
 	// Metrics records enqueue, dequeue, ack and nack counts and latencies
 	// and quota refusals. Nil: none.
 	Metrics *metrics.Set
@@ -126,6 +131,10 @@ type Router struct {
 	// drained holds the drained shards whose buffer was seen empty after
 	// DrainSettle (movedHolder): nothing can be published to them again.
 	drained sync.Map
+
+	// admit holds Enqueue calls back while the CPU is saturated and
+	// consumers are served (admission.go); nil: never.
+	admit *admission
 
 	pubMu      sync.Mutex
 	publishers map[string]*shardPublisher
@@ -163,6 +172,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	r.dq = localFirst{local: cfg.Local, remote: r.cfg.Dequeuers}
 	r.acks.Now = cfg.Clock.Now
+	if n := cmp.Or(cfg.EnqueueConcurrency, DefaultEnqueueConcurrency()); n > 0 {
+		r.admit = &admission{cap: n, schedMean: newSchedLatency().mean}
+	}
 	return r, nil
 }
 
@@ -185,6 +197,13 @@ func (r *Router) Start(context.Context) error {
 		return err
 	}
 	r.sub = sub
+	if r.admit != nil {
+		r.pubWG.Add(1)
+		go func() {
+			defer r.pubWG.Done()
+			r.admit.run(r.stopping)
+		}()
+	}
 	return nil
 }
 
@@ -211,6 +230,13 @@ func (r *Router) region(req string, m *shardmap.Map) (string, error) {
 // Enqueue implements triagev1.QueueServer.
 func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
 	start := time.Now()
+	if r.admit != nil {
+		if err := r.admit.gate.acquire(ctx); err != nil {
+			return nil, toStatus(errorf(err, "enqueue not started: it waited for one of the %d enqueues this router runs at once while its CPU is saturated and consumers are being served; nothing was done, retry",
+				r.admit.cap))
+		}
+		defer r.admit.gate.release()
+	}
 	resp, err := r.enqueue(ctx, req)
 	if err == nil {
 		nm := r.cfg.Metrics.Namespace(req.Namespace)
@@ -475,6 +501,7 @@ const MaxDequeueTotal = 1000
 // Dequeue implements triagev1.QueueServer: it forwards to the dequeuers
 // that own the region's shards and merges their answers.
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
+	r.draining()
 	start := time.Now()
 	items, err := r.dequeueFollowingOwners(ctx, req)
 	if err == nil {
@@ -799,6 +826,7 @@ func itemResults(ids []string, errs []error) []*triagev1.ItemResult {
 
 // Ack implements triagev1.QueueServer.
 func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.AckResponse, error) {
+	r.draining()
 	start := time.Now()
 	m := r.cfg.Maps.Current()
 	ns, err := m.Namespace(req.Namespace)
@@ -867,6 +895,7 @@ func countResults(errs []error, ok, refused prometheus.Counter) {
 
 // Nack implements triagev1.QueueServer.
 func (r *Router) Nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
+	r.draining()
 	resp, err := r.nack(ctx, req)
 	return resp, toStatus(err)
 }
@@ -991,6 +1020,7 @@ func (r *Router) checkNackMetadata(ctx context.Context, ns string, ids []itemid.
 
 // ExtendLease implements triagev1.QueueServer.
 func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseRequest) (*triagev1.ExtendLeaseResponse, error) {
+	r.draining()
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
 		return nil, toStatus(err)
@@ -1019,3 +1049,10 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 
 // Owner returns the dequeuer that owns shard, as this router sees it.
 func (r *Router) Owner(shard uint32) (string, bool) { return r.cfg.Owners.Owner(shard) }
+
+// draining notes a consumer's call for enqueue admission.
+func (r *Router) draining() {
+	if r.admit != nil {
+		r.admit.draining()
+	}
+}

@@ -1,0 +1,247 @@
+package routing
+
+import (
+	"context"
+	"math"
+	"runtime"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Enqueue admission. On a node whose CPU is saturated every request
+// mostly waits for a core: each time a goroutine is woken (a reply from
+// MariaDB or NATS, a batch it joined committing, the next gRPC frame) it
+// queues behind every other runnable goroutine, and a consumer's Dequeue
+// and Ack each pass through several such wake-ups (see deploy/bench's
+// --trace). With 512 single-item producers and 16 consumers on two
+// cores, the producers' requests filled that queue: 8.7k-11.5k items/s
+// went in, 2.7k-3.6k came out, and the backlog grew without bound.
+//
+// So while the process is saturated and consumers are being served, at
+// most EnqueueConcurrency Enqueue calls run at once on this router; the
+// others wait, oldest first, before anything is done for them (a call
+// whose context ends while it waits changes nothing and answers
+// DEADLINE_EXCEEDED). Waiting callers are blocked, not runnable, so they
+// take no place in the queue for a core. Neither condition alone closes
+// the gate:
+//
+//   - Saturation is the Go scheduler's own figure: the mean time a
+//     goroutine waited to run over the last admissionTick (runtime/metrics
+//     /sched/latencies:seconds) above saturatedAfter. Enqueues that are
+//     slow for the WAN or a busy database are not held back: that wait is
+//     not the scheduler's.
+//   - Consumers being served: a Dequeue, Ack, Nack or ExtendLease reached
+//     this router in the tick. Without them (a bulk load) enqueues run
+//     unbounded: a fixed cap of 64 cost a closed-loop single-item load
+//     half its throughput (18.3k and 20.6k items/s uncapped against 8.7k
+//     and 9.0k, fewer rows per group commit).
+//
+// How it opens again is in admission.tick. Measured with
+// `triage-bed bench --only triage-steady` (2026-11-27): at 512 producers
+// the gated node delivered 4.64k items/s and kept up (1.00x, backlog
+// flat, end-to-end p99 328 ms), against 2.67k and 3.56k/s (0.31x) for
+// the same code without the gate; 64 producers were not held back (5.2k
+// items/s, 4.4k and 3.5k without). An adaptive limit that shrank while
+// consumers' acks were slow was tried before and settled far lower:
+// enqueues held back commit in smaller groups, so each costs more, and
+// delivery did not rise.
+
+// admissionTick is how often the gate looks at the scheduler and at the
+// consumers.
+const admissionTick = 250 * time.Millisecond
+
+// saturatedAfter is the mean scheduling latency above which the process
+// counts as saturated: an idle process schedules in microseconds, and
+// triage-steady at 512 producers, ungated, measured 0.9-1.4 ms (the
+// runtime samples one transition in eight).
+const saturatedAfter = time.Millisecond
+
+// idleBelow is the mean scheduling latency under which a closed gate
+// opens: the process is not short of CPU. Held closed in triage-steady
+// at 512 producers, the mean was 200-400 µs.
+const idleBelow = 150 * time.Microsecond
+
+// DefaultEnqueueConcurrency is the cap for the process's GOMAXPROCS: 32
+// per core.
+func DefaultEnqueueConcurrency() int { return 32 * runtime.GOMAXPROCS(0) }
+
+// gate is a counting semaphore whose limit can change, and whose waiters
+// are admitted in arrival order. A limit of 0 admits everyone.
+type gate struct {
+	mu       sync.Mutex
+	limit    int
+	inflight int
+	waiters  []chan struct{}
+	waited   atomic.Int64 // callers that had to wait, ever
+}
+
+// acquire waits for a slot or for ctx to end (its error).
+func (g *gate) acquire(ctx context.Context) error {
+	g.mu.Lock()
+	if len(g.waiters) == 0 && (g.limit == 0 || g.inflight < g.limit) {
+		g.inflight++
+		g.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	g.waiters = append(g.waiters, ch)
+	g.mu.Unlock()
+	g.waited.Add(1)
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		g.mu.Lock()
+		for i, w := range g.waiters {
+			if w == ch {
+				g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
+				g.mu.Unlock()
+				return ctx.Err()
+			}
+		}
+		g.mu.Unlock()
+		// Admitted while ctx ended: hand the slot on.
+		g.release()
+		return ctx.Err()
+	}
+}
+
+// release gives a slot back: to the oldest waiter when the limit allows.
+func (g *gate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight--
+	g.admit()
+}
+
+// setLimit changes the limit (0: none) and admits the waiters it allows.
+func (g *gate) setLimit(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.limit = n
+	g.admit()
+}
+
+// admit hands slots to waiters, oldest first, while the limit allows.
+func (g *gate) admit() {
+	for len(g.waiters) > 0 && (g.limit == 0 || g.inflight < g.limit) {
+		g.inflight++
+		close(g.waiters[0])
+		g.waiters = g.waiters[1:]
+	}
+}
+
+// admission decides the gate's limit each admissionTick.
+type admission struct {
+	gate  gate
+	cap   int
+	drain atomic.Int64 // consumer calls seen; compared tick to tick
+	// schedMean returns the mean scheduling latency since its last call
+	// (a field for tests).
+	schedMean func() time.Duration
+
+	closed              bool
+	lastDrain, lastWait int64
+	calm                int // ticks in a row that would open a closed gate
+}
+
+// draining notes a consumer call (Dequeue, Ack, Nack, Extend).
+func (a *admission) draining() { a.drain.Add(1) }
+
+// tick looks at the last admissionTick and sets the gate. It closes
+// (to cap) in a tick that saw consumers' calls and a mean scheduling
+// latency over saturatedAfter. Closed, the gate itself brings the
+// latency down, so that cannot open it again, or it would open and close
+// by turns (measured: a quarter less delivered than held closed). It
+// opens after two ticks in a row in each of which no consumer called,
+// or no enqueue had to wait (the demand fits under the cap), or the
+// process idled (mean latency under idleBelow: the CPU is not what the
+// enqueues wait for).
+func (a *admission) tick() {
+	d, w := a.drain.Load(), a.gate.waited.Load()
+	mean := a.schedMean()
+	draining, waited := d != a.lastDrain, w != a.lastWait
+	a.lastDrain, a.lastWait = d, w
+	switch {
+	case !a.closed:
+		if draining && mean > saturatedAfter {
+			a.closed, a.calm = true, 0
+			a.gate.setLimit(a.cap)
+		}
+	case !draining || !waited || mean < idleBelow:
+		if a.calm++; a.calm >= 2 {
+			a.closed = false
+			a.gate.setLimit(0)
+		}
+	default:
+		a.calm = 0
+	}
+}
+
+// run ticks until stop is closed.
+func (a *admission) run(stop <-chan struct{}) {
+	t := time.NewTicker(admissionTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			a.gate.setLimit(0)
+			return
+		case <-t.C:
+			a.tick()
+		}
+	}
+}
+
+// schedLatency reads the Go scheduler's latency histogram and returns
+// the mean of what it gained since the previous call.
+type schedLatency struct {
+	sample []metrics.Sample
+	prev   []uint64
+}
+
+func newSchedLatency() *schedLatency {
+	return &schedLatency{sample: []metrics.Sample{{Name: "/sched/latencies:seconds"}}}
+}
+
+func (s *schedLatency) mean() time.Duration {
+	metrics.Read(s.sample)
+	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	h := s.sample[0].Value.Float64Histogram()
+	if len(s.prev) != len(h.Counts) {
+		s.prev = make([]uint64, len(h.Counts))
+		copy(s.prev, h.Counts)
+		return 0
+	}
+	var total uint64
+	delta := make([]uint64, len(h.Counts))
+	for i, c := range h.Counts {
+		delta[i] = c - s.prev[i]
+		total += delta[i]
+	}
+	copy(s.prev, h.Counts)
+	if total == 0 {
+		return 0
+	}
+	var sum float64
+	for i, c := range delta {
+		if c == 0 {
+			continue
+		}
+		// Bucket i runs from Buckets[i] to Buckets[i+1]; either end may
+		// be infinite.
+		lo, hi := h.Buckets[i], h.Buckets[i+1]
+		switch {
+		case math.IsInf(lo, -1):
+			lo = 0
+		case math.IsInf(hi, 1):
+			hi = lo
+		}
+		sum += float64(c) * (lo + hi) / 2
+	}
+	return time.Duration(sum / float64(total) * float64(time.Second))
+}

@@ -1,0 +1,146 @@
+package routing
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestGateAdmitsInArrivalOrder: past its limit the gate holds callers
+// and admits them oldest first as slots come back; a caller whose
+// context ends while it waits leaves without taking a slot; lifting the
+// limit admits every waiter.
+func TestGateAdmitsInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	var g gate
+	g.setLimit(2)
+	ctx := context.Background()
+	require.NoError(t, g.acquire(ctx))
+	require.NoError(t, g.acquire(ctx))
+
+	admitted := make(chan int, 4)
+	wait := func(i int, ctx context.Context) {
+		go func() {
+			if g.acquire(ctx) == nil {
+				admitted <- i
+			}
+		}()
+		require.Eventually(t, func() bool {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return len(g.waiters) == i
+		}, 5*time.Second, time.Millisecond, "waiter %d queued", i)
+	}
+	wait(1, ctx)
+	cctx, cancel := context.WithCancel(ctx)
+	wait(2, cctx)
+	wait(3, ctx)
+	select {
+	case i := <-admitted:
+		t.Fatalf("waiter %d admitted past the limit", i)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	cancel() // waiter 2 gives up
+	require.Eventually(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.waiters) == 2
+	}, 5*time.Second, time.Millisecond)
+	g.release()
+	require.Equal(t, 1, <-admitted, "the oldest waiter first")
+	g.release()
+	require.Equal(t, 3, <-admitted, "the one that gave up took no slot")
+	g.mu.Lock()
+	require.Equal(t, 2, g.inflight)
+	g.mu.Unlock()
+
+	// Lifting the limit admits at once, and everyone after.
+	wait(1, ctx)
+	g.setLimit(0)
+	require.Equal(t, 1, <-admitted)
+	require.NoError(t, g.acquire(ctx))
+}
+
+// TestAdmissionClosesOnlyWhenSaturatedAndDraining: the gate closes to
+// the cap only in a tick that saw both consumers' calls and a mean
+// scheduling latency over saturatedAfter. Closed, the lower latency it
+// brings keeps it closed; it opens after two ticks in a row without
+// consumers, without an enqueue that waited, or with the process idle.
+func TestAdmissionClosesOnlyWhenSaturatedAndDraining(t *testing.T) {
+	t.Parallel()
+	sched := time.Duration(0)
+	a := &admission{cap: 64, schedMean: func() time.Duration { return sched }}
+	limit := func() int {
+		a.gate.mu.Lock()
+		defer a.gate.mu.Unlock()
+		return a.gate.limit
+	}
+	const gated = 300 * time.Microsecond // held closed, still busy
+	steps := []struct {
+		name          string
+		drain, waited bool
+		sched         time.Duration
+		want          int
+	}{
+		{"idle", false, false, 0, 0},
+		{"saturated, no consumers (a bulk load)", false, false, 5 * time.Millisecond, 0},
+		{"consumers, not saturated", true, false, 100 * time.Microsecond, 0},
+		{"consumers on a saturated process: closes", true, false, 3 * time.Millisecond, 64},
+		{"held closed, busy", true, true, gated, 64},
+		{"no enqueue waited: 1", true, false, gated, 64},
+		{"an enqueue waited again", true, true, gated, 64},
+		{"no enqueue waited: 1 again", true, false, gated, 64},
+		{"no enqueue waited: 2, opens", true, false, gated, 0},
+		{"closes again", true, true, 2 * time.Millisecond, 64},
+		{"idle process: 1", true, true, 50 * time.Microsecond, 64},
+		{"idle process: 2, opens", true, true, 50 * time.Microsecond, 0},
+		{"closes again", true, true, 2 * time.Millisecond, 64},
+		{"no consumer: 1", false, true, gated, 64},
+		{"no consumer: 2, opens", false, true, 2 * time.Millisecond, 0},
+	}
+	for _, s := range steps {
+		if s.drain {
+			a.draining()
+		}
+		if s.waited {
+			a.gate.waited.Add(1)
+		}
+		sched = s.sched
+		a.tick()
+		require.Equal(t, s.want, limit(), s.name)
+	}
+}
+
+// TestSchedLatencySeesASaturatedProcess: with four goroutines per core
+// spinning, each waits for the others' time slices (10 ms before the
+// runtime preempts), and the median the gate reads is over
+// saturatedAfter.
+func TestSchedLatencySeesASaturatedProcess(t *testing.T) {
+	s := newSchedLatency()
+	s.mean() // the baseline
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 * runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	got := s.mean()
+	close(stop)
+	wg.Wait()
+	require.Greater(t, got, saturatedAfter)
+}
