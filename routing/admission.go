@@ -54,13 +54,13 @@ const admissionTick = 250 * time.Millisecond
 
 // saturatedAfter is the mean scheduling latency above which the process
 // counts as saturated: an idle process schedules in microseconds, and
-// triage-steady at 512 producers, ungated, measured 0.9-1.4 ms (the
-// runtime samples one transition in eight).
+// triage-steady at 512 producers, ungated, measured 0.9-1.4 ms (over
+// the transitions the runtime samples).
 const saturatedAfter = time.Millisecond
 
 // idleBelow is the mean scheduling latency under which a closed gate
 // opens: the process is not short of CPU. Held closed in triage-steady
-// at 512 producers, the mean was 200-400 µs.
+// at 512 producers, the mean was 200-450 µs.
 const idleBelow = 150 * time.Microsecond
 
 // DefaultEnqueueConcurrency is the cap for the process's GOMAXPROCS: 32
@@ -154,7 +154,7 @@ func (a *admission) draining() { a.drain.Add(1) }
 // (to cap) in a tick that saw consumers' calls and a mean scheduling
 // latency over saturatedAfter. Closed, the gate itself brings the
 // latency down, so that cannot open it again, or it would open and close
-// by turns (measured: a quarter less delivered than held closed). It
+// by turns (measured: the backlog grew again, 0.73x kept up). It
 // opens after two ticks in a row in each of which no consumer called,
 // or no enqueue had to wait (the demand fits under the cap), or the
 // process idled (mean latency under idleBelow: the CPU is not what the
