@@ -108,6 +108,13 @@ func (g *gate) acquire(ctx context.Context) error {
 	}
 }
 
+// holding reports whether the gate has a limit now.
+func (g *gate) holding() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limit > 0
+}
+
 // release gives a slot back: to the oldest waiter when the limit allows.
 func (g *gate) release() {
 	g.mu.Lock()

@@ -8,6 +8,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // TestGateAdmitsInArrivalOrder: past its limit the gate holds callers
@@ -143,4 +148,36 @@ func TestSchedLatencySeesASaturatedProcess(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	require.Greater(t, got, saturatedAfter)
+}
+
+// TestEnqueueAtAClosedGate: while the gate holds every slot, bad input is
+// refused at once (INVALID_ARGUMENT) rather than after its wait, and a
+// valid call whose deadline passes while it waits answers
+// DEADLINE_EXCEEDED saying nothing was done.
+func TestEnqueueAtAClosedGate(t *testing.T) {
+	t.Parallel()
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"r"},
+		Shards:     []shardmap.Shard{{ID: 1, HomeRegion: "r", Primary: "127.0.0.1:1", Database: "d"}},
+		Namespaces: []shardmap.Namespace{{Name: "ns"}}})
+	require.NoError(t, err)
+	r := &Router{cfg: Config{Region: "r", Maps: shardmap.NewHolder(m), Now: time.Now}, admit: &admission{cap: 1}}
+	r.admit.gate.setLimit(1)
+	require.NoError(t, r.admit.gate.acquire(context.Background())) // the one slot, held
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = r.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: "ns", Topic: "bad topic", Items: []*triagev1.NewItem{{}}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Less(t, time.Since(start), time.Second, "refused before waiting")
+
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = r.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: "ns", Topic: "t", Items: []*triagev1.NewItem{{}}})
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "enqueue not started")
+	require.ErrorContains(t, err, "nothing was done")
+	r.admit.gate.mu.Lock()
+	defer r.admit.gate.mu.Unlock()
+	require.Empty(t, r.admit.gate.waiters, "the caller that gave up left the queue")
 }

@@ -231,6 +231,12 @@ func (r *Router) region(req string, m *shardmap.Map) (string, error) {
 func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
 	start := time.Now()
 	if r.admit != nil {
+		if r.admit.gate.holding() {
+			// Bad input is refused before it waits its turn.
+			if err := r.precheckEnqueue(req); err != nil {
+				return nil, toStatus(err)
+			}
+		}
 		if err := r.admit.gate.acquire(ctx); err != nil {
 			return nil, toStatus(errorf(err, "enqueue not started: it waited for one of the %d enqueues this router runs at once while its CPU is saturated and consumers are being served; nothing was done, retry",
 				r.admit.cap))
@@ -247,6 +253,21 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		}
 	}
 	return resp, toStatus(err)
+}
+
+// precheckEnqueue runs enqueue's checks of the request alone, for a call
+// that is about to wait at the admission gate.
+func (r *Router) precheckEnqueue(req *triagev1.EnqueueRequest) error {
+	m := r.cfg.Maps.Current()
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
+		return err
+	}
+	if err := validateEnqueue(req, ns, r.cfg.Now()); err != nil {
+		return err
+	}
+	_, err = r.region(req.Region, m)
+	return err
 }
 
 type shardBatch struct {
