@@ -977,7 +977,17 @@ func (m *Model) DeadLetters(sp Span, topic string, list []*triagev1.DeadLetter) 
 // Redrive checks a redrive: before and after are full listings of the
 // topic's dead letters around it. Every listed item whose dedup key no live
 // item holds comes back, ready now, attempts reset; the count says how many.
-func (m *Model) Redrive(sp Span, req *triagev1.RedriveDeadLettersRequest, resp *triagev1.RedriveDeadLettersResponse, err error, after []*triagev1.DeadLetter) error {
+//
+// A read may move an item the model holds as MaybeDead (out of attempts,
+// its lease lapsed) to the dead-letter table at any moment, also between
+// the listing before a redrive and the redrive, which then brings it back
+// and counts it: the model cannot see that from the listings. seen holds
+// what GetItem answered, after the redrive, for each such item
+// (MaybeDeadOf; nil: not found). One back in the items table with no
+// attempt counted was dead-lettered and redriven meanwhile, since
+// nothing else takes its attempts back; any other answer leaves it maybe
+// dead, for the next listing to settle.
+func (m *Model) Redrive(sp Span, req *triagev1.RedriveDeadLettersRequest, resp *triagev1.RedriveDeadLettersResponse, err error, after []*triagev1.DeadLetter, seen map[string]*triagev1.Item) error {
 	if err != nil {
 		return violation("redrive of %q refused: %v", req.Topic, err)
 	}
@@ -991,6 +1001,11 @@ func (m *Model) Redrive(sp Span, req *triagev1.RedriveDeadLettersRequest, resp *
 	}
 	var redriven, kept []*Item
 	for _, it := range m.Items() {
+		if it.Topic == req.Topic && it.State == InItems && it.MaybeDead && !still[it.ID] &&
+			(len(chosen) == 0 || chosen[it.ID]) && seen[it.ID] != nil && seen[it.ID].Attempts == 0 {
+			redriven = append(redriven, it) // dead-lettered and redriven meanwhile
+			continue
+		}
 		if it.Topic != req.Topic || it.State != Dead {
 			continue
 		}
@@ -1023,6 +1038,7 @@ func (m *Model) Redrive(sp Span, req *triagev1.RedriveDeadLettersRequest, resp *
 	}
 	for _, it := range redriven {
 		it.State, it.Attempts, it.Token, it.TokenMaybeStale, it.LastError, it.Timed = InItems, 0, "", false, "", false
+		it.MaybeDead = false
 		it.DALo, it.DAHi = lo(sp.Start).Add(-m.cfg.ClockSlack), sp.End.Add(m.cfg.ClockSlack)
 		it.ExpLo, it.ExpHi = time.Time{}, time.Time{} // dead letters keep no TTL
 	}
@@ -1039,6 +1055,18 @@ func (m *Model) Redrive(sp Span, req *triagev1.RedriveDeadLettersRequest, resp *
 		return violation("redrive of %q answered redriven %d, but %d left the dead-letter table", req.Topic, resp.Redriven, n)
 	}
 	return m.DeadLetters(sp, req.Topic, after)
+}
+
+// MaybeDeadOf returns the items of topic that a read may have moved to
+// the dead-letter table unseen (MaybeDead), for Redrive's seen.
+func (m *Model) MaybeDeadOf(topic string) []*Item {
+	var out []*Item
+	for _, it := range m.Items() {
+		if it.Topic == topic && it.State == InItems && it.MaybeDead {
+			out = append(out, it)
+		}
+	}
+	return out
 }
 
 // Outstanding returns items the system still owes at now: in the items

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -560,7 +562,20 @@ func (r *modelRun) redrive(topic string) {
 	sp := r.span(func() { resp, err = r.b.queue.RedriveDeadLetters(ctx, req) })
 	r.logf("redrive %s ids %v -> %d %v", topic, req.Ids, resp.GetRedriven(), err)
 	after := r.deadLetters(topic)
-	r.check(r.m.Redrive(sp, req, resp, err, after))
+	// What became of the items a read may have dead-lettered unseen (see
+	// queuemodel's Redrive).
+	seen := map[string]*triagev1.Item{}
+	for _, it := range r.m.MaybeDeadOf(topic) {
+		ctx, cancel := r.ctx()
+		got, gerr := r.b.queue.GetItem(ctx, &triagev1.GetItemRequest{Namespace: r.ns, Id: it.ID})
+		cancel()
+		if status.Code(gerr) != codes.NotFound {
+			require.NoError(r.t, gerr)
+		}
+		seen[it.ID] = got
+		r.logf("redrive: maybe dead %s now %v", it.ID, fmtItem(got))
+	}
+	r.check(r.m.Redrive(sp, req, resp, err, after, seen))
 }
 
 // drain ends the run: it acks what consumers hold, waits out every delay,
