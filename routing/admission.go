@@ -68,22 +68,36 @@ const idleBelow = 150 * time.Microsecond
 func DefaultEnqueueConcurrency() int { return 32 * runtime.GOMAXPROCS(0) }
 
 // gate is a counting semaphore whose limit can change, and whose waiters
-// are admitted in arrival order. A limit of 0 admits everyone.
+// are admitted in arrival order. A limit of 0 admits everyone and counts
+// nobody: an open gate costs an Enqueue one atomic load, not a lock that
+// every concurrent enqueue would share. So the calls that started while
+// it was open are not counted once it closes; they finish within one
+// enqueue's time.
 type gate struct {
+	limited atomic.Bool // limit > 0, read without the lock
+
 	mu       sync.Mutex
 	limit    int
-	inflight int
+	inflight int // callers holding a slot
 	waiters  []chan struct{}
 	waited   atomic.Int64 // callers that had to wait, ever
 }
 
-// acquire waits for a slot or for ctx to end (its error).
-func (g *gate) acquire(ctx context.Context) error {
+// acquire waits for a slot or for ctx to end (its error). held says
+// whether the caller took a slot, which it must release.
+func (g *gate) acquire(ctx context.Context) (held bool, err error) {
+	if !g.limited.Load() {
+		return false, nil
+	}
 	g.mu.Lock()
-	if len(g.waiters) == 0 && (g.limit == 0 || g.inflight < g.limit) {
+	if g.limit == 0 { // opened meanwhile
+		g.mu.Unlock()
+		return false, nil
+	}
+	if len(g.waiters) == 0 && g.inflight < g.limit {
 		g.inflight++
 		g.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	ch := make(chan struct{})
 	g.waiters = append(g.waiters, ch)
@@ -91,31 +105,28 @@ func (g *gate) acquire(ctx context.Context) error {
 	g.waited.Add(1)
 	select {
 	case <-ch:
-		return nil
+		return true, nil
 	case <-ctx.Done():
 		g.mu.Lock()
 		for i, w := range g.waiters {
 			if w == ch {
 				g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
 				g.mu.Unlock()
-				return ctx.Err()
+				return false, ctx.Err()
 			}
 		}
 		g.mu.Unlock()
 		// Admitted while ctx ended: hand the slot on.
 		g.release()
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
 // holding reports whether the gate has a limit now.
-func (g *gate) holding() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.limit > 0
-}
+func (g *gate) holding() bool { return g.limited.Load() }
 
-// release gives a slot back: to the oldest waiter when the limit allows.
+// release gives a held slot back: to the oldest waiter when the limit
+// allows.
 func (g *gate) release() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -128,6 +139,7 @@ func (g *gate) setLimit(n int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.limit = n
+	g.limited.Store(n > 0)
 	g.admit()
 }
 
@@ -225,20 +237,13 @@ func (s *schedLatency) mean() time.Duration {
 		return 0
 	}
 	var total uint64
-	delta := make([]uint64, len(h.Counts))
-	for i, c := range h.Counts {
-		delta[i] = c - s.prev[i]
-		total += delta[i]
-	}
-	copy(s.prev, h.Counts)
-	if total == 0 {
-		return 0
-	}
 	var sum float64
-	for i, c := range delta {
+	for i, now := range h.Counts {
+		c := now - s.prev[i]
 		if c == 0 {
 			continue
 		}
+		total += c
 		// Bucket i runs from Buckets[i] to Buckets[i+1]; either end may
 		// be infinite.
 		lo, hi := h.Buckets[i], h.Buckets[i+1]
@@ -249,6 +254,10 @@ func (s *schedLatency) mean() time.Duration {
 			hi = lo
 		}
 		sum += float64(c) * (lo + hi) / 2
+	}
+	copy(s.prev, h.Counts)
+	if total == 0 {
+		return 0
 	}
 	return time.Duration(sum / float64(total) * float64(time.Second))
 }

@@ -24,13 +24,18 @@ func TestGateAdmitsInArrivalOrder(t *testing.T) {
 	var g gate
 	g.setLimit(2)
 	ctx := context.Background()
-	require.NoError(t, g.acquire(ctx))
-	require.NoError(t, g.acquire(ctx))
+	take := func() bool {
+		held, err := g.acquire(ctx)
+		require.NoError(t, err)
+		return held
+	}
+	require.True(t, take())
+	require.True(t, take())
 
 	admitted := make(chan int, 4)
 	wait := func(i int, ctx context.Context) {
 		go func() {
-			if g.acquire(ctx) == nil {
+			if held, err := g.acquire(ctx); err == nil && held {
 				admitted <- i
 			}
 		}()
@@ -68,7 +73,7 @@ func TestGateAdmitsInArrivalOrder(t *testing.T) {
 	wait(1, ctx)
 	g.setLimit(0)
 	require.Equal(t, 1, <-admitted)
-	require.NoError(t, g.acquire(ctx))
+	require.False(t, take(), "an open gate counts nobody")
 }
 
 // TestAdmissionClosesOnlyWhenSaturatedAndDraining: the gate closes to
@@ -162,7 +167,9 @@ func TestEnqueueAtAClosedGate(t *testing.T) {
 	require.NoError(t, err)
 	r := &Router{cfg: Config{Region: "r", Maps: shardmap.NewHolder(m), Now: time.Now}, admit: &admission{cap: 1}}
 	r.admit.gate.setLimit(1)
-	require.NoError(t, r.admit.gate.acquire(context.Background())) // the one slot, held
+	held, err := r.admit.gate.acquire(context.Background()) // the one slot, held
+	require.NoError(t, err)
+	require.True(t, held)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

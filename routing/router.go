@@ -237,11 +237,14 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 				return nil, toStatus(err)
 			}
 		}
-		if err := r.admit.gate.acquire(ctx); err != nil {
+		held, err := r.admit.gate.acquire(ctx)
+		if err != nil {
 			return nil, toStatus(errorf(err, "enqueue not started: it waited for one of the %d enqueues this router runs at once while its CPU is saturated and consumers are being served; nothing was done, retry",
 				r.admit.cap))
 		}
-		defer r.admit.gate.release()
+		if held {
+			defer r.admit.gate.release()
+		}
 	}
 	resp, err := r.enqueue(ctx, req)
 	if err == nil {
