@@ -233,7 +233,7 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	if r.admit != nil {
 		if r.admit.gate.holding() {
 			// Bad input is refused before it waits its turn.
-			if err := r.precheckEnqueue(req); err != nil {
+			if _, _, _, _, err := r.checkEnqueue(req); err != nil {
 				return nil, toStatus(err)
 			}
 		}
@@ -258,19 +258,20 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	return resp, toStatus(err)
 }
 
-// precheckEnqueue runs enqueue's checks of the request alone, for a call
-// that is about to wait at the admission gate.
-func (r *Router) precheckEnqueue(req *triagev1.EnqueueRequest) error {
-	m := r.cfg.Maps.Current()
-	ns, err := m.Namespace(req.Namespace)
-	if err != nil {
-		return err
+// checkEnqueue checks the request against the current map: its
+// namespace, its items, its region. enqueue runs it first, and a call
+// about to wait at the closed admission gate runs it before the wait.
+func (r *Router) checkEnqueue(req *triagev1.EnqueueRequest) (m *shardmap.Map, ns *shardmap.Namespace, region string, now time.Time, err error) {
+	m = r.cfg.Maps.Current()
+	if ns, err = m.Namespace(req.Namespace); err != nil {
+		return
 	}
-	if err := validateEnqueue(req, ns, r.cfg.Now()); err != nil {
-		return err
+	now = r.cfg.Now()
+	if err = validateEnqueue(req, ns, now); err != nil {
+		return
 	}
-	_, err = r.region(req.Region, m)
-	return err
+	region, err = r.region(req.Region, m)
+	return
 }
 
 type shardBatch struct {
@@ -285,16 +286,7 @@ type shardBatch struct {
 }
 
 func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
-	m := r.cfg.Maps.Current()
-	ns, err := m.Namespace(req.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	now := r.cfg.Now()
-	if err := validateEnqueue(req, ns, now); err != nil {
-		return nil, err
-	}
-	region, err := r.region(req.Region, m)
+	m, ns, region, now, err := r.checkEnqueue(req)
 	if err != nil {
 		return nil, err
 	}
