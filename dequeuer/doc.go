@@ -92,9 +92,10 @@
 //
 // Ack deletes; nack clears the token and sets deliver_after to now + delay;
 // extend moves the expiry. Nack and extend check the item's delivery token
-// under a row lock in one transaction per batch; an ack is one autocommit
-// DELETE of the (id, token) pairs, and the acks of concurrent callers on a
-// shard share it (store.AckBatcher, store.Store.ItemAckDelete). Items that leave items by ack,
+// under a row lock in one transaction per batch; an ack is one such
+// transaction sent in one round trip (a locking read, then a DELETE of the
+// (id, token) pairs), and the acks of concurrent callers on a shard share
+// it (store.AckBatcher, store.Store.ItemAckDelete). Items that leave items by ack,
 // delete, dead-lettering, TTL expiry or at-most-once expiry keep their
 // dedup key taken for the namespace's dedup window (dedup_tombstones).
 //

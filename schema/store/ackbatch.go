@@ -2,8 +2,9 @@ package store
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -12,9 +13,9 @@ import (
 )
 
 // MaxAckBatch bounds the refs one coalesced ack takes: lists up to this
-// size keep the DELETE's primary-key range plan (from 1000 ids on, an IN
-// list becomes a semi-join) and schema.Keys' plan for the fallback
-// (TestKeysPlan covers 1-1000), and a statement's row locks stay few.
+// size keep schema.Keys' plan (TestKeysPlan covers 1-1000) and the
+// DELETE's (id, token) list a list (from 1000 entries on, an IN list
+// becomes a semi-join), and a statement's row locks stay few.
 const MaxAckBatch = 500
 
 // AckBatcher coalesces the acks that concurrent callers make on one shard
@@ -23,14 +24,13 @@ const MaxAckBatch = 500
 // call spends its time in commits and lock round trips rather than in
 // deleting rows.
 //
-// A batch is one ItemAckDelete: one autocommit DELETE of the batch's
-// (id, token) pairs, plus a diagnostic read only when some refs were not
-// acked.
+// A batch is one ItemAckDelete: in the common case, one round trip
+// carrying a transaction that deletes the batch's (id, token) pairs.
 //
 // Unlike FOQS, an ack is answered only once its batch has committed, so an
 // acknowledged ack is never undone. A caller waits for the batch in flight
 // (if any) to finish and then for its own; the batch in flight is never
-// held back to wait for more, so a lone ack costs one statement.
+// held back to wait for more, so a lone ack costs one round trip.
 // Each caller gets exactly the per-ref results ItemAck would have given its
 // refs, in order; two callers acking the same item in one batch are
 // answered as if one went first (the second finds it gone). A batch that
@@ -99,139 +99,134 @@ func (b *AckBatcher) run(k ackKey, a *ackBatch) {
 }
 
 // ItemAckDelete acks like ItemAck, with the same per-ref results, but in
-// the common case with one autocommit statement instead of a transaction
-// of four round trips (BEGIN, a locking read, DELETE, COMMIT):
+// the common case in one round trip instead of four (BEGIN, a locking
+// read, DELETE, COMMIT): one multi-statement query
 //
-//	DELETE FROM items WHERE id IN (...) AND (id, lease_token) IN ((...), ...)
-//	  AND namespace = ? [AND dedup_key IS NULL] ORDER BY id LIMIT n RETURNING id, lease_token
+//	START TRANSACTION;
+//	DELETE i FROM <schema.Keys> WHERE (i.id, i.lease_token) IN ((?,?), ...)
+//	  AND i.namespace = ? [AND i.dedup_key IS NULL];
+//	SET @triage_acked = ROW_COUNT();
+//	BEGIN NOT ATOMIC IF @triage_acked <> n THEN ROLLBACK; END IF; END;
+//	COMMIT;
+//	SELECT @triage_acked
 //
-// The row constructor carries the token check, so a stale token deletes
-// nothing; RETURNING says exactly which refs were acked. "id IN" with
-// ORDER BY id LIMIT n is what makes MariaDB 10.11 read the rows by a range
-// of the primary key (a single-table DELETE takes no FORCE INDEX, and
-// without them it scans a small table and waits for every row lock on the
-// way: see schema.Keys); LIMIT is the number of distinct ids, so it never
-// cuts the match short. TestByIDStatementsLockOnlyTheirRows holds the plan.
+// that keeps the deletion only when every ref's row was deleted (n is the
+// number of ids), which answers every ref. Otherwise (a stale token, an
+// item gone, a dedup key that must stay taken) nothing is kept, and
+// ItemAck answers the batch the long way. The DELETE goes through
+// schema.Keys, so it locks, and waits for, the named rows only, in id
+// order, as the serve UPDATE does.
 //
-// Only when fewer rows come back than refs were given does a diagnostic
-// read (no locks) tell the rest apart: no such row in the namespace is
-// ErrNotFound, another token ErrStaleLease. A row that still carries the
-// ref's token was left out on purpose: it has a dedup key that must stay
-// taken (DedupWindow > 0), and that tombstone has to be written in the
-// deleting transaction, so those refs go through ItemAck.
+// Until 2026-11-27 this was one single-table "DELETE ... WHERE id IN (...)
+// RETURNING": RETURNING needs the single-table form, which takes no index
+// hint in MariaDB 10.11, and once a batch named more ids than the
+// optimizer believed the table held (steady state: a table of a few dozen
+// rows, acks of a hundred), it scanned the whole table under row locks,
+// waited for rows being served or inserted, and deadlocked with serves
+// (72 deadlocks in 40 s on one shard of triage-steady; two Dequeues failed
+// when a serve lost five times running).
 func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, error) {
 	results := make([]error, len(p.Refs))
 	if len(p.Refs) == 0 {
 		return results, nil
 	}
-	type pair struct{ id, token uint64 }
-	pairs := make([]pair, 0, len(p.Refs))
-	seen := make(map[pair]bool, len(p.Refs))
+	token := make(map[uint64]uint64, len(p.Refs))
 	ids := make([]uint64, 0, len(p.Refs))
-	seenID := make(map[uint64]bool, len(p.Refs))
 	for _, r := range p.Refs {
-		if pr := (pair{r.Key, r.Token}); !seen[pr] {
-			seen[pr] = true
-			pairs = append(pairs, pr)
-		}
-		if !seenID[r.Key] {
-			seenID[r.Key] = true
+		t, ok := token[r.Key]
+		switch {
+		case !ok:
+			token[r.Key] = r.Token
 			ids = append(ids, r.Key)
+		case t != r.Token:
+			// Which token a full count matched would be unknown.
+			return s.ItemAck(ctx, p)
 		}
 	}
-	slices.Sort(ids)
+	k, kargs := schema.Keys("items", "i", ids)
 	var q stmt
-	q.add("DELETE FROM items WHERE id").in(ids)
-	q.add(" AND (id, lease_token) IN (")
-	for i, pr := range pairs {
+	q.add("START TRANSACTION;DELETE i FROM "+k, kargs...)
+	q.add(" WHERE (i.id, i.lease_token) IN (")
+	for i, id := range ids {
 		if i > 0 {
 			q.add(",")
 		}
-		q.add("(?,?)", pr.id, pr.token)
+		q.add("(?,?)", id, token[id])
 	}
-	q.add(") AND namespace = ?", p.Namespace)
+	q.add(") AND i.namespace = ?", p.Namespace)
 	if p.DedupWindow > 0 {
-		q.add(" AND dedup_key IS NULL")
+		q.add(" AND i.dedup_key IS NULL")
 	}
-	q.add(" ORDER BY id LIMIT ? RETURNING id, lease_token", len(ids))
-	var gone []Item
+	q.add(";SET @triage_acked = ROW_COUNT();BEGIN NOT ATOMIC IF @triage_acked <> ? THEN ROLLBACK; END IF; END;COMMIT;SELECT @triage_acked", len(ids))
+	var acked int
 	err := schema.Retry(ctx, func() error {
-		gone = gone[:0]
-		return s.db.SelectContext(ctx, &gone, q.sql.String(), q.args...)
+		var err error
+		acked, err = ackAtOnce(ctx, s.db, q.sql.String(), q.args)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
-	// An item's refs answer in order, as ItemAck's would: the one that
-	// carried the deleting token acks it, any later ref finds it gone, an
-	// earlier one with another token was stale.
-	deleted := make(map[uint64]uint64, len(gone))
-	for _, g := range gone {
-		deleted[g.ID] = g.LeaseToken
+	if acked != len(ids) {
+		return s.ItemAck(ctx, p)
 	}
-	acked := make(map[uint64]bool, len(gone))
-	var rest []int
+	// Every id's row went under its one token: the first ref acked it,
+	// any later ref to it finds it gone.
+	done := make(map[uint64]bool, len(ids))
 	for i, r := range p.Refs {
-		tok, ok := deleted[r.Key]
-		switch {
-		case !ok:
-			rest = append(rest, i)
-		case acked[r.Key]:
+		if done[r.Key] {
 			results[i] = ErrNotFound
-		case tok == r.Token:
-			acked[r.Key] = true
-		default:
-			results[i] = ErrStaleLease
 		}
+		done[r.Key] = true
 	}
-	if len(rest) == 0 {
-		return results, nil
-	}
-	return results, s.ackDiagnose(ctx, p, rest, results)
+	return results, nil
 }
 
-// itemAckDiagnoseSQL reads, without locks, what a short ack DELETE left.
-const itemAckDiagnoseSQL = "SELECT id, lease_token, dedup_key FROM items WHERE namespace = ? AND id IN (?)"
-
-// ackDiagnose answers the refs at rest that ItemAckDelete's DELETE did not
-// remove: not found, stale, or (their dedup key needs a tombstone) acked
-// through ItemAck.
-func (s Store) ackDiagnose(ctx context.Context, p ItemAckParams, rest []int, results []error) error {
-	keys := make([]uint64, len(rest))
-	for j, i := range rest {
-		keys[j] = p.Refs[i].Key
-	}
-	sel, args, err := sqlx.In(itemAckDiagnoseSQL, p.Namespace, keys)
+// ackAtOnce runs ItemAckDelete's multi-statement query on a connection of
+// its own and returns the count its last statement reads. It returns
+// only once every statement has run: an error in any of them is
+// returned, and the transaction it leaves open is rolled back before the
+// connection goes back to the pool, or the connection is discarded (the
+// server rolls back when it closes).
+func ackAtOnce(ctx context.Context, db *sqlx.DB, q string, args []any) (int, error) {
+	conn, err := db.Connx(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	var rows []Item
-	if err := s.db.SelectContext(ctx, &rows, sel, args...); err != nil {
-		return fmt.Errorf("ack: %w", err)
-	}
-	st := make(map[uint64]Item, len(rows))
-	for _, r := range rows {
-		st[r.ID] = r
-	}
-	var slow []int
-	for _, i := range rest {
-		if results[i] = check(st, p.Refs[i]); results[i] == nil {
-			slow = append(slow, i)
+	defer conn.Close()
+	n, err := lastCount(ctx, conn, q, args)
+	if err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
+		return 0, err
 	}
-	if len(slow) == 0 {
-		return nil
-	}
-	refs := make([]LeaseRef, len(slow))
-	for j, i := range slow {
-		refs[j] = p.Refs[i]
-	}
-	res, err := s.ItemAck(ctx, ItemAckParams{Namespace: p.Namespace, Refs: refs, DedupWindow: p.DedupWindow, Now: p.Now})
+	return n, nil
+}
+
+// lastCount runs q and returns the one integer of its only result set
+// (the driver skips the results without rows), or the first error of any
+// of its statements.
+func lastCount(ctx context.Context, conn *sqlx.Conn, q string, args []any) (int, error) {
+	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	for j, i := range slow {
-		results[i] = res[j]
+	defer rows.Close()
+	n, got := 0, false
+	for rows.Next() {
+		if err := rows.Scan(&n); err != nil {
+			return 0, err
+		}
+		got = true
 	}
-	return nil
+	for rows.NextResultSet() {
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if !got {
+		return 0, errors.New("no count came back")
+	}
+	return n, nil
 }

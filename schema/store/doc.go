@@ -62,10 +62,10 @@
 // # Batching
 //
 // AckBatcher and ServeBatcher coalesce what concurrent callers do on one
-// shard into one statement: acks into one autocommit DELETE with RETURNING
-// (ItemAckDelete; a diagnostic read tells not-found from stale only when
-// refs are left, and items whose dedup key needs a tombstone take the
-// transactional ItemAck), serves into one ItemServe UPDATE whose
+// shard into one statement or round trip: acks into one transaction sent
+// as one multi-statement query, a locking read then a DELETE (ItemAckDelete;
+// items whose dedup key needs a tombstone take the transactional ItemAck),
+// serves into one ItemServe UPDATE whose
 // deliveries each name the version their row was read at. A caller waits for the
 // statement in flight and then for its own; the one in flight never waits
 // for more, so a lone call costs one statement. Nacks are not batched yet:
@@ -84,9 +84,13 @@
 //     and waits for, its own rows only, in one order. "WHERE id IN (...)"
 //     lets MariaDB scan a small table and wait for every row another
 //     consumer holds (schema/keys.go tells the drill that saw it).
-//   - The ack DELETE (ItemAckDelete) is single-table, for RETURNING, and
-//     takes no index hint: "id IN (...)" with ORDER BY id LIMIT n (n the
-//     number of ids) is what gets it a primary-key range instead of a scan.
+//   - The ack (ItemAckDelete) is no single-table DELETE ... RETURNING,
+//     though that would answer in one statement: the single-table form
+//     takes no index hint in MariaDB 10.11, and an ack naming more ids
+//     than the optimizer thinks the table holds (steady state) scanned the
+//     table, waited for rows being served and deadlocked with serves.
+//     Its locking read and DELETE go through schema.Keys, in one round trip
+//     (TestAckOfMoreRowsThanTheTableHoldsLocksOnlyItsRows).
 //   - Single-table UPDATEs by id carry FORCE INDEX (PRIMARY) for the same
 //     reason; they are conditional (token, deliver_after) so a row that
 //     changed since it was read is left alone and reported missing (the
