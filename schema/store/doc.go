@@ -63,9 +63,9 @@
 //
 // AckBatcher and ServeBatcher coalesce what concurrent callers do on one
 // shard into one statement or round trip: acks into one transaction sent
-// as one multi-statement query, a locking read then a DELETE (ItemAckDelete;
-// items whose dedup key needs a tombstone take the transactional ItemAck),
-// serves into one ItemServe UPDATE whose
+// as one multi-statement query, whose DELETE is kept only when every ref
+// held (ItemAckDelete; otherwise, as for items whose dedup key needs a
+// tombstone, the transactional ItemAck answers), serves into one ItemServe UPDATE whose
 // deliveries each name the version their row was read at. A caller waits for the
 // statement in flight and then for its own; the one in flight never waits
 // for more, so a lone call costs one statement. Nacks are not batched yet:
@@ -89,7 +89,8 @@
 //     takes no index hint in MariaDB 10.11, and an ack naming more ids
 //     than the optimizer thinks the table holds (steady state) scanned the
 //     table, waited for rows being served and deadlocked with serves.
-//     Its locking read and DELETE go through schema.Keys, in one round trip
+//     Its DELETE goes through schema.Keys, and the count it deleted decides
+//     in the same round trip whether the transaction is kept
 //     (TestAckOfMoreRowsThanTheTableHoldsLocksOnlyItsRows).
 //   - Single-table UPDATEs by id carry FORCE INDEX (PRIMARY) for the same
 //     reason; they are conditional (token, deliver_after) so a row that
