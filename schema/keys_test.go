@@ -113,11 +113,56 @@ func interpolate(q string, args []any) (string, error) {
 		if i >= len(args) {
 			return "", fmt.Errorf("more placeholders than %d arguments", len(args))
 		}
-		out = fmt.Appendf(out, "%d", args[i])
+		switch a := args[i].(type) {
+		case string: // Keys' JSON array: digits, brackets and commas
+			out = fmt.Appendf(out, "'%s'", a)
+		default:
+			out = fmt.Appendf(out, "%d", a)
+		}
 		i++
 	}
 	if i != len(args) {
 		return "", fmt.Errorf("%d placeholders for %d arguments", i, len(args))
 	}
 	return string(out), nil
+}
+
+// TestKeyValuesCarryEveryValueExactly: ids, tokens and times reach the
+// statement exactly through the JSON array, over the whole uint64 range
+// and negative int64s, sorted by id with a repeated id's first row kept;
+// no rows give an empty k.
+func TestKeyValuesCarryEveryValueExactly(t *testing.T) {
+	ctx := t.Context()
+	db := schematest.DB(t, nil)
+	for _, id := range []uint64{1, 1<<63 + 1, ^uint64(0)} {
+		_, err := db.ExecContext(ctx, `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
+			payload, updated_at) VALUES (?, 'ns', 't', 0, 0, 0, 0, '', 0)`, id)
+		require.NoError(t, err)
+	}
+	k, args := schema.KeyValues("items", "i", []string{"tok", "at"}, [][]any{
+		{^uint64(0), uint64(1<<63 - 1), int64(-1795752388364929)},
+		{uint64(1), ^uint64(0), int64(1795752388364929)},
+		{1<<63 + uint64(1), uint64(1<<63 + 5), int64(-1)},
+		{uint64(1), uint64(7), int64(7)}, // a repeat: the first row stands
+	})
+	var got []struct {
+		ID  uint64 `db:"id"`
+		Tok uint64 `db:"tok"`
+		At  int64  `db:"at"`
+	}
+	require.NoError(t, db.SelectContext(ctx, &got, "SELECT i.id, k.tok, k.at FROM "+k, args...))
+	require.Equal(t, []struct {
+		ID  uint64 `db:"id"`
+		Tok uint64 `db:"tok"`
+		At  int64  `db:"at"`
+	}{{1, ^uint64(0), 1795752388364929}, {1<<63 + 1, 1<<63 + 5, -1}, {^uint64(0), 1<<63 - 1, -1795752388364929}}, got)
+
+	k, args = schema.Keys("items", "i", []uint64{^uint64(0), 1, 1})
+	var ids []uint64
+	require.NoError(t, db.SelectContext(ctx, &ids, "SELECT i.id FROM "+k, args...))
+	require.Equal(t, []uint64{1, ^uint64(0)}, ids)
+	k, args = schema.Keys("items", "i", nil)
+	ids = nil
+	require.NoError(t, db.SelectContext(ctx, &ids, "SELECT i.id FROM "+k, args...))
+	require.Empty(t, ids)
 }

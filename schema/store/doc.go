@@ -79,7 +79,7 @@
 // TestKeysPlan hold them):
 //
 //   - A statement that addresses rows by id and locks or deletes them goes
-//     through schema.Keys: a derived table of the sorted ids joined
+//     through schema.Keys: a table of the sorted ids (JSON_TABLE) joined
 //     STRAIGHT_JOIN to the table with FORCE INDEX (PRIMARY), so it locks,
 //     and waits for, its own rows only, in one order. "WHERE id IN (...)"
 //     lets MariaDB scan a small table and wait for every row another

@@ -230,7 +230,7 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 		ids[i] = d.ID
 		rows[i] = []any{d.ID, d.Token, d.UntilUS, d.Version}
 	}
-	// Each row's token, expiry and version come from a derived table
+	// Each row's token, expiry and version come from a table
 	// joined by primary key (schema.KeyValues), not from CASE lists
 	// MariaDB scans for every row. Each expiry is spelled out rather than
 	// copied from another column: MariaDB evaluates SET left to right, and
