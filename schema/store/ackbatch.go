@@ -13,9 +13,8 @@ import (
 )
 
 // MaxAckBatch bounds the refs one coalesced ack takes: lists up to this
-// size keep schema.Keys' plan (TestKeysPlan covers 1-1000) and the
-// DELETE's (id, token) list a list (from 1000 entries on, an IN list
-// becomes a semi-join), and a statement's row locks stay few.
+// size keep schema.Keys' plan (TestKeysPlan covers 1-1000), and a
+// statement's row locks stay few.
 const MaxAckBatch = 500
 
 // AckBatcher coalesces the acks that concurrent callers make on one shard
@@ -103,7 +102,7 @@ func (b *AckBatcher) run(k ackKey, a *ackBatch) {
 // read, DELETE, COMMIT): one multi-statement query
 //
 //	START TRANSACTION;
-//	DELETE i FROM <schema.Keys> WHERE (i.id, i.lease_token) IN ((?,?), ...)
+//	DELETE i FROM <schema.KeyValues: id, tok> WHERE i.lease_token = k.tok
 //	  AND i.namespace = ? [AND i.dedup_key IS NULL];
 //	SET @triage_acked = ROW_COUNT();
 //	BEGIN NOT ATOMIC IF @triage_acked <> n THEN ROLLBACK; END IF; END;
@@ -114,7 +113,7 @@ func (b *AckBatcher) run(k ackKey, a *ackBatch) {
 // number of ids), which answers every ref. Otherwise (a stale token, an
 // item gone, a dedup key that must stay taken) nothing is kept, and
 // ItemAck answers the batch the long way. The DELETE goes through
-// schema.Keys, so it locks, and waits for, the named rows only, in id
+// schema.KeyValues, so it locks, and waits for, the named rows only, in id
 // order, as the serve UPDATE does.
 //
 // Until 2026-11-27 this was one single-table "DELETE ... WHERE id IN (...)
@@ -143,17 +142,14 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 			return s.ItemAck(ctx, p)
 		}
 	}
-	k, kargs := schema.Keys("items", "i", ids)
+	rows := make([][]any, len(ids))
+	for i, id := range ids {
+		rows[i] = []any{id, token[id]}
+	}
+	k, kargs := schema.KeyValues("items", "i", []string{"tok"}, rows)
 	var q stmt
 	q.add("START TRANSACTION;DELETE i FROM "+k, kargs...)
-	q.add(" WHERE (i.id, i.lease_token) IN (")
-	for i, id := range ids {
-		if i > 0 {
-			q.add(",")
-		}
-		q.add("(?,?)", id, token[id])
-	}
-	q.add(") AND i.namespace = ?", p.Namespace)
+	q.add(" WHERE i.lease_token = k.tok AND i.namespace = ?", p.Namespace)
 	if p.DedupWindow > 0 {
 		q.add(" AND i.dedup_key IS NULL")
 	}
