@@ -102,17 +102,22 @@ func (b *AckBatcher) run(k ackKey, a *ackBatch) {
 // read, DELETE, COMMIT): one multi-statement query
 //
 //	START TRANSACTION;
+//	[INSERT INTO dedup_tombstones ... SELECT ... FROM <schema.KeyValues: id, tok>
+//	  WHERE i.lease_token = k.tok AND i.namespace = ? AND i.dedup_key IS NOT NULL ...;]
 //	DELETE i FROM <schema.KeyValues: id, tok> WHERE i.lease_token = k.tok
-//	  AND i.namespace = ? [AND i.dedup_key IS NULL];
+//	  AND i.namespace = ?;
 //	SET @triage_acked = ROW_COUNT();
 //	BEGIN NOT ATOMIC IF @triage_acked <> n THEN ROLLBACK; END IF; END;
 //	COMMIT;
 //	SELECT @triage_acked
 //
 // that keeps the deletion only when every ref's row was deleted (n is the
-// number of ids), which answers every ref. Otherwise (a stale token, an
-// item gone, a dedup key that must stay taken) nothing is kept, and
-// ItemAck answers the batch the long way. The DELETE goes through
+// number of ids), which answers every ref. With a dedup window, the rows'
+// dedup keys stay taken (tombstones) in the same transaction. Otherwise
+// (a stale token, an item gone) nothing is kept, and ItemAck answers the
+// batch the long way. A row's token cannot become the ref's between the
+// tombstones' read and the DELETE (a token is the delivery's, given before
+// the ack), so when the count is n every tombstone is of a row deleted. The DELETE goes through
 // schema.KeyValues, so it locks, and waits for, the named rows only, in id
 // order, as the serve UPDATE does.
 //
@@ -148,11 +153,18 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 	}
 	k, kargs := schema.KeyValues("items", "i", []string{"tok"}, rows)
 	var q stmt
-	q.add("START TRANSACTION;DELETE i FROM "+k, kargs...)
-	q.add(" WHERE i.lease_token = k.tok AND i.namespace = ?", p.Namespace)
+	q.add("START TRANSACTION;")
 	if p.DedupWindow > 0 {
-		q.add(" AND i.dedup_key IS NULL")
+		// The tombstones of the rows about to go, in the deleting
+		// transaction (see tombstoneAt); a count short of n rolls them
+		// back with the DELETE.
+		q.add(ackTombstonesSQL(k), p.Now.Add(p.DedupWindow).UnixMicro())
+		q.add("", kargs...)
+		q.add(" AND i.namespace = ?", p.Namespace)
+		q.add(ackTombstonesUpsert)
 	}
+	q.add("DELETE i FROM "+k, kargs...)
+	q.add(" WHERE i.lease_token = k.tok AND i.namespace = ?", p.Namespace)
 	q.add(";SET @triage_acked = ROW_COUNT();BEGIN NOT ATOMIC IF @triage_acked <> ? THEN ROLLBACK; END IF; END;COMMIT;SELECT @triage_acked", len(ids))
 	var acked int
 	err := schema.Retry(ctx, func() error {
@@ -177,6 +189,22 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 	}
 	return results, nil
 }
+
+// ackTombstonesSQL keeps the dedup keys of the rows of k (schema.KeyValues
+// with a tok column) that carry k's token taken until its one argument,
+// which precedes k's; the caller appends k's arguments, then
+// " AND i.namespace = ?". It is tombstoneUpsertSQL for a set of rows:
+// READ COMMITTED reads them without locks, and the DELETE after it, which
+// locks them, settles whether they go.
+func ackTombstonesSQL(k string) string {
+	return `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at)
+		SELECT i.namespace, i.topic, i.dedup_key, i.id, ? FROM ` + k + `
+		WHERE i.lease_token = k.tok AND i.dedup_key IS NOT NULL`
+}
+
+// ackTombstonesUpsert ends ackTombstonesSQL's statement.
+const ackTombstonesUpsert = ` ON DUPLICATE KEY UPDATE item_id = VALUES(item_id),
+	expires_at = GREATEST(dedup_tombstones.expires_at, VALUES(expires_at));`
 
 // ackAtOnce runs ItemAckDelete's multi-statement query on a connection of
 // its own and returns the count its last statement reads. It returns

@@ -110,14 +110,14 @@ func TestAckDelete(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1, 2, 3, 4, 5)
 	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, Items: []*peerv1.BufferedItem{
-		{Key: 10, DedupKey: "d10"}, {Key: 11, DedupKey: "d11"}}}
+		{Key: 10, DedupKey: "d10"}, {Key: 11, DedupKey: "d11"}, {Key: 12, DedupKey: "d12"}}}
 	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
 	require.NoError(t, err)
 	other := &peerv1.EnqueueBatch{Namespace: "other", Topic: topic, BatchId: 3, Items: []*peerv1.BufferedItem{{Key: 20}}}
 	_, err = f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{other}, NowUS: f.nowUS})
 	require.NoError(t, err)
 	rows := f.readHead(ItemReadHeadParams{})
-	require.Len(t, f.serve(rows), 7)
+	require.Len(t, f.serve(rows), 8)
 	f.db.MustExecContext(f.ctx, "UPDATE items SET lease_token = 1020 WHERE id = 20")
 
 	tests := []struct {
@@ -134,6 +134,8 @@ func TestAckDelete(t *testing.T) {
 			[]error{ErrStaleLease, nil, ErrNotFound, ErrStaleLease, ErrNotFound, ErrNotFound, ErrNotFound, nil, ErrNotFound}},
 		{"a ref twice in one round trip: the second finds the item gone", time.Minute,
 			[]LeaseRef{{Key: 5, Token: 1005}, {Key: 5, Token: 1005}}, []error{nil, ErrNotFound}},
+		{"dedup key with a window, every ref holding: one round trip with its tombstone", time.Minute,
+			[]LeaseRef{{Key: 12, Token: 1012}}, []error{nil}},
 		{"dedup key without a window: deleted at once", 0,
 			[]LeaseRef{{Key: 11, Token: 1011}, {Key: 4, Token: 1004}}, []error{nil, nil}},
 	}
@@ -154,6 +156,8 @@ func TestAckDelete(t *testing.T) {
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND item_id = 10"),
 		"an item with a dedup key keeps it taken for the window")
 	require.Zero(t, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd11'"), "no window, no tombstone")
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd12' AND item_id = 12 AND expires_at = ?",
+		f.now.Add(time.Minute).UnixMicro()), "the one-round-trip ack keeps the key taken for the window")
 }
 
 // The batcher stamps dedup tombstones with its Now (the shard primary's

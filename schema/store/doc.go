@@ -63,9 +63,9 @@
 //
 // AckBatcher and ServeBatcher coalesce what concurrent callers do on one
 // shard into one statement or round trip: acks into one transaction sent
-// as one multi-statement query, whose DELETE is kept only when every ref
-// held (ItemAckDelete; otherwise, as for items whose dedup key needs a
-// tombstone, the transactional ItemAck answers), serves into one ItemServe UPDATE whose
+// as one multi-statement query, whose DELETE (with the dedup tombstones
+// of the rows it removes) is kept only when every ref held
+// (ItemAckDelete; otherwise the transactional ItemAck answers), serves into one ItemServe UPDATE whose
 // deliveries each name the version their row was read at. A caller waits for the
 // statement in flight and then for its own; the one in flight never waits
 // for more, so a lone call costs one statement. Nacks are not batched yet:
