@@ -53,8 +53,13 @@ func Keys(table, alias string, ids []uint64) (string, []any) {
 		b = strconv.AppendUint(b, id, 10)
 	}
 	b = append(b, ']')
-	return fmt.Sprintf("JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS k STRAIGHT_JOIN %s %s FORCE INDEX (PRIMARY) ON %s.id = k.id",
-		table, alias, alias), []any{string(b)}
+	return "JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS k" + joinByID(table, alias), []any{string(b)}
+}
+
+// joinByID joins table, under alias, to k by primary key lookups in k's
+// order (see Keys).
+func joinByID(table, alias string) string {
+	return " STRAIGHT_JOIN " + table + " " + alias + " FORCE INDEX (PRIMARY) ON " + alias + ".id = k.id"
 }
 
 // KeyValues is Keys with a value per row beside each id: rows[i] is an id
@@ -97,7 +102,7 @@ func KeyValues(table, alias string, cols []string, rows [][]any) (string, []any)
 		}
 		fmt.Fprintf(&q, ", %s %s PATH '$[%d]'", c, typ, i+1)
 	}
-	fmt.Fprintf(&q, ")) AS k STRAIGHT_JOIN %s %s FORCE INDEX (PRIMARY) ON %s.id = k.id", table, alias, alias)
+	q.WriteString(")) AS k" + joinByID(table, alias))
 	b := make([]byte, 0, len(rows)*(len(cols)+1)*20+2)
 	b = append(b, '[')
 	for i, r := range rows {

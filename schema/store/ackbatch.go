@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -158,10 +157,7 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 		// The tombstones of the rows about to go, in the deleting
 		// transaction (see tombstoneAt); a count short of n rolls them
 		// back with the DELETE.
-		q.add(ackTombstonesSQL(k), p.Now.Add(p.DedupWindow).UnixMicro())
-		q.add("", kargs...)
-		q.add(" AND i.namespace = ?", p.Namespace)
-		q.add(ackTombstonesUpsert)
+		q.add(ackTombstonesSQL(k), append(append([]any{p.Now.Add(p.DedupWindow).UnixMicro()}, kargs...), p.Namespace)...)
 	}
 	q.add("DELETE i FROM "+k, kargs...)
 	q.add(" WHERE i.lease_token = k.tok AND i.namespace = ?", p.Namespace)
@@ -191,41 +187,23 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 }
 
 // ackTombstonesSQL keeps the dedup keys of the rows of k (schema.KeyValues
-// with a tok column) that carry k's token taken until its one argument,
-// which precedes k's; the caller appends k's arguments, then
-// " AND i.namespace = ?". It is tombstoneUpsertSQL for a set of rows:
-// READ COMMITTED reads them without locks, and the DELETE after it, which
+// with a tok column) that carry k's token taken: tombstoneUpsertSQL for a
+// set of rows. Its arguments: the expiry, k's, the namespace. READ
+// COMMITTED reads the rows without locks; the DELETE after it, which
 // locks them, settles whether they go.
 func ackTombstonesSQL(k string) string {
-	return `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at)
-		SELECT i.namespace, i.topic, i.dedup_key, i.id, ? FROM ` + k + `
-		WHERE i.lease_token = k.tok AND i.dedup_key IS NOT NULL`
+	return tombstoneInsert + " SELECT i.namespace, i.topic, i.dedup_key, i.id, ? FROM " + k +
+		" WHERE i.lease_token = k.tok AND i.dedup_key IS NOT NULL AND i.namespace = ?" + tombstoneOnDuplicate + ";"
 }
 
-// ackTombstonesUpsert ends ackTombstonesSQL's statement.
-const ackTombstonesUpsert = ` ON DUPLICATE KEY UPDATE item_id = VALUES(item_id),
-	expires_at = GREATEST(dedup_tombstones.expires_at, VALUES(expires_at));`
-
-// ackAtOnce runs ItemAckDelete's multi-statement query on a connection of
-// its own and returns the count its last statement reads. It returns
-// only once every statement has run: an error in any of them is
-// returned, and the transaction it leaves open is rolled back before the
-// connection goes back to the pool, or the connection is discarded (the
-// server rolls back when it closes).
-func ackAtOnce(ctx context.Context, db *sqlx.DB, q string, args []any) (int, error) {
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	n, err := lastCount(ctx, conn, q, args)
-	if err != nil {
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
-		return 0, err
-	}
-	return n, nil
+// ackAtOnce runs ItemAckDelete's multi-statement query (see onConn) and
+// returns the count its last statement reads.
+func ackAtOnce(ctx context.Context, db *sqlx.DB, q string, args []any) (n int, err error) {
+	err = onConn(ctx, db, func(conn *sqlx.Conn) error {
+		n, err = lastCount(ctx, conn, q, args)
+		return err
+	})
+	return n, err
 }
 
 // lastCount runs q and returns the one integer of its only result set

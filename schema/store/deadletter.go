@@ -41,8 +41,17 @@ func itemLockGoingSQL(k, cond string) string {
 
 // tombstoneUpsertSQL takes a dedup key until expires_at, or keeps it
 // longer if a tombstone already does.
-const tombstoneUpsertSQL = `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at) VALUES (?, ?, ?, ?, ?)
-		ON DUPLICATE KEY UPDATE item_id = VALUES(item_id), expires_at = GREATEST(expires_at, VALUES(expires_at))`
+const tombstoneUpsertSQL = tombstoneInsert + ` VALUES (?, ?, ?, ?, ?)` + tombstoneOnDuplicate
+
+// tombstoneInsert and tombstoneOnDuplicate frame a tombstone upsert, of
+// one row (tombstoneUpsertSQL) or of the rows a SELECT gives (the
+// one-round-trip ack). The table is named in the update because in
+// INSERT ... SELECT a bare expires_at could be the selected table's.
+const (
+	tombstoneInsert      = `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at)`
+	tombstoneOnDuplicate = ` ON DUPLICATE KEY UPDATE item_id = VALUES(item_id),
+		expires_at = GREATEST(dedup_tombstones.expires_at, VALUES(expires_at))`
+)
 
 // moveToDeadLetters moves items that match cond (an SQL condition on
 // items i, with condArgs) to dead_letters in tx, recording reason when the

@@ -40,9 +40,7 @@ const maxBytesAtOnce = 4 << 20
 // start; ok is false for them and for errApplied.
 //
 // A failed statement stops the ones after it, leaving the transaction
-// open on the connection: it is rolled back there before the connection
-// goes back to the pool, and a connection that cannot roll back is
-// discarded (the server rolls back when it closes).
+// open on the connection: onConn rolls it back.
 func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, hashes [][]byte, nowUS int64) (out []*peerv1.EnqueueCommitted, ok bool, err error) {
 	rows, size := 0, 0
 	for _, b := range batches {
@@ -76,18 +74,10 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBat
 		}
 	}
 	err = schema.Retry(ctx, func() error {
-		conn, err := db.Conn(ctx)
-		if err != nil {
+		err := onConn(ctx, db, func(conn *sqlx.Conn) error {
+			_, err := conn.ExecContext(ctx, q.String(), args...)
 			return err
-		}
-		defer conn.Close()
-		_, err = conn.ExecContext(ctx, q.String(), args...)
-		if err == nil {
-			return nil
-		}
-		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
+		})
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1062 {
 			return errApplied
@@ -105,4 +95,24 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBat
 		out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items)), VersionUs: nowUS}
 	}
 	return out, true, nil
+}
+
+// onConn runs fn, which sends one multi-statement transaction (START
+// TRANSACTION ... COMMIT), on a connection of its own. A failed statement
+// stops the ones after it and leaves the transaction open on the
+// connection, so when fn fails the transaction is rolled back there
+// before the connection goes back to the pool, and a connection that
+// cannot roll back is discarded (the server rolls back when it closes).
+func onConn(ctx context.Context, db *sqlx.DB, fn func(conn *sqlx.Conn) error) error {
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err = fn(conn); err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	return err
 }
