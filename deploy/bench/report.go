@@ -78,9 +78,15 @@ func applyTargets(ss []Scenario) {
 	if s := ok(Steady); s != nil {
 		k := s.Metrics["keep_up_ratio"]
 		s.Targets = append(s.Targets, Target{Goal: "delivered >= 0.95x enqueued (the backlog stays flat)",
-			Measured: fmt.Sprintf("%.3fx (%s/s of %s/s)", k, human(s.ItemsPerSec), human(s.Metrics["enqueued_per_sec"])), Met: k >= 0.95})
+			Measured: fmt.Sprintf("%.3fx (%s/s of %s/s)", k, human(s.ItemsPerSec), human(s.Metrics["enqueued_per_sec"])), Met: k >= keptUp})
 		if b1 := ok(EnqueueBatch1); b1 != nil {
-			atLeast(s, ">= 0.50x triage-enqueue-batch1 delivered", s.ItemsPerSec/b1.ItemsPerSec, 0.5)
+			// Judged on the most a trial delivered while keeping up; a run
+			// in which no trial kept up sustains nothing.
+			d := s.Metrics["sustained_delivered_per_sec"]
+			v := d / b1.ItemsPerSec
+			s.Targets = append(s.Targets, Target{Goal: ">= 0.50x triage-enqueue-batch1 delivered while keeping up",
+				Measured: fmt.Sprintf("%.3fx (%s/s at %.0f producers, of %s/s)", v, human(d), s.Metrics["sustained_producers"], human(b1.ItemsPerSec)),
+				Met:      v >= 0.5})
 		}
 	}
 	if s := ok(Mixed); s != nil {
