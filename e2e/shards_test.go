@@ -169,6 +169,16 @@ func TestShardsOnline(t *testing.T) {
 		_, err := a.RetireShard(ctx, &triagev1.RetireShardRequest{Shard: 1})
 		return err
 	})
+	// A server the queue's SQL does not run on (this one reports MySQL
+	// 8's version, as a MySQL server would) is refused, saying so.
+	mysql8 := mariadbtest.NewServer(t, "--version=8.0.36")
+	require.NoError(t, mysql8.CreateDatabase(ctx, "triage"))
+	expectCode(t, codes.FailedPrecondition, admins[0], func(ctx context.Context, a triagev1.AdminClient) error {
+		_, err := a.AddShard(ctx, &triagev1.AddShardRequest{Shard: &triagev1.Shard{Id: 3, HomeRegion: "us-east", Primary: mysql8.Addr(), Database: "triage"}})
+		require.ErrorContains(t, err, "the server is MySQL 8.0.36")
+		require.ErrorContains(t, err, "Triage needs MariaDB 10.11 or later")
+		return err
+	})
 	require.Equal(t, v0, getMap(ctx, t, admins[0]).Version, "refused changes publish nothing")
 
 	// Add shard 3 with weight 3 through router b; items land on it within seconds.

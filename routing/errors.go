@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/shardmap"
@@ -57,7 +58,8 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, store.ErrNotFound), errors.Is(err, shardmap.ErrUnknownShard):
 		code = codes.NotFound
-	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover), errors.Is(err, shardmap.ErrShardState):
+	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover), errors.Is(err, shardmap.ErrShardState),
+		errors.Is(err, schema.ErrUnsupportedServer):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted

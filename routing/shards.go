@@ -52,7 +52,7 @@ func (r *Router) changeMap(ctx context.Context, change func(m *shardmap.Map) (*s
 // map's validation) INVALID_ARGUMENT.
 func mapChangeError(err error) error {
 	for _, kind := range []error{shardmap.ErrUnknownShard, shardmap.ErrShardState, shardmap.ErrUnknownNamespace, shardmap.ErrNoShards,
-		ErrInvalid, ErrUnavailable, context.Canceled, context.DeadlineExceeded} {
+		ErrInvalid, ErrUnavailable, schema.ErrUnsupportedServer, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, kind) {
 			return err
 		}
@@ -107,7 +107,9 @@ func (r *Router) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*
 			return nil, err
 		}
 		if !migrated {
-			if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), next, s.ID); err != nil {
+			if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), next, s.ID); errors.Is(err, schema.ErrUnsupportedServer) {
+				return nil, fmt.Errorf("shard %d at %s: %w (nothing was added)", s.ID, s.Primary, err)
+			} else if err != nil {
 				return nil, errorf(ErrUnavailable, "shard %d: migrating the schema on %s: %v (nothing was added)", s.ID, s.Primary, err)
 			}
 			migrated = true
@@ -270,10 +272,16 @@ func (r *Router) movedHolder(ctx context.Context, m *shardmap.Map, from uint32, 
 // MigrateShard brings shard id's schema up to date: it asks through app
 // (the application account, which may read but not run DDL) whether
 // migrations are pending and only then runs them through admin. So a
-// shard an administrator migrated needs no admin account at all.
+// shard an administrator migrated needs no admin account at all. First it
+// checks that the server is one the queue's SQL runs on
+// (schema.CheckServer), so that a node starting on such a shard, or a
+// shard being added, is refused saying so.
 func MigrateShard(ctx context.Context, app, admin *shardmap.Pool, m *shardmap.Map, id uint32) error {
 	db, _, err := app.Primary(m, id)
 	if err != nil {
+		return err
+	}
+	if err := schema.CheckServer(ctx, db.DB); err != nil {
 		return err
 	}
 	n, err := schema.Pending(ctx, db.DB)

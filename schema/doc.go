@@ -7,6 +7,13 @@
 // once. Migrations only move forward; there are no down files because a
 // queue's rows cannot be un-migrated safely while consumers hold leases.
 //
+// Shards run MariaDB, from MinMariaDB (10.11) on: the queue's statements
+// use JSON_TABLE and BEGIN NOT ATOMIC, and failover MariaDB's replication
+// statements. CheckServer, which routing.MigrateShard runs before the
+// migrations (node start, AddShard), refuses any other server with
+// ErrUnsupportedServer, saying what it is and what is needed, instead of
+// letting it fail later on the first statement it lacks.
+//
 // Each index states in a comment the query it serves. Times are BIGINT
 // microseconds since the Unix epoch (see 0001_init.up.sql for why).
 package schema

@@ -174,14 +174,15 @@ func dbName(testName string) string {
 }
 
 // NewServer starts a server only this test uses, in t.TempDir(), stopped at
-// t.Cleanup. Use it for tests that kill -9 or restart a server, so other
-// tests are not disturbed.
-func NewServer(t testing.TB) *mariadb.Server {
+// t.Cleanup, with mariadbd's extra command-line args. Use it for tests that
+// kill -9 or restart a server, so other tests are not disturbed, or that
+// need a server set up differently.
+func NewServer(t testing.TB, args ...string) *mariadb.Server {
 	t.Helper()
 	if err := ensureInstalled(); err != nil {
 		t.Fatalf("mariadbtest: %v", err)
 	}
-	s, err := mariadb.Start(t.Context(), mariadb.Config{Dir: t.TempDir()})
+	s, err := mariadb.Start(t.Context(), mariadb.Config{Dir: t.TempDir(), ExtraArgs: args})
 	if err != nil {
 		t.Fatalf("mariadbtest: %v", err)
 	}
