@@ -92,7 +92,10 @@ func MySQL8() (Flavor, error) {
 }
 
 // DetectFlavor asks the server what it is: MariaDB gets MariaDB, anything
-// else gets MySQL8's "not supported yet" error.
+// else gets MySQL8's "not supported yet" error. Nodes do not call it: they
+// use MariaDB, and schema.CheckServer refuses any other shard server (and
+// a MariaDB older than 10.11) before a node starts on it or AddShard adds
+// it, since the queue's own statements are MariaDB's too.
 func DetectFlavor(ctx context.Context, db *sql.DB) (Flavor, error) {
 	var version string
 	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
