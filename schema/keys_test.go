@@ -166,10 +166,3 @@ func TestKeyValuesCarryEveryValueExactly(t *testing.T) {
 	require.NoError(t, db.SelectContext(ctx, &ids, "SELECT i.id FROM "+k, args...))
 	require.Empty(t, ids)
 }
-
-// TestCheckServerTakesTheTestServer: the MariaDB the tests run on (the
-// version README's commands install) passes the check every shard meets.
-func TestCheckServerTakesTheTestServer(t *testing.T) {
-	db := schematest.DB(t, nil)
-	require.NoError(t, schema.CheckServer(t.Context(), db.DB))
-}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 )
 
@@ -43,18 +42,9 @@ func checkVersion(v string) error {
 	}
 	// Replication handshakes of old servers prefix "5.5.5-"; VERSION()
 	// does not, but a proxy might.
-	num, _, _ := strings.Cut(strings.TrimPrefix(v, "5.5.5-"), "-")
-	parts := strings.SplitN(num, ".", 3)
 	var got [2]int
-	for i := range got {
-		if i >= len(parts) {
-			return fmt.Errorf("%w: cannot read the version of MariaDB %q; %s", ErrUnsupportedServer, v, need)
-		}
-		n, err := strconv.Atoi(parts[i])
-		if err != nil {
-			return fmt.Errorf("%w: cannot read the version of MariaDB %q; %s", ErrUnsupportedServer, v, need)
-		}
-		got[i] = n
+	if _, err := fmt.Sscanf(strings.TrimPrefix(v, "5.5.5-"), "%d.%d", &got[0], &got[1]); err != nil {
+		return fmt.Errorf("%w: cannot read the version of MariaDB %q; %s", ErrUnsupportedServer, v, need)
 	}
 	if got[0] < MinMariaDB[0] || got[0] == MinMariaDB[0] && got[1] < MinMariaDB[1] {
 		return fmt.Errorf("%w: the server is MariaDB %s; %s", ErrUnsupportedServer, v, need)
