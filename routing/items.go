@@ -183,6 +183,14 @@ func updateRow(row *store.Item, req *triagev1.UpdateItemRequest, now time.Time) 
 		row.LeaseToken = 0
 		row.DeliverAfter = min(row.DeliverAfter, now.UnixMicro())
 	}
+	if row.LeaseToken != 0 && row.LeasedUntil.Valid && !leased {
+		// The lease lapsed: this update ends it, so the old consumer's
+		// token no longer holds the row. Its ack, nack or extend would
+		// otherwise go on to undo what this update wrote (a nack moving
+		// deliver_after back, an ack deleting the item).
+		row.LeaseToken = 0
+		row.LeasedUntil = sql.NullInt64{}
+	}
 	if req.DeliverAfter != nil {
 		row.DeliverAfter = req.DeliverAfter.AsTime().UnixMicro()
 	}

@@ -21,7 +21,7 @@ const itemGetForUpdateSQL = itemGetSQL + " FOR UPDATE"
 
 // itemUpdateSQL writes the columns an update may change.
 const itemUpdateSQL = `UPDATE items SET priority = ?, deliver_after = ?, metadata = ?, ` + bumpUpdatedAt + `,
-		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ? WHERE id = ?`
+		original_priority = ?, priority_changed_by = ?, priority_changed_at = ?, lease_token = ?, leased_until = ? WHERE id = ?`
 
 // itemDeleteSQL deletes one locked item.
 const itemDeleteSQL = "DELETE FROM items WHERE id = ?"
@@ -54,8 +54,8 @@ type ItemUpdateParams struct {
 	Namespace string
 	ID        uint64
 	// Update changes the locked row in memory: priority and its history,
-	// deliver_after, metadata, updated_at and lease_token are written
-	// back. An error from it aborts the update and is returned as it is.
+	// deliver_after, metadata, updated_at, lease_token and leased_until
+	// are written back. An error from it aborts the update and is returned as it is.
 	// It runs again if the transaction is retried, on a fresh read.
 	Update func(row *Item) error
 }
@@ -76,7 +76,7 @@ func (s Store) ItemUpdate(ctx context.Context, p ItemUpdateParams) (*Item, error
 		}
 		row.UpdatedAt = max(row.UpdatedAt, was+1) // as bumpUpdatedAt writes it
 		if _, err := tx.ExecContext(ctx, itemUpdateSQL, row.Priority, row.DeliverAfter, row.Metadata, row.UpdatedAt,
-			row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.ID); err != nil {
+			row.OrigPriority, row.ChangedBy, row.ChangedAt, row.LeaseToken, row.LeasedUntil, row.ID); err != nil {
 			return err
 		}
 		out = row

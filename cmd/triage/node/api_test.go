@@ -291,6 +291,37 @@ func TestUpdateItem(t *testing.T) {
 	require.True(t, ack(t, b, got[1])[0].Ok)
 }
 
+// TestStaleTokenAfterUpdateChangesNothing: once an item's lease lapsed,
+// an update ends it, so the old consumer's token can no longer extend,
+// nack or ack the item and undo what the update wrote.
+func TestStaleTokenAfterUpdateChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	const topic = "stale-after-update"
+	enqueue(t, b, topic, &triagev1.NewItem{Payload: []byte("x")}, &triagev1.NewItem{Payload: []byte("y")}, &triagev1.NewItem{Payload: []byte("z")})
+	got := dequeue(t, b, topic, 3, time.Second)
+	require.Len(t, got, 3)
+	time.Sleep(time.Second + clockSlack + 200*time.Millisecond) // every lease lapses
+	later := timestamppb.New(time.Now().Add(time.Hour).Truncate(time.Microsecond))
+	for _, it := range got {
+		_, err := b.queue.UpdateItem(b.ctx(), &triagev1.UpdateItemRequest{Namespace: "default", Id: it.Id, DeliverAfter: later})
+		require.NoError(t, err)
+	}
+
+	_, err := b.queue.ExtendLease(b.ctx(), &triagev1.ExtendLeaseRequest{Namespace: "default", Id: got[0].Id, LeaseToken: got[0].LeaseToken})
+	requireCode(t, err, codes.FailedPrecondition)
+	res := nackOne(t, b, got[1], durationpb.New(0), "", nil)
+	require.False(t, res.Ok, "a nack with the lapsed token after the update: %v", res)
+	acked := ack(t, b, got[2])
+	require.False(t, acked[0].Ok, "an ack with the lapsed token after the update: %v", acked[0])
+
+	for _, it := range got {
+		after := getItem(t, b, it.Id)
+		require.Equal(t, triagev1.ItemState_DELAYED, after.State, "item %s", it.Id)
+		require.True(t, after.DeliverAfter.AsTime().Equal(later.AsTime()), "item %s: deliver_after %v, updated to %v", it.Id, after.DeliverAfter.AsTime(), later.AsTime())
+	}
+}
+
 // TestUpdateItemEscalatesInBusyTopic: a consumer is working the topic (so
 // the dequeuer holds a prefetch buffer of it) when an item is escalated;
 // the next dequeue delivers the escalated item.
