@@ -69,6 +69,11 @@ type Config struct {
 	// the buffer. It is a seam for tests that
 	// widen race windows (an update or delete landing mid-fetch).
 	BeforeBuffer func(shard uint32, keys []uint64)
+	// AfterServe, when set, runs when a serve's UPDATE on a shard has
+	// answered; an error it returns stands for an answer lost after the
+	// UPDATE committed (a dropped OK packet, a read timeout during a
+	// replication wait). A seam for tests of settleServes.
+	AfterServe func(shard uint32) error
 	// Metrics records deliveries, attempts, enqueue-to-delivery latency,
 	// lease expiries, dead letters and prefetch hits. Nil: none.
 	Metrics *metrics.Set
@@ -791,6 +796,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 	// commits' time (the triage-steady bench's consumers spent a third of
 	// their cycle there).
 	held := map[group]map[uint64]bool{}
+	unknown := map[group]bool{} // serves that failed: they may have committed
 	var errs []error
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -806,16 +812,23 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		go func() {
 			defer wg.Done()
 			ok, err := s.serves.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
+			if err == nil && s.cfg.AfterServe != nil {
+				err = s.cfg.AfterServe(g.shard)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				errs = append(errs, err)
+				unknown[g] = true
 				return
 			}
 			held[g] = ok
 		}()
 	}
 	wg.Wait()
+	if len(unknown) > 0 {
+		s.settleServes(items, dls, func(i int) bool { return unknown[group{items[i].shard, round[i]}] })
+	}
 	// Every version a serve ran on is spent, served or found changed:
 	// copies of it (a read racing the serve buffered the row again) leave
 	// the buffers, and reads still in flight will not add them back.
@@ -835,6 +848,88 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		s.count(&it, shards[it.shard].now)
 	}
 	return out, errors.Join(errs...)
+}
+
+// settleServes hands back the items whose serve failed (failed(i)): a
+// serve that answers an error may still have committed (its OK packet
+// lost, a read timeout while the commit waited for a replica), and left
+// as it is such an item would stay leased to nobody, an attempt counted,
+// until its lease lapses; repeated, it could reach max_attempts without
+// ever reaching a consumer. ItemUnserve changes only rows still under
+// the failed serve's own tokens, so a serve that did not commit, or an
+// item served, acked or changed since, is left alone. It runs in the
+// background, on the shard's current primary, and retries until it
+// succeeds, the service stops, or the leases have long lapsed (an
+// unserve after the lapse still takes the attempt back while nobody
+// leased the item again).
+func (s *Service) settleServes(items []bufItem, dls []store.Delivery, failed func(int) bool) {
+	type key struct {
+		shard uint32
+		ns    string
+	}
+	groups := map[key][]store.Undelivered{}
+	notices := map[key][]*peerv1.ItemsReady{}
+	var lastUS int64
+	for i := range items {
+		if !failed(i) {
+			continue
+		}
+		it := &items[i]
+		k := key{it.shard, it.buf.ns}
+		groups[k] = append(groups[k], store.Undelivered{LeaseRef: store.LeaseRef{Key: it.ID, Token: dls[i].Token},
+			DeliverAfterUS: it.DeliverAfter})
+		notices[k] = append(notices[k], &peerv1.ItemsReady{Namespace: it.buf.ns, Topic: it.buf.topic, Shard: it.shard,
+			MinPriority: it.Priority, Count: 1})
+		lastUS = max(lastUS, dls[i].UntilUS)
+	}
+	s.refillMu.Lock()
+	defer s.refillMu.Unlock()
+	if s.stopping || s.bgCtx == nil {
+		return
+	}
+	ctx := s.bgCtx
+	giveUp := time.UnixMicro(lastUS).Add(settleGrace)
+	for k, us := range groups {
+		s.refills.Add(1)
+		go func() {
+			defer s.refills.Done()
+			for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+				err := s.unserve(ctx, k.shard, k.ns, us)
+				if err == nil {
+					for _, n := range notices[k] {
+						s.Ready(n) // the buffers may have read past them meanwhile
+					}
+					s.log.Info("a failed serve was settled: its items are ready again", "shard", k.shard, "items", len(us))
+					return
+				}
+				if ctx.Err() != nil || time.Now().After(giveUp) {
+					s.log.Warn("a failed serve could not be settled; its items return when their lease lapses",
+						"shard", k.shard, "items", len(us), "err", err)
+					return
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+			}
+		}()
+	}
+}
+
+// settleGrace is how long past the failed serve's leases settleServes
+// keeps trying.
+const settleGrace = time.Minute
+
+// unserve runs store.ItemUnserve for us on shard's current primary,
+// within a bounded time.
+func (s *Service) unserve(ctx context.Context, shard uint32, namespace string, us []store.Undelivered) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
+	if err != nil {
+		return err
+	}
+	return store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: namespace, Items: us, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
 }
 
 // spend settles the serve of items taken from their queues. A version
