@@ -268,8 +268,8 @@ func TestInsertSeesTombstoneOfConcurrentAck(t *testing.T) {
 	defer ackTx.Rollback()
 	_, err = ackTx.Exec("DELETE FROM items WHERE id = 1")
 	require.NoError(t, err)
-	_, err = ackTx.Exec(`INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at) VALUES ('default', 't', 'k', 1, ?)`,
-		time.Now().Add(time.Hour).UnixMicro())
+	_, err = ackTx.Exec(`INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, window_until, expires_at) VALUES ('default', 't', 'k', 1, ?, ?)`,
+		time.Now().Add(time.Hour).UnixMicro(), time.Now().Add(time.Hour).UnixMicro())
 	require.NoError(t, err)
 
 	second := batch(2, "t", "", 2)

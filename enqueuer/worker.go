@@ -53,7 +53,9 @@ type Config struct {
 	// BatchRetention is how long a shard remembers an applied batch
 	// (enqueue_batches) to recognise a JetStream redelivery of it. It must
 	// outlast any redelivery: a message is redelivered AckWait after a lost
-	// ack, or when an enqueuer comes back after an outage. Default 24h.
+	// ack, or when an enqueuer comes back after an outage. Default
+	// store.KeyMemory, the time dedup keys are remembered for late
+	// envelopes.
 	BatchRetention time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -121,7 +123,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.AckWait = 30 * time.Second
 	}
 	if cfg.BatchRetention == 0 {
-		cfg.BatchRetention = 24 * time.Hour
+		cfg.BatchRetention = store.KeyMemory
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

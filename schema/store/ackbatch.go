@@ -153,12 +153,12 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 	k, kargs := schema.KeyValues("items", "i", []string{"tok"}, rows)
 	var q stmt
 	q.add("START TRANSACTION;")
-	if p.DedupWindow > 0 {
-		// The tombstones of the rows about to go, in the deleting
-		// transaction (see tombstoneAt); a count short of n rolls them
-		// back with the DELETE.
-		q.add(ackTombstonesSQL(k), append(append([]any{p.Now.Add(p.DedupWindow).UnixMicro()}, kargs...), p.Namespace)...)
-	}
+	// The tombstones of the rows about to go, in the deleting transaction
+	// (see tombstoneAt); a count short of n rolls them back with the
+	// DELETE.
+	nowUS := p.Now.UnixMicro()
+	q.add(ackTombstonesSQL(k), append(append([]any{nowUS + p.DedupWindow.Microseconds(),
+		nowUS + max(p.DedupWindow, KeyMemory).Microseconds()}, kargs...), p.Namespace)...)
 	q.add("DELETE i FROM "+k, kargs...)
 	q.add(" WHERE i.lease_token = k.tok AND i.namespace = ?", p.Namespace)
 	q.add(";SET @triage_acked = ROW_COUNT();BEGIN NOT ATOMIC IF @triage_acked <> ? THEN ROLLBACK; END IF; END;COMMIT;SELECT @triage_acked", len(ids))
@@ -188,11 +188,12 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 
 // ackTombstonesSQL keeps the dedup keys of the rows of k (schema.KeyValues
 // with a tok column) that carry k's token taken: tombstoneUpsertSQL for a
-// set of rows. Its arguments: the expiry, k's, the namespace. READ
+// set of rows. Its arguments: the window's end, the expiry, k's, the
+// namespace. READ
 // COMMITTED reads the rows without locks; the DELETE after it, which
 // locks them, settles whether they go.
 func ackTombstonesSQL(k string) string {
-	return tombstoneInsert + " SELECT i.namespace, i.topic, i.dedup_key, i.id, ? FROM " + k +
+	return tombstoneInsert + " SELECT i.namespace, i.topic, i.dedup_key, i.id, ?, i.enqueued_at, ? FROM " + k +
 		" WHERE i.lease_token = k.tok AND i.dedup_key IS NOT NULL AND i.namespace = ?" + tombstoneOnDuplicate + ";"
 }
 

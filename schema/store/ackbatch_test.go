@@ -155,8 +155,9 @@ func TestAckDelete(t *testing.T) {
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = 20"))
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND item_id = 10"),
 		"an item with a dedup key keeps it taken for the window")
-	require.Zero(t, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd11'"), "no window, no tombstone")
-	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd12' AND item_id = 12 AND expires_at = ?",
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd11' AND window_until = ? AND expires_at = ?",
+		f.now.UnixMicro(), f.now.Add(KeyMemory).UnixMicro()), "no window: the key is remembered for KeyMemory, for older envelopes only")
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd12' AND item_id = 12 AND window_until = ?",
 		f.now.Add(time.Minute).UnixMicro()), "the one-round-trip ack keeps the key taken for the window")
 }
 
@@ -179,6 +180,58 @@ func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, res[0])
 	require.Equal(t, []*sqlx.DB{f.db}, asked, "the clock of the shard acked on")
-	require.Equal(t, 1, f.count(fmt.Sprintf("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND expires_at = %d",
+	require.Equal(t, 1, f.count(fmt.Sprintf("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'd10' AND window_until = %d",
 		shardNow.Add(time.Minute).UnixMicro())), "tombstone until the shard's now + window")
+}
+
+// TestLateEnvelopeYieldsToANewerItemWithItsKey: an enqueue answered 504
+// is retried with the same dedup key; the retry's item is inserted,
+// delivered and acked (no dedup window), and only then does the first
+// envelope land. It is a duplicate of the retry's item, on either ack
+// path and on the TTL sweep's and DeleteItem's too, while an enqueue made
+// after the ack is a new item.
+func TestLateEnvelopeYieldsToANewerItemWithItsKey(t *testing.T) {
+	f := newFixture(t)
+	first := f.nowUS - 10*time.Second.Microseconds()
+	retried := first + 5*time.Second.Microseconds()
+	insert := func(batch, key uint64, dedup string, enqueuedAt int64) []uint64 {
+		t.Helper()
+		b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: batch, EnqueuedAtUs: enqueuedAt,
+			Items: []*peerv1.BufferedItem{{Key: key, DedupKey: dedup}}}
+		out, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
+		require.NoError(t, err)
+		require.Empty(t, out[0].Error)
+		return out[0].DuplicateOf
+	}
+	gone := map[string]func(id uint64){
+		"one-round-trip ack": func(id uint64) {
+			f.serve(f.readHead(ItemReadHeadParams{}))
+			res, err := f.s.ItemAckDelete(f.ctx, ItemAckParams{Namespace: ns, Refs: []LeaseRef{{Key: id, Token: 1000 + id}}, Now: f.now})
+			require.NoError(t, err)
+			require.NoError(t, res[0])
+		},
+		"locking ack": func(id uint64) {
+			f.serve(f.readHead(ItemReadHeadParams{}))
+			res, err := f.s.ItemAck(f.ctx, ItemAckParams{Namespace: ns, Refs: []LeaseRef{{Key: id, Token: 1000 + id}}, Now: f.now})
+			require.NoError(t, err)
+			require.NoError(t, res[0])
+		},
+		"delete": func(id uint64) {
+			require.NoError(t, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: id, Now: f.now}))
+		},
+	}
+	var n uint64
+	for name, remove := range gone {
+		n += 10
+		key := fmt.Sprint("k", n)
+		require.Equal(t, []uint64{0}, insert(n, n+1, key, retried), "%s: the retry is inserted", name)
+		remove(n + 1)
+		require.Zero(t, f.count("SELECT COUNT(*) FROM items"), name)
+		require.Equal(t, []uint64{n + 1}, insert(n+1, n+2, key, first), "%s: the first attempt, landing late, is a duplicate of the retry", name)
+		require.Zero(t, f.count("SELECT COUNT(*) FROM items"), "%s: and is not stored", name)
+		require.Equal(t, []uint64{0}, insert(n+2, n+3, key, f.nowUS), "%s: an enqueue made after the ack is a new item", name)
+		require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = ?", n+3), name)
+		_, err := f.db.ExecContext(f.ctx, "DELETE FROM items")
+		require.NoError(t, err)
+	}
 }

@@ -35,21 +35,23 @@ func itemDeleteKeysSQL(k, cond string) string {
 // itemLockGoingSQL locks the rows of k (schema.Keys("items", "i", ...))
 // that match cond and reads what their dedup tombstones need.
 func itemLockGoingSQL(k, cond string) string {
-	return `SELECT i.id, i.namespace, i.topic, i.dedup_key
+	return `SELECT i.id, i.namespace, i.topic, i.dedup_key, i.enqueued_at
 		FROM ` + k + ` WHERE ` + cond + ` FOR UPDATE`
 }
 
-// tombstoneUpsertSQL takes a dedup key until expires_at, or keeps it
+// tombstoneUpsertSQL takes a dedup key (see tombstoneAt), or keeps it
 // longer if a tombstone already does.
-const tombstoneUpsertSQL = tombstoneInsert + ` VALUES (?, ?, ?, ?, ?)` + tombstoneOnDuplicate
+const tombstoneUpsertSQL = tombstoneInsert + ` VALUES (?, ?, ?, ?, ?, ?, ?)` + tombstoneOnDuplicate
 
 // tombstoneInsert and tombstoneOnDuplicate frame a tombstone upsert, of
 // one row (tombstoneUpsertSQL) or of the rows a SELECT gives (the
 // one-round-trip ack). The table is named in the update because in
 // INSERT ... SELECT a bare expires_at could be the selected table's.
 const (
-	tombstoneInsert      = `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, expires_at)`
+	tombstoneInsert      = `INSERT INTO dedup_tombstones (namespace, topic, dedup_key, item_id, window_until, held_since, expires_at)`
 	tombstoneOnDuplicate = ` ON DUPLICATE KEY UPDATE item_id = VALUES(item_id),
+		window_until = GREATEST(dedup_tombstones.window_until, VALUES(window_until)),
+		held_since = GREATEST(dedup_tombstones.held_since, VALUES(held_since)),
 		expires_at = GREATEST(dedup_tombstones.expires_at, VALUES(expires_at))`
 )
 
@@ -142,26 +144,40 @@ func lockGoing(ctx context.Context, tx *sqlx.Tx, ids []uint64, cond string, cond
 	return rows, nil
 }
 
-// tombstoneRows keeps the dedup keys of rows leaving items taken until
-// nowUS + window.
+// tombstoneRows keeps the dedup keys of rows leaving items at nowUS (see
+// tombstoneAt).
 func tombstoneRows(ctx context.Context, tx *sqlx.Tx, rows []Item, window time.Duration, nowUS int64) error {
 	for _, r := range rows {
-		if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, nowUS+window.Microseconds(), window); err != nil {
+		if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, r.EnqueuedAt, nowUS, window); err != nil {
 			return fmt.Errorf("dedup tombstone: %w", err)
 		}
 	}
 	return nil
 }
 
-// tombstoneAt keeps the dedup key of an item that is going away taken
-// until expiresUS, in tx. A window of 0, or no key, keeps nothing.
-func tombstoneAt(ctx context.Context, tx *sqlx.Tx, namespace, topic, dedupKey string, item uint64, expiresUS int64, window time.Duration) error {
-	if window <= 0 || dedupKey == "" {
+// tombstoneAt keeps the dedup key of an item that leaves items at nowUS,
+// in tx: taken for any enqueue for window, and for envelopes enqueued
+// before the item (enqueuedAtUS) for KeyMemory or the window, whichever is
+// longer. No key keeps nothing.
+func tombstoneAt(ctx context.Context, tx *sqlx.Tx, namespace, topic, dedupKey string, item uint64, enqueuedAtUS, nowUS int64, window time.Duration) error {
+	if dedupKey == "" {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, tombstoneUpsertSQL, namespace, topic, dedupKey, item, expiresUS)
+	_, err := tx.ExecContext(ctx, tombstoneUpsertSQL, namespace, topic, dedupKey, item,
+		nowUS+window.Microseconds(), enqueuedAtUS, nowUS+max(window, KeyMemory).Microseconds())
 	return err
 }
+
+// KeyMemory is how long a dedup key is remembered after its item left,
+// whatever the namespace's dedup window: an enqueue answered anything but
+// ok may still be inserted later (its envelope waits in the enqueue
+// buffer, for example on a region that is down), after the producer
+// retried with the same keys and the retry's item was delivered and
+// acked. Its envelope then finds the tombstone of the newer item and is
+// a duplicate of it (see settleDedup). It matches the enqueuers' default
+// BatchRetention, the time within which a redelivered envelope is known
+// for what it is.
+const KeyMemory = 24 * time.Hour
 
 // deadLetterListSQL pages a topic's dead letters in (died_at, id) order;
 // the topic_died index serves the range in order.

@@ -107,7 +107,11 @@
 //   - Dedup tombstones are written in the transaction that removes the
 //     item (ack, delete, dead-lettering, expiry) and read with a locking
 //     read after an enqueue's insert, which is what closes the race
-//     between an ack and an enqueue of the same key.
+//     between an ack and an enqueue of the same key. Every item with a
+//     dedup key leaves one, whatever the namespace's dedup window: within
+//     the window it takes the key from any enqueue, and for KeyMemory it
+//     takes it from envelopes enqueued before the item that held it (a
+//     first attempt that lands after its retry's item was acked).
 //
 // # Errors
 //

@@ -58,7 +58,7 @@ func itemPresentSQL(k string) string { return "SELECT i.id FROM " + k }
 
 // tombstoneCheckSQL reads, with a locking read, the tombstones that still
 // hold dedup keys of a topic (the TombstoneCheck of an enqueue).
-const tombstoneCheckSQL = `SELECT dedup_key, item_id FROM dedup_tombstones
+const tombstoneCheckSQL = `SELECT dedup_key, item_id, window_until, held_since FROM dedup_tombstones
 				WHERE namespace = ? AND topic = ? AND dedup_key IN (?) AND expires_at > ? LOCK IN SHARE MODE`
 
 // itemDedupHolderSQL reads, with a locking read, the live item that holds
@@ -328,6 +328,25 @@ func refuseItem(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *pe
 
 type tombKey struct{ ns, topic, key string }
 
+// tombstone is a dedup_tombstones row as settleDedup reads it.
+type tombstone struct {
+	Key         string `db:"dedup_key"`
+	Item        uint64 `db:"item_id"`
+	WindowUntil int64  `db:"window_until"`
+	HeldSince   int64  `db:"held_since"`
+}
+
+// takes reports whether the tombstone makes an item of an envelope
+// enqueued at enqueuedAtUS a duplicate at nowUS: within the dedup window
+// any is; after it, one enqueued before the item that held the key (an
+// earlier attempt of an enqueue whose retry was inserted first). Both
+// times of the second test are routers' enqueue stamps, so the shard's
+// clock does not enter it, and a retry comes at least the router's
+// commit wait after its first attempt.
+func (t tombstone) takes(enqueuedAtUS, nowUS int64) bool {
+	return t.WindowUntil > nowUS || t.HeldSince > enqueuedAtUS
+}
+
 // settleDedup fills DuplicateOf for the fresh batches' items that carry a
 // dedup key, after their rows were written:
 //
@@ -371,7 +390,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 			present[id] = true
 		}
 	}
-	taken := map[tombKey]uint64{}
+	tombs := map[tombKey]tombstone{}
 	for k, dkeys := range byTopic {
 		for start := 0; start < len(dkeys); start += maxRowsPerInsert {
 			chunk := dkeys[start:min(start+maxRowsPerInsert, len(dkeys))]
@@ -379,15 +398,12 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 			if err != nil {
 				return err
 			}
-			var rows []struct {
-				Key  string `db:"dedup_key"`
-				Item uint64 `db:"item_id"`
-			}
+			var rows []tombstone
 			if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
 				return fmt.Errorf("dedup tombstones: %w", err)
 			}
 			for _, r := range rows {
-				taken[tombKey{k[0], k[1], r.Key}] = r.Item
+				tombs[tombKey{k[0], k[1], r.Key}] = r
 			}
 		}
 	}
@@ -398,7 +414,9 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 			if it.DedupKey == "" || refused[it.Key] {
 				continue
 			}
-			orig, tomb := taken[tombKey{b.Namespace, b.Topic, it.DedupKey}]
+			t, ok := tombs[tombKey{b.Namespace, b.Topic, it.DedupKey}]
+			tomb := ok && t.takes(b.EnqueuedAtUs, nowUS)
+			orig := t.Item
 			switch {
 			case present[it.Key] && tomb:
 				undo = append(undo, it.Key)

@@ -109,7 +109,7 @@ func (s Store) ItemDelete(ctx context.Context, p ItemDeleteParams) error {
 		if _, err := tx.ExecContext(ctx, itemDeleteSQL, p.ID); err != nil {
 			return err
 		}
-		return tombstoneAt(ctx, tx, p.Namespace, row.Topic, row.DedupKey.String, row.ID, p.Now.Add(p.DedupWindow).UnixMicro(), p.DedupWindow)
+		return tombstoneAt(ctx, tx, p.Namespace, row.Topic, row.DedupKey.String, row.ID, row.EnqueuedAt, p.Now.UnixMicro(), p.DedupWindow)
 	})
 }
 
@@ -242,7 +242,7 @@ func (s Store) ItemCountNamespace(ctx context.Context, p ItemCountNamespaceParam
 
 // itemExpiredSQL locks the oldest expired items (TTL), through the ttl
 // index, so the sweep touches only expired rows whatever the backlog.
-const itemExpiredSQL = `SELECT id, namespace, topic, dedup_key FROM items
+const itemExpiredSQL = `SELECT id, namespace, topic, dedup_key, enqueued_at FROM items
 			WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE`
 
 // tombstoneSweepSQL deletes dedup tombstones past their window, through
@@ -277,7 +277,7 @@ func (s Store) ItemSweepExpired(ctx context.Context, p ItemSweepExpiredParams) (
 			ids[i] = r.ID
 			if r.DedupKey.Valid {
 				w := p.Window(r.Namespace)
-				if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, p.NowUS+w.Microseconds(), w); err != nil {
+				if err := tombstoneAt(ctx, tx, r.Namespace, r.Topic, r.DedupKey.String, r.ID, r.EnqueuedAt, p.NowUS, w); err != nil {
 					return err
 				}
 			}

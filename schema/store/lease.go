@@ -67,7 +67,7 @@ const itemServeCheckSQL = "SELECT id, lease_token FROM items WHERE id IN (?)"
 // itemLockLeasesSQL reads the lease state of rows under row locks, by
 // primary key lookups from k (schema.Keys("items", "i", ...)).
 func itemLockLeasesSQL(k string) string {
-	return `SELECT i.id, i.topic, i.attempts, i.lease_token, i.lease_ms, i.metadata, i.dedup_key
+	return `SELECT i.id, i.topic, i.attempts, i.lease_token, i.lease_ms, i.metadata, i.dedup_key, i.enqueued_at
 		FROM ` + k + ` WHERE i.namespace = ? FOR UPDATE`
 }
 
@@ -372,7 +372,6 @@ type ItemAckParams struct {
 // succeeds while nobody has leased the item again.
 func (s Store) ItemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
 	results := make([]error, len(p.Refs))
-	expiresUS := p.Now.Add(p.DedupWindow).UnixMicro()
 	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		keys := make([]uint64, len(p.Refs))
 		for i, r := range p.Refs {
@@ -388,7 +387,7 @@ func (s Store) ItemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
 			if results[i] == nil {
 				del = append(del, r.Key)
 				g := st[r.Key]
-				if err := tombstoneAt(ctx, tx, p.Namespace, g.Topic, g.DedupKey.String, g.ID, expiresUS, p.DedupWindow); err != nil {
+				if err := tombstoneAt(ctx, tx, p.Namespace, g.Topic, g.DedupKey.String, g.ID, g.EnqueuedAt, p.Now.UnixMicro(), p.DedupWindow); err != nil {
 					return fmt.Errorf("dedup tombstone: %w", err)
 				}
 				delete(st, r.Key) // a second ref to the same item finds it gone

@@ -13,7 +13,7 @@ import (
 // key).
 const dedupHolderSQL = `SELECT id FROM items WHERE namespace = ? AND topic = ? AND dedup_key = ?
 	UNION ALL
-	SELECT item_id FROM dedup_tombstones WHERE namespace = ? AND topic = ? AND dedup_key = ? AND expires_at > ?
+	SELECT item_id FROM dedup_tombstones WHERE namespace = ? AND topic = ? AND dedup_key = ? AND window_until > ?
 	LIMIT 1`
 
 // shardContentsSQL counts what a shard still holds before it may be
@@ -22,7 +22,7 @@ const dedupHolderSQL = `SELECT id FROM items WHERE namespace = ? AND topic = ? A
 const shardContentsSQL = `SELECT
 	(SELECT COUNT(*) FROM items),
 	(SELECT COUNT(*) FROM dead_letters),
-	(SELECT COUNT(*) FROM dedup_tombstones WHERE expires_at > ?),
+	(SELECT COUNT(*) FROM dedup_tombstones WHERE window_until > ?),
 	(SELECT COUNT(*) FROM refused_items)`
 
 // DedupHolderParams: see DedupHolder.

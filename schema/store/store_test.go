@@ -290,7 +290,7 @@ func TestLeaseHeadRetires(t *testing.T) {
 	ready3 := f.get(3).DeliverAfter
 	rows := f.readHead(ItemReadHeadParams{MaxAttempts: 3, AtMostOnce: true, DedupWindow: time.Hour})
 	require.Equal(t, []uint64{3}, ids(rows))
-	require.Equal(t, 2, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE expires_at = ?", f.nowUS+time.Hour.Microseconds()))
+	require.Equal(t, 2, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE window_until = ?", f.nowUS+time.Hour.Microseconds()))
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items"))
 
 	dead, err := f.s.DeadLetterList(f.ctx, DeadLetterListParams{Namespace: ns, Topic: topic, Limit: 10})
@@ -469,7 +469,7 @@ func TestUpdateAndDelete(t *testing.T) {
 
 	require.Equal(t, ErrNotFound, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: "other", ID: 1, Now: f.now}))
 	require.NoError(t, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: 1, DedupWindow: time.Minute, Now: f.now}))
-	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'k' AND item_id = 1 AND expires_at = ?",
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dedup_tombstones WHERE dedup_key = 'k' AND item_id = 1 AND window_until = ?",
 		f.now.Add(time.Minute).UnixMicro()))
 	require.Equal(t, ErrNotFound, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: 1, Now: f.now}))
 
