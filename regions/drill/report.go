@@ -63,6 +63,16 @@ type Report struct {
 	ResurrectedAfterAck int      `json:"resurrected_after_ack"`
 	ResurrectedItems    int      `json:"resurrected_items"`
 	ResurrectedExamples []string `json:"resurrected_examples,omitempty"`
+	// KeysDeliveredAgain: deliveries of a dedup key under another item ID
+	// asked for after an ack of the key's item had been answered ok: an
+	// enqueue retried with the same key was inserted twice. Must be 0.
+	KeysDeliveredAgain         int      `json:"keys_delivered_again"`
+	KeysDeliveredAgainExamples []string `json:"keys_delivered_again_examples,omitempty"`
+	// UnknownIDs: items delivered under an ID that no enqueue answered
+	// ok: an attempt answered with an error that was inserted anyway (its
+	// retry was then a duplicate of it, or a second item).
+	UnknownIDs        int      `json:"unknown_ids"`
+	UnknownIDExamples []string `json:"unknown_id_examples,omitempty"`
 	// NacksUndone: deliveries asked for after a nack of the same item had
 	// been answered ok that do not carry the nack's drill_nack metadata:
 	// the nack was undone, the item came back as it was before it. Must
@@ -307,6 +317,7 @@ func analyze(r *Report, h *history, f facts) {
 			}
 		}
 	}
+	keys(r, h, first, at)
 	r.PriorityInversions = inversions(h, first)
 	r.EnqueueErrors = map[string]int{}
 	for c, n := range h.enqErrs {
@@ -328,6 +339,9 @@ func analyze(r *Report, h *history, f facts) {
 	if r.ResurrectedAfterAck > 0 {
 		r.Violations = append(r.Violations, fmt.Sprintf("%d deliveries of %d items resurrected after ack", r.ResurrectedAfterAck, r.ResurrectedItems))
 	}
+	if r.KeysDeliveredAgain > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("%d deliveries of a dedup key under another ID after its item was acked (an enqueue inserted twice)", r.KeysDeliveredAgain))
+	}
 	if r.NacksUndone > 0 {
 		r.Violations = append(r.Violations, fmt.Sprintf("%d deliveries after a nack answered ok without its effect (nack undone)", r.NacksUndone))
 	}
@@ -335,6 +349,42 @@ func analyze(r *Report, h *history, f facts) {
 		r.Violations = append(r.Violations, fmt.Sprintf(
 			"the isolated region %s acknowledged %d writes after the new primary was published (%d enqueues, %d acks, %d nacks)",
 			i.Region, i.Total(), i.Enqueues, i.Acks, i.Nacks))
+	}
+}
+
+// keys follows the items by dedup key, where analyze follows them by ID:
+// a retried enqueue whose first attempt was inserted too shows as a key
+// delivered under two IDs, each delivered once and acked once.
+func keys(r *Report, h *history, first map[string]delivery, at func(time.Time) string) {
+	acked := map[string]settle{} // the first ack answered ok, per key
+	for _, a := range h.acks {
+		if p, ok := acked[a.key]; a.key != "" && (!ok || a.end.Before(p.end)) {
+			acked[a.key] = a
+		}
+	}
+	for _, d := range h.deliveries {
+		a, ok := acked[d.key]
+		if !ok || d.id == a.id || !d.reqStart.After(a.end) {
+			continue
+		}
+		r.KeysDeliveredAgain++
+		if len(r.KeysDeliveredAgainExamples) < maxExamples {
+			r.KeysDeliveredAgainExamples = append(r.KeysDeliveredAgainExamples, fmt.Sprintf(
+				"key %s: %s acked ok via %s at %s, delivered again as %s via %s at %s (attempt %d)",
+				d.key, a.id, a.router, at(a.end), d.id, d.router, at(d.at), d.attempts))
+		}
+	}
+	ids := make([]string, 0, len(first))
+	for id := range first {
+		if _, ok := h.sent[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	r.UnknownIDs = len(ids)
+	for _, id := range ids[:min(len(ids), maxExamples)] {
+		d := first[id]
+		r.UnknownIDExamples = append(r.UnknownIDExamples, fmt.Sprintf("%s (key %s) first delivered via %s at %s", id, d.key, d.router, at(d.at)))
 	}
 }
 
@@ -533,6 +583,14 @@ func (r *Report) Print(w io.Writer) {
 	row("lost (must be 0)", r.Lost)
 	row("resurrected after ack (must be 0)", fmt.Sprintf("%d deliveries of %d items", r.ResurrectedAfterAck, r.ResurrectedItems))
 	for _, e := range r.ResurrectedExamples {
+		row("", e)
+	}
+	row("keys delivered again after their ack (must be 0)", r.KeysDeliveredAgain)
+	for _, e := range r.KeysDeliveredAgainExamples {
+		row("", e)
+	}
+	row("delivered IDs no enqueue was answered with", r.UnknownIDs)
+	for _, e := range r.UnknownIDExamples {
 		row("", e)
 	}
 	row("nacks undone (must be 0)", r.NacksUndone)

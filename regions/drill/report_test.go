@@ -286,3 +286,35 @@ func TestSurvives(t *testing.T) {
 	require.False(t, survives("region-down", "us-east", "us-east"))
 	require.False(t, survives("nats-kill", "us-east", "us-east"))
 }
+
+// TestAnalyzeKeysDeliveredAgain: the workload's producer retried a key
+// after an error; the retry's item was delivered and acked, and then the
+// first attempt's item, with the same key and an ID no enqueue answered,
+// was delivered too: a violation, and an unknown ID. A delivery of the
+// key under another ID while its ack was in flight is neither.
+func TestAnalyzeKeysDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	c, h, f := setup()
+	retry, late, other, otherLate := itemID(1, 20), itemID(1, 21), itemID(1, 30), itemID(1, 31)
+	h.sent[retry] = &sent{id: retry, key: "k1", readyAt: c.at(0), ackedAt: c.at(0)}
+	h.sent[other] = &sent{id: other, key: "k2", readyAt: c.at(0), ackedAt: c.at(0)}
+	h.deliveries = []delivery{
+		{id: retry, key: "k1", router: "eu-west", reqStart: c.at(100), at: c.at(101), action: "ack"},
+		{id: late, key: "k1", router: "ap-south", reqStart: c.at(5_000), at: c.at(5_001), action: "ack", attempts: 1},
+		{id: other, key: "k2", router: "eu-west", reqStart: c.at(100), at: c.at(101), action: "ack"},
+		{id: otherLate, key: "k2", router: "eu-west", reqStart: c.at(105), at: c.at(106), action: "ack"},
+	}
+	h.acks = []settle{
+		{id: retry, key: "k1", router: "eu-west", start: c.at(102), end: c.at(110)},
+		{id: late, key: "k1", router: "ap-south", start: c.at(5_002), end: c.at(5_010)},
+		{id: other, key: "k2", router: "eu-west", start: c.at(102), end: c.at(110)},
+	}
+	r := &Report{}
+	analyze(r, h, f)
+	require.Equal(t, 1, r.KeysDeliveredAgain)
+	require.Len(t, r.KeysDeliveredAgainExamples, 1)
+	require.Contains(t, r.KeysDeliveredAgainExamples[0], "key k1")
+	require.Equal(t, 2, r.UnknownIDs)
+	require.Zero(t, r.ResurrectedAfterAck, "each ID was delivered once")
+	require.Contains(t, r.Verdict(), "under another ID after its item was acked")
+}

@@ -28,6 +28,7 @@ const nackKey = "drill_nack"
 // sent is an item the workload enqueued and Triage acknowledged.
 type sent struct {
 	id       string
+	key      string // its dedup key
 	priority int32
 	router   string    // region of the router that acknowledged it
 	readyAt  time.Time // deliver_after as asked
@@ -45,6 +46,7 @@ type call struct {
 // delivery is one dequeue of an item.
 type delivery struct {
 	id       string
+	key      string    // its dedup key (the workload's payload)
 	router   string    // region of the router that delivered it
 	reqStart time.Time // when the Dequeue that returned it was sent
 	at       time.Time // when that Dequeue was answered
@@ -58,6 +60,7 @@ type delivery struct {
 // settle is an ack or a nack answered ok.
 type settle struct {
 	id         string
+	key        string // the item's dedup key
 	router     string
 	start, end time.Time
 	nackSeq    int64         // nacks: the drill_nack value it set
@@ -144,7 +147,7 @@ func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
 			w.mu.Lock()
 			w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end, ok: true, id: r.Id})
 			if _, dup := w.h.sent[r.Id]; !dup {
-				w.h.sent[r.Id] = &sent{id: r.Id, priority: prio, router: c.region, readyAt: ready, ackedAt: end}
+				w.h.sent[r.Id] = &sent{id: r.Id, key: key, priority: prio, router: c.region, readyAt: ready, ackedAt: end}
 			}
 			w.mu.Unlock()
 			break
@@ -179,10 +182,11 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 		var acks []*triagev1.LeaseRef
 		var nacks []*triagev1.NackItem
 		nackSeq := map[string]int64{}
+		keyOf := map[string]string{}
 		var ds []delivery
 		for _, it := range resp.Items {
 			seq, _ := strconv.ParseInt(it.Metadata[nackKey], 10, 64)
-			d := delivery{id: it.Id, router: c.region, reqStart: start, at: now, priority: it.Priority,
+			d := delivery{id: it.Id, key: string(it.Payload), router: c.region, reqStart: start, at: now, priority: it.Priority,
 				attempts: it.Attempts, nackSeq: seq, action: "ack"}
 			switch r := rng.IntN(20); {
 			case crashes && r == 0:
@@ -198,6 +202,7 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 				acks = append(acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
 			}
 			ds = append(ds, d)
+			keyOf[it.Id] = d.key
 		}
 		failed := map[string]bool{}
 		var settled []settle
@@ -212,7 +217,7 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 					failed[a.Id] = true
 					continue
 				}
-				settled = append(settled, settle{id: a.Id, router: c.region, start: s, end: e})
+				settled = append(settled, settle{id: a.Id, key: keyOf[a.Id], router: c.region, start: s, end: e})
 			}
 		}
 		var nacked []settle
@@ -227,7 +232,7 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 					failed[n.Id] = true
 					continue
 				}
-				nacked = append(nacked, settle{id: n.Id, router: c.region, start: s, end: e,
+				nacked = append(nacked, settle{id: n.Id, key: keyOf[n.Id], router: c.region, start: s, end: e,
 					nackSeq: nackSeq[n.Id], delay: n.Delay.AsDuration()})
 			}
 		}
