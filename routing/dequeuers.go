@@ -64,7 +64,9 @@ func (d NATSDequeuers) Dequeue(ctx context.Context, owner string, req *triagev1.
 	}
 	wait := req.GetWait().AsDuration()
 	sent := time.Now()
-	sub, err := d.NC.SubscribeSync(nats.NewInbox())
+	// The connection's inbox (peer.InboxPrefix), not nats.NewInbox's
+	// "_INBOX.", which the servers refuse Triage's login.
+	sub, err := d.NC.SubscribeSync(d.NC.NewInbox())
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
+
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 // Credentials are the MySQL account a process connects to shards as.
@@ -234,7 +236,10 @@ func (t *NATSTLS) Option() (nats.Option, error) {
 }
 
 // NATSOptions are the options of a Triage process's NATS connection: its
-// login and its TLS, either of which may be nil.
+// login and its TLS, either of which may be nil, and the reply prefix
+// peer.InboxPrefix, which the servers' Triage login may use and client
+// logins may not (natsserver.TriagePermissions): every request, JetStream
+// call and KV watch of the connection gets its answers there.
 func NATSOptions(login *NATSLogin, t *NATSTLS) ([]nats.Option, error) {
 	l, err := login.Option()
 	if err != nil {
@@ -244,5 +249,5 @@ func NATSOptions(login *NATSLogin, t *NATSTLS) ([]nats.Option, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats_tls: %w", err)
 	}
-	return []nats.Option{l, o}, nil
+	return []nats.Option{l, o, nats.CustomInboxPrefix(peer.InboxPrefix)}, nil
 }

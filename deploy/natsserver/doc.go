@@ -3,13 +3,17 @@
 // never as the system of record; see the README for the fsync caveat.
 //
 // Config.Auth makes it require logins (auth.go): one for Triage's own
-// processes, allowed the internal subjects (triage.>, JetStream, KV,
-// replies), and client logins denied exactly those. Publishing on
-// triage.> is how the roles hand each other enqueue batches, dequeue
-// requests and commits, trusted as validated and authorized by a router;
-// only Triage may do it. Permissions are per user in the global account,
-// not separate accounts, because JetStream's streams and buckets must stay
-// where every Triage process sees them.
+// processes, allowed the internal subjects (triage.>, JetStream, KV, and
+// its replies under peer.InboxPrefix), and client logins denied exactly
+// those and the default inbox "_INBOX.>", each receiving its replies under
+// its own ClientInboxPrefix. Replies carry what Triage answers (a
+// dequeue's payloads and lease tokens), so a login that could subscribe to
+// them, or publish to them, could read other tenants' items or answer in
+// Triage's place. Publishing on triage.> is how the roles hand each other
+// enqueue batches, dequeue requests and commits, trusted as validated and
+// authorized by a router; only Triage may do it. Permissions are per user
+// in the global account, not separate accounts, because JetStream's
+// streams and buckets must stay where every Triage process sees them.
 //
 // # TLS and routes
 //

@@ -12,10 +12,12 @@ import (
 
 	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
 // JetStream starts an embedded server with JetStream in a temporary
-// directory, connects to it, and stops both when t ends.
+// directory, connects to it, and stops both when t ends. The connection
+// replies under peer.InboxPrefix, as Triage's processes do.
 func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	ns, err := natsserver.Start(natsserver.Config{StoreDir: t.TempDir()})
@@ -23,7 +25,7 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 		t.Fatalf("natstest: %v", err)
 	}
 	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
+	nc, err := nats.Connect(ns.ClientURL(), nats.CustomInboxPrefix(peer.InboxPrefix))
 	if err != nil {
 		t.Fatalf("natstest: connect: %v", err)
 	}
@@ -37,8 +39,8 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 
 // Cluster starts n routed embedded servers with JetStream (named s0…),
 // waits until JetStream has a meta leader, and stops them when t ends. It
-// returns them with a connection to s0 and its JetStream context, closed
-// when t ends. Tests of what a replicated stream or consumer does when a
+// returns them with a connection to s0 (replying under peer.InboxPrefix)
+// and its JetStream context, closed when t ends. Tests of what a replicated stream or consumer does when a
 // server goes (leader elections, lost pull requests) shut one down with
 // Shutdown.
 func Cluster(t testing.TB, n int) ([]*server.Server, *nats.Conn, jetstream.JetStream) {
@@ -63,7 +65,7 @@ func Cluster(t testing.TB, n int) ([]*server.Server, *nats.Conn, jetstream.JetSt
 		t.Cleanup(s.Shutdown)
 		servers[i] = s
 	}
-	nc, err := nats.Connect(servers[0].ClientURL())
+	nc, err := nats.Connect(servers[0].ClientURL(), nats.CustomInboxPrefix(peer.InboxPrefix))
 	if err != nil {
 		t.Fatalf("natstest: connect: %v", err)
 	}

@@ -6,6 +6,15 @@ import (
 	"strings"
 )
 
+// InboxPrefix is the reply prefix of every NATS connection of Triage's
+// processes (nats.CustomInboxPrefix; shardmap.NATSOptions sets it): the
+// answers to dequeue requests, to JetStream and KV requests, and pull and
+// watch deliveries all arrive under it. It is outside the "_INBOX." that
+// nats.go uses by default, so natsserver can deny it to client logins,
+// which would otherwise read other tenants' payloads and lease tokens off
+// the replies or answer in Triage's place.
+const InboxPrefix = "_TRIAGE_INBOX"
+
 // EnqueueSubject is where routers publish shard's enqueue batches in
 // region, into the region's enqueue stream (see EnqueueStream).
 func EnqueueSubject(region string, shard uint32) string {
