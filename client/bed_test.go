@@ -17,6 +17,7 @@ import (
 
 	"github.com/triage-queue/triage/client"
 	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/cmd/triage/provision/provisiontest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/shardmap"
@@ -33,7 +34,9 @@ type bed struct {
 	natsDir string
 	mapFile string
 	dropDBs []func()
-	nodes   []*node.Node
+	// app is the application account the nodes log in as.
+	app   *provisiontest.App
+	nodes []*node.Node
 	// Addr is the gRPC address of the first node's router.
 	Addr string
 }
@@ -86,8 +89,15 @@ func startBed(name string, o bedOpts) (b *bed, err error) {
 		}
 		m.Shards = append(m.Shards, shardmap.Shard{ID: uint32(i), HomeRegion: "us-east", Primary: c.Addr, Database: c.DBName})
 	}
+	b.app = provisiontest.New()
+	b.dropDBs = append(b.dropDBs, b.app.Drop)
 	sm, err := shardmap.New(m)
 	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.app.GrantMap(ctx, sm); err != nil {
 		return nil, err
 	}
 	data, err := sm.Marshal()
@@ -110,7 +120,7 @@ func startBed(name string, o bedOpts) (b *bed, err error) {
 func (b *bed) StartNode(roles ...string) (*node.Node, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := node.Start(ctx, node.Config{Region: "us-east", Roles: roles, NATS: b.nats.ClientURL(), ShardMapFile: b.mapFile,
+	n, err := node.Start(ctx, node.Config{Region: "us-east", Roles: roles, NATS: b.nats.ClientURL(), ShardMapFile: b.mapFile, MySQL: b.app.Credentials(),
 		GRPC: "127.0.0.1:0", HTTP: "127.0.0.1:0"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return nil, err

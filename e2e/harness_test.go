@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/cmd/triage/provision/provisiontest"
 	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
@@ -56,6 +57,9 @@ type cluster struct {
 	natsURL string
 	mapFile string
 	shards  []*sqlx.DB
+	// app is the application account the processes log in as; a test
+	// that adds a shard grants its database.
+	app *provisiontest.App
 }
 
 func newCluster(t *testing.T, shards int) *cluster {
@@ -79,6 +83,8 @@ func newCluster(t *testing.T, shards int) *cluster {
 	}
 	sm, err := shardmap.New(m)
 	require.NoError(t, err)
+	c.app = provisiontest.ForTest(t)
+	require.NoError(t, c.app.GrantMap(t.Context(), sm))
 	data, err := sm.Marshal()
 	require.NoError(t, err)
 	c.mapFile = filepath.Join(c.dir, "shardmap.json")
@@ -106,6 +112,9 @@ func (c *cluster) start(name string, cfg node.Config) *proc {
 	cfg.Region = "us-east"
 	cfg.NATS = c.natsURL
 	cfg.ShardMapFile = c.mapFile
+	if cfg.MySQL.User == "" {
+		cfg.MySQL = c.app.Credentials()
+	}
 	p := &proc{name: name, done: make(chan struct{})}
 	for _, r := range cfg.Roles {
 		if r == node.RoleRouter {

@@ -40,6 +40,7 @@ func TestShardsOnline(t *testing.T) {
 	// Shard 3 is a spare: a database the map does not name yet.
 	spare, err := mysql.ParseDSN(mariadbtest.Database(t))
 	require.NoError(t, err)
+	require.NoError(t, c.app.Grant(t.Context(), spare.Addr, spare.DBName))
 	// A short dedup window, so the drained shard's tombstones expire
 	// within the test and it can be retired.
 	m, err := shardmap.Parse(mustRead(t, c.mapFile))
@@ -173,6 +174,7 @@ func TestShardsOnline(t *testing.T) {
 	// 8's version, as a MySQL server would) is refused, saying so.
 	mysql8 := mariadbtest.NewServer(t, "--version=8.0.36")
 	require.NoError(t, mysql8.CreateDatabase(ctx, "triage"))
+	require.NoError(t, c.app.Grant(ctx, mysql8.Addr(), "triage"))
 	expectCode(t, codes.FailedPrecondition, admins[0], func(ctx context.Context, a triagev1.AdminClient) error {
 		_, err := a.AddShard(ctx, &triagev1.AddShardRequest{Shard: &triagev1.Shard{Id: 3, HomeRegion: "us-east", Primary: mysql8.Addr(), Database: "triage"}})
 		require.ErrorContains(t, err, "the server is MySQL 8.0.36")

@@ -423,6 +423,16 @@ func (w *worker) consumer(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // durable names the shard's consumer.
+// retryWindow is a namespace's dedup retry window in the current map; a
+// namespace the map no longer has gets the default.
+func (w *worker) retryWindow(namespace string) time.Duration {
+	ns, err := w.svc.cfg.Maps.Current().Namespace(namespace)
+	if err != nil {
+		return shardmap.DefaultDedupRetryWindow
+	}
+	return ns.RetryWindow()
+}
+
 func (w *worker) durable() string { return fmt.Sprintf("enq-%d", w.shard) }
 
 // consumerInfo reads a consumer's state.
@@ -611,7 +621,8 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 		return err
 	}
 	start := time.Now()
-	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: start.UnixMicro()})
+	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: start.UnixMicro(),
+		RetryWindow: w.retryWindow})
 	if store.IsPermanent(err) {
 		return w.isolate(ctx, kept)
 	}
@@ -760,7 +771,7 @@ func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 		for _, b := range env.Batches {
 			out, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b},
-				NowUS: time.Now().UnixMicro(), Isolate: true})
+				NowUS: time.Now().UnixMicro(), Isolate: true, RetryWindow: w.retryWindow})
 			if err != nil {
 				return err // transient: everything is retried; placing is idempotent
 			}

@@ -23,7 +23,8 @@
 // with two region preferences gives two items. Deduplicating across
 // regions would need a cross-region lookup on every enqueue, and would
 // store an item outside the region its producer asked for. PutNamespace
-// keeps the tables, so a shard list change cannot move a key, and it
+// keeps the tables and the record of slots a drain moved, so a shard list
+// change cannot move a key, and it
 // refuses to drop a shard that a region's slots name (that shard may
 // still hold the keys' items and tombstones).
 // The rest of a request goes to one of the region's shards that is not
@@ -115,7 +116,18 @@
 //
 // Packages return domain errors; toStatus in errors.go is the one place
 // they become gRPC codes, and the gateway turns those into HTTP statuses.
-// Every message says what was wrong and what is allowed.
+// Every message says what was wrong and what is allowed, and names no
+// server: toStatus replaces the addresses in a message (a driver's
+// "dial tcp host:port", MariaDB's "user@host", a primary in our own text)
+// with "[address withheld]", and the gRPC server and the gateway log the
+// whole text. Messages about the request itself (INVALID_ARGUMENT,
+// NOT_FOUND) are left as they are: they quote what the caller sent.
+//
+// The gateway takes a POST, PUT or PATCH only as application/json (415
+// otherwise: browsers send text/plain and form POSTs cross-site without a
+// CORS preflight), bounds every body (WithMaxBody), and with
+// WithAuthenticate reads no more than MaxUnauthenticatedBody of a body
+// before its caller is known.
 //
 // Metrics (Config.Metrics): items accepted per topic and band, call
 // latency per namespace, ack and nack results, redrives, dead letters from

@@ -5,12 +5,15 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"regexp"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -30,6 +33,10 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrFailover means the controller refused or failed a failover.
 	ErrFailover = errors.New("failover")
+	// ErrPermissionDenied means the caller's roles do not cover what the
+	// request would change (routing/auth decides which RPCs a role may
+	// call; this is the finer check of a request's fields).
+	ErrPermissionDenied = errors.New("permission denied")
 	// ErrNotCommitted means the batch is buffered but its commit was not
 	// confirmed in time.
 	ErrNotCommitted = errors.New("enqueue buffered but not confirmed committed in time; it will still be inserted, retry with the same dedup keys to be sure")
@@ -63,6 +70,8 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted
+	case errors.Is(err, ErrPermissionDenied):
+		code = codes.PermissionDenied
 	case errors.Is(err, ErrNotCommitted), errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -72,7 +81,57 @@ func toStatus(err error) error {
 		errors.Is(err, peer.ErrNotOwner), errors.Is(err, shardmap.ErrNotWritable), isMySQLDown(err):
 		code = codes.Unavailable
 	}
-	return status.Error(code, err.Error())
+	msg := err.Error()
+	if code == codes.InvalidArgument || code == codes.NotFound {
+		// These say what was wrong with the request, in its own words.
+		return status.Error(code, msg)
+	}
+	public := addrPattern.ReplaceAllString(msg, addrWithheld)
+	if public == msg {
+		return status.Error(code, msg)
+	}
+	return &withheld{st: status.New(code, public), cause: err}
+}
+
+// addrPattern matches the network addresses a driver's or our own error
+// text may hold (a shard's host:port in "dial tcp 10.0.0.5:3306", the
+// node's address in MariaDB's "Access denied for user 'app'@'10.0.0.3'"):
+// an IPv4 address with or without a port, a bracketed IPv6 address, and
+// a host name followed by a port. Clients are told that the shard was
+// unreachable, never where it lives.
+var addrPattern = regexp.MustCompile(`\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\](?::\d{1,5})?|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b|\b[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*:\d{1,5}\b`)
+
+const addrWithheld = "[address withheld]"
+
+// withheld is an RPC's status whose message had addresses taken out;
+// cause, with them, is for the node's log (logWithheld), where an
+// operator needs to know which server failed.
+type withheld struct {
+	st    *status.Status
+	cause error
+}
+
+func (e *withheld) Error() string              { return e.st.Err().Error() }
+func (e *withheld) GRPCStatus() *status.Status { return e.st }
+func (e *withheld) Unwrap() error              { return e.cause }
+
+// logWithheld logs the whole text of an error toStatus answered with
+// addresses withheld; rpc names the call.
+func logWithheld(log *slog.Logger, rpc string, err error) {
+	var w *withheld
+	if log == nil || !errors.As(err, &w) {
+		return
+	}
+	log.Warn("error answered without its addresses", "rpc", rpc, "code", w.st.Code().String(), "err", w.cause)
+}
+
+// logWithheldUnary is logWithheld as a gRPC interceptor.
+func logWithheldUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		logWithheld(log, info.FullMethod, err)
+		return resp, err
+	}
 }
 
 // isMySQLDown reports errors that mean the shard primary cannot take the

@@ -1,33 +1,41 @@
 package routing
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"mime"
 	"net/http"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
-// MaxRequestBytes bounds a request, over gRPC (the receive limit) and over
-// the JSON gateway (the body) alike.
+// MaxRequestBytes is the default bound of a request, over gRPC (the
+// receive limit) and over the JSON gateway (the body) alike; a node's
+// max_body_bytes replaces it (grpc.MaxRecvMsgSize, WithMaxBody).
 const MaxRequestBytes = 64 << 20
 
 // NewGRPCServer returns a gRPC server with the Queue and Admin services,
-// health and reflection, so grpcurl works without proto files. h is the
+// health and reflection, so grpcurl works without proto files. Options
+// given replace the defaults (a later grpc.MaxRecvMsgSize wins). h is the
 // health service whose status the caller keeps (see cmd/triage/node's
 // readiness); nil serves a constant SERVING.
 func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers)}, opts...)...)
+	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers),
+		grpc.ChainUnaryInterceptor(logWithheldUnary(r.log))}, opts...)...)
 	triagev1.RegisterQueueServer(s, r)
 	triagev1.RegisterAdminServer(s, r)
 	if h == nil {
@@ -43,7 +51,7 @@ func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc
 // NewAdminGRPCServer returns a gRPC server with only the Admin service
 // (and health and reflection), for a node's admin listener.
 func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts...)...)
+	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.ChainUnaryInterceptor(logWithheldUnary(r.log))}, opts...)...)
 	triagev1.RegisterAdminServer(s, r)
 	if h == nil {
 		h = health.NewServer()
@@ -74,19 +82,75 @@ const QueueService = "triage.v1.Queue"
 // extra, when set, serves the paths it is given (the node's /metrics,
 // /readyz, /livez) beside the API.
 func NewGateway(ctx context.Context, r *Router, extra map[string]http.Handler) (http.Handler, error) {
-	return NewGatewayFor(ctx, r, r, extra)
+	return NewGatewayFor(ctx, r, r, extra, WithLogger(r.log))
 }
+
+// GatewayOption configures NewGatewayFor.
+type GatewayOption func(*gatewayConfig)
+
+type gatewayConfig struct {
+	maxBody      int64
+	authenticate func(*http.Request) error
+	log          *slog.Logger
+}
+
+// WithMaxBody bounds an API request's body at n bytes (default
+// MaxRequestBytes): a longer one is answered 413 without being decoded.
+func WithMaxBody(n int64) GatewayOption {
+	return func(c *gatewayConfig) {
+		if n > 0 {
+			c.maxBody = n
+		}
+	}
+}
+
+// WithAuthenticate checks an API request's credentials before its body
+// is read (routing/auth's Authorizer.AuthenticateHTTP). A request that
+// fails it is answered 401 at once when its body is over
+// MaxUnauthenticatedBody, and is otherwise passed on with its small
+// body, so that the guard refuses it naming the RPC (and audits it when
+// it is an admin RPC). So an unknown caller never makes the node read or
+// parse more than MaxUnauthenticatedBody bytes.
+func WithAuthenticate(f func(*http.Request) error) GatewayOption {
+	return func(c *gatewayConfig) { c.authenticate = f }
+}
+
+// WithLogger receives what the gateway keeps from its clients: the
+// detail of errors toStatus answered without it, and requests refused
+// before their body was read. Default: not logged.
+func WithLogger(l *slog.Logger) GatewayOption {
+	return func(c *gatewayConfig) { c.log = l }
+}
+
+// MaxUnauthenticatedBody is the most of a request body the gateway reads
+// before its caller is known (WithAuthenticate): enough for any request
+// but a large enqueue, and small enough that refusing it costs nothing.
+const MaxUnauthenticatedBody = 64 << 10
 
 // NewGatewayFor is NewGateway calling q and a, which may wrap the router
 // (cmd/triage/node puts routing/auth's guards in between, as the gateway
 // calls in-process where no gRPC interceptor runs). A nil q or a leaves
 // that service's routes out.
-func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.AdminServer, extra map[string]http.Handler) (http.Handler, error) {
+//
+// An API request with a body (POST, PUT, PATCH) must be JSON
+// (Content-Type application/json, parameters such as charset allowed)
+// and is answered 415 otherwise: a web page may send a text/plain or
+// form POST to any site without asking (no CORS preflight), and a JSON
+// body sent as such must not be taken for a JSON request.
+func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.AdminServer, extra map[string]http.Handler, opts ...GatewayOption) (http.Handler, error) {
+	cfg := gatewayConfig{maxBody: MaxRequestBytes}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	mux := runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, jsonBody{&runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
+		runtime.WithErrorHandler(func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+			logWithheld(cfg.log, r.Method+" "+r.URL.Path, err)
+			runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+		}),
 	)
 	if q != nil {
 		if err := triagev1.RegisterQueueHandlerServer(ctx, mux, q); err != nil {
@@ -99,7 +163,7 @@ func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.Admin
 		}
 	}
 	top := http.NewServeMux()
-	top.Handle("/v1/", mux)
+	top.Handle("/v1/", cfg.api(mux))
 	for path, h := range extra {
 		top.Handle(path, h)
 	}
@@ -107,32 +171,113 @@ func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.Admin
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return limitBody(top), nil
+	return cfg.limitBody(top), nil
 }
 
-// limitBody refuses a body over MaxRequestBytes, as gRPC does: at once
-// with 413 when Content-Length says so, else when reading passes the
-// limit (the decoder then answers 400 with the same message).
-func limitBody(h http.Handler) http.Handler {
+// api checks an API request before the gateway decodes it: its caller
+// (see WithAuthenticate), then its content type.
+func (c gatewayConfig) api(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.ContentLength > MaxRequestBytes {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Connection", "close")
-			w.WriteHeader(http.StatusRequestEntityTooLarge)
-			data, _ := json.Marshal(map[string]any{"code": 8, "message": bodyTooLarge(req.ContentLength), "details": []any{}})
-			_, _ = w.Write(data)
+		if c.authenticate != nil {
+			if err := c.authenticate(req); err != nil && !c.smallBody(w, req, err) {
+				return
+			}
+		}
+		if hasBody(req.Method) && !isJSON(req.Header.Get("Content-Type")) {
+			writeError(w, http.StatusUnsupportedMediaType, codes.InvalidArgument, fmt.Sprintf(
+				"Content-Type %q: a %s request's body must be JSON, sent as Content-Type: application/json (parameters such as charset=utf-8 allowed)",
+				req.Header.Get("Content-Type"), req.Method))
 			return
 		}
-		req.Body = http.MaxBytesReader(w, req.Body, MaxRequestBytes)
 		h.ServeHTTP(w, req)
 	})
 }
 
-func bodyTooLarge(n int64) string {
-	if n > 0 {
-		return fmt.Sprintf("request body is %d bytes; at most %d (64 MiB) allowed", n, MaxRequestBytes)
+// smallBody reads the body of a request whose caller is unknown, up to
+// MaxUnauthenticatedBody, and passes it on (it returns true) for the
+// guard to refuse; a longer body is refused here with unknown's status,
+// unread.
+func (c gatewayConfig) smallBody(w http.ResponseWriter, req *http.Request, unknown error) bool {
+	var body []byte
+	long := req.ContentLength > MaxUnauthenticatedBody
+	if !long && req.ContentLength != 0 {
+		var err error
+		body, err = io.ReadAll(io.LimitReader(req.Body, MaxUnauthenticatedBody+1))
+		long = err != nil || len(body) > MaxUnauthenticatedBody
 	}
-	return fmt.Sprintf("request body is over %d bytes (64 MiB), the most allowed", MaxRequestBytes)
+	if long {
+		if c.log != nil {
+			c.log.Warn("request refused before reading its body", "method", req.Method, "path", truncate(req.URL.Path),
+				"content_length", req.ContentLength, "err", status.Convert(unknown).Message())
+		}
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusUnauthorized, codes.Unauthenticated, status.Convert(unknown).Message())
+		return false
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
+	return true
+}
+
+// hasBody tells the methods whose body the gateway decodes.
+func hasBody(method string) bool {
+	return method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch
+}
+
+// isJSON tells whether a Content-Type header is application/json.
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mt == "application/json"
+}
+
+// limitBody refuses a body over c.maxBody, as gRPC does: at once with 413
+// when Content-Length says so, else when reading passes the limit (the
+// decoder then answers 400 with the same message).
+func (c gatewayConfig) limitBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ContentLength > c.maxBody {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestEntityTooLarge, codes.ResourceExhausted, bodyTooLarge(req.ContentLength, c.maxBody))
+			return
+		}
+		req.Body = http.MaxBytesReader(w, req.Body, c.maxBody)
+		h.ServeHTTP(w, req)
+	})
+}
+
+// writeError answers as the gateway answers an RPC's error: a JSON object
+// with the gRPC code, the message and no details.
+func writeError(w http.ResponseWriter, httpStatus int, code codes.Code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	data, _ := json.Marshal(map[string]any{"code": int(code), "message": msg, "details": []any{}})
+	_, _ = w.Write(data)
+}
+
+func bodyTooLarge(n, limit int64) string {
+	if n > 0 {
+		return fmt.Sprintf("request body is %d bytes; at most %d (%s) allowed", n, limit, byteSize(limit))
+	}
+	return fmt.Sprintf("request body is over %d bytes (%s), the most allowed", limit, byteSize(limit))
+}
+
+// truncate cuts a client's string (a path) for a log line.
+func truncate(s string) string {
+	if len(s) > 256 {
+		return s[:256] + "…"
+	}
+	return s
+}
+
+// byteSize writes n in the largest binary unit that divides it.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // jsonBody is the gateway's JSON marshaler with decode errors that say what
@@ -147,7 +292,7 @@ func (j jsonBody) NewDecoder(r io.Reader) runtime.Decoder {
 		err := d.Decode(v)
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errors.New(bodyTooLarge(0))
+			return errors.New(bodyTooLarge(0, tooBig.Limit))
 		}
 		var syntax *json.SyntaxError
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &syntax) {

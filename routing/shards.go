@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
@@ -100,28 +102,79 @@ func (r *Router) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*
 	}
 	s := shardmap.Shard{ID: p.Id, HomeRegion: p.HomeRegion, Primary: p.Primary, Database: p.Database,
 		Replicas: p.Replicas, ReplicaRegions: p.ReplicaRegions, Weight: p.Weight}
-	migrated := false
-	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) {
-		next, err := m.WithNewShard(s)
-		if err != nil {
-			return nil, err
-		}
-		if !migrated {
-			if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), next, s.ID); errors.Is(err, schema.ErrUnsupportedServer) {
-				return nil, fmt.Errorf("shard %d at %s: %w (nothing was added)", s.ID, s.Primary, err)
-			} else if err != nil {
-				return nil, errorf(ErrUnavailable, "shard %d: migrating the schema on %s: %v (nothing was added)", s.ID, s.Primary, err)
-			}
-			migrated = true
-		}
-		return next, nil
-	})
+	with, err := r.cfg.Maps.Current().WithNewShard(s)
+	if err != nil {
+		return nil, toStatus(mapChangeError(err))
+	}
+	if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), with, s.ID); err != nil {
+		return nil, r.unusableShard(s, err)
+	}
+	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) { return m.WithNewShard(s) })
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	r.log.Info("shard added", "shard", s.ID, "home_region", s.HomeRegion, "primary", s.Primary, "version", next.Version)
 	return changed(next, s.ID), nil
 }
+
+// unusableShard is AddShard's answer when MigrateShard failed on the
+// primary the caller named. The server's answer goes to the node's log
+// only: it is the driver's text, with the addresses dialed and the
+// node's own (MariaDB's "Access denied for user 'app'@'10.0.0.3'"), and
+// whatever a host that is not MariaDB sends back, and AddShard must not
+// be a way to probe the network behind the node. The schema checks'
+// refusals, read after logging in, are answered as they are: a server
+// that is not MariaDB 10.11 or later (its VERSION()), an application
+// account that could write through read_only (which privilege).
+func (r *Router) unusableShard(s shardmap.Shard, err error) error {
+	r.log.Warn("AddShard: the new shard's primary cannot be used; nothing was added", "shard", s.ID, "primary", s.Primary, "err", err)
+	for _, kind := range []error{schema.ErrUnsupportedServer, schema.ErrPrivilegedAccount} {
+		if errors.Is(err, kind) {
+			return status.Errorf(codes.FailedPrecondition, "shard %d: %s (nothing was added)", s.ID, refusal(err, kind))
+		}
+	}
+	var ae *accountError
+	account, step := "application", "connect to"
+	if errors.As(err, &ae) {
+		account, step = ae.account, ae.step
+	}
+	code := codes.Unavailable
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case isAccessDenied(err):
+		code = codes.FailedPrecondition
+		if account == "admin" {
+			return status.Errorf(code, "shard %d: its schema needs migrating and the primary refused this node's admin account "+
+				"(node config \"admin\"): migrate the shard as an administrator first, then add it; nothing was added; see the node's log", s.ID)
+		}
+	}
+	return status.Errorf(code, "shard %d: could not %s the shard's primary as this node's %s account; nothing was added; see the node's log", s.ID, step, account)
+}
+
+// refusal is the text of the error in err's chain that wraps kind: a
+// schema check's refusal (what the server is, which privilege the account
+// holds) without what wraps it, such as the primary's address.
+func refusal(err, kind error) string {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if errors.Unwrap(e) == kind {
+			return e.Error()
+		}
+	}
+	return kind.Error()
+}
+
+// accountError is MigrateShard failing at one step as one of the node's
+// accounts, so that AddShard can say which without the driver's text.
+type accountError struct {
+	account, step string
+	err           error
+}
+
+func (e *accountError) Error() string { return e.err.Error() }
+func (e *accountError) Unwrap() error { return e.err }
 
 // AddNamespaceShard implements triagev1.AdminServer.
 func (r *Router) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespaceShardRequest) (*triagev1.ShardChange, error) {
@@ -266,7 +319,12 @@ func (r *Router) movedHolder(ctx context.Context, m *shardmap.Map, from uint32, 
 	if err != nil {
 		return 0, false, err
 	}
-	return store.New(db).DedupHolder(ctx, store.DedupHolderParams{Namespace: namespace, Topic: topic, DedupKey: key, NowUS: time.Now().UnixMicro()})
+	retry := shardmap.DefaultDedupRetryWindow
+	if ns, err := m.Namespace(namespace); err == nil {
+		retry = ns.RetryWindow()
+	}
+	return store.New(db).DedupHolder(ctx, store.DedupHolderParams{Namespace: namespace, Topic: topic, DedupKey: key,
+		NowUS: time.Now().UnixMicro(), RetryWindow: retry})
 }
 
 // MigrateShard brings shard id's schema up to date: it asks through app
@@ -279,10 +337,13 @@ func (r *Router) movedHolder(ctx context.Context, m *shardmap.Map, from uint32, 
 func MigrateShard(ctx context.Context, app, admin *shardmap.Pool, m *shardmap.Map, id uint32) error {
 	db, _, err := app.Primary(m, id)
 	if err != nil {
-		return err
+		return &accountError{"application", "connect to", err}
 	}
 	if err := schema.CheckServer(ctx, db.DB); err != nil {
-		return err
+		if errors.Is(err, schema.ErrUnsupportedServer) {
+			return err
+		}
+		return &accountError{"application", "connect to", err}
 	}
 	n, err := schema.Pending(ctx, db.DB)
 	if err == nil && n == 0 {
@@ -290,14 +351,16 @@ func MigrateShard(ctx context.Context, app, admin *shardmap.Pool, m *shardmap.Ma
 	}
 	adb, _, err := admin.Primary(m, id)
 	if err != nil {
-		return err
+		return &accountError{"admin", "connect to", err}
 	}
 	if _, err = schema.Migrate(ctx, adb.DB); isAccessDenied(err) {
 		// A least-privilege node holds no admin password: say what to do
 		// rather than only MariaDB's "Access denied for user 'root'".
-		return fmt.Errorf("%d schema migration(s) pending and this node's admin account may not run them "+
+		return &accountError{"admin", "migrate the schema on", fmt.Errorf("%d schema migration(s) pending and this node's admin account may not run them "+
 			"(node config \"admin\"): migrate the shard as an administrator first (the compose bed's "+
-			"bootstrap does for spare shards), then add it: %w", n, err)
+			"bootstrap does for spare shards), then add it: %w", n, err)}
+	} else if err != nil {
+		return &accountError{"admin", "migrate the schema on", err}
 	}
-	return err
+	return nil
 }

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 )
 
 // ErrUnsupportedServer is returned by CheckServer for a shard server
@@ -51,3 +53,122 @@ func checkVersion(v string) error {
 	}
 	return nil
 }
+
+// ErrPrivilegedAccount is returned by CheckGrants and CheckAccount for an
+// account that can write through read_only, or turn it off.
+var ErrPrivilegedAccount = errors.New("account can write through read_only")
+
+// ShowGrants is the statement whose rows CheckGrants judges: the grants of
+// the session's user and of its enabled roles (its default roles, and the
+// roles granted to those), which are what the session may do. Other roles
+// granted to the user hold only after SET ROLE, which Triage never runs.
+const ShowGrants = "SHOW GRANTS"
+
+// readOnlyBypass are the global privileges an application account must not
+// hold. The failover controller fences a deposed primary with read_only,
+// which MariaDB does not apply to an account with READ_ONLY ADMIN (or to
+// ALL PRIVILEGES, which includes it); such an account may also turn
+// read_only off. SUPER let an account through read_only before MariaDB
+// 10.11 and still lets it turn semi-sync off, on which a failover's
+// promise of losing no acknowledged commit rests.
+var readOnlyBypass = []string{"ALL PRIVILEGES", "READ_ONLY ADMIN", "SUPER"}
+
+// CheckAccount reads the grants of db's session (ShowGrants) and refuses,
+// with ErrPrivilegedAccount, an account that can write through read_only
+// (see CheckGrants).
+func CheckAccount(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, ShowGrants)
+	if err != nil {
+		return fmt.Errorf("read the account's grants: %w", err)
+	}
+	defer rows.Close()
+	var grants []string
+	for rows.Next() {
+		var g string
+		if err := rows.Scan(&g); err != nil {
+			return fmt.Errorf("read the account's grants: %w", err)
+		}
+		grants = append(grants, g)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the account's grants: %w", err)
+	}
+	return CheckGrants(grants)
+}
+
+// CheckGrants judges the rows of ShowGrants, such as
+// "GRANT SELECT, INSERT ON `triage`.* TO `app`@`%`": a grant of SUPER,
+// READ_ONLY ADMIN or ALL PRIVILEGES on *.*, to the user or to one of its
+// enabled roles, is refused with ErrPrivilegedAccount, saying which. The
+// error never quotes a row, which may carry the password's hash.
+func CheckGrants(grants []string) error {
+	for _, g := range grants {
+		privs, grantee, ok := globalGrant(g)
+		if !ok {
+			continue
+		}
+		for _, p := range privs {
+			if !slices.Contains(readOnlyBypass, p) {
+				continue
+			}
+			via := ""
+			if !strings.Contains(grantee, "@") {
+				via = " through its role " + grantee
+			}
+			return fmt.Errorf("%w: the account holds %s on *.*%s, so the read_only that fences a deposed primary "+
+				"does not stop its writes; the application account needs SELECT, INSERT, UPDATE and DELETE on the "+
+				"shard database and nothing else (provision.EnsureAccounts creates it)", ErrPrivilegedAccount, p, via)
+		}
+	}
+	return nil
+}
+
+// globalGrant returns the privileges and the grantee of a grant row on
+// *.*, with the privileges' names as MariaDB 10.11 prints them
+// ("READ_ONLY ADMIN"; "READ ONLY ADMIN" as GRANT also takes it). Other
+// rows (grants on a database or table, roles granted, SET DEFAULT ROLE)
+// give ok false.
+func globalGrant(g string) (privs []string, grantee string, ok bool) {
+	rest, found := strings.CutPrefix(g, "GRANT ")
+	if !found || strings.HasPrefix(rest, "`") { // a role granted: GRANT `r` TO ...
+		return nil, "", false
+	}
+	list, rest, found := strings.Cut(rest, " ON ")
+	if !found {
+		return nil, "", false
+	}
+	target, rest, found := strings.Cut(rest, " TO ")
+	if !found || target != "*.*" {
+		return nil, "", false
+	}
+	grantee, _, _ = strings.Cut(rest, " ")
+	for p := range strings.SplitSeq(list, ",") {
+		p = strings.ToUpper(strings.TrimSpace(p))
+		if p == "READ ONLY ADMIN" {
+			p = "READ_ONLY ADMIN"
+		}
+		privs = append(privs, p)
+	}
+	return privs, grantee, true
+}
+
+// The bounds on one statement of an application session, the server's
+// below the client's, so that a statement the client gave up on has
+// already failed on the server and committed nothing (see "Timeouts" in
+// the package doc). The pool of the application account
+// (shardmap.NewAppPool) sets the first two as session variables on every
+// connection and the third as the driver's read and write timeout.
+const (
+	// LockWaitTimeout is innodb_lock_wait_timeout (whole seconds): a
+	// statement waiting this long for a row lock fails with 1205.
+	LockWaitTimeout = 10 * time.Second
+	// StatementTimeout is max_statement_time: a statement that runs this
+	// long, whether it reads or writes, fails with 1969 and its changes
+	// are undone. It does not bound a commit's wait for a semi-sync
+	// acknowledgement. A caller's context that bounds a statement must
+	// outlast it.
+	StatementTimeout = 20 * time.Second
+	// ReadTimeout is the driver's timeout for one read, or write, of a
+	// packet: what the client waits for a statement's answer.
+	ReadTimeout = 30 * time.Second
+)

@@ -104,6 +104,18 @@
 //     second per shard costs nothing, and the statements of the store
 //     stay the same.
 //
+// # The application account's pool
+//
+// The router, enqueuer and dequeuer reach primaries through NewAppPool's
+// pool, the admin account (migrations) through NewPool's. The application
+// pool assumes no user (ErrNoAppUser), checks every connection it opens
+// and refuses an account that can write through read_only
+// (schema.CheckGrants), since read_only is the fence of a deposed
+// primary, and sets innodb_lock_wait_timeout and max_statement_time on
+// each session below the driver's read timeout, so that a statement the
+// process gave up on has already failed on the server and committed
+// nothing (see "Timeouts" in package schema).
+//
 // # Credentials
 //
 // The map names a shard's primary as host:port and database only. User and

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/triage-queue/triage/schema"
 )
 
 // Pool keeps one connection pool per shard primary. When the map moves a
@@ -19,6 +21,9 @@ import (
 // while, and every pool with the Pool.
 type Pool struct {
 	cred Credentials
+	// app, for NewAppPool's pools, sets up the application account's
+	// sessions; nil for NewPool's.
+	app *appSessions
 
 	mu     sync.Mutex
 	dbs    map[string]*poolEntry // by DSN
@@ -59,12 +64,19 @@ type epochKey struct {
 // and the deposed primary's read_only and semi-sync do the rest.
 const EpochRecheck = time.Second
 
-// NewPool returns an empty pool. cred should have been resolved
+// NewPool returns an empty pool for an account that may hold more than
+// the application account: the admin account, which runs migrations, or a
+// test's. The user defaults to root. The pool of the router, enqueuer and
+// dequeuer is NewAppPool's. cred should have been resolved
 // (Credentials.Resolve) when it names a password file or variable.
 func NewPool(cred Credentials) *Pool {
 	if cred.User == "" {
 		cred.User = "root"
 	}
+	return newPool(cred)
+}
+
+func newPool(cred Credentials) *Pool {
 	return &Pool{cred: cred, dbs: map[string]*poolEntry{}, epochs: map[epochKey]time.Time{}, dsns: map[dsnKey]string{}}
 }
 
@@ -95,10 +107,13 @@ func (p *Pool) formatDSN(s Shard) string {
 	c.InterpolateParams = true
 	c.MultiStatements = true
 	c.Timeout = 2 * time.Second
-	c.ReadTimeout = 30 * time.Second
-	c.WriteTimeout = 30 * time.Second
+	c.ReadTimeout = schema.ReadTimeout
+	c.WriteTimeout = schema.ReadTimeout
 	// MariaDB 10.x names it tx_isolation (MySQL 8: transaction_isolation).
 	c.Params = map[string]string{"tx_isolation": "'READ-COMMITTED'"}
+	if p.app != nil {
+		p.app.apply(c)
+	}
 	return c.FormatDSN()
 }
 
@@ -219,7 +234,7 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 		e.used = true
 		return e.db, nil
 	}
-	db, err := sqlx.Open("mysql", dsn)
+	db, err := p.openDB(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -232,6 +247,26 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	p.dbs[dsn] = &poolEntry{db: db, used: true}
 	return db, nil
+}
+
+// openDB opens dsn's connection pool; an application pool's checks every
+// connection's account (checkedConnector).
+func (p *Pool) openDB(dsn string) (*sqlx.DB, error) {
+	if p.app == nil {
+		return sqlx.Open("mysql", dsn)
+	}
+	if p.cred.User == "" {
+		return nil, ErrNoAppUser
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return sqlx.NewDb(sql.OpenDB(checkedConnector{Connector: conn, addr: cfg.Addr}), "mysql"), nil
 }
 
 // Prune closes the pools of servers that are no shard's primary in m and

@@ -114,6 +114,10 @@ type Namespace struct {
 	MaxDepth int64 `json:"max_depth,omitempty"`
 	// DedupWindow keeps a dedup key taken this long after its item is gone.
 	DedupWindow Duration `json:"dedup_window,omitempty"`
+	// DedupRetryWindow keeps a dedup key taken this long after its item's
+	// enqueue, whatever became of the item: see RetryWindow. Nil: the
+	// default, DefaultDedupRetryWindow; 0 turns it off.
+	DedupRetryWindow *Duration `json:"dedup_retry_window,omitempty"`
 	// Topics holds per-topic overrides.
 	Topics map[string]TopicConfig `json:"topics,omitempty"`
 	// Slots holds the dedup slot tables, one per region: a dedup key
@@ -221,10 +225,34 @@ func (ns *Namespace) Topic(topic string) TopicConfig {
 	return tc
 }
 
+// DefaultDedupRetryWindow is a namespace's DedupRetryWindow unless it
+// sets one: as long as SQS FIFO queues keep a deduplication ID.
+const DefaultDedupRetryWindow = 5 * time.Minute
+
+// MaxDedupRetryWindow bounds DedupRetryWindow: a shard keeps the
+// tombstones that carry it for a day (store.KeyMemory).
+const MaxDedupRetryWindow = 24 * time.Hour
+
+// RetryWindow is how long after an item's enqueue its dedup key stays
+// taken from other enqueues, whatever the dedup window: an enqueue
+// answered anything but ok may have been inserted all the same, and its
+// item delivered and acked before the producer's retry arrives, which the
+// dedup window alone (counted from the item's removal, 0 by default)
+// would take for a new item.
+func (ns *Namespace) RetryWindow() time.Duration {
+	if ns.DedupRetryWindow == nil {
+		return DefaultDedupRetryWindow
+	}
+	return time.Duration(*ns.DedupRetryWindow)
+}
+
 func (ns *Namespace) validate() error {
 	if ns.MaxPayloadBytes < 0 || ns.MaxAttempts < 0 || ns.DefaultTTL < 0 || ns.EnqueueRateLimit < 0 ||
 		ns.EnqueueBurst < 0 || ns.MaxDepth < 0 || ns.DedupWindow < 0 {
 		return fmt.Errorf("namespace %q: limits must not be negative", ns.Name)
+	}
+	if w := ns.RetryWindow(); w < 0 || w > MaxDedupRetryWindow {
+		return fmt.Errorf("namespace %q: dedup_retry_window must be within 0s..%s", ns.Name, MaxDedupRetryWindow)
 	}
 	if ns.MaxPayloadBytes > MaxPayloadCeiling {
 		return fmt.Errorf("namespace %q: max_payload_bytes %d is over the %d (8 MiB) ceiling", ns.Name, ns.MaxPayloadBytes, MaxPayloadCeiling)

@@ -116,9 +116,9 @@ Every request needs it:
 	}
 	fmt.Fprintf(w, `
 Try (namespace "default" exists):
-  curl -s%[3]s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
+  curl -s%[3]s -H "content-type: application/json" -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
        -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
-  curl -s%[3]s -X POST http://%[1]s/v1/namespaces/default:dequeue \
+  curl -s%[3]s -H "content-type: application/json" -X POST http://%[1]s/v1/namespaces/default:dequeue \
        -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
   grpcurl -plaintext%[4]s -d '{"namespace":"default","topics":[{"topic":"emails","count":1}]}' %[2]s triage.v1.Queue/Dequeue
   .bin/triage enqueue emails "hello"   .bin/triage dequeue --ack emails
@@ -126,9 +126,9 @@ Try (namespace "default" exists):
 	if len(b.Layout.Regions) > 1 {
 		last := b.Layout.Regions[len(b.Layout.Regions)-1]
 		fmt.Fprintf(w, `  # store in %[2]s through %[3]s's router, read it back through %[4]s's:
-  curl -s%[6]s -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
+  curl -s%[6]s -H "content-type: application/json" -X POST http://%[1]s/v1/namespaces/default/topics/emails/items \
        -d '{"region":"%[2]s","items":[{"payload":"aGVsbG8="}]}'
-  curl -s%[6]s -X POST http://%[5]s/v1/namespaces/default:dequeue \
+  curl -s%[6]s -H "content-type: application/json" -X POST http://%[5]s/v1/namespaces/default:dequeue \
        -d '{"region":"%[2]s","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
 `, http, b.Layout.Regions[1].Name, b.Layout.Regions[0].Name, last.Name, last.HTTP, curlAuth)
 	}

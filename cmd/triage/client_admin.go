@@ -1,7 +1,7 @@
 package main
 
 // The operator's verbs: dead letters (deadletters, redrive) and namespace
-// configuration (namespace get, namespace put).
+// configuration (namespace get, put, patch).
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing"
@@ -29,11 +30,19 @@ const maxDeadLetterPage = 1000
 
 const namespacePutSummary = `Create or replace a namespace's configuration and print the result.
 The whole configuration is replaced: what neither --file nor a flag gives takes its default.
-To change one setting, start from the current one:
+To change some settings and keep the rest, use namespace patch, or start from the current ones:
   triage namespace get NAME --json > ns.json
-  triage namespace put NAME --file ns.json --rate 500
+  triage namespace put NAME --file ns.json --max-attempts 5
 Flags override the file: --shards replaces the file's entry for its region, --topic the
-file's entry for its topic, and NAME the file's name.`
+file's entry for its topic, and NAME the file's name. Shards and quotas (--shards,
+--max-payload-bytes, --rate, --burst, --max-depth) are cluster-admin's: a namespace admin's
+put that would change one, by leaving it out too, is refused and changes nothing.`
+
+const namespacePatchSummary = `Change the settings the flags give and print the result; every other setting stays
+as it is (an update_mask of exactly those settings: HTTP PATCH). --topic sets one topic's
+config and --remove-topic removes one; other topics stay. Shards are changed with namespace
+put or namespace add-shard. Quotas (--max-payload-bytes, --rate, --burst, --max-depth) need
+cluster-admin.`
 
 func deadLettersCmd(fs *pflag.FlagSet) clientRun {
 	pageSize := fs.Int("page-size", 0, fmt.Sprintf("dead letters per page, 1 to %d (default: the server's, 100)", maxDeadLetterPage))
@@ -157,18 +166,7 @@ func namespaceGetCmd(_ *pflag.FlagSet) clientRun {
 
 func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 	file := fs.String("file", "", "start from the JSON Namespace document in `FILE` (protojson, as namespace get --json prints it); - reads stdin")
-	maxPayload := fs.Int("max-payload-bytes", 0, "largest payload of one item (default 262144)")
-	lease := fs.Duration("default-lease", 0, "lease a dequeue takes when neither the item nor the dequeue says (default 30s)")
-	maxAttempts := fs.Int("max-attempts", 0, "deliveries before an item is dead-lettered (default 10)")
-	ttl := fs.Duration("default-ttl", 0, "delete items this long after enqueue (default: never)")
-	rate := fs.Float64("rate", 0, "items per second each router accepts for the namespace; 0 for no limit")
-	burst := fs.Int("burst", 0, "items accepted at once above --rate (default: one second of the rate)")
-	maxDepth := fs.Int64("max-depth", 0, "items a region's shards may hold for the namespace; 0 for no limit")
-	dedupWindow := fs.Duration("dedup-window", 0, "a dedup key stays taken this long after its item is gone (default 0s)")
-	shards := &shardsFlag{}
-	fs.Var(shards, "shards", "the namespace's shards in a region, as `REGION=ID,ID...` (repeatable; a region left out uses all of its)")
-	topics := &topicsFlag{}
-	fs.Var(topics, "topic", "a topic's dequeue policy, delivery and aging; `SPEC` is "+topicSyntax+" (repeatable)")
+	flags := newNamespaceFlags(fs, false)
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		name := args[0]
 		cfg := &triagev1.Namespace{}
@@ -178,53 +176,132 @@ func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 				return err
 			}
 		}
-		// The server refuses a body whose name differs from NAME; NAME wins
-		// so one namespace's document can seed another.
-		cfg.Name = name
+		if _, err := flags.apply(cfg, name); err != nil {
+			return err
+		}
+		ns, err := call(ctx, e, e.c.Admin.PutNamespace, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
+		if err != nil {
+			return err
+		}
+		return printNamespace(e, ns)
+	}
+}
 
-		set := flagsSet(fs)
-		for _, f := range []struct {
-			flag string
-			v    int
-			dst  *int32
-		}{
-			{"max-payload-bytes", *maxPayload, &cfg.MaxPayloadBytes},
-			{"max-attempts", *maxAttempts, &cfg.MaxAttempts},
-			{"burst", *burst, &cfg.EnqueueBurst},
-		} {
-			if set[f.flag] {
-				v, err := checkInt32(f.flag, f.v)
-				if err != nil {
-					return err
-				}
-				*f.dst = v
+func namespacePatchCmd(fs *pflag.FlagSet) clientRun {
+	flags := newNamespaceFlags(fs, true)
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		name := args[0]
+		cfg := &triagev1.Namespace{}
+		paths, err := flags.apply(cfg, name)
+		if err != nil {
+			return err
+		}
+		if len(paths) == 0 {
+			return usagef("namespace patch %s: no setting given; name at least one flag", name)
+		}
+		ns, err := call(ctx, e, e.c.Admin.PutNamespace, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}})
+		if err != nil {
+			return err
+		}
+		return printNamespace(e, ns)
+	}
+}
+
+// namespaceFlags are the settings flags of namespace put and patch, one
+// per Namespace field.
+type namespaceFlags struct {
+	fs          *pflag.FlagSet
+	maxPayload  *int
+	lease       *time.Duration
+	maxAttempts *int
+	ttl         *time.Duration
+	rate        *float64
+	burst       *int
+	maxDepth    *int64
+	dedupWindow *time.Duration
+	retryWindow *time.Duration
+	shards      *shardsFlag // put only
+	topics      *topicsFlag
+	remove      *[]string // patch only
+}
+
+func newNamespaceFlags(fs *pflag.FlagSet, patch bool) *namespaceFlags {
+	f := &namespaceFlags{
+		fs:          fs,
+		maxPayload:  fs.Int("max-payload-bytes", 0, "largest payload of one item (default 262144; cluster-admin)"),
+		lease:       fs.Duration("default-lease", 0, "lease a dequeue takes when neither the item nor the dequeue says (default 30s)"),
+		maxAttempts: fs.Int("max-attempts", 0, "deliveries before an item is dead-lettered (default 10)"),
+		ttl:         fs.Duration("default-ttl", 0, "delete items this long after enqueue (default: never)"),
+		rate:        fs.Float64("rate", 0, "items per second each router accepts for the namespace; 0 for no limit (cluster-admin)"),
+		burst:       fs.Int("burst", 0, "items accepted at once above --rate (default: one second of the rate; cluster-admin)"),
+		maxDepth:    fs.Int64("max-depth", 0, "items a region's shards may hold for the namespace; 0 for no limit (cluster-admin)"),
+		dedupWindow: fs.Duration("dedup-window", 0, "a dedup key stays taken this long after its item is gone (default 0s)"),
+		retryWindow: fs.Duration("dedup-retry-window", 0, "a dedup key stays taken this long after its item's enqueue, so retries yield one item (default 5m; 0s: off)"),
+		topics:      &topicsFlag{},
+	}
+	fs.Var(f.topics, "topic", "a topic's dequeue policy, delivery and aging; `SPEC` is "+topicSyntax+" (repeatable)")
+	if patch {
+		f.remove = fs.StringSlice("remove-topic", nil, "remove a topic's config, so it takes the defaults (`NAME`, repeatable)")
+	} else {
+		f.shards = &shardsFlag{}
+		fs.Var(f.shards, "shards", "the namespace's shards in a region, as `REGION=ID,ID...` (repeatable; a region left out uses all of its; cluster-admin)")
+	}
+	return f
+}
+
+// apply sets cfg's fields from the flags given (NAME as its name) and
+// returns the update_mask paths they name.
+func (f *namespaceFlags) apply(cfg *triagev1.Namespace, name string) ([]string, error) {
+	// The server refuses a body whose name differs from NAME; NAME wins
+	// so one namespace's document can seed another.
+	cfg.Name = name
+	set := flagsSet(f.fs)
+	var paths []string
+	for _, x := range []struct {
+		flag, path string
+		v          int
+		dst        *int32
+	}{
+		{"max-payload-bytes", "max_payload_bytes", *f.maxPayload, &cfg.MaxPayloadBytes},
+		{"max-attempts", "max_attempts", *f.maxAttempts, &cfg.MaxAttempts},
+		{"burst", "enqueue_burst", *f.burst, &cfg.EnqueueBurst},
+	} {
+		if set[x.flag] {
+			v, err := checkInt32(x.flag, x.v)
+			if err != nil {
+				return nil, err
 			}
+			*x.dst, paths = v, append(paths, x.path)
 		}
-		for _, f := range []struct {
-			flag string
-			v    time.Duration
-			dst  **durationpb.Duration
-		}{
-			{"default-lease", *lease, &cfg.DefaultLeaseDuration},
-			{"default-ttl", *ttl, &cfg.DefaultTtl},
-			{"dedup-window", *dedupWindow, &cfg.DedupWindow},
-		} {
-			if set[f.flag] {
-				*f.dst = durationpb.New(f.v)
-			}
+	}
+	for _, x := range []struct {
+		flag, path string
+		v          time.Duration
+		dst        **durationpb.Duration
+	}{
+		{"default-lease", "default_lease_duration", *f.lease, &cfg.DefaultLeaseDuration},
+		{"default-ttl", "default_ttl", *f.ttl, &cfg.DefaultTtl},
+		{"dedup-window", "dedup_window", *f.dedupWindow, &cfg.DedupWindow},
+		{"dedup-retry-window", "dedup_retry_window", *f.retryWindow, &cfg.DedupRetryWindow},
+	} {
+		if set[x.flag] {
+			*x.dst, paths = durationpb.New(x.v), append(paths, x.path)
 		}
-		if set["rate"] {
-			// The server's "not negative" check lets NaN through.
-			if math.IsNaN(*rate) || math.IsInf(*rate, 0) {
-				return usagef("--rate %v is not a number of items per second", *rate)
-			}
-			cfg.EnqueueRateLimit = *rate
+	}
+	if set["rate"] {
+		// The server's "not negative" check lets NaN through.
+		if math.IsNaN(*f.rate) || math.IsInf(*f.rate, 0) {
+			return nil, usagef("--rate %v is not a number of items per second", *f.rate)
 		}
-		if set["max-depth"] {
-			cfg.MaxDepth = *maxDepth
-		}
-		for _, s := range shards.list {
-			i := slices.IndexFunc(cfg.Shards, func(f *triagev1.NamespaceShards) bool { return f.GetRegion() == s.Region })
+		cfg.EnqueueRateLimit, paths = *f.rate, append(paths, "enqueue_rate_limit")
+	}
+	if set["max-depth"] {
+		cfg.MaxDepth, paths = *f.maxDepth, append(paths, "max_depth")
+	}
+	if f.shards != nil {
+		for _, s := range f.shards.list {
+			i := slices.IndexFunc(cfg.Shards, func(x *triagev1.NamespaceShards) bool { return x.GetRegion() == s.Region })
 			if i >= 0 {
 				cfg.Shards[i] = s
 			} else {
@@ -236,19 +313,22 @@ func namespacePutCmd(fs *pflag.FlagSet) clientRun {
 				s.Namespace = name
 			}
 		}
-		for _, t := range topics.list {
-			if cfg.Topics == nil {
-				cfg.Topics = map[string]*triagev1.TopicConfig{}
-			}
-			cfg.Topics[t.name] = t.cfg
-		}
-
-		ns, err := call(ctx, e, e.c.Admin.PutNamespace, &triagev1.PutNamespaceRequest{Namespace: name, Config: cfg})
-		if err != nil {
-			return err
-		}
-		return printNamespace(e, ns)
 	}
+	for _, t := range f.topics.list {
+		if cfg.Topics == nil {
+			cfg.Topics = map[string]*triagev1.TopicConfig{}
+		}
+		cfg.Topics[t.name], paths = t.cfg, append(paths, "topics."+t.name)
+	}
+	if f.remove != nil {
+		for _, t := range *f.remove {
+			if _, both := cfg.Topics[t]; both {
+				return nil, usagef("topic %q is both set (--topic) and removed (--remove-topic)", t)
+			}
+			paths = append(paths, "topics."+t)
+		}
+	}
+	return paths, nil
 }
 
 // readNamespaceFile reads a protojson Namespace document from path, or
@@ -444,6 +524,7 @@ func printNamespace(e *clientEnv, ns *triagev1.Namespace) error {
 	row("enqueue burst", strconv.Itoa(int(ns.GetEnqueueBurst())))
 	row("max depth", noLimit(ns.GetMaxDepth() == 0, strconv.FormatInt(ns.GetMaxDepth(), 10)))
 	row("dedup window", durationOr(ns.GetDedupWindow(), "0s"))
+	row("dedup retry window", durationOr(ns.GetDedupRetryWindow(), "5m0s"))
 	if len(ns.GetShards()) == 0 {
 		row("shards", "-")
 	}

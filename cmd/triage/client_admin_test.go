@@ -261,6 +261,7 @@ func TestNamespaceGet(t *testing.T) {
 		"enqueue burst 250",
 		"max depth no limit",
 		"dedup window 1h0m0s",
+		"dedup retry window 5m0s",
 		"shards eu=1,2",
 		"us=11",
 		"",
@@ -336,6 +337,44 @@ func TestNamespacePutZeroIsSent(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	cfg = b.fake.got("PutNamespace")[1].(*triagev1.PutNamespaceRequest).Config
 	require.True(t, proto.Equal(&triagev1.Namespace{Name: "shop"}, cfg), "no flags: every field takes its default")
+}
+
+// TestNamespacePatchSendsMask: namespace patch names in update_mask
+// exactly the settings its flags give (a topic by its own path), so the
+// server keeps every other one, quotas included; without a flag it sends
+// nothing.
+func TestNamespacePatchSendsMask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.run(t, "", "namespace", "patch", "shop", "--max-attempts", "5", "--default-lease", "45s", "--max-depth", "0",
+		"--topic", "orders:policy=weighted", "--remove-topic", "old")
+	require.Equal(t, 0, r.code, r.stderr)
+	req := b.fake.got("PutNamespace")[0].(*triagev1.PutNamespaceRequest)
+	require.Equal(t, "shop", req.Namespace)
+	require.ElementsMatch(t, []string{"max_attempts", "default_lease_duration", "max_depth", "topics.orders", "topics.old"}, req.UpdateMask.GetPaths())
+	want := &triagev1.Namespace{Name: "shop", MaxAttempts: 5, DefaultLeaseDuration: durationpb.New(45 * time.Second),
+		Topics: map[string]*triagev1.TopicConfig{"orders": {Policy: triagev1.DequeuePolicy_WEIGHTED}}}
+	require.True(t, proto.Equal(want, req.Config), "config sent: %v", req.Config)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{name: "no setting", args: []string{"shop"}, want: "no setting given"},
+		{name: "set and removed", args: []string{"shop", "--topic", "t:", "--remove-topic", "t"}, want: `topic "t" is both set`},
+		{name: "no shards flag", args: []string{"shop", "--shards", "eu=1"}, want: "flag provided but not defined: --shards"},
+	} {
+		r := b.run(t, "", "namespace", append([]string{"patch"}, tc.args...)...)
+		require.Equal(t, 2, r.code, "%s: %s", tc.name, r.stderr)
+		require.Contains(t, r.stderr, tc.want, tc.name)
+	}
+	require.Len(t, b.fake.got("PutNamespace"), 1, "a refused command sends nothing")
+
+	// namespace put sends no mask: it replaces.
+	r = b.run(t, "", "namespace", "put", "shop", "--max-attempts", "5")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Nil(t, b.fake.got("PutNamespace")[1].(*triagev1.PutNamespaceRequest).UpdateMask)
 }
 
 func TestNamespacePutFile(t *testing.T) {
@@ -472,7 +511,7 @@ func TestNamespaceGroupUsage(t *testing.T) {
 			r := b.run(t, "", "namespace", tc.args...)
 			require.Equal(t, tc.code, r.code, r.stderr)
 			require.Contains(t, r.stderr, tc.want)
-			require.Contains(t, r.stderr, "usage: triage namespace add-shard|get|put ...")
+			require.Contains(t, r.stderr, "usage: triage namespace add-shard|get|patch|put ...")
 			require.Contains(t, lines(r.stderr), "triage namespace get NAME Show a namespace's configuration.")
 			require.Empty(t, r.stdout)
 		})

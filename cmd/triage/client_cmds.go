@@ -165,6 +165,11 @@ var clientVerbs = map[string]clientVerb{
 		summary: namespacePutSummary,
 		setup:   namespacePutCmd,
 	},
+	"namespace patch": {
+		args:    "NAME",
+		summary: namespacePatchSummary,
+		setup:   namespacePatchCmd,
+	},
 }
 
 // clientCommands returns the client verbs as commands. A verb whose name

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,7 +26,9 @@ import (
 // binary brings its own NATS server, bootstrap and health probe.
 
 // natsCommand runs one embedded NATS server with JetStream, clustered with
-// --routes, until a signal.
+// --routes, until a signal. By default it listens on loopback, requires the
+// Triage login (--triage-password-file, or --no-auth to serve without
+// logins) and serves no monitoring port.
 func natsCommand() *cobra.Command {
 	var (
 		cfg                   natsserver.Config
@@ -33,23 +37,36 @@ func natsCommand() *cobra.Command {
 		triageUser, triagePW  string
 		clientUser, clientPW  string
 		routeUser, routePW    string
+		noAuth                bool
 		tlsFiles              natsserver.TLS
 	)
 	cmd := &cobra.Command{
 		Use:     "nats [flags]",
 		GroupID: groupCompose,
 		Short:   "Run an embedded NATS server with JetStream, clustered by --routes.",
-		Args:    cli.NoArgs,
+		Long: `Run an embedded NATS server with JetStream, clustered by --routes.
+
+It listens on 127.0.0.1 unless --host says otherwise, and refuses to start
+without --triage-password-file (the login of Triage's own processes)
+unless --no-auth: without logins anyone who reaches the port may publish
+on Triage's internal subjects and rewrite the shard map. The monitoring
+port (/healthz, /varz, /routez ...) is off unless --http-port is given.`,
+		Args: cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.NoAdvertise, cfg.Tags = true, split(tags)
-			if triagePW != "" {
+			switch {
+			case triagePW != "" && noAuth:
+				return cli.Usagef("--no-auth and --triage-password-file: choose one")
+			case triagePW != "":
 				a, err := natsAuth(triageUser, triagePW, clientUser, clientPW)
 				if err != nil {
 					return err
 				}
 				cfg.Auth = a
-			} else if clientPW != "" {
+			case clientPW != "":
 				return cli.Usagef("--client-password-file needs --triage-password-file: without the Triage login nobody is refused anything")
+			case !noAuth:
+				return cli.Usagef("no login: give --triage-password-file (and --client-password-file for other clients), or --no-auth to let every client in without one")
 			}
 			if r := split(routes); len(r) > 0 {
 				cfg.ClusterName, cfg.ClusterPort, cfg.Routes = cluster, clusterPort, r
@@ -73,7 +90,14 @@ func natsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.ErrOrStderr(), "triage nats: %s serving %s (routes %v, monitoring :%d)\n", cfg.Name, s.ClientURL(), cfg.Routes, cfg.HTTPPort)
+			monitoring := "monitoring off"
+			if cfg.HTTPPort != 0 {
+				monitoring = "monitoring " + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.HTTPPort))
+			}
+			fmt.Fprintf(c.ErrOrStderr(), "triage nats: %s serving %s (routes %v, %s)\n", cfg.Name, s.ClientURL(), cfg.Routes, monitoring)
+			if cfg.TLS == nil && !loopbackHost(cfg.Host) {
+				fmt.Fprintf(c.ErrOrStderr(), "triage nats: plain TCP on %s: logins and envelopes cross the network in the clear (--tls-cert, --tls-key)\n", cfg.Host)
+			}
 			<-c.Context().Done()
 			s.Shutdown()
 			s.WaitForShutdown()
@@ -82,9 +106,9 @@ func natsCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Name, "name", "triage", "server name (unique in the cluster)")
-	f.StringVar(&cfg.Host, "host", "0.0.0.0", "listen host of every port")
+	f.StringVar(&cfg.Host, "host", "127.0.0.1", "listen host of every port (0.0.0.0: every interface)")
 	f.IntVar(&cfg.Port, "port", 4222, "client port")
-	f.IntVar(&cfg.HTTPPort, "http-port", 8222, "monitoring port (/healthz); 0 for none")
+	f.IntVar(&cfg.HTTPPort, "http-port", 0, "monitoring port (/healthz, /varz, /routez ..., no login), e.g. 8222; 0 for none")
 	f.StringVar(&cfg.StoreDir, "store", "/data/nats", "JetStream store directory")
 	f.StringVar(&cluster, "cluster", "triage", "cluster name (with --routes)")
 	f.IntVar(&clusterPort, "cluster-port", 6222, "route port (with --routes)")
@@ -92,7 +116,8 @@ func natsCommand() *cobra.Command {
 	f.StringVar(&routes, "routes", "", "comma-separated peer routes, nats-route://host:port; empty: standalone")
 	f.StringVar(&tags, "tags", "", "comma-separated server tags for placement, e.g. region:us-east")
 	f.StringVar(&triageUser, "triage-user", "triage", "user of Triage's own processes (may use triage.*, JetStream, KV)")
-	f.StringVar(&triagePW, "triage-password-file", "", "file with the Triage user's password; turns logins on (default: no auth)")
+	f.StringVar(&triagePW, "triage-password-file", "", "file with the Triage user's password; required unless --no-auth")
+	f.BoolVar(&noAuth, "no-auth", false, "serve every client without a login (tests, a host of its own)")
 	f.StringVar(&clientUser, "client-user", "client", "user for everyone else (refused on triage.*, JetStream, KV)")
 	f.StringVar(&clientPW, "client-password-file", "", "file with the client user's password (default: no client user)")
 	f.StringVar(&routeUser, "route-user", "route", "user every route must log in as (with --route-password-file)")
@@ -119,6 +144,15 @@ func natsAuth(triageUser, triageFile, clientUser, clientFile string) (*natsserve
 		a.Clients = append(a.Clients, natsserver.Login{User: clientUser, Password: pw})
 	}
 	return a, nil
+}
+
+// loopbackHost reports whether the listen host reaches loopback only.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func split(s string) []string {

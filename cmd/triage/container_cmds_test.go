@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,9 +53,9 @@ func TestNATSTLSFlags(t *testing.T) {
 	tri := filepath.Join(dir, "triage")
 	authtest.Write(t, tri, []byte("t-secret\n"))
 	for _, args := range [][]string{
-		{"nats", "--tls-ca", ca, "--tls-verify-clients"},
-		{"nats", "--tls-routes", "--tls-ca", ca},
-		{"nats", "--route-password-file", tri},
+		{"nats", "--no-auth", "--tls-ca", ca, "--tls-verify-clients"},
+		{"nats", "--no-auth", "--tls-routes", "--tls-ca", ca},
+		{"nats", "--no-auth", "--route-password-file", tri},
 	} {
 		var stdout, stderr strings.Builder
 		code := cli.Run(t.Context(), newRoot(), append(args, "--port", "-1", "--http-port", "0", "--store", t.TempDir()), strings.NewReader(""), &stdout, &stderr)
@@ -85,6 +87,91 @@ func TestNATSTLSFlags(t *testing.T) {
 	require.True(t, state.HandshakeComplete)
 	_, err = nats.Connect(url, nats.UserInfo("triage", "t-secret"), nats.MaxReconnects(0))
 	require.ErrorContains(t, err, "certificate signed by unknown authority")
+}
+
+// TestNATSDefaults: `triage nats` without flags listens on loopback only,
+// serves no monitoring port, and refuses to start without the Triage login
+// unless --no-auth says so, saying which flag to give.
+func TestNATSDefaults(t *testing.T) {
+	t.Parallel()
+	flags := natsCommand().Flags()
+	require.Equal(t, "127.0.0.1", flags.Lookup("host").DefValue)
+	require.Equal(t, "0", flags.Lookup("http-port").DefValue, "no monitoring port unless asked for")
+
+	dir := t.TempDir()
+	tri := filepath.Join(dir, "triage")
+	authtest.Write(t, tri, []byte("t-secret\n"))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no login", nil, "give --triage-password-file"},
+		{"no login and a client login", []string{"--client-password-file", tri}, "needs --triage-password-file"},
+		{"both --no-auth and a login", []string{"--no-auth", "--triage-password-file", tri}, "choose one"},
+	} {
+		var stdout, stderr strings.Builder
+		args := append([]string{"nats", "--port", "-1", "--store", t.TempDir()}, tc.args...)
+		code := cli.Run(t.Context(), newRoot(), args, strings.NewReader(""), &stdout, &stderr)
+		require.Equal(t, 2, code, "%s: %s", tc.name, stderr.String())
+		require.Contains(t, stderr.String(), tc.want, tc.name)
+	}
+
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int)
+	var stderr syncBuilder
+	go func() {
+		done <- cli.Run(ctx, newRoot(), []string{"nats", "--no-auth", "--port", strconv.Itoa(port), "--store", t.TempDir()},
+			strings.NewReader(""), io.Discard, &stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	loop := "127.0.0.1:" + strconv.Itoa(port)
+	require.Eventually(t, func() bool {
+		nc, err := nats.Connect("nats://"+loop, nats.MaxReconnects(0))
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "%s", &stderr)
+	require.Contains(t, stderr.String(), "serving nats://"+loop+" ")
+	require.Contains(t, stderr.String(), "monitoring off")
+	// Loopback only: the host's other addresses refuse the port.
+	addrs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for _, a := range addrs {
+		ip, ok := a.(*net.IPNet)
+		if !ok || ip.IP.IsLoopback() || ip.IP.To4() == nil {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip.IP.String(), strconv.Itoa(port)), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		require.Error(t, err, "%s answers on %s", loop, ip.IP)
+	}
+}
+
+// syncBuilder is a strings.Builder that a command may write while the
+// test reads it.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func freePort(t *testing.T) int {

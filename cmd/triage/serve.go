@@ -19,6 +19,7 @@ const nodeStartTimeout = time.Minute
 
 func serveCommand() *cobra.Command {
 	var health string
+	var insecure bool
 	var config *cli.ConfigFile
 	cmd := &cobra.Command{
 		Use:     "serve --config FILE [flags]",
@@ -31,6 +32,7 @@ func serveCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cfg.Insecure = cfg.Insecure || insecure
 			ctx := c.Context()
 			startCtx, cancel := context.WithTimeout(ctx, nodeStartTimeout)
 			n, err := node.Start(startCtx, cfg, log)
@@ -56,7 +58,8 @@ func serveCommand() *cobra.Command {
 		},
 	}
 	config = cli.AddConfigFlags(cmd, "cmd/triage/node.Config")
-	cmd.Flags().StringVar(&health, "health", "", "serve GET /healthz on this address (NATS, shard map, the region's primaries)")
+	cmd.Flags().StringVar(&health, "health", "", "serve GET /healthz on this address (NATS, shard map, the region's primaries; its answer names them, so bind it to loopback)")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "let a router without keys_file listen on addresses other than loopback, open to everyone (as config \"insecure\": true)")
 	return cmd
 }
 

@@ -86,6 +86,10 @@ type Region struct {
 	GRPC string `json:"grpc"`
 	// NATS is the client URL of the region's NATS server.
 	NATS string `json:"nats,omitempty"`
+	// Metrics is the node's metrics listener (node.Config.Metrics, on
+	// 127.0.0.1), the address to scrape: the router's HTTP listener does
+	// not serve /metrics.
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // Roles of processes in bed.json.
@@ -370,6 +374,7 @@ func (b *Bed) startNodes(ctx context.Context) error {
 			ShardMapFile:   b.Layout.ShardMap,
 			OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
 			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],
+			Metrics:        "127.0.0.1:0",
 			KVReplicas:     replicas,
 			StreamReplicas: replicas,
 			KeysFile:       b.Layout.KeysFile,
@@ -390,9 +395,9 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		return err
 	}
 	for _, r := range b.regions {
-		b.Layout.Regions = append(b.Layout.Regions, Region{Name: r.name, HTTP: r.node.HTTPAddr, GRPC: r.node.GRPCAddr, NATS: r.nats.ClientURL()})
+		b.Layout.Regions = append(b.Layout.Regions, Region{Name: r.name, HTTP: r.node.HTTPAddr, GRPC: r.node.GRPCAddr, NATS: r.nats.ClientURL(), Metrics: r.node.MetricsAddr})
 		b.Layout.Processes = append(b.Layout.Processes, Process{Role: RoleTriage, Region: r.name, Port: port(r.node.GRPCAddr), PID: os.Getpid()})
-		b.progress("region %s: JSON http://%s  gRPC %s", r.name, r.node.HTTPAddr, r.node.GRPCAddr)
+		b.progress("region %s: JSON http://%s  gRPC %s  metrics http://%s/metrics", r.name, r.node.HTTPAddr, r.node.GRPCAddr, r.node.MetricsAddr)
 	}
 	return nil
 }

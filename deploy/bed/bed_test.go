@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,9 +22,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/provision"
+	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/testlog"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // TestBedUpAndDown starts a one-region bed on free ports, checks the layout
@@ -48,6 +51,7 @@ func TestBedUpAndDown(t *testing.T) {
 		require.Positive(t, p.PID)
 	}
 	require.Equal(t, map[string]int{"mysql-primary": 2, "nats": 1, "triage": 1}, roles)
+	requireMetrics(t, l.Regions[0])
 
 	// make up's bed has authentication on: its key in bed.json works, no
 	// key does not.
@@ -56,6 +60,7 @@ func TestBedUpAndDown(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, "http://"+l.Regions[0].HTTP+"/v1/namespaces/default/topics/t/items",
 			strings.NewReader(`{"items":[{"payload":"aGk="}]}`))
 		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
@@ -91,8 +96,10 @@ func TestBedUpAndDown(t *testing.T) {
 	}
 
 	// NATS wants TLS, verified with the bed's throwaway CA, and a login:
-	// bed.json's Triage login uses the internal subjects, its client
-	// login is refused them.
+	// bed.json's Triage login uses the internal subjects and its replies,
+	// its client login is refused them and gets none of the node's
+	// traffic while items are enqueued and dequeued, not even through a
+	// subscription to the default inbox ("_INBOX.>") or to ">".
 	require.NotNil(t, l.NATSAuth)
 	require.NotNil(t, l.NATSClient)
 	require.NotNil(t, l.NATSTLS)
@@ -103,9 +110,9 @@ func TestBedUpAndDown(t *testing.T) {
 	require.NoError(t, err)
 	_, err = nats.Connect(l.NATS, natsTLS, nats.MaxReconnects(0))
 	require.ErrorIs(t, err, nats.ErrAuthorization)
-	login, err := l.NATSAuth.Option()
+	triOpts, err := shardmap.NATSOptions(l.NATSAuth, l.NATSTLS)
 	require.NoError(t, err)
-	tri, err := nats.Connect(l.NATS, login, natsTLS)
+	tri, err := nats.Connect(l.NATS, triOpts...)
 	require.NoError(t, err)
 	defer tri.Close()
 	state, err := tri.TLSConnectionState()
@@ -118,20 +125,72 @@ func TestBedUpAndDown(t *testing.T) {
 	}
 	_, err = tri.Request("$JS.API.INFO", nil, 5*time.Second)
 	require.NoError(t, err)
-	violations := make(chan error, 4)
-	login, err = l.NATSClient.Option()
+	var (
+		mu         sync.Mutex
+		violations []string
+		snooped    []string // subjects the client login received
+	)
+	violated := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(violations, func(v string) bool { return strings.Contains(v, what) })
+	}
+	login, err := l.NATSClient.Option()
 	require.NoError(t, err)
-	cli, err := nats.Connect(l.NATS, login, natsTLS, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	cli, err := nats.Connect(l.NATS, login, natsTLS, nats.CustomInboxPrefix(natsserver.ClientInboxPrefix(l.NATSClient.User)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			mu.Lock()
+			violations = append(violations, err.Error())
+			mu.Unlock()
+		}))
 	require.NoError(t, err)
 	defer cli.Close()
 	require.NoError(t, cli.Publish("triage.enq.us-east.1", []byte("raw")))
 	require.NoError(t, cli.Flush())
-	select {
-	case err := <-violations:
-		require.ErrorContains(t, err, "Permissions Violation for Publish")
-	case <-time.After(10 * time.Second):
-		t.Fatal("the client login published on triage.* unrefused")
+	require.Eventually(t, func() bool { return violated(`Permissions Violation for Publish to "triage.enq.us-east.1"`) },
+		10*time.Second, 10*time.Millisecond, "the client login published on triage.* unrefused")
+	snoop := func(m *nats.Msg) {
+		mu.Lock()
+		snooped = append(snooped, m.Subject)
+		mu.Unlock()
 	}
+	_, err = cli.Subscribe(natsserver.DefaultInbox, snoop)
+	require.NoError(t, err)
+	_, err = cli.Subscribe(">", snoop)
+	require.NoError(t, err)
+	require.NoError(t, cli.Flush())
+	require.Eventually(t, func() bool { return violated(`Permissions Violation for Subscription to "_INBOX.>"`) },
+		10*time.Second, 10*time.Millisecond, "the client login subscribed to every connection's replies")
+	resp = enqueue(l.Token)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var leased []string
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+l.Regions[0].HTTP+"/v1/namespaces/default:dequeue",
+			strings.NewReader(`{"topics":[{"topic":"t","count":2}],"lease_duration":"30s","wait":"1s"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+l.Token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Log(err)
+			return false
+		}
+		defer resp.Body.Close()
+		var deq struct{ Items []struct{ LeaseToken string } }
+		if data, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || json.Unmarshal(data, &deq) != nil {
+			t.Logf("dequeue: %d %s", resp.StatusCode, data)
+			return false
+		}
+		for _, it := range deq.Items {
+			leased = append(leased, it.LeaseToken)
+		}
+		return len(leased) == 2
+	}, 30*time.Second, 100*time.Millisecond, "the two enqueued items are dequeued")
+	require.NoError(t, tri.Flush())
+	require.NoError(t, cli.Flush())
+	mu.Lock()
+	require.Empty(t, snooped, "the client login received Triage's traffic")
+	mu.Unlock()
 
 	// A second bed in the same dir is refused while this one runs.
 	_, err = Start(ctx, Config{Dir: dir, NATSPort: -1})

@@ -186,6 +186,7 @@ type (
 		Admin          genAccount                   `json:"admin"`
 		NATS           []string                     `json:"nats"`
 		NATSAuth       genAccount                   `json:"nats_auth"`
+		MySQL          genAccount                   `json:"mysql"`
 		Replication    genAccount                   `json:"replication"`
 		ReplicationVia map[string]map[string]string `json:"replication_via"`
 		KVReplicas     int                          `json:"kv_replicas"`
@@ -205,6 +206,8 @@ type (
 		NATSAuth       genAccount                   `json:"nats_auth"`
 		GRPC           string                       `json:"grpc,omitempty"`
 		HTTP           string                       `json:"http,omitempty"`
+		Insecure       bool                         `json:"insecure,omitempty"`
+		Metrics        string                       `json:"metrics"`
 		MySQL          genMySQL                     `json:"mysql"`
 		Admin          *genAccount                  `json:"admin,omitempty"`
 		Replication    *genAccount                  `json:"replication,omitempty"`
@@ -255,10 +258,11 @@ func Generate(t Topology) (map[string][]byte, error) {
 		return nil, err
 	}
 	// Passwords are secrets mounted into the containers that need them:
-	// the application account's into every role, the admin's (root) and
-	// the replication account's into the controllers and the bootstrap
-	// only. provision.BedAccounts and the MariaDB image's ROOT_PASSWORD
-	// fix their values.
+	// the application account's into every role and the bootstrap (which
+	// has no default for it), the admin's (root) and the replication
+	// account's into the controllers and the bootstrap only.
+	// provision.BedAccounts and the MariaDB image's ROOT_PASSWORD fix
+	// their values.
 	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
 	files[adminSecret] = []byte(adminPassword + "\n")
 	files[replSecret] = []byte(provision.BedAccounts.Repl.Password + "\n")
@@ -272,7 +276,8 @@ func Generate(t Topology) (map[string][]byte, error) {
 	files[natsRouteSecret] = []byte(natsRoutePassword + "\n")
 	natsLogin := genAccount{natsUser, secretPath(natsSecret)}
 	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
-		NATSAuth: natsLogin, Replication: replAccount, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+		NATSAuth: natsLogin, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, Replication: replAccount,
+		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
 	}
@@ -299,9 +304,13 @@ func Generate(t Topology) (map[string][]byte, error) {
 		for _, role := range roles {
 			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222", NATSAuth: natsLogin,
 				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
-				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3}
+				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3, Metrics: metricsListen}
 			if role == "router" {
-				c.GRPC, c.HTTP = "0.0.0.0:9090", "0.0.0.0:8080"
+				// Every interface of the container, without API keys: the
+				// bed's clients (the tour, the drills, TestCompose) call
+				// without one, through ports published on the host's
+				// loopback only. A node refuses that unless told.
+				c.GRPC, c.HTTP, c.Insecure = "0.0.0.0:9090", "0.0.0.0:8080", true
 			}
 			if role == "controller" {
 				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
@@ -316,6 +325,11 @@ func Generate(t Topology) (map[string][]byte, error) {
 	files["docker-compose.yml"] = composeFile(t, inMap)
 	return files, nil
 }
+
+// metricsListen is every role container's metrics listener
+// (node.Config.Metrics): /metrics on the region's network, for a
+// Prometheus that joins it; not published on the host.
+const metricsListen = "0.0.0.0:9100"
 
 // The password files under config/, and where containers see them.
 const (
@@ -492,6 +506,9 @@ func composeFile(t Topology, servers []server) []byte {
 		w("  # nobody can dial, so gossip opens no route around the gateways.\n")
 		w("  %s:\n    image: %s\n", svc, triageImage)
 		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
+		// Every interface (the region's network), and the monitoring port
+		// the health check and the drills ask.
+		w("              \"--host\", \"0.0.0.0\", \"--http-port\", \"8222\",\n")
 		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
 		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
 		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(natsClientSecret))
@@ -515,7 +532,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
-	w("%s%s%s", mountSecret(adminSecret), mountSecret(replSecret), mountSecret(natsSecret))
+	w("%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountSecret(natsSecret))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {

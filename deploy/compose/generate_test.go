@@ -75,6 +75,11 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			require.Empty(t, c.MySQL.Password, role)
 			require.Equal(t, secretPath(appSecret), c.MySQL.PasswordFile, role)
 			require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, c.NATSAuth, role)
+			// Scraped on the region's network; the router, listening
+			// on every interface without keys, says it does so on
+			// purpose (a node refuses otherwise).
+			require.Equal(t, metricsListen, c.Metrics, role)
+			require.Equal(t, role == "router", c.Insecure, role)
 			if role == "controller" {
 				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
 				require.Empty(t, c.Admin.Password)
@@ -89,9 +94,11 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, boot.NATSAuth)
 	require.Empty(t, boot.Admin.Password)
 	require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, boot.Replication)
+	require.Equal(t, shardmap.Account{User: "triage", PasswordFile: secretPath(appSecret)}, boot.MySQL, "the application password the roles read")
 	require.Equal(t, provision.BedAccounts.Repl.Password+"\n", string(files[replSecret]))
 	yml := string(files["docker-compose.yml"])
-	require.Equal(t, len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "every role mounts the application password, the bootstrap does not")
+	require.Equal(t, 1+len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "the bootstrap and every role mount the application password")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--host", "0.0.0.0", "--http-port", "8222"`), "every NATS server listens on its network, with the monitoring port its health check asks")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
 	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountSecret(natsSecret)), "Triage's NATS login: bootstrap, roles, servers")
 	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsClientSecret)), "the client login: the servers only")
@@ -310,7 +317,7 @@ func TestComposeFilesValidate(t *testing.T) {
 	merged := parseCompose(t, []byte(run("-f", "docker-compose.yml", "-f", SpareFile, "config")))
 	bs := merged.Services["bootstrap"]
 	require.Equal(t, []string{"bootstrap", "--config", "/etc/triage/bootstrap-spare.json"}, bs.Command)
-	require.Len(t, bs.Volumes, 6, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin, replication and NATS secrets")
+	require.Len(t, bs.Volumes, 7, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin, application, replication and NATS secrets")
 	require.True(t, slices.ContainsFunc(bs.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/etc/triage/bootstrap-spare.json:ro") }))
 	require.Contains(t, bs.DependsOn, "mariadb-s1-us-east", "the base's servers")
 	for _, s := range spares {

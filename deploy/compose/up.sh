@@ -76,14 +76,14 @@ last=$http
 cat <<TOUR
 
 Try (namespace "default" exists):
-  curl -s -X POST http://$first/v1/namespaces/default/topics/emails/items \\
+  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default/topics/emails/items \\
        -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
-  curl -s -X POST http://$first/v1/namespaces/default:dequeue \\
+  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default:dequeue \\
        -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
   # store in eu-west through us-east's router, read it back through ap-south's:
-  curl -s -X POST http://$first/v1/namespaces/default/topics/emails/items \\
+  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default/topics/emails/items \\
        -d '{"region":"eu-west","items":[{"payload":"aGVsbG8="}]}'
-  curl -s -X POST http://$last/v1/namespaces/default:dequeue \\
+  curl -s -H "content-type: application/json" -X POST http://$last/v1/namespaces/default:dequeue \\
        -d '{"region":"eu-west","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
   curl -s http://$first/v1/shardmap
   docker-compose -p $project ${files[*]} --env-file $env_file ps

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,10 +20,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -366,5 +373,141 @@ func TestPutNamespaceCreateNeedsClusterAdmin(t *testing.T) {
 				func(context.Context, any) (any, error) { return nil, nil })
 			require.Equal(t, c.key != "producer", err == nil, "%v", err)
 		}
+	}
+}
+
+// TestAuditLineBounded: a refused admin call with a huge request writes
+// an audit line of bounded size, with the request's length.
+func TestAuditLineBounded(t *testing.T) {
+	t.Parallel()
+	f := setup(t, auth.Options{})
+	huge := strings.Repeat("n", 1<<20)
+	req := &triagev1.PutNamespaceRequest{Namespace: huge}
+	for _, token := range []string{f.reader, ""} { // refused by role, refused unauthenticated
+		f.log.Reset()
+		err := f.call(token, triagev1.Admin_PutNamespace_FullMethodName, req)
+		require.Contains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, status.Code(err), "%v", err)
+		line := f.log.String()
+		require.Contains(t, line, `"msg":"audit"`)
+		require.Less(t, len(line), 2*auth.MaxAuditText+1024, "audit line of %d bytes", len(line))
+		require.Contains(t, line, fmt.Sprintf("truncated: %d bytes", len(`{"namespace":""}`)+len(huge)))
+	}
+}
+
+// payloadCounter counts the request messages a gRPC server read.
+type payloadCounter struct{ in atomic.Int32 }
+
+func (c *payloadCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (c *payloadCounter) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.InPayload); ok {
+		c.in.Add(1)
+	}
+}
+func (c *payloadCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (c *payloadCounter) HandleConn(context.Context, stats.ConnStats) {}
+
+// TestTapRefusesBeforeReadingTheMessage: over gRPC, a call without a
+// valid key is refused when its headers arrive, before its message (here
+// 8 MiB) is read, and a refused admin call is audited; a known caller's
+// message is read and then authorized. Public methods need no key.
+func TestTapRefusesBeforeReadingTheMessage(t *testing.T) {
+	t.Parallel()
+	f := setup(t, auth.Options{})
+	counter := &payloadCounter{}
+	s := grpc.NewServer(append(f.a.ServerOptions(), grpc.StatsHandler(counter), grpc.MaxRecvMsgSize(64<<20))...)
+	triagev1.RegisterQueueServer(s, triagev1.UnimplementedQueueServer{})
+	triagev1.RegisterAdminServer(s, triagev1.UnimplementedAdminServer{})
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+
+	big := &triagev1.EnqueueRequest{Namespace: "n", Topic: "t", Items: []*triagev1.NewItem{{Payload: make([]byte, 8<<20)}}}
+	call := func(token string, f func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if token != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		}
+		return f(ctx)
+	}
+	enqueue := func(ctx context.Context) error { _, err := triagev1.NewQueueClient(conn).Enqueue(ctx, big); return err }
+	for _, token := range []string{"", auth.TokenPrefix + strings.Repeat("A", 43)} {
+		err := call(token, enqueue)
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+		require.Zero(t, counter.in.Load(), "the message was read before the caller was known")
+	}
+	require.Empty(t, f.log.String(), "data-plane refusals are not audited")
+
+	err = call("", func(ctx context.Context) error {
+		_, err := triagev1.NewAdminClient(conn).PutNamespace(ctx, &triagev1.PutNamespaceRequest{Namespace: "n"})
+		return err
+	})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.Zero(t, counter.in.Load())
+	for _, want := range []string{`"msg":"audit"`, `"who":"(unauthenticated)"`, `"what":"/triage.v1.Admin/PutNamespace"`, `"request":"(not read: unauthenticated)"`} {
+		require.Contains(t, f.log.String(), want)
+	}
+
+	_, err = healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err, "health is public")
+	in := counter.in.Load()
+	err = call(f.reader, enqueue) // a reader of n, not a producer
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.Equal(t, in+1, counter.in.Load(), "a known caller's message is read, then authorized")
+}
+
+// TestAuthenticateHTTP: the gateway's check before reading a body knows
+// the callers the guards know, by key or verified client certificate,
+// and everyone when authentication is off.
+func TestAuthenticateHTTP(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "keys.json")
+	ca := authtest.NewCA(t, "ca")
+	tokens := authtest.Keys(t, path, auth.Key{Name: "p", Namespaces: map[string][]auth.Role{"n": {auth.Producer}}},
+		auth.Key{Name: "edge", ClientCerts: []string{"edge.test"}, Namespaces: map[string][]auth.Role{"n": {auth.Producer}}})
+	keys, err := auth.LoadKeys(path, nil)
+	require.NoError(t, err)
+	a := auth.New(keys, auth.Options{})
+	leaf := func(cn string) *tls.ConnectionState {
+		c, err := x509.ParseCertificate(ca.ClientCert(t, cn).Certificate[0])
+		require.NoError(t, err)
+		return &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{c}}}
+	}
+	for _, c := range []struct {
+		name    string
+		headers []string
+		tls     *tls.ConnectionState
+		ok      bool
+	}{
+		{"key", []string{"Bearer " + tokens["p"]}, nil, true},
+		{"no credentials", nil, nil, false},
+		{"unknown key", []string{"Bearer " + auth.TokenPrefix + strings.Repeat("A", 43)}, nil, false},
+		{"not bearer", []string{"Basic dXNlcjpwYXNz"}, nil, false},
+		{"two keys", []string{"Bearer " + tokens["p"], "Bearer " + tokens["p"]}, nil, false},
+		{"certificate", nil, leaf("edge.test"), true},
+		{"certificate of nobody", nil, leaf("stranger.test"), false},
+		{"unverified certificate", nil, &tls.ConnectionState{PeerCertificates: leaf("edge.test").VerifiedChains[0]}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/v1/namespaces/n/topics/t/items", nil)
+			for _, h := range c.headers {
+				r.Header.Add("Authorization", h)
+			}
+			r.TLS = c.tls
+			err := a.AuthenticateHTTP(r)
+			if c.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			require.NoError(t, auth.New(nil, auth.Options{}).AuthenticateHTTP(r), "authentication off")
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
@@ -138,6 +140,11 @@ type Identity struct {
 	Via string
 	key *Key
 }
+
+// ClusterAdmin reports whether the identity holds cluster-admin. Handlers
+// that decide on a request's fields (PutNamespace: shards and quotas are
+// cluster-admin's) ask it; anonymous, when authentication is off, does.
+func (id Identity) ClusterAdmin() bool { return id.key != nil && id.key.ClusterAdmin }
 
 // anonymous is every caller when authentication is off (no keys file):
 // it may do everything, and audit lines name it.
@@ -293,11 +300,8 @@ func (a *Authorizer) unary(ctx context.Context, method string, req any, handler 
 		err = a.authorize(id, method, role, req)
 	}
 	if err != nil {
-		if (role == Admin || role == ClusterAdmin) && a.opt.Logger != nil {
-			// Refused admin attempts are audited too: they are what an
-			// incident review looks for.
-			a.opt.Logger.Warn("audit", "who", cmp.Or(id.Name, "(unauthenticated)"), "what", method, "request", protoText(req),
-				"code", status.Code(err).String(), "err", status.Convert(err).Message())
+		if role == Admin || role == ClusterAdmin {
+			a.auditRefusal(id, method, protoText(req), err)
 		}
 		return nil, err
 	}
@@ -309,6 +313,16 @@ func (a *Authorizer) unary(ctx context.Context, method string, req any, handler 
 		return handler(ctx, req)
 	}
 	return a.audited(ctx, id, method, req, handler)
+}
+
+// auditRefusal logs the audit line of a refused admin RPC: refused
+// attempts are what an incident review looks for.
+func (a *Authorizer) auditRefusal(id Identity, method, request string, err error) {
+	if a.opt.Logger == nil {
+		return
+	}
+	a.opt.Logger.Warn("audit", "who", cmp.Or(id.Name, "(unauthenticated)"), "what", method, "request", request,
+		"code", status.Code(err).String(), "err", bounded(status.Convert(err).Message()))
 }
 
 // audited runs an admin RPC and logs one audit line for it.
@@ -325,7 +339,7 @@ func (a *Authorizer) audited(ctx context.Context, id Identity, method string, re
 	attrs := []any{"who", id.Name, "via", id.Via, "what", method, "request", protoText(req),
 		"code", status.Code(err).String(), "took", time.Since(start).Round(time.Millisecond)}
 	if err != nil {
-		attrs = append(attrs, "err", status.Convert(err).Message())
+		attrs = append(attrs, "err", bounded(status.Convert(err).Message()))
 	}
 	if a.opt.Snapshot != nil {
 		attrs = append(attrs, "before", before, "after", a.opt.Snapshot(method, req))
@@ -334,17 +348,36 @@ func (a *Authorizer) audited(ctx context.Context, id Identity, method string, re
 	return resp, err
 }
 
-// protoText renders a request for the audit log (compact JSON).
+// MaxAuditText bounds the request (and error message) of an audit line:
+// a request may be as large as the body limit, and one refused call must
+// not write megabytes to the log.
+const MaxAuditText = 4 << 10
+
+// protoText renders a request for the audit log (compact JSON), cut to
+// MaxAuditText.
 func protoText(v any) string {
 	m, ok := v.(proto.Message)
 	if !ok {
-		return fmt.Sprint(v)
+		return bounded(fmt.Sprint(v))
 	}
 	data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 	if err != nil {
-		return fmt.Sprint(v)
+		return bounded(fmt.Sprint(v))
 	}
-	return string(data)
+	return bounded(string(data))
+}
+
+// bounded returns s, or its first MaxAuditText bytes (cut at a rune
+// boundary) and a marker with its whole length.
+func bounded(s string) string {
+	if len(s) <= MaxAuditText {
+		return s
+	}
+	cut := MaxAuditText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…[truncated: %d bytes]", s[:cut], len(s))
 }
 
 // UnaryInterceptor is the gRPC face of the Authorizer.
@@ -381,7 +414,39 @@ func (a *Authorizer) StreamInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// TapHandle refuses a call without valid credentials when its headers
+// arrive, before its message is read: grpc-go decodes a unary request
+// (up to the server's receive limit) before any interceptor runs, so
+// without it an anonymous caller could make the server read and parse
+// megabytes to be told UNAUTHENTICATED. It only authenticates (which role
+// a request needs depends on its namespace, in the message) and runs on
+// the connection's reader goroutine, so it does nothing slow: a hash and
+// a map lookup. Refused admin calls are audited here, their request
+// unread.
+func (a *Authorizer) TapHandle() tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		role, known := methodRoles[info.FullMethodName]
+		if a.keys == nil || !known || role == public {
+			// Unknown methods: the interceptor refuses the registered ones,
+			// gRPC answers UNIMPLEMENTED for the rest.
+			return ctx, nil
+		}
+		if role == ClusterAdmin && a.opt.ClusterElsewhere {
+			return ctx, status.Errorf(codes.PermissionDenied, "%s is served on the admin listener only", info.FullMethodName)
+		}
+		id, err := a.authenticate(ctx)
+		if err != nil {
+			if role == Admin || role == ClusterAdmin {
+				a.auditRefusal(id, info.FullMethodName, "(not read: unauthenticated)", err)
+			}
+			return ctx, err
+		}
+		return ctx, nil
+	}
+}
+
 // ServerOptions are the gRPC server options that enforce a.
 func (a *Authorizer) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
+	return []grpc.ServerOption{grpc.InTapHandle(a.TapHandle()),
+		grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor())}
 }

@@ -29,7 +29,8 @@
 //	producer       Enqueue, UpdateItem, DeleteItem
 //	consumer       Dequeue, Ack, Nack, ExtendLease
 //	reader         GetItem, GetTopicStats, ListTopics, ListDeadLetters
-//	admin          GetNamespace, PutNamespace, RedriveDeadLetters
+//	admin          GetNamespace, PutNamespace (behaviour fields only),
+//	               RedriveDeadLetters
 //	cluster-admin  GetShardMap, Failover, AddShard, AddNamespaceShard,
 //	               SetShardWeight, DrainShard, RetireShard,
 //	               ListFailoverEvents, ReportDrill, ListDrills (a key
@@ -42,6 +43,14 @@
 // name from the whole cluster, so an admin, even of "*", only changes the
 // namespaces that exist. That check comes after the role check, so only a
 // namespace admin learns whether a namespace exists.
+//
+// Which fields of a namespace a PutNamespace may change is decided by the
+// router (routing's PutNamespace), the one place that knows what a
+// request changes: shards and quotas (max_payload_bytes,
+// enqueue_rate_limit, enqueue_burst, max_depth) protect the cluster from
+// a tenant and are cluster-admin's; a namespace admin whose request would
+// change one gets PERMISSION_DENIED naming them. Identity.ClusterAdmin,
+// on the identity FromContext returns, is what the router asks.
 //
 // Roles do not imply one another (a consumer cannot read stats unless it
 // is also a reader): grants name what a key may do, nothing more.
@@ -73,6 +82,20 @@
 // after (Options.Snapshot, which the node fills from the shard map). The
 // reads among them (GetNamespace, GetShardMap, ListFailoverEvents,
 // ListDrills) are audited only when refused: the console polls them.
+//
+// The request in an audit line, and its error, are cut at MaxAuditText
+// (4 KiB) with the original length: a request may be as large as the
+// body limit.
+//
+// A caller is authenticated before its request is read. grpc-go decodes
+// a unary request before any interceptor runs, so ServerOptions installs
+// TapHandle, which refuses a call without valid credentials when its
+// headers arrive (auditing a refused admin RPC with its request unread).
+// The gateway asks AuthenticateHTTP before it reads a body and reads at
+// most a small one of a caller it does not know (see
+// routing.WithAuthenticate). Both only authenticate: which role a call
+// needs depends on its namespace, which is in the request, so the
+// interceptor and the guards decide that as before.
 //
 // A key entry may carry rate_limit (requests per second) and burst: a
 // token bucket per identity, shared by gRPC and HTTP, answering

@@ -184,21 +184,23 @@ func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
 		shardNow.Add(time.Minute).UnixMicro())), "tombstone until the shard's now + window")
 }
 
-// TestLateEnvelopeYieldsToANewerItemWithItsKey: an enqueue answered 504
-// is retried with the same dedup key; the retry's item is inserted,
-// delivered and acked (no dedup window), and only then does the first
-// envelope land. It is a duplicate of the retry's item, on either ack
-// path and on the TTL sweep's and DeleteItem's too, while an enqueue made
-// after the ack is a new item.
-func TestLateEnvelopeYieldsToANewerItemWithItsKey(t *testing.T) {
+// TestRetriedEnqueueYieldsOneItemPerKey: an enqueue answered 504 is
+// retried with the same dedup key and no dedup window. Whichever attempt
+// is inserted first and however late the other lands, after the first
+// one's item was delivered and acked, the other is a duplicate of it: on
+// either ack path and after DeleteItem. An enqueue made the namespace's
+// retry window after the item's is a new item.
+func TestRetriedEnqueueYieldsOneItemPerKey(t *testing.T) {
 	f := newFixture(t)
 	first := f.nowUS - 10*time.Second.Microseconds()
 	retried := first + 5*time.Second.Microseconds()
+	const retryWindow = time.Minute
 	insert := func(batch, key uint64, dedup string, enqueuedAt int64) []uint64 {
 		t.Helper()
 		b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: batch, EnqueuedAtUs: enqueuedAt,
 			Items: []*peerv1.BufferedItem{{Key: key, DedupKey: dedup}}}
-		out, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
+		out, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS,
+			RetryWindow: func(string) time.Duration { return retryWindow }})
 		require.NoError(t, err)
 		require.Empty(t, out[0].Error)
 		return out[0].DuplicateOf
@@ -222,16 +224,19 @@ func TestLateEnvelopeYieldsToANewerItemWithItsKey(t *testing.T) {
 	}
 	var n uint64
 	for name, remove := range gone {
-		n += 10
-		key := fmt.Sprint("k", n)
-		require.Equal(t, []uint64{0}, insert(n, n+1, key, retried), "%s: the retry is inserted", name)
-		remove(n + 1)
-		require.Zero(t, f.count("SELECT COUNT(*) FROM items"), name)
-		require.Equal(t, []uint64{n + 1}, insert(n+1, n+2, key, first), "%s: the first attempt, landing late, is a duplicate of the retry", name)
-		require.Zero(t, f.count("SELECT COUNT(*) FROM items"), "%s: and is not stored", name)
-		require.Equal(t, []uint64{0}, insert(n+2, n+3, key, f.nowUS), "%s: an enqueue made after the ack is a new item", name)
-		require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = ?", n+3), name)
-		_, err := f.db.ExecContext(f.ctx, "DELETE FROM items")
-		require.NoError(t, err)
+		for _, order := range [][2]int64{{retried, first}, {first, retried}} {
+			n += 10
+			key := fmt.Sprint("k", n)
+			require.Equal(t, []uint64{0}, insert(n, n+1, key, order[0]), "%s: the attempt that lands first is inserted", name)
+			remove(n + 1)
+			require.Zero(t, f.count("SELECT COUNT(*) FROM items"), name)
+			require.Equal(t, []uint64{n + 1}, insert(n+1, n+2, key, order[1]), "%s: the other attempt, landing after the ack, is a duplicate", name)
+			require.Zero(t, f.count("SELECT COUNT(*) FROM items"), "%s: and is not stored", name)
+			later := order[0] + retryWindow.Microseconds()
+			require.Equal(t, []uint64{0}, insert(n+2, n+3, key, later), "%s: an enqueue the retry window after the item's is a new item", name)
+			require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = ?", n+3), name)
+			_, err := f.db.ExecContext(f.ctx, "DELETE FROM items")
+			require.NoError(t, err)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
@@ -75,6 +76,17 @@ type ItemInsertBatchParams struct {
 	// row is inserted as without Isolate. The batches are recorded as
 	// applied either way, so nothing is lost and nothing is placed twice.
 	Isolate bool
+	// RetryWindow gives a namespace's dedup retry window
+	// (shardmap.Namespace.RetryWindow); nil: none.
+	RetryWindow func(namespace string) time.Duration
+}
+
+// retryWindow is f's answer for namespace, 0 when f is nil.
+func retryWindow(f func(string) time.Duration, namespace string) time.Duration {
+	if f == nil {
+		return 0
+	}
+	return f(namespace)
 }
 
 // ItemInsertBatch writes enqueue batches to the shard in one transaction
@@ -85,7 +97,7 @@ type ItemInsertBatchParams struct {
 // recognises and writes nothing; the caller then places each batch alone
 // with Isolate.
 func (s Store) ItemInsertBatch(ctx context.Context, p ItemInsertBatchParams) ([]*peerv1.EnqueueCommitted, error) {
-	return insert(ctx, s.db, p.Batches, p.NowUS, p.Isolate)
+	return insert(ctx, s.db, p)
 }
 
 // batchHash identifies a batch's content: a JetStream redelivery carries the
@@ -97,7 +109,8 @@ func batchHash(b *peerv1.EnqueueBatch) []byte {
 	return sum[:]
 }
 
-func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, nowUS int64, isolate bool) ([]*peerv1.EnqueueCommitted, error) {
+func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv1.EnqueueCommitted, error) {
+	batches, nowUS, isolate := p.Batches, p.NowUS, p.Isolate
 	var out []*peerv1.EnqueueCommitted
 	hashes := make([][]byte, len(batches))
 	for i, b := range batches {
@@ -193,7 +206,7 @@ func insert(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, no
 		if err := flush(); err != nil {
 			return err
 		}
-		if err := settleDedup(ctx, tx, batches, fresh, out, refused, nowUS); err != nil {
+		if err := settleDedup(ctx, tx, batches, fresh, out, refused, nowUS, p.RetryWindow); err != nil {
 			return err
 		}
 		q := batchRecordPrefix +
@@ -338,13 +351,13 @@ type tombstone struct {
 
 // takes reports whether the tombstone makes an item of an envelope
 // enqueued at enqueuedAtUS a duplicate at nowUS: within the dedup window
-// any is; after it, one enqueued before the item that held the key (an
-// earlier attempt of an enqueue whose retry was inserted first). Both
-// times of the second test are routers' enqueue stamps, so the shard's
-// clock does not enter it, and a retry comes at least the router's
-// commit wait after its first attempt.
-func (t tombstone) takes(enqueuedAtUS, nowUS int64) bool {
-	return t.WindowUntil > nowUS || t.HeldSince > enqueuedAtUS
+// any is; after it, one enqueued before the item that held the key (a
+// first attempt landing after its retry's item) or less than retry after
+// it (a retry landing after the first attempt's item left; see
+// shardmap.Namespace.RetryWindow). Both times of that test are routers'
+// enqueue stamps, so the shard's clock does not enter it.
+func (t tombstone) takes(enqueuedAtUS, nowUS int64, retry time.Duration) bool {
+	return t.WindowUntil > nowUS || enqueuedAtUS < t.HeldSince+retry.Microseconds()
 }
 
 // settleDedup fills DuplicateOf for the fresh batches' items that carry a
@@ -362,7 +375,7 @@ func (t tombstone) takes(enqueuedAtUS, nowUS int64) bool {
 // item with the same key waits on the dedup index entry until the ack
 // commits, and the locking read that follows sees the ack's tombstone. A
 // plain read before the insert could miss it.
-func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted, refused map[uint64]bool, nowUS int64) error {
+func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, fresh []int, out []*peerv1.EnqueueCommitted, refused map[uint64]bool, nowUS int64, retry func(string) time.Duration) error {
 	byTopic := map[[2]string][]string{}
 	var keys []uint64
 	for _, i := range fresh {
@@ -415,7 +428,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 				continue
 			}
 			t, ok := tombs[tombKey{b.Namespace, b.Topic, it.DedupKey}]
-			tomb := ok && t.takes(b.EnqueuedAtUs, nowUS)
+			tomb := ok && t.takes(b.EnqueuedAtUs, nowUS, retryWindow(retry, b.Namespace))
 			orig := t.Item
 			switch {
 			case present[it.Key] && tomb:

@@ -3,9 +3,11 @@ package bootstrap
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -36,11 +38,22 @@ type Config struct {
 	// (root@'%' in the bed), its password best from password_file or
 	// password_env. Default root, no password.
 	Admin shardmap.Credentials `json:"admin"`
+	// MySQL is the application account the bootstrap creates on every
+	// server, with SELECT, INSERT, UPDATE and DELETE on the shard database
+	// only (provision.EnsureAccounts), as the nodes' node.Config.MySQL
+	// names it: {"user", "password_file" | "password_env" | "password"}.
+	// User default "triage". A password_file that does not exist yet is
+	// created (0600) with a random password, for the nodes to read from
+	// the same file; a later run reads it, so the password stays. There is
+	// no default password: without one the bootstrap refuses to run, as
+	// a fixed one would be known to everyone.
+	MySQL shardmap.Account `json:"mysql"`
 	// Replication is the replication account the bootstrap creates on
-	// every server and points the replicas with, its password best from
-	// password_file or password_env, as the controllers'
-	// node.Config.Replication names it. Default: provision.BedAccounts'.
-	Replication shardmap.Account `json:"replication,omitempty"`
+	// every server and points the replicas with, as the controllers'
+	// node.Config.Replication names it, its password given like MySQL's
+	// (a missing password_file is created with a random one). User
+	// default "repl"; no default password.
+	Replication shardmap.Account `json:"replication"`
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
@@ -78,6 +91,8 @@ func (c *Config) Fill() error {
 		return errors.New("bootstrap config: shard_map_file and nats are required")
 	}
 	c.Admin.User = cmp.Or(c.Admin.User, "root")
+	c.MySQL.User = cmp.Or(c.MySQL.User, "triage")
+	c.Replication.User = cmp.Or(c.Replication.User, "repl")
 	c.KVReplicas = cmp.Or(c.KVReplicas, min(len(c.NATS), 3))
 	c.StreamReplicas = cmp.Or(c.StreamReplicas, min(len(c.NATS), 3))
 	c.OwnerTTL = cmp.Or(c.OwnerTTL, shardmap.Duration(dequeuer.DefaultOwnerTTL))
@@ -89,10 +104,12 @@ func (c *Config) Fill() error {
 // containers start from, with the functions the local bed (deploy/bed)
 // uses too (cmd/triage/provision):
 //
-//  1. waits until every MariaDB server of the shard map and of the spare
-//     shards answers, creates the bed's accounts on each
-//     (provision.EnsureAccounts with provision.BedAccounts, unlogged) and
-//     the shard database on each primary;
+//  1. reads the application and replication accounts' passwords, writing
+//     a random one into a password_file that does not exist yet (see
+//     Config.MySQL); waits until every MariaDB server of the shard map and
+//     of the spare shards answers, creates the accounts on each
+//     (provision.EnsureAccounts, unlogged) and the shard database on each
+//     primary;
 //  2. migrates the schema on each primary of the map and of the spare
 //     shards (schema.Migrate), once, before a dozen role containers would
 //     race to; a router, which has no admin account here, then finds a
@@ -117,6 +134,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
 		return fmt.Errorf("bootstrap config admin: %w", err)
 	}
+	accounts := provision.Accounts{App: replication.Credentials{User: cfg.MySQL.User}, Repl: replication.Credentials{User: cfg.Replication.User}}
+	if accounts.App.Password, err = password(cfg.MySQL, "mysql", log); err != nil {
+		return err
+	}
+	if accounts.Repl.Password, err = password(cfg.Replication, "replication", log); err != nil {
+		return err
+	}
 	natsOpts, err := shardmap.NATSOptions(cfg.NATSAuth, cfg.NATSTLS)
 	if err != nil {
 		return fmt.Errorf("bootstrap config %w", err)
@@ -140,14 +164,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.ShardMapFile, err)
 	}
-	accounts := provision.BedAccounts
-	if cfg.Replication.Given() {
-		pw, err := cfg.Replication.Secret("mysql user")
-		if err != nil {
-			return fmt.Errorf("bootstrap config replication: %w", err)
-		}
-		accounts.Repl = replication.Credentials{User: cfg.Replication.User, Password: pw}
-	}
 	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), accounts.App.User, accounts.Repl.User)
 	err = provision.Parallel(len(servers), func(i int) error {
 		sv := servers[i]
@@ -155,7 +171,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := waitSQL(ctx, dsn); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
-		if err := provision.EnsureAccounts(ctx, dsn, accounts); err != nil {
+		acc := accounts
+		acc.App.Database = sv.shard.Database // the grants' database
+		if err := provision.EnsureAccounts(ctx, dsn, acc); err != nil {
 			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
 		}
 		if !sv.primary {
@@ -259,6 +277,55 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	progress("buckets and %d enqueue streams created (R%d); bootstrap done", len(m.Regions), cfg.StreamReplicas)
 	return nil
+}
+
+// password returns the password of account a (the config's field named
+// field): from where a says it is, or, when a names a password_file that
+// does not exist, a random one written there first (0600), so the nodes
+// that read the same file log in with it. It refuses an account with no
+// password or an empty one: either is known to everyone.
+func password(a shardmap.Account, field string, log *slog.Logger) (string, error) {
+	if a.Password == "" && a.PasswordFile == "" && a.PasswordEnv == "" {
+		return "", fmt.Errorf("bootstrap config %s: no password for mysql user %q: give password_file (created with a random password when it does not exist, for the nodes' config to name too), password_env or password", field, a.User)
+	}
+	if a.PasswordFile != "" && a.Password == "" && a.PasswordEnv == "" {
+		created, err := createSecret(a.PasswordFile)
+		if err != nil {
+			return "", fmt.Errorf("bootstrap config %s: password_file: %w", field, err)
+		}
+		if created {
+			log.Info("wrote a random password", "user", a.User, "password_file", a.PasswordFile)
+		}
+	}
+	pw, err := a.Secret("mysql user")
+	if err != nil {
+		return "", fmt.Errorf("bootstrap config %s: %w", field, err)
+	}
+	if pw == "" {
+		return "", fmt.Errorf("bootstrap config %s: mysql user %q: the password is empty", field, a.User)
+	}
+	return pw, nil
+}
+
+// createSecret writes a random password into path (0600) unless the file
+// exists, and reports whether it did.
+func createSecret(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, err = f.WriteString(rand.Text() + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path) // a half-written file would be read as the password
+		return false, err
+	}
+	return true, nil
 }
 
 // dsn is the admin DSN of the server at addr.

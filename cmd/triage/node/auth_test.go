@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,6 +228,9 @@ func TestAuthTable(t *testing.T) {
 				method, path, body := c.httpRequest("default")
 				req, err := http.NewRequest(method, "https://"+httpAddr+path, strings.NewReader(body))
 				require.NoError(t, err)
+				if body != "" {
+					req.Header.Set("Content-Type", "application/json")
+				}
 				if row.cred.key != "" {
 					req.Header.Set("Authorization", "Bearer "+row.cred.key)
 				}
@@ -269,6 +273,7 @@ func TestAuthTable(t *testing.T) {
 	putHTTP := func(key, ns string) int {
 		req, err := http.NewRequest(http.MethodPut, "https://"+s.node.HTTPAddr+"/v1/namespaces/"+ns, strings.NewReader(`{"max_attempts":7}`))
 		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+s.tokens[key])
 		resp, err := hc.Do(req)
 		require.NoError(t, err)
@@ -335,3 +340,107 @@ func checkAuthCode(t *testing.T, want, got codes.Code, err error) {
 }
 
 func (s *secureBed) admin(c *grpc.ClientConn) triagev1.AdminClient { return triagev1.NewAdminClient(c) }
+
+// TestGatewayRefusesNonJSONBody: an authenticated enqueue whose
+// Content-Type is not application/json (text/plain, a form: what a web
+// page may send cross-site without a CORS preflight, with the browser's
+// client certificate) is answered 415 and enqueues nothing; the same
+// request as JSON is served.
+func TestGatewayRefusesNonJSONBody(t *testing.T) {
+	t.Parallel()
+	s := setupSecure(t)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: s.client}}
+	post := func(contentType string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, "https://"+s.node.HTTPAddr+"/v1/namespaces/default/topics/plain/items",
+			strings.NewReader(`{"items":[{"payload":"aGk="}]}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+s.tokens["producer"])
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(data)
+	}
+	for _, ct := range []string{"text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", ""} {
+		code, body := post(ct)
+		require.Equal(t, http.StatusUnsupportedMediaType, code, "%q: %s", ct, body)
+		require.Contains(t, body, `"code":3`)
+		require.Contains(t, body, "Content-Type: application/json")
+	}
+	require.Zero(t, s.rowCount("items"), "a refused request enqueued")
+	code, body := post("application/json; charset=utf-8")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Equal(t, 1, s.rowCount("items"))
+}
+
+// stalledBody sends head, then nothing for 8 s, then fails: a server
+// that waits for the rest of it answers nothing in that time.
+type stalledBody struct {
+	head []byte
+	stop chan struct{}
+	once sync.Once
+}
+
+func newStalledBody(head []byte) *stalledBody {
+	return &stalledBody{head: head, stop: make(chan struct{})}
+}
+
+func (b *stalledBody) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	select {
+	case <-b.stop:
+	case <-time.After(8 * time.Second):
+	}
+	return 0, io.ErrUnexpectedEOF
+}
+
+func (b *stalledBody) Close() error {
+	b.once.Do(func() { close(b.stop) })
+	return nil
+}
+
+// TestGatewayRefusesUnauthenticatedBodyUnread: a large request without a
+// valid key is answered 401 from its headers, on the public and the
+// admin listener, though its body never arrives (the client stalls after
+// its first bytes); without a declared length, after at most 64 KiB.
+func TestGatewayRefusesUnauthenticatedBodyUnread(t *testing.T) {
+	t.Parallel()
+	s := setupSecure(t)
+	for _, c := range []struct {
+		name, addr, path, key string
+		length                int64
+		head                  int
+	}{
+		{"no key", s.node.HTTPAddr, "/v1/namespaces/default/topics/t/items", "", 10 << 20, 1 << 10},
+		{"unknown key", s.node.HTTPAddr, "/v1/namespaces/default/topics/t/items", auth.TokenPrefix + strings.Repeat("A", 43), 10 << 20, 1 << 10},
+		{"no length", s.node.HTTPAddr, "/v1/namespaces/default/topics/t/items", "", -1, 1 << 20},
+		{"admin listener", s.node.AdminHTTPAddr, "/v1/shards", "", 10 << 20, 1 << 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: s.client}}
+			req, err := http.NewRequest(http.MethodPost, "https://"+c.addr+c.path,
+				newStalledBody([]byte(`{"items":[{"payload":"`+strings.Repeat("A", c.head))))
+			require.NoError(t, err)
+			req.ContentLength = c.length
+			req.Header.Set("Content-Type", "application/json")
+			if c.key != "" {
+				req.Header.Set("Authorization", "Bearer "+c.key)
+			}
+			start := time.Now()
+			resp, err := hc.Do(req)
+			require.NoError(t, err, "no answer: the server waited for the body")
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s", data)
+			require.Contains(t, string(data), `"code":16`)
+			require.Less(t, time.Since(start), 5*time.Second)
+		})
+	}
+}

@@ -5,12 +5,14 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -394,4 +396,64 @@ func TestWrongLeaseToken(t *testing.T) {
 	require.True(t, item.LeaseExpiresAt.AsTime().Equal(held.LeaseExpiresAt.AsTime()), "same expiry")
 	require.True(t, ack(t, ib.bed, held)[0].Ok, "the right token still acks")
 	require.Equal(t, before.rows-1, ib.rowCount("items"))
+}
+
+// TestAddShardUnusablePrimaryNamesNoAddress: AddShard of a primary the
+// node cannot use (nothing listening, a name that does not resolve, a
+// server that is not MySQL) is refused with a message that says which
+// step failed as which account, and names neither the address asked for
+// nor what the driver or the server said; nothing is published.
+func TestAddShardUnusablePrimaryNamesNoAddress(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	banner, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { banner.Close() })
+	go func() {
+		for {
+			c, err := banner.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.6p1 secret-banner-7f3a\r\n"))
+			c.Close()
+		}
+	}()
+	v0 := b.node.maps.Current().Version
+	for _, c := range []struct{ name, primary string }{
+		{"nothing listening", closedAddr},
+		{"no such host", "db-secret-7f3a.invalid:3306"},
+		{"not MySQL", banner.Addr().String()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := b.admin.AddShard(b.ctx(), &triagev1.AddShardRequest{Shard: &triagev1.Shard{Id: 9, HomeRegion: "us-east", Primary: c.primary}})
+			require.Contains(t, []codes.Code{codes.Unavailable, codes.FailedPrecondition}, status.Code(err), "%v", err)
+			msg := status.Convert(err).Message()
+			require.Contains(t, msg, "shard 9: could not connect to the shard's primary as this node's application account; nothing was added; see the node's log")
+			host, port, _ := net.SplitHostPort(c.primary)
+			for _, leak := range []string{c.primary, host, port, "7f3a", "OpenSSH", "dial", "refused", "lookup", "invalid connection", "packet", "EOF"} {
+				require.NotContains(t, msg, leak)
+			}
+		})
+	}
+	require.Equal(t, v0, b.node.maps.Current().Version, "refused changes publish nothing")
+}
+
+// TestMaxBodyBytes: the node's max_body_bytes bounds an HTTP body (413,
+// unread) and a gRPC message alike.
+func TestMaxBodyBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{noNode: true})
+	b.startNode(Config{MaxBodyBytes: 1 << 20})
+	body := `{"items":[{"payload":"` + base64.StdEncoding.EncodeToString(make([]byte, 1<<20)) + `"}]}`
+	code, out := httpJSON(t, http.MethodPost, b.http+"/v1/namespaces/default/topics/t/items", body)
+	require.Equal(t, http.StatusRequestEntityTooLarge, code, "%v", out)
+	require.Contains(t, out["message"], "at most 1048576 (1 MiB) allowed")
+	_, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "default", Topic: "t", Items: []*triagev1.NewItem{{Payload: make([]byte, 1<<20)}}})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Zero(t, b.rowCount("items"))
 }

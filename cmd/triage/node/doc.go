@@ -14,8 +14,10 @@
 // # Observability
 //
 // Each node has its own Prometheus registry (schema/metrics.Set), handed
-// to every role it runs, and serves /metrics, /readyz and /livez on the
-// router's HTTP listener and on Config.Metrics when set (observe.go). The
+// to every role it runs, and serves /metrics, /readyz and /livez on
+// Config.Metrics when set (observe.go). The router's public HTTP listener
+// serves /readyz (without its reason) and /livez but never /metrics, whose
+// labels name namespaces, topics and every shard primary's address. The
 // router's gRPC server records RPC metrics with go-grpc-middleware's
 // prometheus provider and gives every RPC a request ID (x-request-id),
 // logged with its outcome; the JSON gateway does the same for /v1/ with
@@ -45,7 +47,9 @@
 // as guards around the router for the in-process JSON gateway, so both
 // paths make the same decision from the same table. Without keys_file the
 // Authorizer still runs, admitting everyone as "anonymous", so the admin
-// listener split and the audit lines hold either way. TLS configs are
+// listener split and the audit lines hold either way; since anonymous may
+// then do everything, Config.fill refuses a router without keys_file whose
+// listeners bind anything but loopback unless Config.Insecure. TLS configs are
 // cloned per listener (net/http writes HTTP/2 settings into its copy) and
 // share one certificate reloader. auth_test.go is the table of every RPC
 // × credentials over gRPC and HTTPS.

@@ -225,7 +225,8 @@ func TestDedupKeyStaysInTheRequestedRegion(t *testing.T) {
 	require.NoError(t, kvPublisher{kv: b.node.kv, maps: b.node.maps}.PublishMap(b.ctx(), prev, nm))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	eu, err := Start(ctx, Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{RoleEnqueuer, RoleDequeuer}}, testLogger(t))
+	require.NoError(t, b.appAccount().Grant(b.ctx(), c.Addr, c.DBName))
+	eu, err := Start(ctx, Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{RoleEnqueuer, RoleDequeuer}, MySQL: b.appAccount().Credentials()}, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(eu.Stop)
 	require.Eventually(t, func() bool {

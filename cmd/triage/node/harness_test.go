@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/triage-queue/triage/cmd/triage/provision/provisiontest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/testlog"
@@ -36,6 +37,12 @@ type bed struct {
 	queue   triagev1.QueueClient
 	admin   triagev1.AdminClient
 	http    string
+	// metrics is the node's metrics listener (Config.Metrics), the only
+	// one that serves /metrics.
+	metrics string
+	// app is the application account the bed's nodes log in as (see
+	// appAccount).
+	app *provisiontest.App
 }
 
 type bedOpts struct {
@@ -92,7 +99,26 @@ func (b *bed) config(c Config) Config {
 	if c.HTTP == "" {
 		c.HTTP = "127.0.0.1:0"
 	}
+	if c.Metrics == "" {
+		c.Metrics = "127.0.0.1:0"
+	}
+	if c.MySQL.User == "" {
+		c.MySQL = b.appAccount().Credentials()
+	}
 	return c
+}
+
+// appAccount returns the application account of the bed's nodes, made on
+// first use with the databases of the shards in the bed's map file; a
+// test that adds a shard grants its database (Grant). A node refuses root.
+func (b *bed) appAccount() *provisiontest.App {
+	if b.app == nil {
+		b.app = provisiontest.ForTest(b.t)
+		m, err := shardmap.Parse(mustRead(b.t, b.mapFile))
+		require.NoError(b.t, err)
+		require.NoError(b.t, b.app.GrantMap(b.ctx(), m))
+	}
+	return b.app
 }
 
 func (b *bed) startNode(c Config) *Node {
@@ -110,6 +136,7 @@ func (b *bed) startNode(c Config) *Node {
 		b.queue = triagev1.NewQueueClient(conn)
 		b.admin = triagev1.NewAdminClient(conn)
 		b.http = "http://" + n.HTTPAddr
+		b.metrics = "http://" + n.MetricsAddr
 		b.waitOwned()
 	}
 	return n

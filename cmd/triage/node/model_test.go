@@ -90,7 +90,10 @@ func TestModelBased(t *testing.T) {
 	}
 	r := &modelRun{t: t, b: b, rng: rand.New(rand.NewPCG(seed, 0x7472696167)), known: known, ns: "model", nacks: map[string]int{},
 		m: queuemodel.New(queuemodel.Config{MaxAttempts: maxAttempts, DefaultLease: defaultLease, Slack: *modelSlack, Tolerate: known})}
-	putNamespace(t, b, &triagev1.Namespace{Name: r.ns, MaxAttempts: maxAttempts, DefaultLeaseDuration: durationpb.New(defaultLease)})
+	// No dedup retry window: the model frees a key when its item leaves
+	// (TestDedupRetryWindowAfterAck covers the window).
+	putNamespace(t, b, &triagev1.Namespace{Name: r.ns, MaxAttempts: maxAttempts, DefaultLeaseDuration: durationpb.New(defaultLease),
+		DedupRetryWindow: durationpb.New(0)})
 	// The namespace is served once the router's map has it.
 	require.Eventually(t, func() bool {
 		_, err := b.queue.GetTopicStats(b.ctx(), &triagev1.GetTopicStatsRequest{Namespace: r.ns, Topic: "t0"})

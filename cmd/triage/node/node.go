@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -73,8 +74,12 @@ type Config struct {
 	// Pprof, when set, serves net/http/pprof on this address.
 	Pprof string `json:"pprof,omitempty"`
 	// Metrics, when set, serves /metrics, /readyz and /livez on this
-	// address. The router's HTTP listener serves them too, so a node
-	// without the router role needs this to be scraped. Default none.
+	// address, which asks for no key: bind it to loopback or to an
+	// address only the scraper reaches. It is the only listener that
+	// serves /metrics, whose labels name namespaces, topics and every
+	// shard primary's address; the router's HTTP listener serves
+	// /readyz and /livez only. Default none: no /metrics at all (a fixed
+	// default port would collide between the nodes of one host).
 	Metrics string `json:"metrics,omitempty"`
 	// Tracing, when set, turns OpenTelemetry tracing on: spans of every
 	// RPC and gateway request, the enqueue buffer's publish and the
@@ -93,8 +98,10 @@ type Config struct {
 	// MySQL is the application account the router, enqueuer and dequeuer
 	// reach shard primaries as: SELECT, INSERT, UPDATE and DELETE on the
 	// shard database, nothing more (provision.EnsureAccounts). Its
-	// password best comes from password_file or password_env. Default
-	// user root, no password (tests on a bare server).
+	// password best comes from password_file or password_env. The user
+	// is required, and an account that can write through read_only
+	// (SUPER, READ_ONLY ADMIN, ALL PRIVILEGES: root) is refused
+	// (shardmap.NewAppPool).
 	MySQL shardmap.Credentials `json:"mysql"`
 	// ShardMapFile bootstraps the shard map in NATS KV when none is stored.
 	ShardMapFile string `json:"shard_map_file,omitempty"`
@@ -136,8 +143,15 @@ type Config struct {
 	// KeysFile turns authentication and authorization on: the API keys,
 	// client certificate names and roles of every caller (routing/auth),
 	// re-read when the file changes. Default none: every caller may do
-	// everything, fit only for tests and a bed on 127.0.0.1.
+	// everything (cluster-admin), so a router without it refuses to start
+	// on a non-loopback address unless Insecure says so.
 	KeysFile string `json:"keys_file,omitempty"`
+	// Insecure lets a router without KeysFile serve its gRPC, HTTP and
+	// admin listeners on addresses other than loopback (127.0.0.0/8, ::1,
+	// localhost), where everyone who reaches them may do everything.
+	// `triage serve --insecure` sets it too. Default false: such a node
+	// refuses to start, saying what to do.
+	Insecure bool `json:"insecure,omitempty"`
 	// AdminGRPC and AdminHTTP, when set, serve the Admin service on their
 	// own addresses, where only cluster-admin identities are admitted;
 	// cluster-admin RPCs (shard map, failover, shard changes) then leave
@@ -150,8 +164,11 @@ type Config struct {
 	// MaxHeaderBytes bounds a request's headers, over HTTP and gRPC.
 	// Default 64 KiB.
 	MaxHeaderBytes int `json:"max_header_bytes,omitempty"`
-	// HTTPReadTimeout bounds reading a whole HTTP request (body up to 64
-	// MiB). Default 1m.
+	// MaxBodyBytes bounds a request's body over HTTP (413 above it) and its
+	// message over gRPC. Default 64 MiB (routing.MaxRequestBytes).
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	// HTTPReadTimeout bounds reading a whole HTTP request (body up to
+	// MaxBodyBytes). Default 1m.
 	HTTPReadTimeout shardmap.Duration `json:"http_read_timeout,omitempty"`
 	// HTTPWriteTimeout bounds an HTTP request from its headers to the end
 	// of its answer. Default 2m, above the longest dequeue wait (20s).
@@ -188,14 +205,21 @@ func (c *Config) fill() error {
 		c.HTTP = "127.0.0.1:8080"
 	}
 	c.MaxHeaderBytes = cmp.Or(c.MaxHeaderBytes, 64<<10)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, routing.MaxRequestBytes)
 	c.HTTPReadTimeout = cmp.Or(c.HTTPReadTimeout, shardmap.Duration(time.Minute))
 	c.HTTPWriteTimeout = cmp.Or(c.HTTPWriteTimeout, shardmap.Duration(2*time.Minute))
-	if c.MaxHeaderBytes < 0 || c.HTTPReadTimeout < 0 || c.HTTPWriteTimeout < 0 {
-		return errors.New("node config: max_header_bytes, http_read_timeout and http_write_timeout must not be negative")
+	if c.MaxHeaderBytes < 0 || c.MaxBodyBytes < 0 || c.HTTPReadTimeout < 0 || c.HTTPWriteTimeout < 0 {
+		return errors.New("node config: max_header_bytes, max_body_bytes, http_read_timeout and http_write_timeout must not be negative")
+	}
+	if err := c.checkOpen(); err != nil {
+		return err
 	}
 	var err error
 	if c.MySQL, err = c.MySQL.Resolve(); err != nil {
 		return fmt.Errorf("node config mysql: %w", err)
+	}
+	if c.MySQL.User == "" {
+		return fmt.Errorf("node config: set mysql.user: %w", shardmap.ErrNoAppUser)
 	}
 	c.adminGiven = c.Admin.User != "" || c.Admin.Password != "" || c.Admin.PasswordFile != "" || c.Admin.PasswordEnv != ""
 	c.Admin.User = cmp.Or(c.Admin.User, "root")
@@ -214,6 +238,51 @@ func (c *Config) fill() error {
 		c.repl = replication.Credentials{User: c.Replication.User, Password: pw}
 	}
 	return nil
+}
+
+// openListeners names the router's listeners that bind an address other
+// than loopback: with no keys file, everyone who reaches one of them is
+// cluster-admin.
+func (c *Config) openListeners() []string {
+	if c.KeysFile != "" || !slices.Contains(c.Roles, RoleRouter) {
+		return nil
+	}
+	var open []string
+	for _, l := range []struct{ name, addr string }{{"grpc", c.GRPC}, {"http", c.HTTP}, {"admin_grpc", c.AdminGRPC}, {"admin_http", c.AdminHTTP}} {
+		if l.addr != "" && !loopback(l.addr) {
+			open = append(open, fmt.Sprintf("%s %s", l.name, l.addr))
+		}
+	}
+	return open
+}
+
+// checkOpen refuses a router that would serve everyone as cluster-admin
+// on an address other hosts may reach, unless Insecure.
+func (c *Config) checkOpen() error {
+	open := c.openListeners()
+	if len(open) == 0 || c.Insecure {
+		return nil
+	}
+	return fmt.Errorf("node config: %s: not a loopback address, and without keys_file every caller may do everything (cluster-admin); "+
+		"give keys_file (README, Security), bind 127.0.0.1, or set \"insecure\": true (triage serve --insecure) to serve it open on purpose",
+		strings.Join(open, ", "))
+}
+
+// loopback reports whether the listen address addr binds loopback only:
+// 127.0.0.0/8, ::1 or localhost. An empty host binds every interface; any
+// other name counts as not loopback rather than be resolved here. An
+// address that does not parse counts as loopback, so that net.Listen
+// reports what is wrong with it.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return true
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Node is a running set of roles.
@@ -265,7 +334,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), clock: &shardmap.Clock{}, done: make(chan struct{})}
+	if open := cfg.openListeners(); len(open) > 0 {
+		logger.Warn("serving without authentication on addresses other hosts may reach (insecure)", "listeners", strings.Join(open, ", "))
+	}
+	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewAppPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), clock: &shardmap.Clock{}, done: make(chan struct{})}
 	n.obs = newObservability(cfg, logger)
 	met := n.obs.set
 	ok := false
@@ -424,7 +496,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	go n.obs.readiness(runCtx, n.Healthy)
 	go n.prunePools(runCtx, maps)
 	ok = true
-	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr)
+	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr, "metrics", n.MetricsAddr)
 	return n, nil
 }
 
@@ -517,11 +589,11 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	if sec.public != nil {
 		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router, sec.public)
 	}
-	extra := n.obs.handlers()
+	extra := n.obs.probes(false) // no /metrics: see Config.Metrics
 	if !n.cfg.DisableConsole {
 		extra = console.Register(extra)
 	}
-	gw, err := routing.NewGatewayFor(runCtx, q, a, extra)
+	gw, err := routing.NewGatewayFor(runCtx, q, a, extra, sec.gatewayOptions(sec.public)...)
 	if err != nil {
 		return err
 	}

@@ -124,18 +124,25 @@ func (o *observability) stop() {
 	}
 }
 
-// handlers are /metrics, /readyz and /livez.
-func (o *observability) handlers() map[string]http.Handler {
+// probes are /readyz and /livez, which the router's public HTTP listener
+// and the metrics listener serve to anyone. With reason, /readyz says why
+// the node is not ready; without it (the public listener) it says only
+// that, since the reason may name a shard primary's or NATS's address.
+func (o *observability) probes(reason bool) map[string]http.Handler {
 	return map[string]http.Handler{
-		"/metrics": promhttp.HandlerFor(o.reg, promhttp.HandlerOpts{Registry: o.reg}),
 		"/readyz": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			o.mu.Lock()
 			err := o.notReady
 			o.mu.Unlock()
 			w.Header().Set("Content-Type", "text/plain")
-			if err != nil {
+			switch {
+			case err != nil && reason:
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintf(w, "not ready: %v\n", err)
+				return
+			case err != nil:
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, "not ready (the reason is in the log and on the metrics listener)")
 				return
 			}
 			fmt.Fprintln(w, "ok")
@@ -149,10 +156,14 @@ func (o *observability) handlers() map[string]http.Handler {
 	}
 }
 
-// serve serves the handlers on addr (a node's metrics listener).
+// serve serves /metrics and the probes on addr (Config.Metrics), the only
+// listener with /metrics: its labels name namespaces, topics and the
+// shard primaries' addresses, which the router's public listeners never
+// show.
 func (o *observability) serve(addr string) (string, error) {
 	mux := http.NewServeMux()
-	for p, h := range o.handlers() {
+	mux.Handle("/metrics", promhttp.HandlerFor(o.reg, promhttp.HandlerOpts{Registry: o.reg}))
+	for p, h := range o.probes(true) {
 		mux.Handle(p, h)
 	}
 	lis, err := net.Listen("tcp", addr)

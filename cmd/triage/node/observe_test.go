@@ -157,7 +157,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	require.Eventually(t, func() bool { return len(deq("expire", 1, 100*time.Millisecond)) == 1 }, 10*time.Second, 50*time.Millisecond)
 	require.Eventually(t, func() bool {
 		deq("expire", 1, 100*time.Millisecond)
-		v, _ := value(scrape(t, b.http), "triage_dead_letters", lbl("namespace", "default", "topic", "expire"))
+		v, _ := value(scrape(t, b.metrics), "triage_dead_letters", lbl("namespace", "default", "topic", "expire"))
 		return v == 1
 	}, 10*time.Second, 100*time.Millisecond)
 	red, err := b.queue.RedriveDeadLetters(ctx, &triagev1.RedriveDeadLettersRequest{Namespace: "default", Topic: "expire"})
@@ -180,7 +180,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	enq("aged", &triagev1.NewItem{Payload: []byte("old"), Priority: 2})
 	var fams map[string]*dto.MetricFamily
 	require.Eventually(t, func() bool {
-		fams = scrape(t, b.http)
+		fams = scrape(t, b.metrics)
 		v, _ := value(fams, "triage_oldest_ready_age_seconds", lbl("namespace", "default", "topic", "aged", "band", "2"))
 		return v >= 1
 	}, 10*time.Second, 100*time.Millisecond)
@@ -269,6 +269,46 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	}
 }
 
+// TestMetricsOnlyOnTheMetricsListener: the router's public HTTP listener
+// answers /metrics with 404 and names no namespace, topic or shard primary
+// there, while it still answers the probes and the console to anyone; the
+// metrics listener serves them all, triage_shard_primary_info included.
+func TestMetricsOnlyOnTheMetricsListener(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{shards: 1})
+	_, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "other", Topic: "payroll-runs",
+		Items: []*triagev1.NewItem{{Payload: []byte("x")}}})
+	require.NoError(t, err)
+	primary := b.node.ShardMap().Shards[0].Primary
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+
+	require.Eventually(t, func() bool {
+		code, body := get(b.metrics + "/metrics")
+		return code == http.StatusOK && strings.Contains(body, `namespace="other",topic="payroll-runs"`) &&
+			strings.Contains(body, "triage_shard_primary_info") && strings.Contains(body, primary)
+	}, 10*time.Second, 50*time.Millisecond, "the metrics listener serves the queue's metrics")
+
+	for _, path := range []string{"/metrics", "/metrics/", "/metrics?format=text"} {
+		code, body := get(b.http + path)
+		require.Equal(t, http.StatusNotFound, code, path)
+		for _, secret := range []string{"payroll-runs", `"other"`, primary, "triage_"} {
+			require.NotContains(t, body, secret, path)
+		}
+	}
+	require.Eventually(t, func() bool { code, _ := get(b.http + "/readyz"); return code == http.StatusOK }, 10*time.Second, 50*time.Millisecond)
+	for _, path := range []string{"/livez", "/healthz", "/console/"} {
+		code, _ := get(b.http + path)
+		require.Equal(t, http.StatusOK, code, path)
+	}
+}
+
 // TestTopicLabelsAreCapped: past MaxTopicLabels a namespace's topics add
 // up under "_other".
 func TestTopicLabelsAreCapped(t *testing.T) {
@@ -280,7 +320,7 @@ func TestTopicLabelsAreCapped(t *testing.T) {
 			Items: []*triagev1.NewItem{{Payload: []byte("x")}}})
 		require.NoError(t, err)
 	}
-	fams := scrape(t, b.http)
+	fams := scrape(t, b.metrics)
 	for _, topic := range []string{"t0", "t1"} {
 		v, _ := value(fams, "triage_enqueued_items_total", lbl("namespace", "default", "topic", topic, "band", "0"))
 		require.Equal(t, 1.0, v, topic)
@@ -355,6 +395,18 @@ func TestReadinessFollowsDependencies(t *testing.T) {
 	// A shard primary stops, then comes back on the same data and port.
 	require.NoError(t, own.Stop())
 	ready(false)
+	// The reason names the primary: the metrics listener's /readyz says
+	// it, the public one does not.
+	reason := func(base string) string {
+		r, err := http.Get(base + "/readyz")
+		require.NoError(t, err)
+		defer r.Body.Close()
+		body, _ := io.ReadAll(r.Body)
+		return string(body)
+	}
+	require.Eventually(t, func() bool { return strings.Contains(reason(b.metrics), own.Addr()) }, 10*time.Second, 50*time.Millisecond)
+	require.NotContains(t, reason(b.http), own.Addr())
+	require.Contains(t, reason(b.http), "not ready")
 	restarted, err := mariadb.Start(t.Context(), own.Config())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = restarted.Stop() })

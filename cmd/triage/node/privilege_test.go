@@ -26,6 +26,7 @@ import (
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/routing/auth/authtest"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -93,7 +94,7 @@ func TestLeastPrivilegeAccount(t *testing.T) {
 	// The health checks and the observer ping as the application account.
 	require.NoError(t, b.node.Healthy(b.ctx()))
 	require.Eventually(t, func() bool {
-		resp, err := http.Get(b.http + "/metrics")
+		resp, err := http.Get(b.metrics + "/metrics")
 		if err != nil {
 			return false
 		}
@@ -298,7 +299,7 @@ func TestReplicationAccount(t *testing.T) {
 		{"two sources", `{"user": "repl", "password": "x", "password_file": "` + file + `"}`, replication.Credentials{}, "give one of"},
 	} {
 		var cfg Config
-		require.NoError(t, json.Unmarshal([]byte(`{"region": "us-east", "nats": "nats://127.0.0.1:1", "replication": `+tc.json+`}`), &cfg), tc.name)
+		require.NoError(t, json.Unmarshal([]byte(`{"region": "us-east", "nats": "nats://127.0.0.1:1", "mysql": {"user": "app"}, "replication": `+tc.json+`}`), &cfg), tc.name)
 		err := cfg.fill()
 		if tc.err != "" {
 			require.ErrorContains(t, err, tc.err, tc.name)
@@ -324,4 +325,55 @@ func requireRoundTrip(t *testing.T, b *bed) {
 		require.True(t, r.Ok, r.Error)
 	}
 	require.Equal(t, 0, b.rowCount("items"))
+}
+
+// TestNodeRefusesAccountsThatWriteThroughReadOnly: a node whose
+// application account MariaDB lets write through read_only (root; an
+// account with READ_ONLY ADMIN) or that holds SUPER does not start: the
+// failover's fence would not stop its writes on a deposed primary. The
+// error says which privilege and what the account must be. A config
+// without mysql.user does not start either, saying what to set; root is
+// never assumed.
+func TestNodeRefusesAccountsThatWriteThroughReadOnly(t *testing.T) {
+	b := setup(t, bedOpts{shards: 1, noNode: true})
+	m, err := shardmap.Parse(mustRead(t, b.mapFile))
+	require.NoError(t, err)
+	shard := m.Shards[0]
+	root, err := sql.Open("mysql", mariadbtest.Server(t).DSN(""))
+	require.NoError(t, err)
+	defer root.Close()
+	privileged := func(privilege string) shardmap.Credentials {
+		app := appAccount(t, shard.Database)
+		_, err := root.ExecContext(t.Context(), "GRANT "+privilege+" ON *.* TO '"+app.User+"'@'%'")
+		require.NoError(t, err)
+		return shardmap.Credentials{User: app.User, Password: app.Password}
+	}
+	start := func(cred shardmap.Credentials) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		cfg := b.config(Config{})
+		cfg.MySQL = cred
+		n, err := Start(ctx, cfg, testLogger(t))
+		if err == nil {
+			n.Stop()
+		}
+		return err
+	}
+	for _, tc := range []struct {
+		name string
+		cred shardmap.Credentials
+		says string
+	}{
+		{"root", shardmap.Credentials{User: "root"}, "holds ALL PRIVILEGES on *.*"},
+		{"read_only admin", privileged("READ_ONLY ADMIN"), "holds READ_ONLY ADMIN on *.*"},
+		{"super", privileged("SUPER"), "holds SUPER on *.*"},
+	} {
+		err := start(tc.cred)
+		require.ErrorIs(t, err, schema.ErrPrivilegedAccount, tc.name)
+		require.ErrorContains(t, err, tc.says, tc.name)
+		require.ErrorContains(t, err, "shard 1 at "+shard.Primary, tc.name)
+	}
+	err = start(shardmap.Credentials{})
+	require.ErrorIs(t, err, shardmap.ErrNoAppUser)
+	require.ErrorContains(t, err, "node config: set mysql.user")
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -26,10 +27,11 @@ type security struct {
 	// "anonymous") but still split the admin RPCs and audit them.
 	public, admin *auth.Authorizer
 	tls           *tls.Config
+	log           *slog.Logger
 }
 
 func (n *Node) security() (*security, error) {
-	s := &security{cfg: n.cfg}
+	s := &security{cfg: n.cfg, log: n.log}
 	var err error
 	if n.cfg.TLS != nil {
 		if s.tls, err = n.cfg.TLS.ServerConfig(n.log); err != nil {
@@ -52,6 +54,7 @@ func (n *Node) security() (*security, error) {
 func (s *security) grpcOptions(a *auth.Authorizer) []grpc.ServerOption {
 	opts := append(a.ServerOptions(),
 		grpc.MaxHeaderListSize(uint32(s.cfg.MaxHeaderBytes)),
+		grpc.MaxRecvMsgSize(int(s.cfg.MaxBodyBytes)),
 		// A client that opens a connection and never finishes the
 		// handshake is dropped.
 		grpc.ConnectionTimeout(10*time.Second),
@@ -60,6 +63,12 @@ func (s *security) grpcOptions(a *auth.Authorizer) []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls.Clone())))
 	}
 	return opts
+}
+
+// gatewayOptions are the options of a JSON gateway decided by a: the
+// body limit, and a's check of the caller before a body is read.
+func (s *security) gatewayOptions(a *auth.Authorizer) []routing.GatewayOption {
+	return []routing.GatewayOption{routing.WithMaxBody(s.cfg.MaxBodyBytes), routing.WithAuthenticate(a.AuthenticateHTTP), routing.WithLogger(s.log)}
 }
 
 // httpServer is an HTTP listener's server with the limits of the config.
@@ -94,7 +103,7 @@ func (n *Node) startAdmin(ctx context.Context, sec *security) error {
 		go func() { _ = n.adminGRPC.Serve(l) }()
 	}
 	if n.cfg.AdminHTTP != "" {
-		gw, err := routing.NewGatewayFor(ctx, nil, auth.GuardAdmin(n.router, sec.admin), nil)
+		gw, err := routing.NewGatewayFor(ctx, nil, auth.GuardAdmin(n.router, sec.admin), nil, sec.gatewayOptions(sec.admin)...)
 		if err != nil {
 			return err
 		}

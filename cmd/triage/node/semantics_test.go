@@ -37,6 +37,7 @@ func TestNamespaceAdminOverHTTP(t *testing.T) {
 	req, err := http.NewRequest(http.MethodPut, b.http+"/v1/namespaces/billing",
 		strings.NewReader(`{"max_attempts":4,"default_lease_duration":"45s","topics":{"invoices":{"policy":"WEIGHTED"}}}`))
 	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -56,6 +57,7 @@ func TestNamespaceAdminOverHTTP(t *testing.T) {
 	require.NoError(t, enqueueNS(t, b, "billing", "invoices", &triagev1.NewItem{Payload: []byte("x")}))
 	// Bad config is refused and changes nothing.
 	req, _ = http.NewRequest(http.MethodPut, b.http+"/v1/namespaces/billing", strings.NewReader(`{"default_lease_duration":"0.001s"}`))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	body, _ = io.ReadAll(resp.Body)
@@ -258,13 +260,52 @@ func TestEscalationRecordsWhoAndWhen(t *testing.T) {
 	require.True(t, proto.Equal(got.PriorityChangedAt, again.PriorityChangedAt))
 }
 
+// TestDedupRetryWindowAfterAck: with no dedup window, an enqueue made
+// within the namespace's retry window of the first item's enqueue is a
+// duplicate of it even after that item was delivered and acked (the
+// retry of an enqueue answered 504 whose first attempt was inserted);
+// past the retry window the key makes a new item.
+func TestDedupRetryWindowAfterAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	putNamespace(t, b, &triagev1.Namespace{Name: "rw", DedupRetryWindow: durationpb.New(2 * time.Second)})
+	enq := func() *triagev1.EnqueueResult {
+		resp, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "rw", Topic: "pay",
+			Items: []*triagev1.NewItem{{DedupKey: "order-7", Payload: []byte("charge")}}})
+		require.NoError(t, err)
+		return resp.Results[0]
+	}
+	sent := time.Now()
+	first := enq()
+	require.False(t, first.Duplicate)
+	var got []*triagev1.LeasedItem
+	require.Eventually(t, func() bool {
+		resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "rw", Topics: []*triagev1.TopicCount{{Topic: "pay", Count: 1}}})
+		require.NoError(t, err)
+		got = resp.Items
+		return len(got) == 1
+	}, 5*time.Second, 20*time.Millisecond)
+	res, err := b.queue.Ack(b.ctx(), &triagev1.AckRequest{Namespace: "rw", Acks: []*triagev1.LeaseRef{{Id: got[0].Id, LeaseToken: got[0].LeaseToken}}})
+	require.NoError(t, err)
+	require.True(t, res.Results[0].Ok)
+	again := enq()
+	require.Less(t, time.Since(sent), 2*time.Second, "the retry went within the retry window")
+	require.True(t, again.Duplicate, "a retry within the retry window, after the ack")
+	require.Equal(t, first.Id, again.Id)
+	require.Equal(t, 0, b.rowCount("items"))
+	time.Sleep(time.Until(sent.Add(2*time.Second + clockSlack)))
+	later := enq()
+	require.False(t, later.Duplicate, "past the retry window the key makes a new item")
+	require.NotEqual(t, first.Id, later.Id)
+}
+
 // TestDedupWindowAfterAck: a retried enqueue (same dedup key) after the
 // first item was consumed and acked is still a duplicate within the
 // namespace's dedup_window; after the window a new item is created.
 func TestDedupWindowAfterAck(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{})
-	putNamespace(t, b, &triagev1.Namespace{Name: "dw", DedupWindow: durationpb.New(1500 * time.Millisecond)})
+	putNamespace(t, b, &triagev1.Namespace{Name: "dw", DedupWindow: durationpb.New(1500 * time.Millisecond), DedupRetryWindow: durationpb.New(0)})
 	enq := func() *triagev1.EnqueueResult {
 		resp, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "dw", Topic: "pay",
 			Items: []*triagev1.NewItem{{DedupKey: "order-42", Payload: []byte("charge")}}})

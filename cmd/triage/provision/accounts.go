@@ -36,8 +36,12 @@ var BedAccounts = Accounts{
 // database and nothing else. Schema migrations run as the admin account
 // (bootstrap, or a node's admin when a shard's schema is behind), so a
 // leaked application password can change rows but not tables, and cannot
-// lift read_only. The DDL rights earlier versions granted it are revoked,
-// unlogged like every admin statement so that it creates no GTID.
+// lift read_only. What an existing account held beyond that is revoked:
+// DDL on the database, every global privilege (a node refuses an account
+// with SUPER, READ_ONLY ADMIN or ALL PRIVILEGES: schema.CheckGrants) and
+// its default role, whose privileges a session would hold too. The
+// statements are unlogged like every admin statement, so that they create
+// no GTID.
 func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
 	a, err := replication.Open(dsn)
 	if err != nil {
@@ -61,13 +65,16 @@ func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
 	// quoted; the defaults are EnsureUsers' too. EnsureUsers granted on
 	// the database, so the grant row exists and the REVOKE cannot fail
 	// for want of one.
-	database, host := cmp.Or(acc.App.Database, "triage"), cmp.Or(acc.App.Host, "%")
+	database, account := cmp.Or(acc.App.Database, "triage"), "'"+acc.App.User+"'@'"+cmp.Or(acc.App.Host, "%")+"'"
 	for _, stmt := range []string{
 		"SET SESSION sql_log_bin = 0",
-		"REVOKE CREATE, DROP, ALTER, INDEX ON `" + database + "`.* FROM '" + acc.App.User + "'@'" + host + "'",
+		"REVOKE CREATE, DROP, ALTER, INDEX ON `" + database + "`.* FROM " + account,
+		// Global privileges only: the grant on the database stays.
+		"REVOKE ALL PRIVILEGES ON *.* FROM " + account,
+		"SET DEFAULT ROLE NONE FOR " + account,
 	} {
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("revoke schema rights of %s on %s: %w", acc.App.User, a.Addr(), err)
+			return fmt.Errorf("revoke what %s holds beyond its rows on %s: %w", acc.App.User, a.Addr(), err)
 		}
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -3502,9 +3503,11 @@ func (x *TopicConfig) GetAgingThreshold() *durationpb.Duration {
 type Namespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Shards per region. A region left out uses all its shards.
+	// Shards per region (cluster-admin only). A region left out uses all
+	// its shards; an entry equal to the shards the region serves now
+	// changes nothing, so a region that uses all its shards keeps doing so.
 	Shards []*NamespaceShards `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
-	// Default 262144 (256 KiB).
+	// Default 262144 (256 KiB). Cluster-admin only.
 	MaxPayloadBytes int32 `protobuf:"varint,3,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3" json:"max_payload_bytes,omitempty"`
 	// Default 30s.
 	DefaultLeaseDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=default_lease_duration,json=defaultLeaseDuration,proto3" json:"default_lease_duration,omitempty"`
@@ -3513,16 +3516,25 @@ type Namespace struct {
 	// Default: none.
 	DefaultTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=default_ttl,json=defaultTtl,proto3" json:"default_ttl,omitempty"`
 	// Items per second each router accepts for the namespace. 0: no limit.
+	// Cluster-admin only, as are enqueue_burst and max_depth.
 	EnqueueRateLimit float64 `protobuf:"fixed64,7,opt,name=enqueue_rate_limit,json=enqueueRateLimit,proto3" json:"enqueue_rate_limit,omitempty"`
-	// Burst above the rate. Default: one second of the rate.
+	// Burst above the rate. Default: one second of the rate, stored as a
+	// number: an update_mask that names enqueue_rate_limit alone keeps it.
 	EnqueueBurst int32 `protobuf:"varint,8,opt,name=enqueue_burst,json=enqueueBurst,proto3" json:"enqueue_burst,omitempty"`
 	// Items a region's shards may hold for the namespace. 0: no limit.
 	MaxDepth int64 `protobuf:"varint,9,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
 	// A dedup key stays taken this long after its item is gone. Default 0.
-	DedupWindow   *durationpb.Duration    `protobuf:"bytes,10,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
-	Topics        map[string]*TopicConfig `protobuf:"bytes,11,rep,name=topics,proto3" json:"topics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DedupWindow *durationpb.Duration `protobuf:"bytes,10,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	// Per-topic overrides; at most 64 topics (the shard map holds them).
+	Topics map[string]*TopicConfig `protobuf:"bytes,11,rep,name=topics,proto3" json:"topics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// A dedup key stays taken from other enqueues this long after its
+	// item's enqueue, whatever became of the item, so an enqueue retried
+	// after any answer but ok yields one item even when the first attempt
+	// was inserted, delivered and acked before the retry arrived. Default
+	// 5m; "0s" turns it off; at most 24h.
+	DedupRetryWindow *durationpb.Duration `protobuf:"bytes,12,opt,name=dedup_retry_window,json=dedupRetryWindow,proto3" json:"dedup_retry_window,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Namespace) Reset() {
@@ -3632,6 +3644,13 @@ func (x *Namespace) GetTopics() map[string]*TopicConfig {
 	return nil
 }
 
+func (x *Namespace) GetDedupRetryWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupRetryWindow
+	}
+	return nil
+}
+
 type GetNamespaceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -3677,9 +3696,17 @@ func (x *GetNamespaceRequest) GetNamespace() string {
 }
 
 type PutNamespaceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Config        *Namespace             `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Config    *Namespace             `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	// Unset: config replaces the namespace's configuration, and fields left
+	// out take their defaults. Set: only the fields it names change, to
+	// their values in config (left out of config: the default), and the
+	// rest stay as stored; an empty mask changes nothing. Paths are the
+	// Namespace field names; "topics.NAME" sets one topic's config, or
+	// removes it when config.topics has no NAME; "*" replaces all. A
+	// namespace that does not exist starts from the defaults.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,3,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3724,6 +3751,13 @@ func (x *PutNamespaceRequest) GetNamespace() string {
 func (x *PutNamespaceRequest) GetConfig() *Namespace {
 	if x != nil {
 		return x.Config
+	}
+	return nil
+}
+
+func (x *PutNamespaceRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
 	}
 	return nil
 }
@@ -4018,7 +4052,7 @@ var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
-	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
 	"\n" +
 	"DrillEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
@@ -4305,7 +4339,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\fband_weights\x18\x02 \x03(\x01R\vbandWeights\x12 \n" +
 	"\fat_most_once\x18\x03 \x01(\bR\n" +
 	"atMostOnce\x12B\n" +
-	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\"\xea\x04\n" +
+	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\"\xb3\x05\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06shards\x18\x02 \x03(\v2\x1a.triage.v1.NamespaceShardsR\x06shards\x12*\n" +
@@ -4319,15 +4353,18 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\tmax_depth\x18\t \x01(\x03R\bmaxDepth\x12<\n" +
 	"\fdedup_window\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x128\n" +
-	"\x06topics\x18\v \x03(\v2 .triage.v1.Namespace.TopicsEntryR\x06topics\x1aQ\n" +
+	"\x06topics\x18\v \x03(\v2 .triage.v1.Namespace.TopicsEntryR\x06topics\x12G\n" +
+	"\x12dedup_retry_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\x10dedupRetryWindow\x1aQ\n" +
 	"\vTopicsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.triage.v1.TopicConfigR\x05value:\x028\x01\"3\n" +
 	"\x13GetNamespaceRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"a\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x9e\x01\n" +
 	"\x13PutNamespaceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12,\n" +
-	"\x06config\x18\x02 \x01(\v2\x14.triage.v1.NamespaceR\x06config\"^\n" +
+	"\x06config\x18\x02 \x01(\v2\x14.triage.v1.NamespaceR\x06config\x12;\n" +
+	"\vupdate_mask\x18\x03 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\"^\n" +
 	"\x0fFailoverRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tto_region\x18\x02 \x01(\tR\btoRegion\x12\x18\n" +
@@ -4380,13 +4417,13 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\x83\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xaa\n" +
 	"\n" +
 	"\x05Admin\x12W\n" +
 	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
 	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
-	"\fGetNamespace\x12\x1e.triage.v1.GetNamespaceRequest\x1a\x14.triage.v1.Namespace\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/namespaces/{namespace}\x12p\n" +
-	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"*\x82\xd3\xe4\x93\x02$:\x06config\x1a\x1a/v1/namespaces/{namespace}\x12Y\n" +
+	"\fGetNamespace\x12\x1e.triage.v1.GetNamespaceRequest\x1a\x14.triage.v1.Namespace\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/namespaces/{namespace}\x12\x96\x01\n" +
+	"\fPutNamespace\x12\x1e.triage.v1.PutNamespaceRequest\x1a\x14.triage.v1.Namespace\"P\x82\xd3\xe4\x93\x02J:\x06configZ$:\x06config2\x1a/v1/namespaces/{namespace}\x1a\x1a/v1/namespaces/{namespace}\x12Y\n" +
 	"\bAddShard\x12\x1a.triage.v1.AddShardRequest\x1a\x16.triage.v1.ShardChange\"\x19\x82\xd3\xe4\x93\x02\x13:\x05shard\"\n" +
 	"/v1/shards\x12~\n" +
 	"\x11AddNamespaceShard\x12#.triage.v1.AddNamespaceShardRequest\x1a\x16.triage.v1.ShardChange\",\x82\xd3\xe4\x93\x02&:\x01*\"!/v1/namespaces/{namespace}/shards\x12s\n" +
@@ -4484,6 +4521,7 @@ var file_triage_v1_triage_proto_goTypes = []any{
 	nil,                                // 66: triage.v1.Namespace.TopicsEntry
 	(*timestamppb.Timestamp)(nil),      // 67: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),        // 68: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),      // 69: google.protobuf.FieldMask
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
 	67, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
@@ -4545,64 +4583,66 @@ var file_triage_v1_triage_proto_depIdxs = []int32{
 	68, // 56: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
 	68, // 57: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
 	66, // 58: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	52, // 59: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	67, // 60: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	56, // 61: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	56, // 62: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	51, // 63: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	15, // 64: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	19, // 65: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	24, // 66: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	27, // 67: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	29, // 68: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	32, // 69: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	33, // 70: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	34, // 71: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	36, // 72: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	39, // 73: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	47, // 74: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	49, // 75: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	42, // 76: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	55, // 77: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	53, // 78: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	54, // 79: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	8,  // 80: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	9,  // 81: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	10, // 82: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	11, // 83: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	12, // 84: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	58, // 85: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	5,  // 86: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	6,  // 87: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	17, // 88: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	21, // 89: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	25, // 90: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	28, // 91: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	30, // 92: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	31, // 93: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	31, // 94: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	35, // 95: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	38, // 96: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	41, // 97: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	48, // 98: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	50, // 99: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	45, // 100: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	57, // 101: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	52, // 102: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	52, // 103: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	13, // 104: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	13, // 105: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	13, // 106: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	13, // 107: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	13, // 108: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	59, // 109: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	4,  // 110: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	7,  // 111: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	88, // [88:112] is the sub-list for method output_type
-	64, // [64:88] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	68, // 59: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	52, // 60: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	69, // 61: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	67, // 62: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	56, // 63: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	56, // 64: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	51, // 65: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	15, // 66: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	19, // 67: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	24, // 68: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	27, // 69: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	29, // 70: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	32, // 71: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	33, // 72: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	34, // 73: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	36, // 74: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	39, // 75: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	47, // 76: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	49, // 77: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	42, // 78: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	55, // 79: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	53, // 80: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	54, // 81: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	8,  // 82: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	9,  // 83: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	10, // 84: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	11, // 85: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	12, // 86: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	58, // 87: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	5,  // 88: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	6,  // 89: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	17, // 90: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	21, // 91: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	25, // 92: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	28, // 93: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	30, // 94: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	31, // 95: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	31, // 96: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	35, // 97: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	38, // 98: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	41, // 99: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	48, // 100: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	50, // 101: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	45, // 102: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	57, // 103: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	52, // 104: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	52, // 105: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	13, // 106: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	13, // 107: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	13, // 108: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	13, // 109: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	13, // 110: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	59, // 111: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	4,  // 112: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	7,  // 113: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	90, // [90:114] is the sub-list for method output_type
+	66, // [66:90] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }

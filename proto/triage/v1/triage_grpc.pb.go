@@ -610,9 +610,14 @@ type AdminClient interface {
 	Failover(ctx context.Context, in *FailoverRequest, opts ...grpc.CallOption) (*FailoverResponse, error)
 	// GetNamespace returns a namespace's configuration.
 	GetNamespace(ctx context.Context, in *GetNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
-	// PutNamespace creates or replaces a namespace's configuration. Fields
-	// left out take their defaults. Every router sees the change within a
-	// second (the shard map in NATS KV).
+	// PutNamespace creates a namespace, replaces its configuration or, with
+	// update_mask, changes only the fields the mask names (PATCH, whose
+	// gateway fills the mask from the JSON body's fields). Shards and quotas
+	// (max_payload_bytes, enqueue_rate_limit, enqueue_burst, max_depth) are
+	// cluster-admin's: a namespace admin whose request would change one of
+	// them, leaving it out of a replace included, gets PERMISSION_DENIED
+	// naming the fields, and nothing changes. Every router sees a change
+	// within a second (the shard map in NATS KV).
 	PutNamespace(ctx context.Context, in *PutNamespaceRequest, opts ...grpc.CallOption) (*Namespace, error)
 	// AddShard adds a shard (primary, replicas, home region, weight) to the
 	// shard map after migrating its schema. Namespaces that list no shards
@@ -786,9 +791,14 @@ type AdminServer interface {
 	Failover(context.Context, *FailoverRequest) (*FailoverResponse, error)
 	// GetNamespace returns a namespace's configuration.
 	GetNamespace(context.Context, *GetNamespaceRequest) (*Namespace, error)
-	// PutNamespace creates or replaces a namespace's configuration. Fields
-	// left out take their defaults. Every router sees the change within a
-	// second (the shard map in NATS KV).
+	// PutNamespace creates a namespace, replaces its configuration or, with
+	// update_mask, changes only the fields the mask names (PATCH, whose
+	// gateway fills the mask from the JSON body's fields). Shards and quotas
+	// (max_payload_bytes, enqueue_rate_limit, enqueue_burst, max_depth) are
+	// cluster-admin's: a namespace admin whose request would change one of
+	// them, leaving it out of a replace included, gets PERMISSION_DENIED
+	// naming the fields, and nothing changes. Every router sees a change
+	// within a second (the shard map in NATS KV).
 	PutNamespace(context.Context, *PutNamespaceRequest) (*Namespace, error)
 	// AddShard adds a shard (primary, replicas, home region, weight) to the
 	// shard map after migrating its schema. Namespaces that list no shards
