@@ -45,6 +45,16 @@ drill: build ## Run a failover drill against the bed of make up: SCENARIO=primar
 	@[ -n "$(SCENARIO)" ] || { echo "usage: make drill SCENARIO=primary-kill|region-down|partition|nats-kill|dequeuer-kill [DRILL_FLAGS=...]"; exit 2; }
 	$(BIN)/triage-bed drill $(DRILL_FLAGS) $(SCENARIO)
 
+.PHONY: chaos
+chaos: deps build ## Start a three-region bed, run the nemesis on it, stop it: NEMESIS_FLAGS="--duration 30m --seed N" (--bed compose: against make compose-up).
+	@mkdir -p .triage; dir=$(CURDIR)/.triage/chaos; rm -rf "$$dir"; \
+	if [[ " $(NEMESIS_FLAGS) " == *" --bed compose"* ]]; then exec $(BIN)/triage-bed nemesis $(NEMESIS_FLAGS); fi; \
+	echo "starting a three-region bed in $$dir (log: .triage/chaos.log)..."; \
+	$(BIN)/triage-bed up --multi-region --free-ports --log-level warn --dir "$$dir" >.triage/chaos.log 2>&1 & pid=$$!; \
+	trap '$(BIN)/triage-bed down --dir "'"$$dir"'" >/dev/null 2>&1; wait $$pid' EXIT; \
+	for i in $$(seq 180); do [ -f "$$dir/bed.json" ] && break; kill -0 $$pid 2>/dev/null || { tail -30 .triage/chaos.log; exit 1; }; sleep 1; done; \
+	$(BIN)/triage-bed nemesis --dir "$$dir" $(NEMESIS_FLAGS)
+
 .PHONY: compose-images
 compose-images: ## Build the compose bed's images (no registry; cached by content hash).
 	@./deploy/compose/build-images.sh

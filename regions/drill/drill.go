@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
@@ -455,19 +454,11 @@ func watchFailover(ctx context.Context, admin triagev1.AdminClient, before map[u
 // of the fault and out of reach of a dequeue with region preference
 // region. The namespace's slot table is filled from its shards, so here
 // every item lives on the faulted region's shards. It waits until every
-// router serves the namespace. Its dedup window outlasts the producers'
-// retry delay, as the README asks of a producer that retries: an attempt
-// whose item was delivered and acked before its retry was sent is still
-// the retry's item. A first attempt that lands later than the window (on
-// a region that was down) yields to the retry's item through the shard's
-// key memory, which the report's key check watches.
-// drillDedupWindow is the drill namespace's dedup window: well over the
-// producers' retry delay (100 ms), well under the enqueue buffer's
-// redelivery (30 s) that brings a region's stuck envelopes back.
-const drillDedupWindow = 2 * time.Second
-
+// router serves the namespace. It keeps the default dedup retry window,
+// under which the producers' retries must yield one item per key
+// (the report's key check).
 func confine(ctx context.Context, admin triagev1.AdminClient, routers []triagev1.AdminClient, ns, region string, regions []string, home []uint32) error {
-	cfg := &triagev1.Namespace{Name: ns, DedupWindow: durationpb.New(drillDedupWindow)}
+	cfg := &triagev1.Namespace{Name: ns}
 	for _, r := range regions {
 		s := &triagev1.NamespaceShards{Region: r}
 		if r == region {

@@ -1,0 +1,316 @@
+package drill
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+)
+
+// NemesisConfig of one nemesis run.
+type NemesisConfig struct {
+	// Bed injects and heals the faults and names the routers. Required.
+	Bed Bed
+	// Region holds the workload's items (default: the first region).
+	Region string
+	// Duration is how long faults are injected; the workload runs through
+	// it, then produces 5 s more after the last heal and drains.
+	Duration time.Duration
+	// Seed decides the fault schedule: the same seed on the same bed
+	// replays the same faults at the same offsets.
+	Seed uint64
+	// Lease consumers take (default 5 s); Producers and Consumers per
+	// router (default 2 and 2); Drain limit after the last heal (90 s).
+	Lease                time.Duration
+	Producers, Consumers int
+	Drain                time.Duration
+	// Progress gets a line per fault and phase.
+	Progress io.Writer
+}
+
+// NemesisEvent is one step of the fault timeline.
+type NemesisEvent struct {
+	// AtMS counts from the start of the faults.
+	AtMS     int64  `json:"at_ms"`
+	Action   string `json:"action"` // inject or heal
+	Scenario string `json:"scenario"`
+	Region   string `json:"region"`
+	Shard    uint32 `json:"shard,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// NemesisReport is what a nemesis run found: the fault timeline and the
+// checks of the whole history (Checks: lost, acks and nacks undone, keys
+// delivered twice, early deliveries, duplicates by cause, priority
+// inversions). Violations must be empty.
+type NemesisReport struct {
+	Seed     uint64         `json:"seed"`
+	Region   string         `json:"region"`
+	Faults   map[string]int `json:"faults"`
+	Timeline []NemesisEvent `json:"timeline"`
+	Checks   *Report        `json:"checks"`
+	// Violations are the checks' and the bed's: a fault that could not be
+	// injected or healed leaves the run's figures meaning less.
+	Violations []string `json:"violations"`
+}
+
+// nemesisScenarios are the faults the schedule draws from, with weights.
+// region-down comes last if at all: the process bed restarts a downed
+// region's mariadbds on heal, but not its NATS server and node.
+var nemesisScenarios = []struct {
+	scenario string
+	weight   int
+}{{"primary-kill", 3}, {"partition", 3}, {"nats-kill", 2}, {"dequeuer-kill", 2}}
+
+// Schedule is the faults a seed gives for a run of d over regions with
+// the workload's items in region and its shards home: each fault waits
+// 2-6 s after the last heal, holds 4-12 s, and region-down may close the
+// run. It is pure, so a seed replays.
+func Schedule(seed uint64, d time.Duration, regions []string, region string, home []uint32) []ScheduledFault {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	total := 0
+	for _, s := range nemesisScenarios {
+		total += s.weight
+	}
+	var out []ScheduledFault
+	at := time.Duration(0)
+	for {
+		gap := time.Duration(2000+rng.IntN(4000)) * time.Millisecond
+		hold := time.Duration(4000+rng.IntN(8000)) * time.Millisecond
+		if at+gap+hold > d {
+			break
+		}
+		at += gap
+		pick := rng.IntN(total)
+		var sc string
+		for _, s := range nemesisScenarios {
+			if pick < s.weight {
+				sc = s.scenario
+				break
+			}
+			pick -= s.weight
+		}
+		f := Fault{Scenario: sc, Region: regions[rng.IntN(len(regions))]}
+		if sc == "primary-kill" {
+			f.Region = region
+			f.Shard = home[rng.IntN(len(home))]
+		}
+		out = append(out, ScheduledFault{Fault: f, After: at, Hold: hold})
+		at += hold
+	}
+	if len(out) > 0 && rng.IntN(2) == 0 {
+		last := &out[len(out)-1]
+		last.Fault = Fault{Scenario: "region-down", Region: regions[rng.IntN(len(regions))]}
+	}
+	return out
+}
+
+// ScheduledFault is one fault of a schedule: injected After from the
+// start, healed Hold later.
+type ScheduledFault struct {
+	Fault Fault
+	After time.Duration
+	Hold  time.Duration
+}
+
+// Nemesis runs the drill's workload (idempotent producers with dedup keys
+// and retries, consumers that ack, nack and crash) through every router
+// while a seeded schedule injects and heals faults one at a time, then
+// drains and checks the whole history.
+func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
+	if cfg.Bed == nil {
+		return nil, configError("no bed to run against")
+	}
+	if cfg.Duration <= 0 {
+		return nil, configError("the duration must be positive")
+	}
+	cfg.Lease = cmp.Or(cfg.Lease, 5*time.Second)
+	cfg.Producers = cmp.Or(cfg.Producers, 2)
+	cfg.Consumers = cmp.Or(cfg.Consumers, 2)
+	cfg.Drain = cmp.Or(cfg.Drain, 90*time.Second)
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	routers, err := cfg.Bed.Routers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("find the bed's routers: %w", err)
+	}
+	if len(routers) == 0 {
+		return nil, configError("the bed has no routers")
+	}
+	cfg.Region = cmp.Or(cfg.Region, routers[0].Region)
+	var clients []client
+	var admins []triagev1.AdminClient
+	var regions []string
+	for _, r := range routers {
+		conn, err := dial(r)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		clients = append(clients, client{region: r.Region, q: triagev1.NewQueueClient(conn)})
+		admins = append(admins, triagev1.NewAdminClient(conn))
+		regions = append(regions, r.Region)
+	}
+	if !slices.Contains(regions, cfg.Region) {
+		return nil, configError("region %q: the bed's regions are %v", cfg.Region, regions)
+	}
+	before, err := getMap(ctx, admins[0])
+	if err != nil {
+		return nil, fmt.Errorf("read the shard map: %w", err)
+	}
+	var home []uint32
+	for _, s := range before.Shards {
+		if s.HomeRegion == cfg.Region {
+			home = append(home, s.Id)
+		}
+	}
+	if len(home) == 0 {
+		return nil, configError("no shard is homed in region %q", cfg.Region)
+	}
+	slices.Sort(home)
+	ns := "nemesis-" + cfg.Region
+	if err := confine(ctx, admins[0], admins, ns, cfg.Region, before.Regions, home); err != nil {
+		return nil, err
+	}
+	plan := Schedule(cfg.Seed, cfg.Duration, regions, cfg.Region, home)
+	rep := &NemesisReport{Seed: cfg.Seed, Region: cfg.Region, Faults: map[string]int{}}
+	fmt.Fprintf(progress, "nemesis seed %d: %d faults over %s, items in %s (shards %v), %d producers and %d consumers on each router (%s)\n",
+		cfg.Seed, len(plan), cfg.Duration, cfg.Region, home, cfg.Producers, cfg.Consumers, strings.Join(regions, ", "))
+
+	w := newWorkload(ns, "nemesis", cfg.Region, cfg.Lease)
+	prodCtx, stopProd := context.WithCancel(ctx)
+	consCtx, stopCons := context.WithCancel(ctx)
+	defer stopProd()
+	defer stopCons()
+	var prodWG, consWG sync.WaitGroup
+	for ci, c := range clients {
+		for i := range cfg.Producers {
+			prodWG.Go(func() { w.produce(prodCtx, c, rand.New(rand.NewPCG(cfg.Seed+uint64(ci), uint64(i)))) })
+		}
+		for i := range cfg.Consumers {
+			consWG.Go(func() { w.consume(consCtx, c, rand.New(rand.NewPCG(cfg.Seed+uint64(ci), 1000+uint64(i))), true) })
+		}
+	}
+	start := time.Now()
+	event := func(action string, f Fault, detail string, err error) {
+		e := NemesisEvent{AtMS: time.Since(start).Milliseconds(), Action: action, Scenario: f.Scenario, Region: f.Region, Shard: f.Shard, Detail: detail}
+		if err != nil {
+			e.Error = err.Error()
+			rep.Violations = append(rep.Violations, fmt.Sprintf("%s %s in %s at %s: %v", action, f.Scenario, f.Region, fmtMS(e.AtMS), err))
+		}
+		rep.Timeline = append(rep.Timeline, e)
+		fmt.Fprintf(progress, "%s %-6s %s %s: %s%s\n", fmtMS(e.AtMS), action, f.Scenario, f.Region, detail, errSuffix(err))
+	}
+	for _, sf := range plan {
+		sleep(ctx, time.Until(start.Add(sf.After)))
+		if ctx.Err() != nil {
+			break
+		}
+		inj, err := cfg.Bed.Inject(ctx, sf.Fault)
+		event("inject", sf.Fault, inj.Description, err)
+		if err != nil {
+			continue
+		}
+		rep.Faults[sf.Fault.Scenario]++
+		sleep(ctx, sf.Hold)
+		healed, err := cfg.Bed.Heal(context.WithoutCancel(ctx), sf.Fault)
+		event("heal", sf.Fault, healed, err)
+	}
+	sleep(ctx, 5*time.Second)
+	stopProd()
+	prodWG.Wait()
+	fmt.Fprintf(progress, "producers stopped; draining %d undelivered items\n", w.undelivered())
+	deadline := time.Now().Add(cfg.Drain)
+	for time.Now().Before(deadline) && ctx.Err() == nil && w.undelivered() > 0 {
+		sleep(ctx, 200*time.Millisecond)
+	}
+	sleep(ctx, cfg.Lease+time.Second) // crashed consumers' items come back once more
+	stopCons()
+	consWG.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	checks := &Report{Scenario: "nemesis", Routers: regions, Shards: home, FaultAt: start, HealedAt: time.Now()}
+	survivors := map[string]bool{}
+	for _, r := range regions {
+		survivors[r] = true
+	}
+	shards := map[uint32]bool{}
+	for _, s := range home {
+		shards[s] = true
+	}
+	w.mu.Lock()
+	analyze(checks, &w.h, facts{faultAt: start, cutAt: start, healAt: time.Now(), shards: shards,
+		routers: regions, survivors: survivors, published: map[uint32]time.Time{}})
+	w.mu.Unlock()
+	rep.Checks = checks
+	rep.Violations = append(checks.Violations, rep.Violations...)
+	if checks.Acknowledged == 0 {
+		rep.Violations = append(rep.Violations, "no enqueue was acknowledged: the run checked nothing")
+	}
+	return rep, nil
+}
+
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return " FAILED: " + err.Error()
+}
+
+// Print writes the report for a reader: the timeline, the faults by kind,
+// the checks, and the seed to replay it.
+func (r *NemesisReport) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "nemesis seed %d, items in %s\n", r.Seed, r.Region)
+	for _, e := range r.Timeline {
+		fmt.Fprintf(tw, "  %s\t%s\t%s %s\t%s%s\n", fmtMS(e.AtMS), e.Action, e.Scenario, e.Region, e.Detail,
+			map[bool]string{true: " FAILED: " + e.Error}[e.Error != ""])
+	}
+	kinds := make([]string, 0, len(r.Faults))
+	for k := range r.Faults {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var parts []string
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %d", k, r.Faults[k]))
+	}
+	fmt.Fprintf(tw, "  faults injected\t%s\n", strings.Join(parts, ", "))
+	if c := r.Checks; c != nil {
+		fmt.Fprintf(tw, "  acknowledged enqueues\t%d\n", c.Acknowledged)
+		fmt.Fprintf(tw, "  delivered (distinct)\t%d\n", c.Delivered)
+		fmt.Fprintf(tw, "  acks / nacks answered ok\t%d / %d\n", c.AcksOK, c.NacksOK)
+		fmt.Fprintf(tw, "  lost (must be 0)\t%d %v\n", c.Lost, c.LostIDs)
+		fmt.Fprintf(tw, "  resurrected after ack (must be 0)\t%d deliveries of %d items\n", c.ResurrectedAfterAck, c.ResurrectedItems)
+		fmt.Fprintf(tw, "  keys delivered again after their ack (must be 0)\t%d\n", c.KeysDeliveredAgain)
+		fmt.Fprintf(tw, "  nacks undone (must be 0)\t%d\n", c.NacksUndone)
+		fmt.Fprintf(tw, "  early deliveries (must be 0)\t%d\n", c.EarlyDeliveries)
+		fmt.Fprintf(tw, "  delivered IDs no enqueue was answered with\t%d\n", c.UnknownIDs)
+		fmt.Fprintf(tw, "  duplicates\t%s\n", fmtCounts(c.Duplicates))
+		fmt.Fprintf(tw, "  priority inversions (ready >= 5 ms)\t%d\n", c.PriorityInversions)
+		fmt.Fprintf(tw, "  enqueue errors\t%s\n", fmtCounts(c.EnqueueErrors))
+		fmt.Fprintf(tw, "  dequeue errors\t%s\n", fmtCounts(c.DequeueErrors))
+		for _, ex := range slices.Concat(c.ResurrectedExamples, c.KeysDeliveredAgainExamples, c.NacksUndoneExamples, c.EarlyExamples) {
+			fmt.Fprintf(tw, "  \t%s\n", ex)
+		}
+	}
+	verdict := "PASS"
+	if len(r.Violations) > 0 {
+		verdict = "FAIL: " + strings.Join(r.Violations, "; ") + fmt.Sprintf(" (replay: --seed %d)", r.Seed)
+	}
+	fmt.Fprintf(tw, "  result\t%s\n", verdict)
+	tw.Flush()
+}
