@@ -13,6 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -59,6 +62,11 @@ type NemesisReport struct {
 	Faults   map[string]int `json:"faults"`
 	Timeline []NemesisEvent `json:"timeline"`
 	Checks   *Report        `json:"checks"`
+	// LostState says, per lost item (at most 20), what a router answers
+	// for it after the drain: still stored (in which state) means the
+	// item was not delivered in time, for instance on a shard left
+	// unavailable; not found means it is gone.
+	LostState map[string]string `json:"lost_state,omitempty"`
 	// Violations are the checks' and the bed's: a fault that could not be
 	// injected or healed leaves the run's figures meaning less.
 	Violations []string `json:"violations"`
@@ -256,11 +264,40 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 		routers: regions, survivors: survivors, published: map[uint32]time.Time{}})
 	w.mu.Unlock()
 	rep.Checks = checks
+	if len(checks.LostIDs) > 0 {
+		rep.LostState = lostState(ctx, clients, ns, checks.LostIDs)
+	}
 	rep.Violations = append(checks.Violations, rep.Violations...)
 	if checks.Acknowledged == 0 {
 		rep.Violations = append(rep.Violations, "no enqueue was acknowledged: the run checked nothing")
 	}
 	return rep, nil
+}
+
+// lostState asks the routers, in turn, what became of each lost item.
+func lostState(ctx context.Context, clients []client, ns string, ids []string) map[string]string {
+	out := map[string]string{}
+	for _, id := range ids {
+		var last error
+		for _, c := range clients {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			it, err := c.q.GetItem(rctx, &triagev1.GetItemRequest{Namespace: ns, Id: id})
+			cancel()
+			if err == nil {
+				out[id] = fmt.Sprintf("still stored: %s, %d attempts (via %s)", it.State, it.Attempts, c.region)
+				break
+			}
+			if status.Code(err) == codes.NotFound {
+				out[id] = "not found (via " + c.region + ")"
+				break
+			}
+			last = err
+		}
+		if _, ok := out[id]; !ok {
+			out[id] = fmt.Sprintf("unknown: no router answered: %v", last)
+		}
+	}
+	return out
 }
 
 func errSuffix(err error) string {
@@ -293,7 +330,15 @@ func (r *NemesisReport) Print(w io.Writer) {
 		fmt.Fprintf(tw, "  acknowledged enqueues\t%d\n", c.Acknowledged)
 		fmt.Fprintf(tw, "  delivered (distinct)\t%d\n", c.Delivered)
 		fmt.Fprintf(tw, "  acks / nacks answered ok\t%d / %d\n", c.AcksOK, c.NacksOK)
-		fmt.Fprintf(tw, "  lost (must be 0)\t%d %v\n", c.Lost, c.LostIDs)
+		fmt.Fprintf(tw, "  lost (must be 0)\t%d\n", c.Lost)
+		ids := make([]string, 0, len(r.LostState))
+		for id := range r.LostState {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		for _, id := range ids {
+			fmt.Fprintf(tw, "  \t%s: %s\n", id, r.LostState[id])
+		}
 		fmt.Fprintf(tw, "  resurrected after ack (must be 0)\t%d deliveries of %d items\n", c.ResurrectedAfterAck, c.ResurrectedItems)
 		fmt.Fprintf(tw, "  keys delivered again after their ack (must be 0)\t%d\n", c.KeysDeliveredAgain)
 		fmt.Fprintf(tw, "  nacks undone (must be 0)\t%d\n", c.NacksUndone)
