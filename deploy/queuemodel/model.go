@@ -838,18 +838,24 @@ func (m *Model) Update(sp Span, req *triagev1.UpdateItemRequest, resp *triagev1.
 		it.Priority = *req.Priority
 	}
 	mergeMeta(it.Meta, req.Metadata)
+	if it.Token != "" && it.DALo.Equal(it.DAHi) {
+		// An update ends a lease that lapsed, so the consumer's token no
+		// longer holds the row: surely when the lease had lapsed before
+		// the update was sent, maybe when it lapsed while it ran. An
+		// accepted deliver_after means it had lapsed (a live lease
+		// refuses it).
+		switch {
+		case req.DeliverAfter != nil, it.DAHi.Before(lo(sp.Start).Add(-m.cfg.ClockSlack)):
+			it.Token, it.TokenMaybeStale = "", false
+		case !it.DAHi.After(sp.End.Add(m.cfg.ClockSlack)):
+			it.TokenMaybeStale = true
+		}
+	}
 	if req.DeliverAfter != nil {
 		it.DALo = req.DeliverAfter.AsTime()
 		it.DAHi = it.DALo
 		it.MaybeDead = false
-		if it.Token != "" {
-			// Accepted with a token, so its lease had lapsed: the new
-			// deliver_after is no lease's expiry. The server keeps the
-			// token (an ack with it may still succeed); the item is
-			// DELAYED, not LEASED, until then (seed 1795381210586364241).
-			it.TokenMaybeStale = true
-		}
-		it.Timed = it.DALo.After(sp.Start) || it.Token != ""
+		it.Timed = it.DALo.After(sp.Start)
 	} else if req.Priority != nil && it.DAHi.Before(sp.Start) && it.Token == "" {
 		it.Timed = false // the update is announced and the buffer reads again
 	}
