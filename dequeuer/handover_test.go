@@ -39,16 +39,7 @@ func TestHandOverEndsLongPollsAtTheOldOwner(t *testing.T) {
 		return dbShardMap(t, version, primaryRegion, dsn)
 	}
 	maps := shardmap.NewHolder(at(1, "a"))
-	// The store confirms the map (a KV watch does in a node); a map
-	// unconfirmed for shardmap.MaxStaleness refuses writes.
-	touched := make(chan struct{})
-	go func() {
-		defer close(touched)
-		for ctx.Err() == nil {
-			maps.Touch()
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
+	touched := confirmMaps(ctx, maps)
 	defer func() { cancel(); <-touched }()
 	pool := shardmap.NewPool(shardmap.Credentials{User: dsn.User, Password: dsn.Passwd})
 	defer pool.Close()
@@ -88,6 +79,21 @@ func TestHandOverEndsLongPollsAtTheOldOwner(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the old owner's long poll still runs 5 s after it handed the shard over")
 	}
+}
+
+// confirmMaps confirms maps every 100 ms until ctx ends, as a node's KV
+// watch does (a map unconfirmed for shardmap.MaxStaleness refuses
+// writes); the channel closes when it has stopped.
+func confirmMaps(ctx context.Context, maps *shardmap.Holder) <-chan struct{} {
+	touched := make(chan struct{})
+	go func() {
+		defer close(touched)
+		for ctx.Err() == nil {
+			maps.Touch()
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return touched
 }
 
 // dbShardMap is a map of regions a and b whose shard 1 is dsn's database,

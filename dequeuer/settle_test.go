@@ -32,14 +32,7 @@ func TestServeWithLostAnswerIsHandedBack(t *testing.T) {
 	require.NoError(t, err)
 	migrateDB(t, dsn)
 	maps := shardmap.NewHolder(dbShardMap(t, 1, "a", dsn))
-	touched := make(chan struct{})
-	go func() {
-		defer close(touched)
-		for ctx.Err() == nil {
-			maps.Touch()
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
+	touched := confirmMaps(ctx, maps)
 	defer func() { cancel(); <-touched }()
 	pool := shardmap.NewPool(shardmap.Credentials{User: dsn.User, Password: dsn.Passwd})
 	defer pool.Close()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"time"
@@ -12,6 +13,18 @@ import (
 	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/regions/drill"
 )
+
+// openBed opens the bed --bed names: the process bed of --dir or the
+// compose bed of --project.
+func openBed(ctx context.Context, kind, dir, project string) (drill.Bed, error) {
+	switch kind {
+	case "process":
+		return bed.Dial(dir)
+	case "compose":
+		return compose.Open(ctx, project)
+	}
+	return nil, cli.Usagef("--bed %q: want process or compose", kind)
+}
 
 func nemesisCommand() *cobra.Command {
 	var (
@@ -35,16 +48,7 @@ func nemesisCommand() *cobra.Command {
 			if duration <= 0 || lease <= 0 || drain <= 0 || producers < 1 || consumers < 1 {
 				return cli.Usagef("--duration, --lease and --drain must be positive; --producers and --consumers at least 1")
 			}
-			var target drill.Bed
-			var err error
-			switch bedKind {
-			case "process":
-				target, err = bed.Dial(dir)
-			case "compose":
-				target, err = compose.Open(c.Context(), project)
-			default:
-				return cli.Usagef("--bed %q: want process or compose", bedKind)
-			}
+			target, err := openBed(c.Context(), bedKind, dir, project)
 			if err != nil {
 				return err
 			}

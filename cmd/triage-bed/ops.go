@@ -14,7 +14,6 @@ import (
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/bench"
-	"github.com/triage-queue/triage/deploy/compose"
 	"github.com/triage-queue/triage/regions/drill"
 )
 
@@ -208,16 +207,7 @@ func drillCommand() *cobra.Command {
 			if producers < 1 || consumers < 1 || lease <= 0 || hold <= 0 || warmup < 0 || drain <= 0 {
 				return cli.Usagef("--producers and --consumers must be at least 1; --lease, --hold and --drain positive; --warmup not negative")
 			}
-			var target drill.Bed
-			var err error
-			switch bedKind {
-			case "process":
-				target, err = bed.Dial(dir)
-			case "compose":
-				target, err = compose.Open(c.Context(), project)
-			default:
-				return cli.Usagef("--bed %q: want process or compose", bedKind)
-			}
+			target, err := openBed(c.Context(), bedKind, dir, project)
 			if err != nil {
 				return err
 			}

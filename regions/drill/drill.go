@@ -6,10 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -166,33 +164,24 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	started := time.Now()
 	f := facts{shards: map[uint32]bool{}, survivors: map[string]bool{}, published: map[uint32]time.Time{}}
-	var clients []client
+	clients, admins, closeAll, err := connect(routers)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
 	var admin triagev1.AdminClient
-	var admins []triagev1.AdminClient
-	for _, r := range routers {
-		conn, err := dial(r)
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close()
-		clients = append(clients, client{region: r.Region, q: triagev1.NewQueueClient(conn)})
-		admins = append(admins, triagev1.NewAdminClient(conn))
+	for i, r := range routers {
 		f.routers = append(f.routers, r.Region)
 		if survives(cfg.Scenario, cfg.Region, r.Region) {
 			f.survivors[r.Region] = true
 			if admin == nil {
-				admin = triagev1.NewAdminClient(conn)
+				admin = admins[i]
 			}
 		}
 	}
 	if admin == nil {
 		// Only the faulted region's router: ask it, while it answers.
-		conn, err := dial(routers[0])
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close()
-		admin = triagev1.NewAdminClient(conn)
+		admin = admins[0]
 	}
 	rp := noReporter{}.phase
 	if cfg.Report {
@@ -259,15 +248,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	consCtx, stopCons := context.WithCancel(ctx)
 	defer stopProd()
 	defer stopCons()
-	var prodWG, consWG sync.WaitGroup
-	for ci, c := range clients {
-		for i := range cfg.Producers {
-			prodWG.Go(func() { w.produce(prodCtx, c, rand.New(rand.NewPCG(uint64(ci), uint64(i)))) })
-		}
-		for i := range cfg.Consumers {
-			consWG.Go(func() { w.consume(consCtx, c, rand.New(rand.NewPCG(uint64(ci), 1000+uint64(i))), true) })
-		}
-	}
+	prodWG, consWG := w.start(prodCtx, consCtx, clients, cfg.Producers, cfg.Consumers, 0)
 	fmt.Fprintf(progress, "drill %s: %d producers and %d consumers on each router (%s), items in region %s (shards %v)\n",
 		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(f.routers, ", "), cfg.Region, rep.Shards)
 	sleep(ctx, cfg.Warmup)
@@ -385,6 +366,28 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		rep.OldPrimary = "unknown: " + err.Error()
 	}
 	return rep, nil
+}
+
+// connect dials every router and returns, in routers' order, a Queue and
+// an Admin client of each, and closeAll, which closes the connections.
+func connect(routers []Router) (clients []client, admins []triagev1.AdminClient, closeAll func(), err error) {
+	var conns []*grpc.ClientConn
+	closeAll = func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	for _, r := range routers {
+		conn, err := dial(r)
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		conns = append(conns, conn)
+		clients = append(clients, client{region: r.Region, q: triagev1.NewQueueClient(conn)})
+		admins = append(admins, triagev1.NewAdminClient(conn))
+	}
+	return clients, admins, closeAll, nil
 }
 
 // failoverSteps reads the controller leader's steps on shards between

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -158,17 +157,13 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 		return nil, configError("the bed has no routers")
 	}
 	cfg.Region = cmp.Or(cfg.Region, routers[0].Region)
-	var clients []client
-	var admins []triagev1.AdminClient
+	clients, admins, closeAll, err := connect(routers)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
 	var regions []string
 	for _, r := range routers {
-		conn, err := dial(r)
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close()
-		clients = append(clients, client{region: r.Region, q: triagev1.NewQueueClient(conn)})
-		admins = append(admins, triagev1.NewAdminClient(conn))
 		regions = append(regions, r.Region)
 	}
 	if !slices.Contains(regions, cfg.Region) {
@@ -202,15 +197,7 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	consCtx, stopCons := context.WithCancel(ctx)
 	defer stopProd()
 	defer stopCons()
-	var prodWG, consWG sync.WaitGroup
-	for ci, c := range clients {
-		for i := range cfg.Producers {
-			prodWG.Go(func() { w.produce(prodCtx, c, rand.New(rand.NewPCG(cfg.Seed+uint64(ci), uint64(i)))) })
-		}
-		for i := range cfg.Consumers {
-			consWG.Go(func() { w.consume(consCtx, c, rand.New(rand.NewPCG(cfg.Seed+uint64(ci), 1000+uint64(i))), true) })
-		}
-	}
+	prodWG, consWG := w.start(prodCtx, consCtx, clients, cfg.Producers, cfg.Consumers, cfg.Seed)
 	start := time.Now()
 	event := func(action string, f Fault, detail string, err error) {
 		e := NemesisEvent{AtMS: time.Since(start).Milliseconds(), Action: action, Scenario: f.Scenario, Region: f.Region, Shard: f.Shard, Detail: detail}

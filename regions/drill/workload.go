@@ -108,6 +108,22 @@ func newWorkload(ns, topic, region string, lease time.Duration) *workload {
 		run: fmt.Sprintf("%x", time.Now().UnixNano()), h: newHistory()}
 }
 
+// start runs producers and consumers (crashing now and then) on every
+// client until prodCtx and consCtx end; seed varies their random choices.
+// The wait groups say when each side has stopped.
+func (w *workload) start(prodCtx, consCtx context.Context, clients []client, producers, consumers int, seed uint64) (prodWG, consWG *sync.WaitGroup) {
+	prodWG, consWG = &sync.WaitGroup{}, &sync.WaitGroup{}
+	for ci, c := range clients {
+		for i := range producers {
+			prodWG.Go(func() { w.produce(prodCtx, c, rand.New(rand.NewPCG(seed+uint64(ci), uint64(i)))) })
+		}
+		for i := range consumers {
+			consWG.Go(func() { w.consume(consCtx, c, rand.New(rand.NewPCG(seed+uint64(ci), 1000+uint64(i))), true) })
+		}
+	}
+	return prodWG, consWG
+}
+
 // produce enqueues one item at a time with a dedup key and retries the
 // same key until it is acknowledged, as an idempotent producer does.
 func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
