@@ -348,6 +348,9 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	w.mu.Lock()
 	analyze(rep, &w.h, f)
 	w.mu.Unlock()
+	if len(rep.LostIDs) > 0 {
+		rep.LostState = lostState(ctx, clients, ns, rep.LostIDs)
+	}
 	if rep.HealError != "" {
 		rep.Violations = append(rep.Violations, "the heal failed: "+rep.HealError)
 	}

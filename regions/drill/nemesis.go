@@ -61,11 +61,6 @@ type NemesisReport struct {
 	Faults   map[string]int `json:"faults"`
 	Timeline []NemesisEvent `json:"timeline"`
 	Checks   *Report        `json:"checks"`
-	// LostState says, per lost item (at most 20), what a router answers
-	// for it after the drain: still stored (in which state) means the
-	// item was not delivered in time, for instance on a shard left
-	// unavailable; not found means it is gone.
-	LostState map[string]string `json:"lost_state,omitempty"`
 	// Violations are the checks' and the bed's: a fault that could not be
 	// injected or healed leaves the run's figures meaning less.
 	Violations []string `json:"violations"`
@@ -252,7 +247,7 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	w.mu.Unlock()
 	rep.Checks = checks
 	if len(checks.LostIDs) > 0 {
-		rep.LostState = lostState(ctx, clients, ns, checks.LostIDs)
+		checks.LostState = lostState(ctx, clients, ns, checks.LostIDs)
 	}
 	rep.Violations = append(checks.Violations, rep.Violations...)
 	if checks.Acknowledged == 0 {
@@ -318,13 +313,8 @@ func (r *NemesisReport) Print(w io.Writer) {
 		fmt.Fprintf(tw, "  delivered (distinct)\t%d\n", c.Delivered)
 		fmt.Fprintf(tw, "  acks / nacks answered ok\t%d / %d\n", c.AcksOK, c.NacksOK)
 		fmt.Fprintf(tw, "  lost (must be 0)\t%d\n", c.Lost)
-		ids := make([]string, 0, len(r.LostState))
-		for id := range r.LostState {
-			ids = append(ids, id)
-		}
-		sort.Strings(ids)
-		for _, id := range ids {
-			fmt.Fprintf(tw, "  \t%s: %s\n", id, r.LostState[id])
+		for _, id := range sortedKeys(c.LostState) {
+			fmt.Fprintf(tw, "  \t%s: %s\n", id, c.LostState[id])
 		}
 		fmt.Fprintf(tw, "  resurrected after ack (must be 0)\t%d deliveries of %d items\n", c.ResurrectedAfterAck, c.ResurrectedItems)
 		fmt.Fprintf(tw, "  keys delivered again after their ack (must be 0)\t%d\n", c.KeysDeliveredAgain)

@@ -48,9 +48,9 @@ func TestScheduleReplaysItsSeed(t *testing.T) {
 func TestNemesisReportPrintsTheSeedOnFailure(t *testing.T) {
 	t.Parallel()
 	r := &NemesisReport{Seed: 42, Region: "us-east", Faults: map[string]int{"partition": 1},
-		Timeline:   []NemesisEvent{{AtMS: 2000, Action: "inject", Scenario: "partition", Region: "us-east", Detail: "cut"}},
-		Checks:     &Report{Lost: 1, LostIDs: []string{"1-00000000000000ff"}},
-		LostState:  map[string]string{"1-00000000000000ff": "still stored: READY, 0 attempts (via eu-west)"},
+		Timeline: []NemesisEvent{{AtMS: 2000, Action: "inject", Scenario: "partition", Region: "us-east", Detail: "cut"}},
+		Checks: &Report{Lost: 1, LostIDs: []string{"1-00000000000000ff"},
+			LostState: map[string]string{"1-00000000000000ff": "still stored: READY, 0 attempts (via eu-west)"}},
 		Violations: []string{"1 acknowledged items lost"}}
 	var out bytes.Buffer
 	r.Print(&out)

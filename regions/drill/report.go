@@ -58,6 +58,10 @@ type Report struct {
 	// Lost: acknowledged enqueues never delivered. Must be 0.
 	Lost    int      `json:"lost"`
 	LostIDs []string `json:"lost_ids,omitempty"`
+	// LostState says, per lost item, what a router answered for it after
+	// the drain: still stored (a delivery that is stuck, not a loss) or not
+	// found (the row is gone).
+	LostState map[string]string `json:"lost_state,omitempty"`
 	// ResurrectedAfterAck: deliveries asked for after an ack of the same
 	// item had been answered ok (the ack was undone). Must be 0.
 	ResurrectedAfterAck int      `json:"resurrected_after_ack"`
@@ -581,6 +585,9 @@ func (r *Report) Print(w io.Writer) {
 	row("delivered (distinct)", r.Delivered)
 	row("acks / nacks answered ok", fmt.Sprintf("%d / %d", r.AcksOK, r.NacksOK))
 	row("lost (must be 0)", r.Lost)
+	for _, id := range sortedKeys(r.LostState) {
+		row("", id+": "+r.LostState[id])
+	}
 	row("resurrected after ack (must be 0)", fmt.Sprintf("%d deliveries of %d items", r.ResurrectedAfterAck, r.ResurrectedItems))
 	for _, e := range r.ResurrectedExamples {
 		row("", e)
@@ -660,6 +667,17 @@ func fmtMS(ms int64) string {
 		return "never"
 	}
 	return (time.Duration(ms) * time.Millisecond).String()
+}
+
+// sortedKeys returns m's keys in order, so a report prints the same way
+// every time.
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func fmtCounts(m map[string]int) string {
