@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -679,6 +678,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	var oldPos replication.GTIDList
 	readOnly := false
 	replicas := map[string]*replication.Admin{}
+	roles := map[string]replication.Role{}
 	defer func() {
 		for _, a := range replicas {
 			a.Close()
@@ -712,9 +712,10 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	for _, r := range s.Replicas {
 		wg.Go(func() {
 			a, err := c.admin(r)
+			var st replication.Status
 			if err == nil {
 				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_, err = a.Status(sctx)
+				st, err = a.Status(sctx)
 				cancel()
 				if err != nil {
 					a.Close()
@@ -726,7 +727,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 				unreachable = append(unreachable, r)
 				return
 			}
-			replicas[r] = a
+			replicas[r], roles[r] = a, st.Role
 		})
 	}
 	wg.Wait()
@@ -781,15 +782,25 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		c.event(s.ID, "old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit "+
 			"(servers reached in %v, slowest replica stopped in %v)", old, reached.Sub(begun).Round(time.Millisecond), slowest.Round(time.Millisecond)))
 	}
-	// 3. Choose the candidate.
+	// 3. Choose the candidate among the servers that replicate. A listed
+	// server that replicates from nobody is a deposed primary not yet
+	// rejoined: it lacks whatever was written since it was deposed, and
+	// promoting it (or writing the epoch there) forks the shard's
+	// history. The one exception is the server this epoch's failover
+	// already claimed and detached: it is finished, not chosen again.
 	chose := time.Now()
+	earlier, err := c.claimed(ctx, s)
+	if err != nil {
+		return res, err
+	}
+	eligible := func(r string) bool { return roles[r] == replication.RoleReplica || r == earlier }
 	var newPrimary string
 	if readOnly {
 		// The candidate must hold everything the old primary has.
 		var errs []error
 		for _, r := range candidates {
 			a, ok := replicas[r]
-			if !ok {
+			if !ok || !eligible(r) {
 				continue
 			}
 			wait := map[bool]time.Duration{true: 30 * time.Second, false: 5 * time.Second}[req.Planned]
@@ -815,10 +826,20 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		}
 	} else {
 		var all []*replication.Admin
-		var addrs []string
+		var addrs, deposed []string
 		for _, r := range s.Replicas {
+			if !eligible(r) {
+				deposed = append(deposed, r)
+				continue
+			}
 			all = append(all, replicas[r])
 			addrs = append(addrs, r)
+		}
+		if len(deposed) > 0 {
+			c.event(s.ID, "skipped-deposed", fmt.Sprintf("%v replicate from nobody (deposed primaries not rejoined yet): not candidates", deposed))
+		}
+		if len(all) == 0 {
+			return res, fmt.Errorf("shard %d: no listed server replicates (%v are deposed primaries not rejoined yet); the shard stays fenced and is retried", s.ID, deposed)
 		}
 		i, err := replication.MostAdvanced(ctx, all)
 		if err != nil {
@@ -833,6 +854,9 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		for _, r := range candidates {
 			if newPrimary != "" {
 				break
+			}
+			if !eligible(r) {
+				continue
 			}
 			st, err := replicas[r].Status(ctx)
 			bst, berr := replicas[best].Status(ctx)
@@ -864,7 +888,7 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	// as replicas (the old one rejoins once it answers).
 	newRegion := s.ReplicaRegion(newPrimary)
 	var replicaList, regions []string
-	var repointed time.Duration
+	var others [][2]string // reachable replicas to repoint, and their regions
 	for j, r := range s.Replicas {
 		if r == newPrimary {
 			continue
@@ -872,51 +896,73 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		region := s.ReplicaRegions[min(j, len(s.ReplicaRegions)-1)]
 		replicaList = append(replicaList, r)
 		regions = append(regions, region)
-		if _, ok := replicas[r]; !ok {
-			continue // unreachable (read-only path): rejoined when it answers
+		if _, ok := replicas[r]; ok { // else unreachable: rejoined when it answers
+			others = append(others, [2]string{r, region})
 		}
-		wg.Go(func() {
-			start := time.Now()
-			defer func() {
-				reach.Lock()
-				repointed = max(repointed, time.Since(start))
-				reach.Unlock()
-			}()
-			if err := replicas[r].ReplicateFrom(ctx, c.via(region, newPrimary), c.cfg.Repl); err != nil {
-				c.log.Warn("repoint replica", "replica", r, "err", err)
-			}
-		})
 	}
-	// The other replicas are repointed while the candidate is promoted:
-	// the candidate holds everything they have (it is the most advanced,
-	// or caught up with the read-only old primary), and attached before
-	// its first commit they acknowledge it at once. Done after the
-	// promotion, their connecting was on the failover's critical path.
+	// The other replicas are repointed once the candidate has applied
+	// everything it received and before it takes writes (Promote's
+	// prepare): attached before its first commit they acknowledge it at
+	// once, and the rest of the promotion overlaps their connecting. Not
+	// earlier: a replica that received more than the candidate has applied
+	// yet asks for a position missing from its binary log, and stops for
+	// good on error 1236.
 	//
-	// The epoch is stored while the candidate is detached and before it
-	// takes writes (Promote's prepare): a commit there waits for no
-	// replica yet, so the map is published while the repointed replicas'
-	// IO threads are still connecting, instead of after. A failed store
-	// is tried again below, as the new primary's first commit.
+	// A deposed primary not rejoined yet rejoins now: it is read-only
+	// since its restart (RejoinArgs), and acknowledging the new primary it
+	// lets the epoch be stored there.
+	var repointed time.Duration
+	repointing := false
+	repointOthers := func() {
+		repointing = true
+		for _, o := range others {
+			r, region := o[0], o[1]
+			wg.Go(func() {
+				start := time.Now()
+				defer func() {
+					reach.Lock()
+					repointed = max(repointed, time.Since(start))
+					reach.Unlock()
+				}()
+				repoint := replicas[r].ReplicateFrom
+				if roles[r] == replication.RolePrimary {
+					repoint = replicas[r].RejoinAsReplica
+				}
+				if err := repoint(ctx, c.via(region, newPrimary), c.cfg.Repl); err != nil {
+					c.log.Warn("repoint replica", "replica", r, "err", err)
+				}
+			})
+		}
+	}
+	// The epoch is stored in prepare too, while the candidate is detached
+	// and before it takes writes: a commit there waits for no replica
+	// yet, so the map is published while the repointed replicas' IO
+	// threads are still connecting, instead of after. A failed store is
+	// tried again below, as the new primary's first commit.
 	var gtid string
 	var perr, epochErr error
 	epochStored := false
 	var epochTook time.Duration
 	prepare := func(ctx context.Context) error {
+		repointOthers()
 		epochTook, epochErr = c.storeEpoch(ctx, s, replicas[newPrimary])
 		epochStored = epochErr == nil
 		return nil
 	}
 	promoteAt := time.Now()
-	var promoted time.Duration
-	wg.Go(func() {
-		gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second, prepare)
-		promoted = time.Since(promoteAt)
-	})
-	wg.Wait()
+	gtid, perr = replicas[newPrimary].Promote(ctx, 30*time.Second, prepare)
+	promoted := time.Since(promoteAt)
 	if perr != nil && !errors.Is(perr, replication.ErrNotReplica) {
+		wg.Wait()
 		return res, fmt.Errorf("promote %s: %w", newPrimary, perr)
 	}
+	if perr != nil && newPrimary != earlier {
+		return res, fmt.Errorf("shard %d: %s replicates from nobody and was not claimed by an earlier attempt at epoch %d; the shard stays fenced", s.ID, newPrimary, s.Epoch)
+	}
+	if !repointing {
+		repointOthers() // detached by an earlier attempt: prepare did not run
+	}
+	wg.Wait()
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	c.event(s.ID, "promoted", fmt.Sprintf("%s at %s; other replicas repointed to it (candidate chosen in %v, claimed in %v, promoted in %v, slowest repoint %v)",
 		newPrimary, gtid, ms(claimAt.Sub(chose)), ms(promoteAt.Sub(claimAt)), ms(promoted), ms(repointed)))
@@ -932,6 +978,13 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 		}
 		if epochTook, err = c.storeEpoch(ctx, s, replicas[newPrimary]); err != nil {
 			return res, fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
+		}
+	}
+	if perr != nil {
+		// Detached by an earlier attempt, which may have stopped before
+		// the end of Promote (or the server restarted since).
+		if err := replicas[newPrimary].FinishPromotion(ctx); err != nil {
+			return res, fmt.Errorf("shard %d: finish the promotion of %s: %w; the shard stays fenced and is retried", s.ID, newPrimary, err)
 		}
 	}
 	if err := c.checkLeader(ctx, s.ID, "publish"); err != nil {
@@ -984,6 +1037,19 @@ func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate stri
 	return candidate, nil
 }
 
+// claimed returns the server claimed for promotion at s's epoch, "" if
+// no failover of this epoch claimed one yet.
+func (c *Controller) claimed(ctx context.Context, s shardmap.Shard) (string, error) {
+	e, err := c.cfg.MapKV.Get(ctx, claimKey(s.ID, s.Epoch))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read promotion claim of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
+	}
+	return string(e.Value()), nil
+}
+
 // storeEpoch records the shard's epoch on the new primary (shard_meta), so
 // that a writer whose map predates this failover cannot write there,
 // within 10 s, and says how long it took (the failover's step timings). It
@@ -1034,6 +1100,20 @@ func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
 	wg.Wait()
 }
 
+// errBinlogUnreadable is MariaDB's ER_MASTER_FATAL_ERROR_READING_BINLOG:
+// the primary's binary log cannot serve the replica's position, because
+// the replica holds transactions the primary never had.
+const errBinlogUnreadable = 1236
+
+// diverged reports a replica that stopped because its history and its
+// primary's differ (IO error 1236, or the SQL thread failing to apply):
+// it must be rebuilt. Any other stopped state, such as an IO thread a
+// failover stopped after it had lost its connection (errors 2003, 2013),
+// is restarted by rejoining.
+func diverged(st replication.Status) bool {
+	return st.LastSQLErrno != 0 || (st.LastIOErrno == errBinlogUnreadable && !st.IOThreadRunning())
+}
+
 // rejoinTimeout bounds how long rejoinOne waits for a rejoined replica's
 // threads to run.
 const rejoinTimeout = 10 * time.Second
@@ -1056,14 +1136,15 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 	if err != nil || (st.PrimaryAddr == want && st.IOThreadRunning()) {
 		return
 	}
-	if st.PrimaryAddr == want && strings.EqualFold(st.IORunning, "No") && st.LastIOErrno != 0 {
+	if st.PrimaryAddr == want && diverged(st) {
 		c.mu.Lock()
 		seen := c.diverged[r]
 		c.diverged[r] = true
 		c.mu.Unlock()
 		if !seen {
 			c.log.Error("ALARM: replica stopped on an error against the current primary; it must be rebuilt from a copy of the primary",
-				"shard", s.ID, "server", r, "primary", s.Primary, "errno", st.LastIOErrno, "error", st.LastIOError)
+				"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
+				"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
 		}
 		return
 	}
@@ -1097,7 +1178,7 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 			c.event(s.ID, "rejoined", fmt.Sprintf("%s replicates from %s (IO and SQL threads running, at %s)", r, s.Primary, st.SlavePos))
 			return
 		}
-		if err == nil && (st.LastIOErrno != 0 || st.LastSQLErrno != 0) && !st.IOThreadRunning() {
+		if err == nil && diverged(st) {
 			c.log.Error("ALARM: rejoined replica stopped replicating; it must be rebuilt from a copy of the primary",
 				"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
 				"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)

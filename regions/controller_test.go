@@ -56,7 +56,7 @@ func start(t *testing.T, id int) *mariadb.Server {
 	return s
 }
 
-func setup(t *testing.T) *cluster {
+func setup(t *testing.T, opts ...func(*Config)) *cluster {
 	t.Helper()
 	ctx := t.Context()
 	var p, r, r2 *mariadb.Server
@@ -123,14 +123,14 @@ func setup(t *testing.T) *cluster {
 		go o.Run(runCtx)
 	}
 	c := &cluster{t: t, primary: p, replica: r, replica2: r2, maps: maps, natsURL: nc.ConnectedUrl()}
-	c.ctl, c.ctlNC, c.ctlKV = c.newController("ctl-1")
+	c.ctl, c.ctlNC, c.ctlKV = c.newController("ctl-1", opts...)
 	require.Eventually(t, c.ctl.isLeader, 10*time.Second, 20*time.Millisecond)
 	return c
 }
 
 // newController starts a controller as a separate node would run it: its
 // own NATS connection, shard-map holder and watch.
-func (c *cluster) newController(id string) (*Controller, *nats.Conn, *shardmaptest.LaggingKV) {
+func (c *cluster) newController(id string, opts ...func(*Config)) (*Controller, *nats.Conn, *shardmaptest.LaggingKV) {
 	t := c.t
 	nc, err := nats.Connect(c.natsURL, nats.MaxReconnects(0))
 	require.NoError(t, err)
@@ -146,9 +146,13 @@ func (c *cluster) newController(id string) (*Controller, *nats.Conn, *shardmapte
 	runCtx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go shardmap.Watch(runCtx, js, kv, maps, discard())
-	ctl, err := New(Config{ID: id, Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
+	cfg := Config{ID: id, Region: "c", Maps: maps, MapKV: kv, NC: nc, JS: js, Repl: repl,
 		Metrics: metrics.New(prometheus.NewRegistry(), metrics.Options{}),
-		Detect:  time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)})
+		Detect:  time.Second, Cooldown: time.Minute, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ctl, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, ctl.Run(runCtx))
 	return ctl, nc, kv
