@@ -46,7 +46,8 @@ type Credentials struct {
 	tlsName string
 }
 
-// MySQLTLS is how a process verifies the MySQL servers it dials.
+// MySQLTLS is how a process verifies the MySQL servers it dials and, when
+// they ask for one, the certificate it shows them.
 type MySQLTLS struct {
 	// CAFile holds the PEM certificates of the CAs that sign the servers'
 	// certificates. Required.
@@ -55,6 +56,10 @@ type MySQLTLS struct {
 	// host of the address dialed, which behind a WAN proxy (DialVia) is
 	// the proxy's, so a bed with proxies sets it.
 	ServerName string `json:"server_name,omitempty"`
+	// CertFile and KeyFile are the process's own certificate and key, for
+	// an account created REQUIRE X509 (or ISSUER, SUBJECT). Default none.
+	CertFile string `json:"cert_file,omitempty"`
+	KeyFile  string `json:"key_file,omitempty"`
 }
 
 // Resolve returns c with the password read from PasswordFile or
@@ -88,8 +93,10 @@ func (c Credentials) Apply(cfg *mysql.Config) {
 	}
 }
 
-// register makes the driver know t under a name derived from its content,
-// so that resolving the same settings twice registers one config.
+// register makes the driver know t under a name derived from its content
+// (the files', not their names), so that resolving the same settings twice
+// registers one config. The files are read now: a wrong path fails the
+// start, not every connection.
 func (t *MySQLTLS) register() (string, error) {
 	if t.CAFile == "" {
 		return "", errors.New("ca_file is required")
@@ -102,10 +109,35 @@ func (t *MySQLTLS) register() (string, error) {
 	if !pool.AppendCertsFromPEM(pem) {
 		return "", fmt.Errorf("%s: no PEM certificate", t.CAFile)
 	}
-	sum := sha256.Sum256(append(append(pem, 0), t.ServerName...))
-	name := "triage-" + hex.EncodeToString(sum[:8])
-	err = mysql.RegisterTLSConfig(name, &tls.Config{RootCAs: pool, ServerName: t.ServerName, MinVersion: tls.VersionTLS12})
-	return name, err
+	cfg := &tls.Config{RootCAs: pool, ServerName: t.ServerName, MinVersion: tls.VersionTLS12}
+	h := sha256.New()
+	for _, part := range [][]byte{pem, []byte(t.ServerName)} {
+		h.Write(part)
+		h.Write([]byte{0})
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		certPEM, err := os.ReadFile(t.CertFile)
+		if err != nil {
+			return "", err
+		}
+		keyPEM, err := os.ReadFile(t.KeyFile)
+		if err != nil {
+			return "", err
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return "", fmt.Errorf("cert_file %s and key_file %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+		h.Write(certPEM)
+		h.Write([]byte{0})
+		h.Write(keyPEM)
+	case t.CertFile != "" || t.KeyFile != "":
+		return "", errors.New("cert_file and key_file go together")
+	}
+	name := "triage-" + hex.EncodeToString(h.Sum(nil)[:8])
+	return name, mysql.RegisterTLSConfig(name, cfg)
 }
 
 // Secret returns the secret given either as value, in the file named by

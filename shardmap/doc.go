@@ -125,5 +125,10 @@
 // for the NATS login, [Account] for the replication account. [NATSTLS]
 // names the CA a process verifies the NATS servers with and, optionally,
 // its client certificate; there is no TLS-less fallback: a process given
-// a CA refuses a server that does not speak TLS.
+// a CA refuses a server that does not speak TLS. [MySQLTLS] does the same
+// for the MySQL servers: Credentials.Resolve registers it with the driver
+// (mysql.RegisterTLSConfig, under a name derived from the files' content)
+// and Apply names it in every DSN the pools build (tls=<name>), so the
+// application pool, the admin pool, the observer and the controller's
+// replication admin connections all verify the servers against its CA.
 package shardmap

@@ -110,6 +110,9 @@ Every request needs it:
 			fmt.Fprintf(w, "NATS wants TLS: verify it with the bed's throwaway CA, %s (nats --tlsca %[1]s).\n", t.CAFile)
 		}
 		fmt.Fprintf(w, "MySQL: the node logs in as the application account (no DDL, no SUPER; password in %s).\n", filepath.Join(dir, "mysql-app.password"))
+		if t := b.Layout.MySQLTLS; t != nil {
+			fmt.Fprintf(w, "MySQL wants TLS of the application and replication accounts: verify it with %s (mariadb --ssl-ca %[1]s); root still logs in over plain TCP on loopback.\n", t.CAFile)
+		}
 		curlAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
 		grpcAuth = ` -H "authorization: Bearer $TRIAGE_TOKEN"`
 	}

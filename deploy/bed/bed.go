@@ -68,12 +68,23 @@ type Config struct {
 	// (natsserver.Auth): the nodes log in as the Triage user, and a
 	// client user is refused the internal subjects (their passwords in
 	// nats-triage.password and nats-client.password in Dir, 0600). It
-	// also turns NATS TLS on: a throwaway CA (nats-ca.crt in Dir; its key
-	// is never written) signs the servers' certificate (nats-server.crt,
+	// also turns NATS TLS on: a throwaway CA (ca.crt in Dir; its key is
+	// never written) signs the servers' certificate (nats-server.crt,
 	// nats-server.key), every client connection and, with several
 	// regions, every route is TLS, and the routes need a random route
-	// login, held in memory only. Default off (tests, bench).
+	// login, held in memory only. It turns MySQLTLS on too. Default off
+	// (tests, bench).
 	Auth bool
+	// MySQLTLS makes MySQL traffic TLS: the throwaway CA (ca.crt) signs
+	// the mariadbd servers' certificate (mysql-server.crt,
+	// mysql-server.key), the nodes' application and admin connections
+	// verify it (node.Config.MySQL.TLS), the replicas connect to their
+	// primary with MASTER_SSL=1 verifying chain and name
+	// (node.Config.ReplicationTLS), and the application and replication
+	// accounts are REQUIRE SSL, so their logins over plain TCP are
+	// refused. Root, which the bed's own checks and drills use, may still
+	// log in over plain TCP on loopback. Default: Auth.
+	MySQLTLS bool
 	// Progress, when set, receives one line per step of the bring-up, for
 	// a person watching `triage-bed up`.
 	Progress func(line string)
@@ -142,6 +153,10 @@ type Layout struct {
 	// NATSTLS is how to reach the bed's NATS servers, which then require
 	// TLS (Config.Auth): the throwaway CA's certificate.
 	NATSTLS *shardmap.NATSTLS `json:"nats_tls,omitempty"`
+	// MySQLTLS is how to reach the bed's MariaDB servers over TLS
+	// (Config.MySQLTLS), which the application and replication accounts
+	// must: the throwaway CA's certificate.
+	MySQLTLS *shardmap.MySQLTLS `json:"mysql_tls,omitempty"`
 }
 
 // Via returns the address a process of region from dials to reach addr:
@@ -170,9 +185,12 @@ type Bed struct {
 	natsAuth  *natsserver.Auth
 	natsTLS   *natsserver.TLS
 	routeAuth *natsserver.Login
-	started   time.Time
-	net       *wan.Net
-	regions   []*region
+	// mysqlTLS are the MariaDB servers' certificate files
+	// (Config.MySQLTLS), nil for plain TCP.
+	mysqlTLS *mysqlTLS
+	started  time.Time
+	net      *wan.Net
+	regions  []*region
 	// via maps, per region, a remote server's address to the link from
 	// that region.
 	via map[string]map[string]string
@@ -217,6 +235,7 @@ func (c *Config) fill() {
 		c.ShardsPerRegion = cmp.Or(c.ShardsPerRegion, 1)
 	}
 	c.NATSPort = cmp.Or(c.NATSPort, 4222)
+	c.MySQLTLS = c.MySQLTLS || c.Auth
 	switch {
 	case c.WANLatency == 0:
 		c.WANLatency = 20 * time.Millisecond
@@ -268,11 +287,23 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 	}
 	b = &Bed{cfg: cfg, log: cfg.Logger, started: time.Now(), Shards: map[uint32]*mariadb.Server{}, via: map[string]map[string]string{}}
 	b.Layout.Token, b.Layout.KeysFile = token, keysFile
+	var ca *bedCA
+	if cfg.Auth || cfg.MySQLTLS {
+		if ca, err = b.newCA(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.MySQLTLS {
+		if b.mysqlTLS, err = b.writeMySQLCerts(ca); err != nil {
+			return nil, err
+		}
+		b.Layout.MySQLTLS = b.mysqlTLS.client()
+	}
 	if cfg.Auth {
 		if err := b.writeNATSLogins(); err != nil {
 			return nil, err
 		}
-		if b.natsTLS, b.Layout.NATSTLS, err = b.writeNATSCerts(); err != nil {
+		if b.natsTLS, b.Layout.NATSTLS, err = b.writeNATSCerts(ca); err != nil {
 			return nil, err
 		}
 		if b.multi() {
@@ -365,12 +396,14 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		n, err := node.Start(ctx, node.Config{
 			Roles:          roles,
 			Replication:    repl,
+			ReplicationTLS: b.mysqlTLS.replication(),
 			ReplicationVia: b.via,
 			Region:         r.name,
 			NATS:           r.nats.ClientURL(),
 			GRPC:           addr(b.cfg.GRPCBase, i),
 			HTTP:           addr(b.cfg.HTTPBase, i),
 			MySQL:          b.appMySQL(r.name, password),
+			Admin:          shardmap.Credentials{TLS: b.mysqlTLS.client()}, // root, over TLS when the servers offer it
 			ShardMapFile:   b.Layout.ShardMap,
 			OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
 			Pprof:          map[bool]string{true: b.cfg.Pprof}[i == 0],

@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/testlog"
 	"github.com/triage-queue/triage/regions/replication"
@@ -78,12 +77,22 @@ func TestBedUpAndDown(t *testing.T) {
 	require.Contains(t, string(body), `"id"`)
 
 	// The node logs in to MariaDB as the application account (password
-	// from a file), which can change rows but not tables or read_only.
+	// from a file), which can change rows but not tables or read_only. It
+	// is REQUIRE SSL: over plain TCP it is refused, over TLS verified with
+	// the bed's CA (bed.json's mysql_tls) the session is encrypted.
 	require.FileExists(t, filepath.Join(dir, "mysql-app.password"))
+	require.NotNil(t, l.MySQLTLS)
 	app := b.AppCredentials()
+	require.True(t, app.RequireSSL)
 	for _, srv := range b.Shards {
-		db, err := sql.Open("mysql", app.User+":"+app.Password+"@tcp("+srv.Addr()+")/"+app.Database)
-		require.NoError(t, err)
+		plain := openT(t, app.User+":"+app.Password+"@tcp("+srv.Addr()+")/"+app.Database)
+		var me *mysql.MySQLError
+		require.ErrorAs(t, plain.PingContext(ctx), &me)
+		require.EqualValues(t, 1045, me.Number, "REQUIRE SSL refuses the application account over plain TCP")
+		db := openT(t, tlsDSN(t, l.MySQLTLS, app, srv.Addr()))
+		var name, cipher string
+		require.NoError(t, db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &cipher))
+		require.NotEmpty(t, cipher)
 		var n int
 		require.NoError(t, db.QueryRowContext(ctx, "SELECT COUNT(*) FROM items").Scan(&n))
 		for _, stmt := range []string{"CREATE TABLE evil (id INT)", "DROP TABLE items", "SET GLOBAL read_only = ON"} {
@@ -118,7 +127,7 @@ func TestBedUpAndDown(t *testing.T) {
 	state, err := tri.TLSConnectionState()
 	require.NoError(t, err)
 	require.True(t, state.HandshakeComplete)
-	for _, f := range []string{"nats-ca.crt", "nats-server.crt", "nats-server.key"} {
+	for _, f := range []string{"ca.crt", "nats-server.crt", "nats-server.key", "mysql-server.crt", "mysql-server.key"} {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err, f)
 		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), f)
@@ -208,15 +217,16 @@ func TestBedUpAndDown(t *testing.T) {
 
 // TestThreeRegionBed starts the multi-region bed and checks what the drills
 // rely on: the layout, region preference across routers, replication
-// through the WAN with semi-sync, the replicas' fence, the latency, that
-// NATS routes cannot bypass a cut, and that Stop leaves nothing running.
+// through the WAN with semi-sync and over TLS (MySQLTLS, as make up's
+// multi-region bed), the replicas' fence, the latency, that NATS routes
+// cannot bypass a cut, and that Stop leaves nothing running.
 func TestThreeRegionBed(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const latency = 20 * time.Millisecond
-	b, err := Start(ctx, Config{Dir: dir, Regions: DefaultRegions, NATSPort: -1, WANLatency: latency,
+	b, err := Start(ctx, Config{Dir: dir, Regions: DefaultRegions, NATSPort: -1, WANLatency: latency, MySQLTLS: true,
 		Logger: testlog.New(t, slog.LevelInfo)})
 	require.NoError(t, err)
 	defer b.Stop()
@@ -305,6 +315,7 @@ func TestThreeRegionBed(t *testing.T) {
 					require.True(t, st.ReadOnly)
 					require.Equal(t, b.Via(replicaRegion, p.Addr()), st.PrimaryAddr, "replicates through the link")
 					require.NotEqual(t, p.Addr(), st.PrimaryAddr)
+					require.True(t, st.TLS, "replicates over TLS (Master_SSL_Allowed)")
 
 					pa, err := replication.Open(p.DSN(""))
 					require.NoError(t, err)
@@ -328,8 +339,8 @@ func TestThreeRegionBed(t *testing.T) {
 				var n int
 				return root.QueryRow("SELECT COUNT(*) FROM triage.schema_migrations").Scan(&n) == nil && n > 0
 			}, 10*time.Second, 50*time.Millisecond, "schema replicated")
-			acc := provision.BedAccounts.App
-			app := openT(t, acc.User+":"+acc.Password+"@tcp("+r.Addr()+")/"+acc.Database)
+			acc := b.AppCredentials()
+			app := openT(t, tlsDSN(t, l.MySQLTLS, acc, r.Addr()))
 			var one int
 			require.NoError(t, app.QueryRow("SELECT 1 FROM schema_migrations LIMIT 1").Scan(&one), "the app user can read")
 			_, err := app.Exec("INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, 'x', 0)")
@@ -425,6 +436,18 @@ func TestThreeRegionBed(t *testing.T) {
 	}
 	_, err = ReadLayout(dir)
 	require.Error(t, err, "bed.json is removed on stop")
+}
+
+// tlsDSN is the DSN of acc on the server at addr over TLS as the bed's
+// mysql_tls says.
+func tlsDSN(t *testing.T, tlsCfg *shardmap.MySQLTLS, acc replication.Credentials, addr string) string {
+	t.Helper()
+	c, err := shardmap.Credentials{User: acc.User, Password: acc.Password, TLS: tlsCfg}.Resolve()
+	require.NoError(t, err)
+	mc := mysql.NewConfig()
+	c.Apply(mc)
+	mc.Net, mc.Addr, mc.DBName = "tcp", addr, acc.Database
+	return mc.FormatDSN()
 }
 
 func openT(t *testing.T, dsn string) *sql.DB {

@@ -59,8 +59,8 @@
 // With Config.Auth (make up) the NATS servers require logins
 // (nats-triage.password, nats-client.password) and TLS: the bed makes a
 // throwaway CA, signs one certificate for 127.0.0.1 with it and drops the
-// CA's key (certs.go), so nats-ca.crt can verify the servers but sign
-// nothing more. Every node, the JetStream wait and a bench run against the
+// CA's key (certs.go), so ca.crt can verify the servers but sign nothing
+// more. Every node, the JetStream wait and a bench run against the
 // bed connect with that CA (Layout.NATSTLS); a client without it is
 // refused. With several
 // regions the routes between the servers are TLS too, verified both ways
@@ -68,6 +68,19 @@
 // stranger reaching a route port cannot join the cluster. The WAN links
 // forward TCP, so TLS runs end to end through them. A bed started without
 // Auth (most tests) runs NATS in the clear.
+//
+// # MySQL TLS
+//
+// With Config.MySQLTLS (on with Auth, so make up has it) the same CA signs
+// the mariadbd servers' certificate (mysql-server.crt, for 127.0.0.1),
+// which every server offers (--ssl-cert, --ssl-key, --ssl-ca, kept over
+// restarts). The nodes' application and admin pools verify it against
+// ca.crt (node.Config.MySQL.TLS, Layout.MySQLTLS), the replicas connect
+// to their primary with MASTER_SSL=1, verifying chain and name through the
+// WAN links too (node.Config.ReplicationTLS, at bring-up and at every
+// repoint and rejoin), and the application and replication accounts are
+// REQUIRE SSL. Root stays reachable over plain TCP on loopback for the
+// bed's own checks and fault injection.
 //
 // # What it shares with production
 //

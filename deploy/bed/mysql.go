@@ -16,12 +16,24 @@ import (
 )
 
 // AppCredentials is the application account (provision.BedAccounts), as
-// package replication takes it.
-func (b *Bed) AppCredentials() replication.Credentials { return provision.BedAccounts.App }
+// package replication takes it: REQUIRE SSL with Config.MySQLTLS.
+func (b *Bed) AppCredentials() replication.Credentials { return b.accounts().App }
 
 // ReplCredentials is the replication account (provision.BedAccounts), for
-// ReplicateFrom, RejoinAsReplica and the like.
-func (b *Bed) ReplCredentials() replication.Credentials { return provision.BedAccounts.Repl }
+// ReplicateFrom, RejoinAsReplica and the like: over TLS, and REQUIRE SSL,
+// with Config.MySQLTLS.
+func (b *Bed) ReplCredentials() replication.Credentials { return b.accounts().Repl }
+
+// accounts are provision.BedAccounts as this bed makes them: with
+// Config.MySQLTLS both REQUIRE SSL, and the replicas connect over TLS.
+func (b *Bed) accounts() provision.Accounts {
+	acc := provision.BedAccounts
+	if b.mysqlTLS != nil {
+		acc.App.RequireSSL, acc.Repl.RequireSSL = true, true
+		acc.Repl.TLS = b.mysqlTLS.replication()
+	}
+	return acc
+}
 
 // serverID gives every mariadbd of the bed a distinct server_id, which
 // replication needs: the primary of shard N has N, its k-th replica
@@ -82,7 +94,7 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 	started := make([]*dbServer, len(plans))
 	err := provision.Parallel(len(plans), func(i int) error {
 		p := plans[i]
-		args := append([]string(nil), b.cfg.MariaDBArgs...)
+		args := append(b.mysqlTLS.serverArgs(), b.cfg.MariaDBArgs...)
 		if b.multi() {
 			args = append(args, semiSyncArgs()...)
 		}
@@ -148,7 +160,7 @@ func (b *Bed) setUpReplication(ctx context.Context) error {
 	servers := b.serverList()
 	err := provision.Parallel(len(servers), func(i int) error {
 		d := servers[i]
-		if err := provision.EnsureAccounts(ctx, d.srv.DSN(""), provision.BedAccounts); err != nil {
+		if err := provision.EnsureAccounts(ctx, d.srv.DSN(""), b.accounts()); err != nil {
 			return fmt.Errorf("shard %d %s: %w", d.shard, d.role, err)
 		}
 		if d.role == RolePrimary {
@@ -180,7 +192,7 @@ func (b *Bed) replicate(ctx context.Context, shard uint32) error {
 	for _, rd := range b.replicasOf(shard) {
 		replicas = append(replicas, provision.Replica{DSN: rd.srv.DSN(""), Region: rd.region, PrimaryVia: b.Via(rd.region, pd.srv.Addr())})
 	}
-	return provision.Replicate(ctx, shard, pd.srv.DSN(""), provision.BedAccounts.Repl, replicas, b.progress)
+	return provision.Replicate(ctx, shard, pd.srv.DSN(""), b.accounts().Repl, replicas, b.progress)
 }
 
 // writeShardMap writes the bootstrap shard map: every shard with its home
@@ -213,10 +225,11 @@ func (b *Bed) writeShardMap() error {
 // appMySQL is what a node of region uses to reach MariaDB: the
 // application account (no DDL, no SUPER), its password read from a file
 // of the bed's directory as a deployment would mount a secret, so the
-// node config (and bed.json) carry only the file's name. Migrations fall
+// node config (and bed.json) carry only the file's name, over TLS with
+// Config.MySQLTLS. Migrations fall
 // back to the node's admin account, root without a password here.
 func (b *Bed) appMySQL(region, passwordFile string) shardmap.Credentials {
-	c := shardmap.Credentials{User: provision.BedAccounts.App.User, PasswordFile: passwordFile}
+	c := shardmap.Credentials{User: provision.BedAccounts.App.User, PasswordFile: passwordFile, TLS: b.mysqlTLS.client()}
 	if len(b.via[region]) > 0 {
 		c.DialVia = maps.Clone(b.via[region])
 	}

@@ -115,6 +115,14 @@ type Credentials struct {
 	// read and change. Default "triage". Ignored for the replication
 	// account, whose privilege is server-wide.
 	Database string
+	// RequireSSL makes EnsureUsers create the account REQUIRE SSL, so the
+	// server refuses its login over plain TCP. Default false, which leaves
+	// an existing account's requirement as it is.
+	RequireSSL bool
+	// TLS, for the replication account only, makes ReplicateFrom and
+	// RejoinAsReplica point replicas at their primary over TLS. Default
+	// nil: plain TCP.
+	TLS *TLS
 }
 
 var (
@@ -139,6 +147,8 @@ func (c Credentials) validate(role string) error {
 		return fmt.Errorf("replication: %s user %q: host %q: want 1-255 of letters, digits, '.', '_', '%%', ':', '-'", role, c.User, c.Host)
 	case !validDatabase.MatchString(c.database()):
 		return fmt.Errorf("replication: %s user %q: database %q: want 1-64 of letters, digits, '_'", role, c.User, c.Database)
+	case c.TLS != nil:
+		return c.TLS.Validate()
 	}
 	return nil
 }

@@ -96,6 +96,21 @@
 // with error 1236 ("diverged"), visible in [Admin.Status]: rebuild it from
 // a copy of the new primary.
 //
+// # TLS
+//
+// [Credentials.TLS] of the replication account makes every CHANGE MASTER
+// TO of this package (ReplicateFrom, RejoinAsReplica, so the bootstrap's
+// replicas, the failover's repoints and a deposed primary's rejoin alike)
+// add MASTER_SSL=1 with the CA the replica verifies its primary's chain
+// against (MASTER_SSL_CA, a path on the replica's host) and, by default,
+// MASTER_SSL_VERIFY_SERVER_CERT=1, so the certificate must also name the
+// host the replica dials. [Status.TLS] reads it back (Master_SSL_Allowed).
+// [Credentials.RequireSSL] makes EnsureUsers create an account REQUIRE
+// SSL, so that the server refuses its login over plain TCP: the
+// application account when the nodes connect over TLS, the replication
+// account when replicas do. Without TLS, CHANGE MASTER TO names no SSL
+// option, so a replica keeps whatever it was given before.
+//
 // # MariaDB and MySQL 8
 //
 // The statements live behind the [Flavor] interface so that the procedure

@@ -13,10 +13,11 @@ import (
 // ReplicateFrom makes the server a replica of primaryAddr: it fences the
 // server (read_only=1) before anything else, so no application write lands
 // between its last role and its new one, then points it at the primary
-// with MASTER_USE_GTID=slave_pos and MASTER_CONNECT_RETRY=1 and starts
-// replication. It serves new replicas and repointing surviving replicas
-// after a failover. It returns once replication is started; watch Status
-// for the IO thread connecting (a wrong password or address shows up as
+// with MASTER_USE_GTID=slave_pos and MASTER_CONNECT_RETRY=1 (and, when
+// repl.TLS is set, MASTER_SSL=1 with its CA) and starts replication. It
+// serves new replicas and repointing surviving replicas after a failover.
+// It returns once replication is started; watch Status for the IO thread
+// connecting (a wrong password, address or certificate shows up as
 // LastIOError there).
 //
 // A relay log left from a previous primary is discarded; the new primary,

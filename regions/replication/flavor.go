@@ -22,7 +22,7 @@ type Flavor interface {
 
 	// Users returns the statements that create the replication and
 	// application accounts or bring existing ones to the intended password
-	// and privileges.
+	// and privileges, REQUIRE SSL for those whose RequireSSL is set.
 	Users(repl, app Credentials) []string
 	// SetReadOnly fences (on) or unfences the server for accounts without
 	// the privilege to bypass read_only.
@@ -39,8 +39,9 @@ type Flavor interface {
 	SemiSyncStatus() string
 
 	// ChangePrimary points the (stopped) replica at host:port, resuming from
-	// its replica GTID position. demote first merges the server's own binary
-	// log position into that position (a deposed primary rejoining).
+	// its replica GTID position, over TLS when repl.TLS says so. demote
+	// first merges the server's own binary log position into that position
+	// (a deposed primary rejoining).
 	ChangePrimary(host string, port int, repl Credentials, demote bool) string
 	// StartReplica and the others below start, stop or forget replication
 	// (both threads, or the SQL or IO thread alone).
@@ -70,6 +71,9 @@ type Names struct {
 	IORunning, SQLRunning, IOPos, SecondsBehind          string
 	LastIOErrno, LastIOError, LastSQLErrno, LastSQLError string
 	PrimaryHost, PrimaryPort                             string
+	// PrimaryTLS is the column saying whether the replica connects to
+	// its primary over TLS (MASTER_SSL).
+	PrimaryTLS string
 	// Variables from SemiSyncVariables.
 	SemiSyncPrimaryEnabled, SemiSyncReplicaEnabled, SemiSyncWaitPoint, SemiSyncTimeout string
 	SemiSyncWaitNoReplica                                                              string
@@ -115,11 +119,11 @@ func (mariaDB) Name() string { return "mariadb" }
 func (mariaDB) Users(repl, app Credentials) []string {
 	r, a := account(repl), account(app)
 	return []string{
-		"CREATE USER IF NOT EXISTS " + r + " IDENTIFIED BY " + quote(repl.Password),
-		"ALTER USER " + r + " IDENTIFIED BY " + quote(repl.Password),
+		"CREATE USER IF NOT EXISTS " + r + " IDENTIFIED BY " + quote(repl.Password) + requireSSL(repl),
+		"ALTER USER " + r + " IDENTIFIED BY " + quote(repl.Password) + requireSSL(repl),
 		"GRANT REPLICATION SLAVE ON *.* TO " + r,
-		"CREATE USER IF NOT EXISTS " + a + " IDENTIFIED BY " + quote(app.Password),
-		"ALTER USER " + a + " IDENTIFIED BY " + quote(app.Password),
+		"CREATE USER IF NOT EXISTS " + a + " IDENTIFIED BY " + quote(app.Password) + requireSSL(app),
+		"ALTER USER " + a + " IDENTIFIED BY " + quote(app.Password) + requireSSL(app),
 		// Either privilege lets an account write through read_only (SUPER
 		// did until 10.11), which would defeat the fence. Revoking a
 		// privilege the account lacks is not an error in MariaDB.
@@ -167,7 +171,8 @@ func (mariaDB) ChangePrimary(host string, port int, repl Credentials, demote boo
 		// The primary's dump thread only notices a dead replica when it
 		// next writes to it; a heartbeat every second (default 30 s) keeps
 		// Rpl_semi_sync_master_clients, which the alarm reads, current.
-		", MASTER_HEARTBEAT_PERIOD = 1"
+		", MASTER_HEARTBEAT_PERIOD = 1" +
+		repl.TLS.changeOptions()
 	if demote {
 		stmt += ", MASTER_DEMOTE_TO_SLAVE = 1"
 	}
@@ -194,7 +199,7 @@ func (mariaDB) Names() Names {
 		SecondsBehind: "Seconds_Behind_Master",
 		LastIOErrno:   "Last_IO_Errno", LastIOError: "Last_IO_Error",
 		LastSQLErrno: "Last_SQL_Errno", LastSQLError: "Last_SQL_Error",
-		PrimaryHost: "Master_Host", PrimaryPort: "Master_Port",
+		PrimaryHost: "Master_Host", PrimaryPort: "Master_Port", PrimaryTLS: "Master_SSL_Allowed",
 		SemiSyncPrimaryEnabled: "rpl_semi_sync_master_enabled",
 		SemiSyncReplicaEnabled: "rpl_semi_sync_slave_enabled",
 		SemiSyncWaitPoint:      "rpl_semi_sync_master_wait_point",
@@ -223,3 +228,12 @@ func onOff(b bool) string {
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func account(c Credentials) string { return quote(c.User) + "@" + quote(c.host()) }
+
+// requireSSL is the clause of CREATE and ALTER USER that makes the server
+// refuse c's login over plain TCP, empty when c does not ask for it.
+func requireSSL(c Credentials) string {
+	if c.RequireSSL {
+		return " REQUIRE SSL"
+	}
+	return ""
+}

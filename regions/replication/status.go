@@ -39,6 +39,9 @@ type Status struct {
 
 	// PrimaryAddr is the configured primary, host:port.
 	PrimaryAddr string
+	// TLS is Master_SSL_Allowed = "Yes": the replica connects to its
+	// primary over TLS (ReplicateFrom with Credentials.TLS).
+	TLS bool
 	// IORunning is Slave_IO_Running: "Yes", "Connecting" (retrying a lost
 	// primary every MASTER_CONNECT_RETRY second), "Preparing" or "No".
 	IORunning string
@@ -115,6 +118,7 @@ func (a *Admin) status(ctx context.Context, q queryer) (Status, error) {
 		}
 		st.Role = RoleReplica
 		st.PrimaryAddr = net.JoinHostPort(row[n.PrimaryHost].String, row[n.PrimaryPort].String)
+		st.TLS = row[n.PrimaryTLS].String == "Yes"
 		st.IORunning = row[n.IORunning].String
 		st.SQLRunning = row[n.SQLRunning].String == "Yes"
 		st.IOPos = parse(n.IOPos, row[n.IOPos].String)

@@ -54,6 +54,18 @@ type Config struct {
 	// (a missing password_file is created with a random one). User
 	// default "repl"; no default password.
 	Replication shardmap.Account `json:"replication"`
+	// MySQLRequireSSL creates the application account REQUIRE SSL, so
+	// that the servers refuse its login over plain TCP: set it when every
+	// node's mysql.tls names a CA. Default false (an existing account's
+	// requirement is left as it is).
+	MySQLRequireSSL bool `json:"mysql_require_ssl,omitempty"`
+	// ReplicationTLS points the replicas at their primaries over TLS
+	// (CHANGE MASTER TO ... MASTER_SSL=1), as the controllers'
+	// node.Config.ReplicationTLS, and creates the replication account
+	// REQUIRE SSL: {"ca_file", "cert_file", "key_file",
+	// "verify_server_cert"}, paths as the replicas' mariadbd see them.
+	// Default none: plain TCP.
+	ReplicationTLS *replication.TLS `json:"replication_tls,omitempty"`
 	// NATS are the client URLs of the NATS servers, one per region. The
 	// buckets and streams are created through the first. Required.
 	NATS []string `json:"nats"`
@@ -107,16 +119,17 @@ func (c *Config) Fill() error {
 //  1. reads the application and replication accounts' passwords, writing
 //     a random one into a password_file that does not exist yet (see
 //     Config.MySQL); waits until every MariaDB server of the shard map and
-//     of the spare shards answers, creates the accounts on each
-//     (provision.EnsureAccounts, unlogged) and the shard database on each
-//     primary;
+//     of the spare shards answers (as Admin, over TLS when admin.tls says
+//     so), creates the accounts on each (provision.EnsureAccounts,
+//     unlogged; REQUIRE SSL as MySQLRequireSSL and ReplicationTLS say)
+//     and the shard database on each primary;
 //  2. migrates the schema on each primary of the map and of the spare
 //     shards (schema.Migrate), once, before a dozen role containers would
 //     race to; a router, which has no admin account here, then finds a
 //     spare's schema current when `triage shard add` publishes it;
 //  3. replicates every shard, spares included, to its replicas with
 //     semi-sync (provision.Replicate: GTID, AFTER_SYNC, one
-//     acknowledgement, no fallback);
+//     acknowledgement, no fallback), over TLS with ReplicationTLS;
 //  4. waits for JetStream's meta leader (provision.WaitJetStream), then creates,
 //     one after the other, every bucket and stream the nodes open, and
 //     publishes the shard map (shardmap.Bootstrap: a map already stored is
@@ -134,7 +147,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
 		return fmt.Errorf("bootstrap config admin: %w", err)
 	}
-	accounts := provision.Accounts{App: replication.Credentials{User: cfg.MySQL.User}, Repl: replication.Credentials{User: cfg.Replication.User}}
+	if cfg.ReplicationTLS != nil {
+		if err := cfg.ReplicationTLS.Validate(); err != nil {
+			return fmt.Errorf("bootstrap config replication_tls: %w", err)
+		}
+	}
+	accounts := provision.Accounts{
+		App:  replication.Credentials{User: cfg.MySQL.User, RequireSSL: cfg.MySQLRequireSSL},
+		Repl: replication.Credentials{User: cfg.Replication.User, RequireSSL: cfg.ReplicationTLS != nil, TLS: cfg.ReplicationTLS},
+	}
 	if accounts.App.Password, err = password(cfg.MySQL, "mysql", log); err != nil {
 		return err
 	}

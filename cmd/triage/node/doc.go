@@ -61,7 +61,11 @@
 // so a node of a bootstrapped cluster needs no admin password unless it
 // runs the controller. Config.Replication is the replication account the
 // controller hands replicas in CHANGE MASTER TO; the node never logs in
-// as it. Passwords come from files or environment variables
+// as it. Both pools connect over TLS when their account's tls names a CA
+// (shardmap.MySQLTLS, registered with the driver as tls=<name>), and
+// Config.ReplicationTLS makes the replicas the controller points connect
+// to their primary over TLS too (replication.TLS: MASTER_SSL=1).
+// Passwords come from files or environment variables
 // (shardmap.Secret), never from the shard map. Config.NATSAuth is the
 // NATS Triage login (deploy/natsserver.Auth) and Config.NATSTLS how the
 // node verifies the NATS servers (their CA) and, when they ask, proves

@@ -129,6 +129,12 @@ type Config struct {
 	// environment; it is never part of the shard map. Default none (a
 	// controller then cannot repoint replicas).
 	Replication shardmap.Account `json:"replication,omitempty"`
+	// ReplicationTLS makes the replicas the controller points connect to
+	// their primary over TLS (CHANGE MASTER TO ... MASTER_SSL=1):
+	// {"ca_file", "cert_file", "key_file", "verify_server_cert"}, paths as
+	// the replicas' mariadbd see them (replication.TLS). Default none:
+	// plain TCP.
+	ReplicationTLS *replication.TLS `json:"replication_tls,omitempty"`
 	// ReplicationVia[region][addr] is the address a server in region
 	// reaches addr at (WAN links in the local bed). Missing: addr itself.
 	ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
@@ -235,7 +241,15 @@ func (c *Config) fill() error {
 		if err != nil {
 			return fmt.Errorf("node config replication: %w", err)
 		}
-		c.repl = replication.Credentials{User: c.Replication.User, Password: pw}
+		c.repl = replication.Credentials{User: c.Replication.User, Password: pw, TLS: c.ReplicationTLS}
+	}
+	if c.ReplicationTLS != nil {
+		if !c.Replication.Given() {
+			return errors.New("node config: replication_tls needs replication, the account replicas log in with")
+		}
+		if err := c.ReplicationTLS.Validate(); err != nil {
+			return fmt.Errorf("node config replication_tls: %w", err)
+		}
 	}
 	return nil
 }

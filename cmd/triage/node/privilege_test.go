@@ -227,10 +227,12 @@ func mustRead(t *testing.T, path string) []byte {
 	return data
 }
 
-// TestMySQLTLS: with mysql.tls the pool verifies the server's certificate
-// against ca_file and the session is encrypted, so an account that
-// REQUIREs SSL logs in; a CA that did not sign the server's certificate
-// is refused, and so is the account without TLS.
+// TestMySQLTLS: with mysql.tls the application pool verifies the server's
+// certificate against ca_file and the session is encrypted, so an account
+// that REQUIREs SSL logs in; a CA that did not sign the server's
+// certificate is refused, and so is the account without TLS. With
+// cert_file and key_file the pool shows its certificate, so an account
+// that REQUIREs X509 logs in too, and is refused without it.
 func TestMySQLTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -240,6 +242,9 @@ func TestMySQLTLS(t *testing.T) {
 	authtest.Write(t, filepath.Join(dir, "server.key"), key)
 	authtest.Write(t, filepath.Join(dir, "ca.crt"), ca.PEM)
 	authtest.Write(t, filepath.Join(dir, "other-ca.crt"), authtest.NewCA(t, "another CA").PEM)
+	clientCrt, clientKey := ca.Issue(t, "triage-node", false)
+	authtest.Write(t, filepath.Join(dir, "client.crt"), clientCrt)
+	authtest.Write(t, filepath.Join(dir, "client.key"), clientKey)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	srv, err := mariadb.Start(ctx, mariadb.Config{Dir: filepath.Join(dir, "db"), ExtraArgs: []string{
@@ -250,7 +255,8 @@ func TestMySQLTLS(t *testing.T) {
 	root, err := sql.Open("mysql", srv.DSN(""))
 	require.NoError(t, err)
 	defer root.Close()
-	for _, stmt := range []string{"CREATE USER tls_app IDENTIFIED BY 'pw' REQUIRE SSL", "GRANT SELECT ON triage.* TO tls_app"} {
+	for _, stmt := range []string{"CREATE USER tls_app IDENTIFIED BY 'pw' REQUIRE SSL", "GRANT SELECT ON triage.* TO tls_app",
+		"CREATE USER x509_app IDENTIFIED BY 'pw' REQUIRE X509", "GRANT SELECT ON triage.* TO x509_app"} {
 		_, err := root.ExecContext(ctx, stmt)
 		require.NoError(t, err, stmt)
 	}
@@ -260,7 +266,7 @@ func TestMySQLTLS(t *testing.T) {
 	cipher := func(c shardmap.Credentials) (string, error) {
 		c, err := c.Resolve()
 		require.NoError(t, err)
-		p := shardmap.NewPool(c)
+		p := shardmap.NewAppPool(c)
 		defer p.Close()
 		db, _, err := p.Primary(m, 1)
 		require.NoError(t, err)
@@ -275,6 +281,15 @@ func TestMySQLTLS(t *testing.T) {
 	require.ErrorContains(t, err, "certificate", "a server certificate from another CA is refused")
 	_, err = cipher(shardmap.Credentials{User: "tls_app", Password: "pw"})
 	require.Equal(t, uint16(1045), mysqlErr(err), "REQUIRE SSL refuses a plain login: %v", err)
+
+	withCert := &shardmap.MySQLTLS{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "client.crt"), KeyFile: filepath.Join(dir, "client.key")}
+	got, err = cipher(shardmap.Credentials{User: "x509_app", Password: "pw", TLS: withCert})
+	require.NoError(t, err)
+	require.NotEmpty(t, got, "the session is encrypted")
+	_, err = cipher(shardmap.Credentials{User: "x509_app", Password: "pw", TLS: &shardmap.MySQLTLS{CAFile: filepath.Join(dir, "ca.crt")}})
+	require.Equal(t, uint16(1045), mysqlErr(err), "REQUIRE X509 refuses a login without a certificate: %v", err)
+	_, err = shardmap.Credentials{User: "x509_app", TLS: &shardmap.MySQLTLS{CAFile: withCert.CAFile, CertFile: withCert.CertFile}}.Resolve()
+	require.ErrorContains(t, err, "cert_file and key_file go together")
 }
 
 // TestReplicationAccount: the replication account the controller names in
@@ -309,6 +324,32 @@ func TestReplicationAccount(t *testing.T) {
 		require.NoError(t, err, tc.name)
 		require.Equal(t, tc.want, cfg.repl, tc.name)
 	}
+}
+
+// TestReplicationTLSConfig: replication_tls reaches the replication
+// account the controller points replicas with (verifying the primary's
+// name unless told not to); without a CA, or without the account it
+// belongs to, the node does not start.
+func TestReplicationTLSConfig(t *testing.T) {
+	base := `{"region": "us-east", "nats": "nats://127.0.0.1:1", "mysql": {"user": "app"}`
+	parse := func(rest string) (Config, error) {
+		var cfg Config
+		require.NoError(t, json.Unmarshal([]byte(base+rest+`}`), &cfg))
+		return cfg, cfg.fill()
+	}
+	cfg, err := parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {"ca_file": "/etc/mysql/ca.crt"}`)
+	require.NoError(t, err)
+	require.Equal(t, &replication.TLS{CAFile: "/etc/mysql/ca.crt"}, cfg.repl.TLS)
+	cfg, err = parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {"ca_file": "/ca.crt", "verify_server_cert": false}`)
+	require.NoError(t, err)
+	require.False(t, *cfg.repl.TLS.VerifyServerCert)
+	cfg, err = parse(`, "replication": {"user": "repl", "password": "r"}`)
+	require.NoError(t, err)
+	require.Nil(t, cfg.repl.TLS, "plain TCP by default")
+	_, err = parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {}`)
+	require.ErrorContains(t, err, "ca_file is required")
+	_, err = parse(`, "replication_tls": {"ca_file": "/ca.crt"}`)
+	require.ErrorContains(t, err, "replication_tls needs replication")
 }
 
 // requireRoundTrip enqueues two items, dequeues them most urgent first and

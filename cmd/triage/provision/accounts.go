@@ -39,9 +39,10 @@ var BedAccounts = Accounts{
 // lift read_only. What an existing account held beyond that is revoked:
 // DDL on the database, every global privilege (a node refuses an account
 // with SUPER, READ_ONLY ADMIN or ALL PRIVILEGES: schema.CheckGrants) and
-// its default role, whose privileges a session would hold too. The
-// statements are unlogged like every admin statement, so that they create
-// no GTID.
+// its default role, whose privileges a session would hold too. An account
+// whose RequireSSL is set is created REQUIRE SSL: its login over plain TCP
+// is refused. The statements are unlogged like every admin statement, so
+// that they create no GTID.
 func EnsureAccounts(ctx context.Context, dsn string, acc Accounts) error {
 	a, err := replication.Open(dsn)
 	if err != nil {

@@ -26,10 +26,10 @@ type Replica struct {
 
 // Replicate turns semi-sync on for the primary of shard at primaryDSN
 // (AFTER_SYNC, one acknowledgement, no fallback to async), makes each
-// replica replicate from it with GTIDs as repl, waits until each has
-// caught up, then until all are connected as semi-sync replicas, so the
-// first application commit is acknowledged at once. progress, when not
-// nil, receives a line per step (printf style).
+// replica replicate from it with GTIDs as repl (over TLS when repl.TLS is
+// set), waits until each has caught up, then until all are connected as
+// semi-sync replicas, so the first application commit is acknowledged at
+// once. progress, when not nil, receives a line per step (printf style).
 func Replicate(ctx context.Context, shard uint32, primaryDSN string, repl replication.Credentials, replicas []Replica, progress func(format string, args ...any)) error {
 	if progress == nil {
 		progress = func(string, ...any) {}
