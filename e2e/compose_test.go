@@ -1,23 +1,36 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/triage-queue/triage/deploy/compose"
+	"github.com/triage-queue/triage/deploy/natsserver"
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // composeRegions are the compose bed's regions, in port order.
@@ -30,12 +43,23 @@ type composeBed struct {
 	env     []string
 	// http is each region's JSON gateway (host:port), by region.
 	http map[string]string
+	// bedDir is the bed directory up.sh makes (TRIAGE_BED_DIR) and token
+	// the bed's API key (cluster-admin) in it.
+	bedDir, token string
 }
 
 // TestCompose brings the three-region docker-compose bed up from nothing
 // under a project name of its own (deploy/compose/up.sh: images built
 // without a registry, bootstrap, health checks), then:
 //
+//   - keys and NATS logins, as on the process bed: a call to a router
+//     without the bed's API key is refused UNAUTHENTICATED (gRPC) and 401
+//     (HTTP), one with it is served; NATS speaks TLS only, with a
+//     certificate of the bed's own CA, and wants a login; the client login
+//     is refused publishing on triage.> and subscribing to the default
+//     inbox and to every subject Triage uses, while Triage's login uses
+//     JetStream; and the client login's subscription to ">" gets none of
+//     Triage's traffic while the tour below runs;
 //   - the WAN: a round trip from each region to a MariaDB server of each
 //     other region, as a client there sees it, takes at least 40 ms
 //     (20 ms one way through the gateways), and a region's containers
@@ -73,6 +97,14 @@ func TestCompose(t *testing.T) {
 	rec.at("WAN round trips and name isolation")
 	bed, err := compose.Open(ctx, b.project)
 	require.NoError(t, err)
+	require.Equal(t, b.token, bed.Token(), "compose.Open finds the bed directory up.sh made")
+	for _, r := range must(bed.Routers(ctx)) {
+		require.Equal(t, b.token, r.Token, "the drills send the key to %s", r.Region)
+	}
+
+	rec.at("keys and NATS logins")
+	b.checkKeys(ctx, bed)
+	snooped := b.checkNATSLogins(ctx, bed)
 	for _, from := range composeRegions {
 		rtts, err := bed.RoundTrips(ctx, from)
 		require.NoError(t, err)
@@ -105,6 +137,7 @@ func TestCompose(t *testing.T) {
 		}
 	}
 	t.Logf("compose bed up and toured %.1fs after the start", time.Since(start).Seconds())
+	require.Empty(t, snooped(), "the client login's subscription to \">\" received Triage's traffic during the tour")
 
 	drills := time.Now()
 	rec.at("partition drill")
@@ -227,7 +260,10 @@ func startCompose(t *testing.T) *composeBed {
 		}
 	}
 	b := &composeBed{t: t, project: fmt.Sprintf("triage-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6), http: map[string]string{}}
-	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(t.TempDir(), "images.env"),
+	tmp := t.TempDir()
+	b.bedDir = filepath.Join(tmp, "bed") // the key, NATS passwords and certificates; down.sh removes it
+	b.env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+b.project, "IMAGES_ENV="+filepath.Join(tmp, "images.env"),
+		"TRIAGE_BED_DIR="+b.bedDir,
 		"SPARE_SHARDS=1") // shard 4, outside the map until addSpareShard
 	for _, r := range composeRegions {
 		k := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
@@ -249,7 +285,156 @@ func startCompose(t *testing.T) *composeBed {
 		require.NoError(t, err, "%s", out)
 		b.http[r] = strings.Fields(string(out))[0]
 	}
+	token, err := os.ReadFile(filepath.Join(b.bedDir, "token"))
+	require.NoError(t, err, "up.sh makes the bed directory")
+	b.token = strings.TrimSpace(string(token))
+	require.True(t, strings.HasPrefix(b.token, "trk_"), "the bed's API key: %q", b.token)
 	return b
+}
+
+// must is v, or a panic: for calls that cannot fail here.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// checkKeys: every router refuses a call without the bed's API key,
+// UNAUTHENTICATED over gRPC and 401 over HTTP, and serves the same call
+// with it.
+func (b *composeBed) checkKeys(ctx context.Context, bed *compose.Bed) {
+	t := b.t
+	for _, r := range must(bed.Routers(ctx)) {
+		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		admin, queue := triagev1.NewAdminClient(conn), triagev1.NewQueueClient(conn)
+		_, err = admin.GetShardMap(ctx, &triagev1.GetShardMapRequest{})
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "GetShardMap via %s without a key: %v", r.Region, err)
+		_, err = queue.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: "default", Topic: "keys", Items: []*triagev1.NewItem{{Payload: []byte("no key")}}})
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "Enqueue via %s without a key: %v", r.Region, err)
+		_, err = admin.GetShardMap(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer trk_not-the-key"), &triagev1.GetShardMapRequest{})
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "GetShardMap via %s with a wrong key: %v", r.Region, err)
+		m, err := admin.GetShardMap(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+b.token), &triagev1.GetShardMapRequest{})
+		require.NoError(t, err, "GetShardMap via %s with the bed's key", r.Region)
+		require.Len(t, m.Shards, len(composeRegions))
+		conn.Close()
+
+		code, raw := b.postAs(ctx, "", r.Region, "/v1/namespaces/default/topics/keys/items", map[string]any{
+			"items": []map[string]any{{"payload": base64.StdEncoding.EncodeToString([]byte("no key"))}}})
+		require.Equal(t, http.StatusUnauthorized, code, "enqueue via %s's JSON gateway without a key: %s", r.Region, raw)
+		t.Logf("router of %s: without the key GetShardMap and Enqueue are UNAUTHENTICATED and the JSON gateway answers %d; with it GetShardMap lists %d shards",
+			r.Region, code, len(m.Shards))
+	}
+}
+
+// checkNATSLogins checks us-east's NATS server from the Docker host as an
+// application would reach it: TLS only, with the bed's CA; a login
+// required; Triage's login allowed JetStream; the client login refused
+// publishing on triage.> and subscribing to the default inbox and to
+// every subject Triage uses (natsserver.Internal), while its own subjects
+// work. It leaves the client login subscribed to ">" and returns what
+// that subscription received of anything but its own subjects, which is
+// to stay empty.
+func (b *composeBed) checkNATSLogins(ctx context.Context, bed *compose.Bed) (snooped func() []string) {
+	t := b.t
+	url, login, natsTLS, err := bed.NATSClient(ctx, "us-east")
+	require.NoError(t, err)
+	t.Logf("NATS of us-east from the host: %s (server name %s, CA %s)", url, natsTLS.ServerName, natsTLS.CAFile)
+
+	// The server announces that it takes TLS only, and its certificate is
+	// of the bed's own CA: the system roots do not verify it.
+	raw, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "tls://"), 10*time.Second)
+	require.NoError(t, err)
+	info, err := bufio.NewReader(raw).ReadString('\n')
+	raw.Close()
+	require.NoError(t, err)
+	require.Contains(t, info, `"tls_required":true`, "the server's INFO")
+	pw := must(os.ReadFile(login.PasswordFile))
+	_, err = nats.Connect(url, nats.UserInfo(login.User, strings.TrimSpace(string(pw))), nats.MaxReconnects(0), nats.Timeout(10*time.Second),
+		nats.Secure(&tls.Config{ServerName: natsTLS.ServerName, MinVersion: tls.VersionTLS12}))
+	require.ErrorContains(t, err, "certificate signed by unknown authority", "a client without the bed's CA")
+	withCA, err := natsTLS.Option()
+	require.NoError(t, err)
+	_, err = nats.Connect(url, withCA, nats.MaxReconnects(0), nats.Timeout(10*time.Second))
+	require.ErrorIs(t, err, nats.ErrAuthorization, "no login")
+
+	// Triage's login uses JetStream, over TLS.
+	turl, tlogin, ttls, err := bed.NATSTriage(ctx, "us-east")
+	require.NoError(t, err)
+	triOpts, err := shardmap.NATSOptions(tlogin, ttls)
+	require.NoError(t, err)
+	tri, err := nats.Connect(turl, append(triOpts, nats.MaxReconnects(0), nats.Timeout(10*time.Second))...)
+	require.NoError(t, err, "Triage's login")
+	t.Cleanup(tri.Close)
+	state, err := tri.TLSConnectionState()
+	require.NoError(t, err)
+	require.True(t, state.HandshakeComplete)
+	_, err = tri.Request("$JS.API.INFO", nil, 10*time.Second)
+	require.NoError(t, err, "Triage's login asks JetStream")
+
+	var (
+		mu         sync.Mutex
+		violations []string
+		seen       []string // subjects the client login received
+	)
+	violated := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(violations, func(v string) bool { return strings.Contains(v, what) })
+	}
+	clientOpt, err := login.Option()
+	require.NoError(t, err)
+	cli, err := nats.Connect(url, clientOpt, withCA, nats.CustomInboxPrefix(natsserver.ClientInboxPrefix(login.User)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			mu.Lock()
+			violations = append(violations, err.Error())
+			mu.Unlock()
+		}))
+	require.NoError(t, err, "the client login with the bed's CA")
+	t.Cleanup(cli.Close)
+	require.NoError(t, cli.Publish("triage.enq.us-east.1", []byte("raw")))
+	require.NoError(t, cli.Flush())
+	require.Eventually(t, func() bool { return violated(`Permissions Violation for Publish to "triage.enq.us-east.1"`) },
+		10*time.Second, 10*time.Millisecond, "the client login published on triage.> unrefused")
+	record := func(m *nats.Msg) {
+		mu.Lock()
+		seen = append(seen, m.Subject)
+		mu.Unlock()
+	}
+	denied := append([]string{natsserver.DefaultInbox}, natsserver.Internal...)
+	for _, subj := range denied {
+		_, err := cli.Subscribe(subj, record)
+		require.NoError(t, err, subj)
+	}
+	_, err = cli.Subscribe(">", record)
+	require.NoError(t, err)
+	require.NoError(t, cli.Flush())
+	for _, subj := range denied {
+		require.Eventually(t, func() bool { return violated(`Permissions Violation for Subscription to "` + subj + `"`) },
+			10*time.Second, 10*time.Millisecond, "the client login subscribed to %s unrefused", subj)
+	}
+	t.Logf("NATS client login: %d refusals: %s", len(violations), strings.Join(violations, "; "))
+	// Its own subjects work: the refusals are permissions, not a broken
+	// connection.
+	own, err := cli.SubscribeSync("app.hello")
+	require.NoError(t, err)
+	require.NoError(t, cli.Publish("app.hello", []byte("hi")))
+	_, err = own.NextMsg(10 * time.Second)
+	require.NoError(t, err, "the client login's own subject")
+	return func() []string {
+		require.NoError(t, tri.Flush())
+		require.NoError(t, cli.Flush())
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, s := range seen {
+			if !strings.HasPrefix(s, "app.") {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
 }
 
 // container is the ID of service's container.
@@ -307,6 +492,9 @@ func (b *composeBed) down() {
 		if err != nil || strings.TrimSpace(string(out)) != "" {
 			t.Errorf("docker %s --filter %s after down: %v\n%s", strings.Join(what, " "), label, err, out)
 		}
+	}
+	if _, err := os.Stat(b.bedDir); !os.IsNotExist(err) {
+		t.Errorf("the bed directory %s after down: %v", b.bedDir, err)
 	}
 }
 
@@ -380,15 +568,23 @@ func (b *composeBed) post(ctx context.Context, region, path string, body, answer
 	require.NoError(b.t, json.Unmarshal(raw, answer), "%s", raw)
 }
 
-// postStatus sends a JSON body to region's gateway and returns the status
-// and the answer.
+// postStatus sends a JSON body to region's gateway with the bed's API key
+// and returns the status and the answer.
 func (b *composeBed) postStatus(ctx context.Context, region, path string, body any) (int, json.RawMessage) {
+	return b.postAs(ctx, b.token, region, path, body)
+}
+
+// postAs is postStatus with key token, or none ("").
+func (b *composeBed) postAs(ctx context.Context, token, region, path string, body any) (int, json.RawMessage) {
 	t := b.t
 	data, err := json.Marshal(body)
 	require.NoError(t, err)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+b.http[region]+path, bytes.NewReader(data))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err, "POST %s via %s", path, region)
 	defer resp.Body.Close()

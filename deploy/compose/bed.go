@@ -50,6 +50,9 @@ type Bed struct {
 	// routers are the routers' published gRPC addresses, found by Open,
 	// when all of them run: a killed router's port is not published.
 	routers []drill.Router
+	// dir is the bed directory on the host (WriteBedDir), found by Open
+	// from a router's mounts, and token the API key in it.
+	dir, token string
 
 	mu sync.Mutex // guards before
 	// before is, per shard, the container of its primary when the last
@@ -90,7 +93,15 @@ func Open(ctx context.Context, project string) (*Bed, error) {
 		if err != nil {
 			return nil, fmt.Errorf("router of %s: %w", c.Region, err)
 		}
-		b.routers = append(b.routers, drill.Router{Region: c.Region, Addr: strings.Fields(addr)[0]})
+		if b.dir == "" {
+			if b.dir, err = bedDirOf(ctx, c.ID); err != nil {
+				return nil, err
+			}
+			if b.token, err = readToken(b.dir); err != nil {
+				return nil, err
+			}
+		}
+		b.routers = append(b.routers, drill.Router{Region: c.Region, Addr: strings.Fields(addr)[0], Token: b.token})
 	}
 	if len(b.routers) == 0 {
 		return nil, fmt.Errorf("project %s has no router container", project)
@@ -177,7 +188,8 @@ func (b *Bed) service(ctx context.Context, name string) (container, error) {
 }
 
 // Routers lists each region's router by the host address its gRPC port
-// was published on when Open ran, in region order. (A router restarted
+// was published on when Open ran, in region order, with the bed's API
+// key. (A router restarted
 // after a region-down keeps its port when the port is fixed, as in make
 // compose-up; with TRIAGE_GRPC_*=0 Docker gives it another.)
 func (b *Bed) Routers(context.Context) ([]drill.Router, error) {
@@ -191,7 +203,7 @@ func (b *Bed) shardMap(ctx context.Context) (*triagev1.ShardMap, error) {
 	var newest *triagev1.ShardMap
 	var errs []error
 	for _, r := range b.routers {
-		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(r.Token)))
 		if err != nil {
 			return nil, err
 		}

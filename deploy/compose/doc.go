@@ -34,6 +34,17 @@
 // spare shards: provisioned by the bootstrap but outside the shard map, to
 // add online with `triage shard add` (`make compose-up SPARE_SHARDS=1`).
 //
+// # Keys and TLS
+//
+// As on the process bed, the routers want an API key, and NATS wants TLS
+// on every client connection and route, and a login. WriteBedDir makes
+// them for each bed (up.sh runs it through ./beddir): a cluster-admin key
+// and the routers' keys file, random NATS passwords, and a throwaway CA
+// with the NATS servers' certificate, in a directory outside config/
+// (TRIAGE_BED_DIR) that docker-compose.yml mounts, so nothing of it is
+// committed. Open finds that directory from a router's mounts and gives
+// its key to the drills.
+//
 // # Images without a registry
 //
 // build-images.sh makes every image locally and tags it by a content hash

@@ -181,11 +181,15 @@ type (
 		User         string `json:"user"`
 		PasswordFile string `json:"password_file"`
 	}
+	genNATSTLS struct {
+		CAFile string `json:"ca_file"`
+	}
 	genBootstrap struct {
 		ShardMapFile   string                       `json:"shard_map_file"`
 		Admin          genAccount                   `json:"admin"`
 		NATS           []string                     `json:"nats"`
 		NATSAuth       genAccount                   `json:"nats_auth"`
+		NATSTLS        genNATSTLS                   `json:"nats_tls"`
 		MySQL          genAccount                   `json:"mysql"`
 		Replication    genAccount                   `json:"replication"`
 		ReplicationVia map[string]map[string]string `json:"replication_via"`
@@ -204,9 +208,10 @@ type (
 		Roles          []string                     `json:"roles"`
 		NATS           string                       `json:"nats"`
 		NATSAuth       genAccount                   `json:"nats_auth"`
+		NATSTLS        genNATSTLS                   `json:"nats_tls"`
 		GRPC           string                       `json:"grpc,omitempty"`
 		HTTP           string                       `json:"http,omitempty"`
-		Insecure       bool                         `json:"insecure,omitempty"`
+		KeysFile       string                       `json:"keys_file,omitempty"`
 		Metrics        string                       `json:"metrics"`
 		MySQL          genMySQL                     `json:"mysql"`
 		Admin          *genAccount                  `json:"admin,omitempty"`
@@ -267,19 +272,17 @@ func Generate(t Topology) (map[string][]byte, error) {
 	files[adminSecret] = []byte(adminPassword + "\n")
 	files[replSecret] = []byte(provision.BedAccounts.Repl.Password + "\n")
 	replAccount := genAccount{provision.BedAccounts.Repl.User, secretPath(replSecret)}
-	// NATS: the Triage login for every role and the bootstrap, a client
-	// login refused on the internal subjects for anyone else.
-	files[natsSecret] = []byte(natsPassword + "\n")
-	files[natsClientSecret] = []byte(natsClientPassword + "\n")
-	// The route login keeps a stranger on the networks from joining the
-	// NATS cluster; the servers only.
-	files[natsRouteSecret] = []byte(natsRoutePassword + "\n")
-	natsLogin := genAccount{natsUser, secretPath(natsSecret)}
+	// NATS: the Triage login for every role and the bootstrap, over TLS
+	// verified with the bed's CA; its password, the client login's and the
+	// route login's, the CA and the servers' certificate are the bed
+	// directory's (WriteBedDir), new for every bed.
+	natsLogin := genAccount{natsUser, secretPath(bedNATSTriage)}
+	natsTLS := genNATSTLS{secretPath(bedNATSCA)}
 	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
-		NATSAuth: natsLogin, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, Replication: replAccount,
+		NATSAuth: natsLogin, NATSTLS: natsTLS, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, Replication: replAccount,
 		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
-		boot.NATS = append(boot.NATS, "nats://nats-"+r+":4222")
+		boot.NATS = append(boot.NATS, natsURL(r))
 	}
 	if err := put("config/bootstrap.json", boot); err != nil {
 		return nil, err
@@ -302,15 +305,15 @@ func Generate(t Topology) (map[string][]byte, error) {
 			return nil, err
 		}
 		for _, role := range roles {
-			c := genNode{Region: r, Roles: []string{role}, NATS: "nats://nats-" + r + ":4222", NATSAuth: natsLogin,
+			c := genNode{Region: r, Roles: []string{role}, NATS: natsURL(r), NATSAuth: natsLogin, NATSTLS: natsTLS,
 				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
 				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3, Metrics: metricsListen}
 			if role == "router" {
-				// Every interface of the container, without API keys: the
-				// bed's clients (the tour, the drills, TestCompose) call
-				// without one, through ports published on the host's
-				// loopback only. A node refuses that unless told.
-				c.GRPC, c.HTTP, c.Insecure = "0.0.0.0:9090", "0.0.0.0:8080", true
+				// Every interface of the container, published on the
+				// host's loopback only, and API keys on: the bed's one
+				// key (cluster-admin) is the bed directory's, which the
+				// tour, the drills and TestCompose read on the host.
+				c.GRPC, c.HTTP, c.KeysFile = "0.0.0.0:9090", "0.0.0.0:8080", keysPath
 			}
 			if role == "controller" {
 				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
@@ -331,33 +334,39 @@ func Generate(t Topology) (map[string][]byte, error) {
 // Prometheus that joins it; not published on the host.
 const metricsListen = "0.0.0.0:9100"
 
-// The password files under config/, and where containers see them.
+// The MySQL password files under config/, and where containers see them.
+// They are committed: the drills log in with the same fixed passwords
+// (provision.BedAccounts).
 const (
-	appSecret        = "config/secrets/mysql-app"
-	adminSecret      = "config/secrets/mysql-admin"
-	natsSecret       = "config/secrets/nats-triage"
-	natsClientSecret = "config/secrets/nats-client"
-	replSecret       = "config/secrets/mysql-repl"
-	natsRouteSecret  = "config/secrets/nats-route"
+	appSecret   = "config/secrets/mysql-app"
+	adminSecret = "config/secrets/mysql-admin"
+	replSecret  = "config/secrets/mysql-repl"
 )
 
-// The NATS logins of the bed (natsserver.Auth). Fixed like the MariaDB
-// accounts: a test rig on private networks.
+// The NATS users of the bed (natsserver.Auth); their passwords are the bed
+// directory's.
 const (
-	natsUser           = "triage"
-	natsPassword       = "triage-nats"
-	natsClientUser     = "client"
-	natsClientPassword = "client-nats"
-	natsRouteUser      = "route"
-	natsRoutePassword  = "route-nats"
+	natsUser       = "triage"
+	natsClientUser = "client"
+	natsRouteUser  = "route"
 )
+
+// natsURL is region's NATS server as the region's containers dial it:
+// TLS only.
+func natsURL(region string) string { return "tls://nats-" + region + ":4222" }
 
 func secretPath(name string) string { return "/run/secrets/" + path.Base(name) }
 
-// mountSecret is the volume line that shows the secret name to a
-// container.
+// mountSecret is the volume line that shows the committed secret name to
+// a container.
 func mountSecret(name string) string {
 	return fmt.Sprintf("      - ./%s:%s:ro\n", name, secretPath(name))
+}
+
+// mountBed is the volume line that shows the bed directory's file name to
+// a container at /run/secrets/name.
+func mountBed(name string) string {
+	return fmt.Sprintf("      - %s/%s:%s:ro\n", bedDirVar, name, secretPath(name))
 }
 
 // WriteFiles writes files (Generate's) under dir and removes every other
@@ -510,9 +519,14 @@ func composeFile(t Topology, servers []server) []byte {
 		// the health check and the drills ask.
 		w("              \"--host\", \"0.0.0.0\", \"--http-port\", \"8222\",\n")
 		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
-		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(natsSecret))
-		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(natsClientSecret))
-		w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\"]\n", natsRouteUser, secretPath(natsRouteSecret))
+		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(bedNATSTriage))
+		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(bedNATSClient))
+		w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\",\n", natsRouteUser, secretPath(bedNATSRoute))
+		// TLS on the client port and on the routes, which dial the
+		// gateways by name: the one certificate carries every server's
+		// and every gateway's name.
+		w("              \"--tls-cert\", \"%s\", \"--tls-key\", \"%s\", \"--tls-ca\", \"%s\", \"--tls-routes\"]\n",
+			secretPath(bedNATSCert), secretPath(bedNATSKey), secretPath(bedNATSCA))
 		// Healthy means JetStream answers and the server has its route to
 		// every other region's: core NATS (the enqueue and dequeue replies)
 		// crosses only direct routes, and a partial mesh still has a
@@ -520,7 +534,8 @@ func composeFile(t Topology, servers []server) []byte {
 		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"--nats-peers\", \"%d\", \"http://127.0.0.1:8222\"]\n", len(t.Regions)-1)
 		w("      interval: 15s\n      timeout: 30s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
-		w("%s%s%s", mountSecret(natsSecret), mountSecret(natsClientSecret), mountSecret(natsRouteSecret))
+		w("%s%s%s", mountBed(bedNATSTriage), mountBed(bedNATSClient), mountBed(bedNATSRoute))
+		w("%s%s%s", mountBed(bedNATSCA), mountBed(bedNATSCert), mountBed(bedNATSKey))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
 		w("    networks: [%s]\n", r)
 	}
@@ -532,7 +547,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
-	w("%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountSecret(natsSecret))
+	w("%s%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountBed(bedNATSTriage), mountBed(bedNATSCA))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -550,11 +565,12 @@ func composeFile(t Topology, servers []server) []byte {
 			w("\n  %s:\n    <<: *triage\n", svc)
 			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
-			w("%s%s", mountSecret(appSecret), mountSecret(natsSecret))
+			w("%s%s%s", mountSecret(appSecret), mountBed(bedNATSTriage), mountBed(bedNATSCA))
 			if role == "controller" {
 				w("%s%s", mountSecret(adminSecret), mountSecret(replSecret))
 			}
 			if role == "router" {
+				w("      - %s/%s:%s:ro\n", bedDirVar, bedKeys, keysPath)
 				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 				w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)
 				w("      - \"127.0.0.1:${TRIAGE_GRPC_%s:-%d}:9090\"\n", env, 19090+i)
@@ -664,8 +680,10 @@ const composeHeader = `# The multi-region compose bed of Triage, written by gene
 # cluster, and the Triage roles router, enqueuer, dequeuer and controller in
 # containers of their own. See README.md beside this file.
 #
-# Images come from build-images.sh (no registry): run it, then
-#   docker-compose --env-file .images.env -p triage up -d
+# Images come from build-images.sh (no registry), the bed's API key, NATS
+# passwords and NATS certificates from a bed directory that
+# go run ./deploy/compose/beddir DIR makes (TRIAGE_BED_DIR): run both, then
+#   TRIAGE_BED_DIR=DIR docker-compose --env-file .images.env -p triage up -d
 # or just ` + "`make compose-up`" + ` at the top of the repository.
 #
 # Names: containers reach their own region's servers by service name
@@ -677,7 +695,9 @@ const composeHeader = `# The multi-region compose bed of Triage, written by gene
 # to %s, which relays it to mariadb-s1-%s:3306. The routers'
 # JSON gateways and gRPC are published on 127.0.0.1:18080... and 19090...
 # (region order); TRIAGE_HTTP_US_EAST, TRIAGE_GRPC_US_EAST ... override
-# them (0: a free port, see docker port).
+# them (0: a free port, see docker port). They want the bed's API key
+# (authorization: Bearer $(cat $TRIAGE_BED_DIR/token)); NATS wants TLS and
+# a login.
 version: "3.9"
 `
 

@@ -74,12 +74,18 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			require.Equal(t, "triage", c.MySQL.User, role)
 			require.Empty(t, c.MySQL.Password, role)
 			require.Equal(t, secretPath(appSecret), c.MySQL.PasswordFile, role)
-			require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, c.NATSAuth, role)
-			// Scraped on the region's network; the router, listening
-			// on every interface without keys, says it does so on
-			// purpose (a node refuses otherwise).
+			require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(bedNATSTriage)}, c.NATSAuth, role)
+			require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedNATSCA)}, c.NATSTLS, role)
+			require.Equal(t, "tls://nats-"+r+":4222", c.NATS, role)
+			// Scraped on the region's network; the router listens on
+			// every interface with API keys, so it needs no insecure.
 			require.Equal(t, metricsListen, c.Metrics, role)
-			require.Equal(t, role == "router", c.Insecure, role)
+			require.False(t, c.Insecure, role)
+			if role == "router" {
+				require.Equal(t, keysPath, c.KeysFile)
+			} else {
+				require.Empty(t, c.KeysFile, role)
+			}
 			if role == "controller" {
 				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
 				require.Empty(t, c.Admin.Password)
@@ -91,7 +97,11 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 		}
 	}
 	require.Equal(t, secretPath(adminSecret), boot.Admin.PasswordFile)
-	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(natsSecret)}, boot.NATSAuth)
+	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(bedNATSTriage)}, boot.NATSAuth)
+	require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedNATSCA)}, boot.NATSTLS)
+	for _, u := range boot.NATS {
+		require.True(t, strings.HasPrefix(u, "tls://"), u)
+	}
 	require.Empty(t, boot.Admin.Password)
 	require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, boot.Replication)
 	require.Equal(t, shardmap.Account{User: "triage", PasswordFile: secretPath(appSecret)}, boot.MySQL, "the application password the roles read")
@@ -100,12 +110,17 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 	require.Equal(t, 1+len(roles)*len(top.Regions), strings.Count(yml, mountSecret(appSecret)), "the bootstrap and every role mount the application password")
 	require.Equal(t, len(top.Regions), strings.Count(yml, `"--host", "0.0.0.0", "--http-port", "8222"`), "every NATS server listens on its network, with the monitoring port its health check asks")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
-	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountSecret(natsSecret)), "Triage's NATS login: bootstrap, roles, servers")
-	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsClientSecret)), "the client login: the servers only")
-	require.Equal(t, len(top.Regions), strings.Count(yml, `"--triage-password-file", "`+secretPath(natsSecret)+`"`), "every NATS server requires logins")
+	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountBed(bedNATSTriage)), "Triage's NATS login: bootstrap, roles, servers")
+	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountBed(bedNATSCA)), "the NATS CA: bootstrap, roles, servers")
+	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSClient)), "the client login: the servers only")
+	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSKey)), "the servers' private key: the servers only")
+	require.Equal(t, len(top.Regions), strings.Count(yml, bedDirVar+"/"+bedKeys+":"+keysPath+":ro"), "the keys file: the routers only")
+	require.NotContains(t, yml, bedToken+":", "the API key itself is mounted nowhere")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--triage-password-file", "`+secretPath(bedNATSTriage)+`"`), "every NATS server requires logins")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--tls-ca", "`+secretPath(bedNATSCA)+`", "--tls-routes"]`), "every NATS server requires TLS, routes included")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(replSecret)), "the bootstrap and the controllers mount the replication password")
-	require.Equal(t, len(top.Regions), strings.Count(yml, mountSecret(natsRouteSecret)), "the route login: the servers only")
-	require.Equal(t, len(top.Regions), strings.Count(yml, `"--route-password-file", "`+secretPath(natsRouteSecret)+`"`), "every NATS server requires the route login")
+	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSRoute)), "the route login: the servers only")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--route-password-file", "`+secretPath(bedNATSRoute)+`"`), "every NATS server requires the route login")
 }
 
 // composeYAML is what the tests read of a generated compose file.
@@ -299,7 +314,7 @@ func TestComposeFilesValidate(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command("docker-compose", append([]string{"-p", "triage-config-check"}, args...)...)
-		cmd.Env = append(os.Environ(), "TRIAGE_IMAGE=triage:check", "TRIAGE_MARIADB_IMAGE=triage-mariadb:check")
+		cmd.Env = append(os.Environ(), "TRIAGE_IMAGE=triage:check", "TRIAGE_MARIADB_IMAGE=triage-mariadb:check", "TRIAGE_BED_DIR=/nonexistent/bed")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -317,7 +332,8 @@ func TestComposeFilesValidate(t *testing.T) {
 	merged := parseCompose(t, []byte(run("-f", "docker-compose.yml", "-f", SpareFile, "config")))
 	bs := merged.Services["bootstrap"]
 	require.Equal(t, []string{"bootstrap", "--config", "/etc/triage/bootstrap-spare.json"}, bs.Command)
-	require.Len(t, bs.Volumes, 7, "shardmap.json, bootstrap.json, bootstrap-spare.json and the admin, application, replication and NATS secrets")
+	require.Len(t, bs.Volumes, 8, "shardmap.json, bootstrap.json, bootstrap-spare.json, the admin, application and replication passwords, and the NATS password and CA")
+	require.Contains(t, bs.Volumes, "/nonexistent/bed/"+bedNATSCA+":"+secretPath(bedNATSCA)+":ro")
 	require.True(t, slices.ContainsFunc(bs.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/etc/triage/bootstrap-spare.json:ro") }))
 	require.Contains(t, bs.DependsOn, "mariadb-s1-us-east", "the base's servers")
 	for _, s := range spares {

@@ -4,8 +4,16 @@
 # container is healthy and the one-shot bootstrap exited 0, and prints
 # each region's gateways and a curl tour. `make compose-up` runs it.
 #
+# Before the start it makes the bed directory (TRIAGE_BED_DIR, default
+# deploy/compose/.bed/PROJECT; go run ./deploy/compose/beddir): the bed's
+# API key (token, cluster-admin) and the routers' keys file, random NATS
+# passwords, and a throwaway CA with the NATS servers' certificate, which
+# the containers mount. A complete directory is kept (the bed may be
+# running); down.sh removes it.
+#
 # Environment: COMPOSE_PROJECT_NAME (default triage), IMAGES_ENV (the env
 # file build-images.sh writes; default deploy/compose/.images.env),
+# TRIAGE_BED_DIR (see above),
 # TRIAGE_HTTP_US_EAST ... (published ports, see docker-compose.yml),
 # UP_TIMEOUT seconds (default 300), SPARE_SHARDS (default 0; n adds
 # docker-compose.spare.yml, whose n spare shards start and are replicated
@@ -38,6 +46,12 @@ if [ "$spare" != 0 ]; then
 fi
 dc() { docker-compose "${files[@]}" --env-file "$env_file" -p "$project" "$@"; }
 
+bed_dir=${TRIAGE_BED_DIR:-$here/.bed/$project}
+mkdir -p "$bed_dir"
+bed_dir=$(cd "$bed_dir" && pwd) # docker-compose mounts it: an absolute path
+export TRIAGE_BED_DIR=$bed_dir
+say "bed directory $bed_dir (API key, NATS passwords and certificates)"
+go run -C "$here/../.." ./deploy/compose/beddir "$bed_dir"
 "$here/build-images.sh" "$env_file"
 [ "$spare" = 0 ] || say "with $spare spare shard(s) of docker-compose.spare.yml (not in the shard map)"
 say "docker-compose -p $project up -d (MariaDB and NATS, then bootstrap, then the Triage roles)"
@@ -75,26 +89,31 @@ done
 last=$http
 cat <<TOUR
 
-Try (namespace "default" exists):
-  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default/topics/emails/items \\
-       -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
-  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default:dequeue \\
-       -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
-  # store in eu-west through us-east's router, read it back through ap-south's:
-  curl -s -H "content-type: application/json" -X POST http://$first/v1/namespaces/default/topics/emails/items \\
-       -d '{"region":"eu-west","items":[{"payload":"aGVsbG8="}]}'
-  curl -s -H "content-type: application/json" -X POST http://$last/v1/namespaces/default:dequeue \\
-       -d '{"region":"eu-west","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
-  curl -s http://$first/v1/shardmap
-  docker-compose -p $project ${files[*]} --env-file $env_file ps
+The routers want the bed's API key (cluster-admin; the triage CLI reads TRIAGE_TOKEN).
+NATS (not published; each server on its region's network) wants TLS with $bed_dir/nats-ca.crt
+and a login: applications use "client" (password in $bed_dir/nats-client).
 
-"make compose-down" removes every container, network and volume.
+Try (namespace "default" exists):
+  export TRIAGE_TOKEN=\$(cat $bed_dir/token)
+  curl -s -H "authorization: Bearer \$TRIAGE_TOKEN" -H "content-type: application/json" \\
+       -X POST http://$first/v1/namespaces/default/topics/emails/items -d '{"items":[{"payload":"aGVsbG8=","priority":1}]}'
+  curl -s -H "authorization: Bearer \$TRIAGE_TOKEN" -H "content-type: application/json" \\
+       -X POST http://$first/v1/namespaces/default:dequeue -d '{"topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
+  # store in eu-west through us-east's router, read it back through ap-south's:
+  curl -s -H "authorization: Bearer \$TRIAGE_TOKEN" -H "content-type: application/json" \\
+       -X POST http://$first/v1/namespaces/default/topics/emails/items -d '{"region":"eu-west","items":[{"payload":"aGVsbG8="}]}'
+  curl -s -H "authorization: Bearer \$TRIAGE_TOKEN" -H "content-type: application/json" \\
+       -X POST http://$last/v1/namespaces/default:dequeue -d '{"region":"eu-west","topics":[{"topic":"emails","count":1}],"lease_duration":"30s"}'
+  curl -s -H "authorization: Bearer \$TRIAGE_TOKEN" http://$first/v1/shardmap
+  TRIAGE_BED_DIR=$bed_dir docker-compose -p $project ${files[*]} --env-file $env_file ps
+
+"make compose-down" removes every container, network and volume, and the bed directory.
 TOUR
 if [ "$spare" != 0 ]; then
   # The add commands are the override's header (written by generate.go).
   echo
   echo "Spare shards: started and replicated, not in the shard map. Add them online (README.md, Spare shards):"
-  echo "  export TRIAGE_ADDR=$(port router-us-east 9090)"
+  echo "  export TRIAGE_ADDR=$(port router-us-east 9090) TRIAGE_TOKEN=\$(cat $bed_dir/token)"
   awk '/^#   triage shard add/ { p = 1 } /^# and,/ { p = 0 }
        p { sub(/^#   triage/, "  .bin/triage"); sub(/^#     /, "      "); print }' "$here/docker-compose.spare.yml"
 fi

@@ -1,0 +1,263 @@
+package compose
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/triage-queue/triage/routing/auth"
+	"github.com/triage-queue/triage/shardmap"
+)
+
+// The files of a bed directory (TRIAGE_BED_DIR): what a running bed's
+// containers mount besides config/, made by WriteBedDir when up.sh starts
+// the bed and removed by down.sh. Unlike config/, nothing here is
+// committed: the API key, the NATS passwords and the NATS servers' private
+// key are new for every bed, as the process bed's are.
+const (
+	// bedKeys is the routers' keys file: the hash of bedToken, cluster-admin.
+	bedKeys = "keys.json"
+	// bedToken is the API key itself, which no container mounts: the
+	// drills, TestCompose and the tour read it on the host.
+	bedToken = "token"
+	// bedNATSCA is the throwaway CA's certificate (its key is never
+	// written), bedNATSCert and bedNATSKey the NATS servers' one
+	// certificate and key, which serve the client port and both ends of
+	// every route.
+	bedNATSCA   = "nats-ca.crt"
+	bedNATSCert = "nats-server.crt"
+	bedNATSKey  = "nats-server.key"
+	// The NATS passwords: Triage's login, the client login applications
+	// use, and the route login.
+	bedNATSTriage = "nats-triage"
+	bedNATSClient = "nats-client"
+	bedNATSRoute  = "nats-route"
+)
+
+// bedFiles are every file WriteBedDir writes, in the order down.sh lists
+// them.
+var bedFiles = []string{bedKeys, bedToken, bedNATSCA, bedNATSCert, bedNATSKey, bedNATSTriage, bedNATSClient, bedNATSRoute}
+
+// bedDirVar is how docker-compose.yml names the bed directory; without
+// TRIAGE_BED_DIR docker-compose refuses the file, saying who makes it.
+const bedDirVar = "${TRIAGE_BED_DIR:?made by up.sh}"
+
+// keysPath is where the routers see the keys file (node.Config.KeysFile).
+const keysPath = "/etc/triage/keys.json"
+
+// bedCertLifetime is how long the bed's throwaway certificates are valid: a
+// bed is brought up afresh far more often than that (up.sh reuses a
+// directory only while the bed it was made for runs).
+const bedCertLifetime = 90 * 24 * time.Hour
+
+// WriteBedDir makes dir a bed directory for t, unless it is one already
+// (it holds every file of one): a new cluster-admin API key and the keys
+// file with its hash, random NATS passwords, and a throwaway CA with the
+// NATS servers' certificate for every server's and every gateway's name
+// (the routes dial the gateways). Files are 0600 but the CA's certificate
+// and the keys file, which hold nothing secret. It reports whether it
+// wrote anything.
+func WriteBedDir(dir string, t Topology) (bool, error) {
+	complete := true
+	for _, f := range bedFiles {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			complete = false
+		}
+	}
+	if complete {
+		return false, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err
+	}
+	token, hash, err := auth.NewToken()
+	if err != nil {
+		return false, err
+	}
+	keys, err := json.MarshalIndent(auth.File{Keys: []auth.Key{{Name: "bed", SHA256: hash, ClusterAdmin: true}}}, "", "  ")
+	if err != nil {
+		return false, err
+	}
+	var names []string
+	for _, r := range t.Regions {
+		names = append(names, "nats-"+r, gateway(r))
+	}
+	ca, cert, key, err := natsCerts(names)
+	if err != nil {
+		return false, err
+	}
+	files := []struct {
+		name string
+		data []byte
+		perm os.FileMode
+	}{
+		{bedKeys, append(keys, '\n'), 0o644},
+		{bedNATSCA, ca, 0o644},
+		{bedNATSCert, cert, 0o600},
+		{bedNATSKey, key, 0o600},
+		{bedNATSTriage, []byte(rand.Text() + "\n"), 0o600},
+		{bedNATSClient, []byte(rand.Text() + "\n"), 0o600},
+		{bedNATSRoute, []byte(rand.Text() + "\n"), 0o600},
+		// Last: a directory without it is one whose writing did not
+		// finish, and is written again whole.
+		{bedToken, []byte(token + "\n"), 0o600},
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, f.perm); err != nil {
+			return false, err
+		}
+		if err := os.Chmod(filepath.Join(dir, f.name), f.perm); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// natsCerts makes a throwaway CA and issues the NATS servers' one
+// certificate with it for names, good for server and client
+// authentication (a route is a client of its peer), and returns the CA's
+// certificate and the servers' certificate and key, PEM. The CA's key is
+// dropped: nothing else is ever signed with it.
+func natsCerts(names []string) (ca, cert, key []byte, err error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed NATS CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed NATS"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:    append([]string{"localhost"}, names...), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// serialNumber is a random certificate serial number.
+func serialNumber() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(err) // crypto/rand does not fail
+	}
+	return n
+}
+
+// bedDirOf finds the bed directory of a running bed on the host: the
+// source of the keys file mounted into the router container id.
+func bedDirOf(ctx context.Context, id string) (string, error) {
+	src, err := docker(ctx, "inspect", "-f", `{{range .Mounts}}{{if eq .Destination "`+keysPath+`"}}{{.Source}}{{end}}{{end}}`, id)
+	if err != nil {
+		return "", err
+	}
+	if src == "" {
+		return "", fmt.Errorf("router container %s mounts no keys file at %s: a bed from before keys, or not made by up.sh", id, keysPath)
+	}
+	return filepath.Dir(src), nil
+}
+
+// readToken reads the API key of the bed directory dir.
+func readToken(dir string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(dir, bedToken))
+	if err != nil {
+		return "", fmt.Errorf("the compose bed's API key: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	if token == "" {
+		return "", errors.New("the compose bed's API key: " + filepath.Join(dir, bedToken) + " is empty")
+	}
+	return token, nil
+}
+
+// Dir is the bed's directory on the host (TRIAGE_BED_DIR of up.sh): its
+// API key, NATS passwords and NATS certificates (WriteBedDir).
+func (b *Bed) Dir() string { return b.dir }
+
+// Token is the bed's cluster-admin API key, which Routers gives every
+// router.
+func (b *Bed) Token() string { return b.token }
+
+// NATSClient is how an application logs in to region's NATS server from
+// the Docker host: the server's address on its region's network as a
+// tls:// URL, the bed's client login and the bed's CA, checking the
+// server's name (nats-<region>, which its certificate carries). A client
+// login replies under natsserver.ClientInboxPrefix of its user.
+func (b *Bed) NATSClient(ctx context.Context, region string) (url string, login *shardmap.NATSLogin, natsTLS *shardmap.NATSTLS, err error) {
+	url, natsTLS, err = b.natsServer(ctx, region)
+	return url, &shardmap.NATSLogin{User: natsClientUser, PasswordFile: filepath.Join(b.dir, bedNATSClient)}, natsTLS, err
+}
+
+// NATSTriage is NATSClient with Triage's own login, the one the roles use.
+func (b *Bed) NATSTriage(ctx context.Context, region string) (url string, login *shardmap.NATSLogin, natsTLS *shardmap.NATSTLS, err error) {
+	url, natsTLS, err = b.natsServer(ctx, region)
+	return url, &shardmap.NATSLogin{User: natsUser, PasswordFile: filepath.Join(b.dir, bedNATSTriage)}, natsTLS, err
+}
+
+// natsServer is region's NATS server's URL from the Docker host and the
+// TLS settings that verify it.
+func (b *Bed) natsServer(ctx context.Context, region string) (string, *shardmap.NATSTLS, error) {
+	c, err := b.service(ctx, "nats-"+region)
+	if err != nil {
+		return "", nil, err
+	}
+	ip, err := docker(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", c.ID)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(strings.Fields(ip)) == 0 {
+		return "", nil, fmt.Errorf("%s has no address", c.Service)
+	}
+	return "tls://" + net.JoinHostPort(strings.Fields(ip)[0], "4222"),
+		&shardmap.NATSTLS{CAFile: filepath.Join(b.dir, bedNATSCA), ServerName: c.Service}, nil
+}
+
+// bearer sends the bed's API key with every RPC, over the routers' plain
+// gRPC (the bed's clients reach them on the host's loopback).
+type bearer string
+
+func (t bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }

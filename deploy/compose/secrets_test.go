@@ -1,0 +1,114 @@
+package compose
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/triage-queue/triage/routing/auth"
+)
+
+// TestWriteBedDir: a bed directory holds a cluster-admin key whose hash
+// alone is in the keys file, NATS passwords, and a CA whose certificate
+// verifies the servers' one certificate for every NATS server's and
+// gateway's name, as a server and as a client (the routes); the secrets
+// are 0600 and the CA's key is nowhere. A complete directory is kept, an
+// incomplete one made again.
+func TestWriteBedDir(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "bed")
+	top := DefaultTopology()
+	wrote, err := WriteBedDir(dir, top)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.ElementsMatch(t, bedFiles, names, "nothing else: the CA's key is never written")
+	for _, f := range bedFiles {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err)
+		want := os.FileMode(0o600)
+		if f == bedKeys || f == bedNATSCA {
+			want = 0o644
+		}
+		require.Equal(t, want, fi.Mode().Perm(), f)
+	}
+
+	token, err := readToken(dir)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(token, auth.TokenPrefix), token)
+	keys, err := os.ReadFile(filepath.Join(dir, bedKeys))
+	require.NoError(t, err)
+	require.NotContains(t, string(keys), token)
+	_, err = auth.ParseKeys(keys)
+	require.NoError(t, err)
+	require.Contains(t, string(keys), auth.HashToken(token))
+	require.Contains(t, string(keys), `"cluster_admin": true`)
+
+	pw := map[string]string{}
+	for _, f := range []string{bedNATSTriage, bedNATSClient, bedNATSRoute} {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		require.NoError(t, err)
+		pw[strings.TrimSpace(string(data))] = f
+	}
+	require.Len(t, pw, 3, "three different passwords")
+	for p := range pw {
+		require.GreaterOrEqual(t, len(p), 20)
+	}
+
+	caPEM, err := os.ReadFile(filepath.Join(dir, bedNATSCA))
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(caPEM))
+	certPEM, err := os.ReadFile(filepath.Join(dir, bedNATSCert))
+	require.NoError(t, err)
+	block, _ := pem.Decode(certPEM)
+	require.NotNil(t, block)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	require.NoError(t, err)
+	for _, r := range top.Regions {
+		for _, name := range []string{"nats-" + r, gateway(r)} {
+			_, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}})
+			require.NoError(t, err, name)
+		}
+	}
+	_, err = cert.Verify(x509.VerifyOptions{DNSName: "nats.example.com", Roots: pool})
+	require.Error(t, err, "a name the bed does not have")
+
+	wrote, err = WriteBedDir(dir, top)
+	require.NoError(t, err)
+	require.False(t, wrote, "a complete directory is kept: a running bed uses it")
+	again, err := readToken(dir)
+	require.NoError(t, err)
+	require.Equal(t, token, again)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, bedToken)))
+	wrote, err = WriteBedDir(dir, top)
+	require.NoError(t, err)
+	require.True(t, wrote)
+	again, err = readToken(dir)
+	require.NoError(t, err)
+	require.NotEqual(t, token, again, "an incomplete directory is made anew")
+	ca2, err := os.ReadFile(filepath.Join(dir, bedNATSCA))
+	require.NoError(t, err)
+	require.NotEqual(t, string(caPEM), string(ca2))
+}
+
+// TestDownRemovesTheBedDir: down.sh removes every file WriteBedDir
+// writes, and nothing else of the directory.
+func TestDownRemovesTheBedDir(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("down.sh")
+	require.NoError(t, err)
+	require.Contains(t, string(data), "for f in "+strings.Join(bedFiles, " ")+"; do")
+}
