@@ -95,7 +95,11 @@
 // calls that are safe to repeat are retried: lease calls (their token
 // makes a repeat a refusal, not a second effect), reads, and Enqueue when
 // every item carries a dedup key. An Enqueue without dedup keys and the
-// Admin changes are sent once.
+// Admin changes are sent once. A router answers a lease call whose write
+// it could not settle UNAVAILABLE with "outcome unknown"; the retry with
+// the same token finds an acked item gone ("item not found"), which the
+// worker counts as done, and a nacked one's token cleared ("stale lease
+// token").
 //
 // # Regions
 //

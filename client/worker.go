@@ -594,7 +594,15 @@ func (w *Worker) sendAcks(batch []*delivery) {
 		return
 	}
 	for _, r := range resp.GetResults() {
-		if !r.GetOk() {
+		switch {
+		case r.GetOk():
+		case errors.Is(&ItemError{ID: r.GetId(), Reason: r.GetError()}, ErrNotFound):
+			// The item is gone, which is what the ack asks for: most
+			// often this ack's own first try took effect and its answer
+			// was lost (the client retried UNAVAILABLE with the same
+			// token), or the item was deleted meanwhile.
+			w.log.Debug("triage worker: acked item already gone", "id", r.GetId())
+		default:
 			w.log.Warn("triage worker: ack refused", "id", r.GetId(), "reason", r.GetError())
 		}
 	}

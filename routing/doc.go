@@ -82,8 +82,15 @@
 // Every write to a shard goes through shardmap.Pool.Writer (refused while
 // the shard is fenced or the map is stale) and is re-checked after it
 // committed (afterWrite): a write that landed on a primary deposed
-// meanwhile is reported as unknown, never as done. Admin.Failover forwards
-// to the controller leader (package regions).
+// meanwhile is reported as unknown, never as done. A write whose COMMIT
+// was sent and not answered is settled in the store, which does it again
+// under row locks on a fresh connection and answers what took effect
+// (store.ErrOutcomeUnknown, schema/store/settle.go); Ack, Nack,
+// ExtendLease, UpdateItem and DeleteItem answer UNAVAILABLE with
+// "outcome unknown" only when that failed too, saying that a retry with
+// the same lease token is safe, and "nothing was changed" for a shard
+// that could not be reached before anything was sent (writeOutcome).
+// Admin.Failover forwards to the controller leader (package regions).
 //
 // # Growing and shrinking
 //

@@ -72,6 +72,12 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, ErrPermissionDenied):
 		code = codes.PermissionDenied
+	case errors.Is(err, store.ErrOutcomeUnknown):
+		// Before the context's codes: an ack whose caller's deadline
+		// ended while its batch ran is as unknown as one whose answer
+		// was lost, and the client retries UNAVAILABLE with the same
+		// token.
+		code = codes.Unavailable
 	case errors.Is(err, ErrNotCommitted), errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -146,6 +152,37 @@ func isMySQLDown(err error) bool {
 		return me.Number == 1290 || me.Number == 1836 // read-only
 	}
 	return false
+}
+
+// Advice for a lease or item write whose outcome stays unknown
+// (store.ErrOutcomeUnknown): what a retry does, so a client knows it may
+// send it again.
+const (
+	retryAck    = `retrying with the same lease token is safe: if this ack took effect the item is gone, and the retry answers it "item not found"`
+	retryNack   = `retrying with the same lease token is safe: if this nack took effect its token is cleared, and the retry answers it "stale lease token"`
+	retryExtend = "retrying with the same lease token is safe: an extension sets the expiry from the time of the call"
+	retryUpdate = "retrying the update is safe: it sets the same values again"
+	retryDelete = "retrying is safe: once the item is gone a delete answers NOT_FOUND"
+)
+
+// writeOutcome says in the error of a lease or item write on shard
+// whether it changed anything there: ErrOutcomeUnknown (the store could
+// not settle a write whose answer was lost) gets retry, the advice for
+// its call; a shard that could not be reached or refused the write
+// (isMySQLDown) changed nothing, since the store reports every write
+// that was sent and not answered as ErrOutcomeUnknown, and an error
+// before the COMMIT leaves an open transaction the server rolls back.
+// Other errors are left as they are.
+func writeOutcome(err error, shard uint32, retry string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrOutcomeUnknown):
+		return fmt.Errorf("shard %d: %w; %s", shard, err, retry)
+	case isMySQLDown(err):
+		return fmt.Errorf("shard %d: %w; nothing was changed there", shard, err)
+	}
+	return err
 }
 
 // isAccessDenied reports MariaDB refusing a login (1045) or a statement

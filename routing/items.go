@@ -136,7 +136,7 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 	row, err := store.New(db).ItemUpdate(ctx, store.ItemUpdateParams{Namespace: req.Namespace, ID: id.Key,
 		Update: func(row *store.Item) error { return updateRow(row, req, now) }})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(writeOutcome(err, id.Shard, retryUpdate))
 	}
 	if err := r.afterWrite(id.Shard); err != nil {
 		return nil, toStatus(err)
@@ -219,7 +219,7 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 	// The tombstone's window runs on this router's clock, as it always has.
 	if err := store.New(db).ItemDelete(ctx, store.ItemDeleteParams{Namespace: req.Namespace, ID: id.Key,
 		DedupWindow: time.Duration(ns.DedupWindow), Now: time.Now()}); err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(writeOutcome(err, id.Shard, retryDelete))
 	}
 	if err := r.afterWrite(id.Shard); err != nil {
 		return nil, toStatus(err)

@@ -881,7 +881,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 			err = r.afterWrite(shard)
 		}
 		if err != nil {
-			return err
+			return writeOutcome(err, shard, retryAck)
 		}
 		for j, i := range idx {
 			errs[i] = res[j]
@@ -982,7 +982,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 			err = r.afterWrite(shard)
 		}
 		if err != nil {
-			return err
+			return writeOutcome(err, shard, retryNack)
 		}
 		for j, i := range idx {
 			errs[i] = res[j]
@@ -1058,7 +1058,7 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 		err = r.afterWrite(id.Shard)
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(writeOutcome(err, id.Shard, retryExtend))
 	}
 	return &triagev1.ExtendLeaseResponse{LeaseExpiresAt: timestamppb.New(until)}, nil
 }

@@ -63,8 +63,9 @@ const flushTimeout = 30 * time.Second
 
 // Ack acks p.Refs on db through the batcher: see ItemAck for the results.
 // p.Now is ignored; the batch's start on b.Now stamps the dedup tombstones.
-// When ctx ends first, Ack returns ctx's error, and the refs may or may not
-// be acked (as with any call whose answer is lost).
+// When ctx ends first, Ack returns ErrOutcomeUnknown wrapping ctx's
+// error: the refs are in a batch that still runs, so they may or may not
+// be acked.
 func (b *AckBatcher) Ack(ctx context.Context, db *sqlx.DB, p ItemAckParams) ([]error, error) {
 	if len(p.Refs) == 0 {
 		return nil, nil
@@ -77,7 +78,7 @@ func (b *AckBatcher) Ack(ctx context.Context, db *sqlx.DB, p ItemAckParams) ([]e
 	select {
 	case <-bt.done:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("ack: %w: the call ended while its batch was queued or running (%w)", ErrOutcomeUnknown, ctx.Err())
 	}
 	if bt.v.err != nil {
 		return nil, bt.v.err
@@ -168,6 +169,15 @@ func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, err
 		acked, err = ackAtOnce(ctx, s.db, q.sql.String(), q.args)
 		return err
 	})
+	if errors.Is(err, ErrOutcomeUnknown) {
+		// The query, COMMIT included, was sent and its answer lost: it
+		// deleted every ref's row or none.
+		lost := make([]int, len(p.Refs))
+		for i := range lost {
+			lost[i] = i
+		}
+		return s.settleAck(ctx, p, lost, results, fmt.Errorf("ack: %w", err))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
@@ -198,11 +208,13 @@ func ackTombstonesSQL(k string) string {
 }
 
 // ackAtOnce runs ItemAckDelete's multi-statement query (see onConn) and
-// returns the count its last statement reads.
+// returns the count its last statement reads. An error after the query
+// was sent with no answer from the server is ErrOutcomeUnknown (sentErr):
+// its COMMIT may have run.
 func ackAtOnce(ctx context.Context, db *sqlx.DB, q string, args []any) (n int, err error) {
 	err = onConn(ctx, db, func(conn *sqlx.Conn) error {
 		n, err = lastCount(ctx, conn, q, args)
-		return err
+		return sentErr(err)
 	})
 	return n, err
 }

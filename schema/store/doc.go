@@ -44,6 +44,14 @@
 // retried the same way (retryExec). fn must therefore start over each
 // time; methods reset what they collect at the top of fn.
 //
+// A COMMIT that was sent and not answered (the connection broke, the
+// driver's read timeout fired during a semi-sync wait) is
+// ErrOutcomeUnknown, told from a failure before anything was sent
+// (sentErr). Ack, nack, extend, update and delete settle it before they
+// answer, by doing the write again under row locks on a fresh connection
+// (settle.go): the lost transaction changed all its rows or none, so the
+// state the repeat finds says which.
+//
 // The one exception is the common enqueue (insertAtOnce): a group of
 // batches without dedup keys, small enough for one packet, goes as one
 // multi-statement query (START TRANSACTION, the batch records, the items,

@@ -16,4 +16,10 @@ var (
 	// ErrMetadataTooLarge means a metadata patch merged with the item's
 	// stored metadata would exceed MaxMetadataBytes; nothing was changed.
 	ErrMetadataTooLarge = errors.New("metadata too large")
+	// ErrOutcomeUnknown means a write was sent to the shard (its COMMIT,
+	// or a query that commits) and no answer came back: the connection
+	// broke or timed out, so the write may or may not have taken effect.
+	// The lease and item writes settle such an outcome themselves (see
+	// settle.go) and return it only when that failed too.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
 )

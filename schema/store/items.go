@@ -62,8 +62,26 @@ type ItemUpdateParams struct {
 
 // ItemUpdate changes an item under a row lock, in one transaction, and
 // returns the row as written; ErrNotFound, bare, if the namespace holds no
-// such item.
+// such item. A COMMIT whose answer is lost is settled by running the
+// update again on a fresh connection (Update sets the values it was asked
+// to, so a repeat writes what the lost one did); ErrOutcomeUnknown means
+// the repeat failed too, or was refused, which cannot tell whether the
+// lost one was.
 func (s Store) ItemUpdate(ctx context.Context, p ItemUpdateParams) (*Item, error) {
+	out, err := s.itemUpdate(ctx, p)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		return out, err
+	}
+	sctx, cancel := settleCtx(ctx)
+	defer cancel()
+	out, serr := s.itemUpdate(sctx, p)
+	if serr != nil {
+		return nil, settleFailed(fmt.Errorf("update: %w", err), serr)
+	}
+	return out, nil
+}
+
+func (s Store) itemUpdate(ctx context.Context, p ItemUpdateParams) (*Item, error) {
 	var out *Item
 	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		row, err := getItem(ctx, tx, itemGetForUpdateSQL, p.Namespace, p.ID)
@@ -99,8 +117,23 @@ type ItemDeleteParams struct {
 
 // ItemDelete deletes an item whatever its state, keeping its dedup key
 // taken for DedupWindow, in one transaction; ErrNotFound, bare, if the
-// namespace holds no such item.
+// namespace holds no such item. A COMMIT whose answer is lost is settled
+// by deleting again on a fresh connection, where an item gone means the
+// lost delete took effect; ErrOutcomeUnknown means the repeat failed.
 func (s Store) ItemDelete(ctx context.Context, p ItemDeleteParams) error {
+	err := s.itemDelete(ctx, p)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
+	sctx, cancel := settleCtx(ctx)
+	defer cancel()
+	if serr := s.itemDelete(sctx, p); serr != nil && serr != ErrNotFound {
+		return settleFailed(fmt.Errorf("delete: %w", err), serr)
+	}
+	return nil
+}
+
+func (s Store) itemDelete(ctx context.Context, p ItemDeleteParams) error {
 	return inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		row, err := getItem(ctx, tx, itemGetForUpdateSQL, p.Namespace, p.ID)
 		if err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -369,8 +370,27 @@ type ItemAckParams struct {
 // ItemAck deletes the items whose refs carry their current lease token, in
 // one transaction, and returns a per-ref error (nil for acked, else
 // ErrNotFound or ErrStaleLease). An ack after the lease expired still
-// succeeds while nobody has leased the item again.
+// succeeds while nobody has leased the item again. A COMMIT whose answer
+// is lost is settled (settleAck); ErrOutcomeUnknown means that failed too.
 func (s Store) ItemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
+	results, err := s.itemAck(ctx, p)
+	if errors.Is(err, ErrOutcomeUnknown) {
+		// The refs the transaction acked: refused ones were answered
+		// under the row locks and stay refused.
+		var lost []int
+		for i, r := range results {
+			if r == nil {
+				lost = append(lost, i)
+			}
+		}
+		return s.settleAck(ctx, p, lost, results, err)
+	}
+	return results, err
+}
+
+// itemAck is ItemAck without the settling: on ErrOutcomeUnknown it
+// returns the results the transaction would have committed too.
+func (s Store) itemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
 	results := make([]error, len(p.Refs))
 	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		keys := make([]uint64, len(p.Refs))
@@ -400,6 +420,9 @@ func (s Store) ItemAck(ctx context.Context, p ItemAckParams) ([]error, error) {
 		}
 		return nil
 	})
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return results, fmt.Errorf("ack: %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
@@ -453,12 +476,32 @@ type ItemNackParams struct {
 // A merge whose result would exceed MaxMetadataBytes fails the whole
 // batch with ErrMetadataTooLarge and changes nothing. readyNow lists, per
 // nack, the topic of an item that is ready again at once (no delay); ""
-// otherwise.
+// otherwise. A COMMIT whose answer is lost is settled (settleNack);
+// ErrOutcomeUnknown means that failed too.
 func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error, readyNow []string, err error) {
+	var deadTopics []string
+	results, readyNow, deadTopics, err = s.itemNack(ctx, p)
+	if errors.Is(err, ErrOutcomeUnknown) {
+		results, readyNow, deadTopics, err = s.settleNack(ctx, p, results, readyNow, deadTopics, err)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if p.OnDeadLetter != nil {
+		for _, t := range deadTopics {
+			p.OnDeadLetter(t)
+		}
+	}
+	return results, readyNow, nil
+}
+
+// itemNack is ItemNack without the settling and the OnDeadLetter calls:
+// it returns the topics of the items it dead-lettered, and on
+// ErrOutcomeUnknown what the transaction would have committed.
+func (s Store) itemNack(ctx context.Context, p ItemNackParams) (results []error, readyNow, deadTopics []string, err error) {
 	results = make([]error, len(p.Nacks))
 	readyNow = make([]string, len(p.Nacks))
 	nowUS := p.NowUS
-	var deadTopics []string
 	err = inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		clear(readyNow)
 		deadTopics = deadTopics[:0]
@@ -517,15 +560,13 @@ func (s Store) ItemNack(ctx context.Context, p ItemNackParams) (results []error,
 		}
 		return nil
 	})
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return results, readyNow, deadTopics, fmt.Errorf("nack: %w", err)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("nack: %w", err)
+		return nil, nil, nil, fmt.Errorf("nack: %w", err)
 	}
-	if p.OnDeadLetter != nil {
-		for _, t := range deadTopics {
-			p.OnDeadLetter(t)
-		}
-	}
-	return results, readyNow, nil
+	return results, readyNow, deadTopics, nil
 }
 
 // ItemExtendParams: see ItemExtend.
@@ -539,8 +580,25 @@ type ItemExtendParams struct {
 
 // ItemExtend moves a lease's expiry to Now + Lease and returns the new
 // expiry; ErrNotFound or ErrStaleLease, bare, when the ref does not hold
-// the item.
+// the item. A COMMIT whose answer is lost is settled by extending again,
+// to the same expiry, on a fresh connection: that answer is the call's,
+// since an extension that took effect changed no token.
+// ErrOutcomeUnknown means that failed too.
 func (s Store) ItemExtend(ctx context.Context, p ItemExtendParams) (time.Time, error) {
+	until, err := s.itemExtend(ctx, p)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		return until, err
+	}
+	sctx, cancel := settleCtx(ctx)
+	defer cancel()
+	until, serr := s.itemExtend(sctx, p)
+	if serr != nil && serr != ErrNotFound && serr != ErrStaleLease {
+		return time.Time{}, settleFailed(fmt.Errorf("extend: %w", err), serr)
+	}
+	return until, serr
+}
+
+func (s Store) itemExtend(ctx context.Context, p ItemExtendParams) (time.Time, error) {
 	var until int64
 	err := inTx(ctx, s.db, func(tx *sqlx.Tx) error {
 		st, err := lockLeases(ctx, tx, p.Namespace, []uint64{p.Ref.Key})

@@ -3,9 +3,14 @@ package store
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/triage-queue/triage/schema"
@@ -29,6 +34,11 @@ func New(db *sqlx.DB) Store { return Store{db: db} }
 // therefore start from scratch each time: reset what it fills in, and
 // keep no state from an attempt that failed. It is the only place a
 // transaction on the queue tables begins.
+//
+// A COMMIT that was sent and not answered returns ErrOutcomeUnknown
+// (wrapping the driver's error): the transaction may have committed. An
+// error before the COMMIT leaves nothing behind, since the server rolls
+// back an open transaction when its connection goes.
 func inTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 	return schema.Retry(ctx, func() error {
 		tx, err := db.BeginTxx(ctx, nil)
@@ -39,8 +49,37 @@ func inTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 		if err := fn(tx); err != nil {
 			return err
 		}
-		return tx.Commit()
+		return commitErr(tx.Commit())
 	})
+}
+
+// commitErr is sentErr for database/sql's Tx.Commit, whose context error
+// means the COMMIT was never sent: database/sql checks the transaction's
+// context before it sends one, and go-sql-driver's COMMIT does not watch
+// the context.
+func commitErr(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return sentErr(err)
+}
+
+// sentErr marks err, the error of a statement that commits (a COMMIT, or
+// a query whose transaction ends in one), as ErrOutcomeUnknown unless it
+// shows the statement had no effect: the server answered with an error
+// (*mysql.MySQLError), or nothing was sent (driver.ErrBadConn, which
+// go-sql-driver returns only when it wrote nothing; database/sql's
+// sql.ErrTxDone and sql.ErrConnDone). Everything else (mysql.ErrInvalidConn
+// after a lost connection or a read timeout, a context that ended while
+// the query ran) came after the statement was sent, with no answer.
+func sentErr(err error) error {
+	var me *mysql.MySQLError
+	switch {
+	case err == nil, errors.As(err, &me), errors.Is(err, driver.ErrBadConn),
+		errors.Is(err, sql.ErrTxDone), errors.Is(err, sql.ErrConnDone):
+		return err
+	}
+	return fmt.Errorf("%w: the write was sent to the shard and its answer was lost (%w)", ErrOutcomeUnknown, err)
 }
 
 // retryExec runs one statement outside a transaction, retried like inTx
