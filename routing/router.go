@@ -285,7 +285,47 @@ type shardBatch struct {
 	batch *peerv1.EnqueueBatch
 }
 
+// enqueueCall is what enqueue's steps share: the map and namespace the
+// request was checked against, its region and time, and the shards open
+// to new items there.
+type enqueueCall struct {
+	req     *triagev1.EnqueueRequest
+	m       *shardmap.Map
+	ns      *shardmap.Namespace
+	region  string
+	now     time.Time
+	open    []uint32
+	weights []uint32
+	nm      *metrics.Namespace
+}
+
+// enqueue routes the request's items into per-shard batches, publishes
+// them to the enqueue buffer and, for a committed enqueue, waits for
+// their inserts.
 func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*triagev1.EnqueueResponse, error) {
+	e, err := r.admitEnqueue(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	results := make([]*triagev1.EnqueueResult, len(req.Items))
+	order, err := r.batchItems(ctx, e, results)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.await(ctx, e, order, results); err != nil {
+		return nil, err
+	}
+	tm := r.cfg.Metrics.Topic(req.Namespace, req.Topic)
+	for _, it := range req.Items {
+		tm.Enqueued[metrics.Band(it.Priority)].Inc()
+	}
+	return &triagev1.EnqueueResponse{Results: results}, nil
+}
+
+// admitEnqueue checks the request and whether this router may take it
+// now: a confirmed shard map, its node number held, and the namespace's
+// rate and depth quotas.
+func (r *Router) admitEnqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*enqueueCall, error) {
 	m, ns, region, now, err := r.checkEnqueue(req)
 	if err != nil {
 		return nil, err
@@ -325,53 +365,43 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		nm.QuotaDepth.Inc()
 		return nil, err
 	}
-	// Items with a dedup key go to the shard the slot table of the
-	// request's region gives the key, so that shard's unique index and
-	// tombstones see every copy enqueued with this region (a hash over the
-	// region's current shards would move a key when the shard list
-	// changes). Dedup is per region: the item is stored in the region the
-	// producer chose, and a copy enqueued with another region is another
-	// item (deduplicating across regions would need a cross-region lookup
-	// on every enqueue). The rest of the request goes to one of the
-	// region's shards chosen round-robin, so a request is usually one batch.
-	// A batch is closed when the next item would take it past what one
-	// JetStream message may carry; the shard's next batch goes on.
+	return &enqueueCall{req: req, m: m, ns: ns, region: region, now: now, open: open, weights: weights, nm: nm}, nil
+}
+
+// batchItems groups the request's items into batches per shard, in the
+// order their shards first appear. Items with a dedup key go to the shard
+// the slot table of the request's region gives the key, so that shard's
+// unique index and tombstones see every copy enqueued with this region (a
+// hash over the region's current shards would move a key when the shard
+// list changes). Dedup is per region: the item is stored in the region
+// the producer chose, and a copy enqueued with another region is another
+// item (deduplicating across regions would need a cross-region lookup on
+// every enqueue). The rest of the request goes to one of the region's
+// shards chosen round-robin, so a request is usually one batch. A batch is
+// closed when the next item would take it past what one JetStream message
+// may carry; the shard's next batch goes on. An item found to be a
+// duplicate of one on a draining shard gets its result here, and no batch.
+func (r *Router) batchItems(ctx context.Context, e *enqueueCall, results []*triagev1.EnqueueResult) ([]*shardBatch, error) {
+	req := e.req
 	limit := r.batchLimit(req.Namespace, req.Topic)
-	//
-	// A key whose slot moved off a draining shard is looked up there
-	// first (movedHolder): while that shard holds its item or tombstone,
-	// the enqueue is a duplicate of it.
-	spread := shardmap.PickWeighted(open, weights, r.rr.Add(1))
+	spread := shardmap.PickWeighted(e.open, e.weights, r.rr.Add(1))
 	groups := map[uint32]*shardBatch{}
 	sizes := map[uint32]int{}
 	var order []*shardBatch
-	results := make([]*triagev1.EnqueueResult, len(req.Items))
 	for i, it := range req.Items {
 		shard := spread
 		if it.DedupKey != "" {
-			var ok bool
-			var from uint32
-			if shard, from, ok = ns.DedupRoute(region, req.Topic, it.DedupKey); !ok {
-				// New fills a region's table whenever the namespace has a
-				// shard there, and ShardsFor found one.
-				return nil, fmt.Errorf("namespace %q has shards in region %q but no dedup slot table there", req.Namespace, region)
+			var dup *triagev1.EnqueueResult
+			var err error
+			if shard, dup, err = r.dedupShard(ctx, e, it.DedupKey); err != nil {
+				return nil, err
 			}
-			if from != 0 {
-				key, found, err := r.movedHolder(ctx, m, from, req.Namespace, req.Topic, it.DedupKey)
-				if err != nil {
-					return nil, err
-				}
-				if found {
-					home := region
-					if s, ok := m.Shard(from); ok {
-						home = s.HomeRegion
-					}
-					results[i] = &triagev1.EnqueueResult{Id: itemid.ID{Shard: from, Key: key}.String(), Duplicate: true, Region: home}
-					continue
-				}
+			if dup != nil {
+				results[i] = dup
+				continue
 			}
 		}
-		b := r.bufferedItem(it, ns, now)
+		b := r.bufferedItem(it, e.ns, e.now)
 		n := protowire.SizeBytes(proto.Size(b)) + 1
 		if n > limit {
 			return nil, invalid("items[%d] is %d bytes encoded (payload %d, metadata %d as stored); the enqueue buffer carries at most %d bytes per item (NATS max_payload %d): send a smaller payload",
@@ -379,12 +409,8 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		}
 		g := groups[shard]
 		if g == nil || sizes[shard]+n > limit {
-			home := region
-			if s, ok := m.Shard(shard); ok {
-				home = s.HomeRegion
-			}
-			g = &shardBatch{shard: shard, home: home, batch: &peerv1.EnqueueBatch{
-				Namespace: req.Namespace, Topic: req.Topic, Shard: shard, EnqueuedAtUs: now.UnixMicro(),
+			g = &shardBatch{shard: shard, home: e.homeOf(shard), batch: &peerv1.EnqueueBatch{
+				Namespace: req.Namespace, Topic: req.Topic, Shard: shard, EnqueuedAtUs: e.now.UnixMicro(),
 			}}
 			groups[shard] = g
 			sizes[shard] = 0
@@ -394,7 +420,45 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		g.batch.Items = append(g.batch.Items, b)
 		sizes[shard] += n
 	}
-	committed := req.Durability != triagev1.Durability_BUFFERED
+	return order, nil
+}
+
+// homeOf is shard's home region, the request's region if the map does not
+// know the shard.
+func (e *enqueueCall) homeOf(shard uint32) string {
+	if s, ok := e.m.Shard(shard); ok {
+		return s.HomeRegion
+	}
+	return e.region
+}
+
+// dedupShard is the shard a dedup key's item goes to. A key whose slot
+// moved off a draining shard is looked up there first (movedHolder):
+// while that shard holds its item or tombstone, the enqueue is a
+// duplicate of it, and dup is that item's result.
+func (r *Router) dedupShard(ctx context.Context, e *enqueueCall, key string) (shard uint32, dup *triagev1.EnqueueResult, err error) {
+	req := e.req
+	shard, from, ok := e.ns.DedupRoute(e.region, req.Topic, key)
+	if !ok {
+		// New fills a region's table whenever the namespace has a shard
+		// there, and ShardsFor found one.
+		return 0, nil, fmt.Errorf("namespace %q has shards in region %q but no dedup slot table there", req.Namespace, e.region)
+	}
+	if from == 0 {
+		return shard, nil, nil
+	}
+	held, found, err := r.movedHolder(ctx, e.m, from, req.Namespace, req.Topic, key)
+	if err != nil || !found {
+		return shard, nil, err
+	}
+	return shard, &triagev1.EnqueueResult{Id: itemid.ID{Shard: from, Key: held}.String(), Duplicate: true, Region: e.homeOf(from)}, nil
+}
+
+// await publishes the batches and, for a committed enqueue, waits for
+// each batch's insert (bounded by CommitTimeout when the call has no
+// deadline), then fills in the results of their items.
+func (r *Router) await(ctx context.Context, e *enqueueCall, order []*shardBatch, results []*triagev1.EnqueueResult) error {
+	committed := e.req.Durability != triagev1.Durability_BUFFERED
 	waitCtx := ctx
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -416,9 +480,9 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 	if len(order) > 0 {
 		if err := r.publish(waitCtx, order); err != nil {
 			if errors.Is(err, ErrBufferFull) {
-				nm.QuotaBufferFull.Inc()
+				e.nm.QuotaBufferFull.Inc()
 			}
-			return nil, err
+			return err
 		}
 	}
 	for i, g := range order {
@@ -431,31 +495,33 @@ func (r *Router) enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 				// the batch went (a lost reply crosses regions on a
 				// direct NATS route; a slow insert is in the enqueuer's
 				// log as such).
-				r.log.Warn("enqueue not confirmed committed in time", "namespace", req.Namespace, "topic", req.Topic,
+				r.log.Warn("enqueue not confirmed committed in time", "namespace", e.req.Namespace, "topic", e.req.Topic,
 					"shard", g.shard, "home", g.home, "batch", g.batch.BatchId, "items", len(g.batch.Items))
-				return nil, ErrNotCommitted
+				return ErrNotCommitted
 			}
 			if c.Error != "" {
-				return nil, fmt.Errorf("%w: shard %d: %s", ErrInvalid, g.shard, c.Error)
+				return fmt.Errorf("%w: shard %d: %s", ErrInvalid, g.shard, c.Error)
 			}
 			// Tell dequeuers before the client hears back, so a dequeue the
 			// client sends next sees the new items (see announceBatch).
 			r.announceBatch(g.batch, c)
 		}
-		for j, pos := range g.idx {
-			res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: g.home}
-			if c != nil && j < len(c.DuplicateOf) && c.DuplicateOf[j] != 0 {
-				res.Id = itemid.ID{Shard: g.shard, Key: c.DuplicateOf[j]}.String()
-				res.Duplicate = true
-			}
-			results[pos] = res
+		g.fillResults(c, results)
+	}
+	return nil
+}
+
+// fillResults sets the result of each of g's items: its new ID, or the ID
+// of the item it duplicates as c reports it.
+func (g *shardBatch) fillResults(c *peerv1.EnqueueCommitted, results []*triagev1.EnqueueResult) {
+	for j, pos := range g.idx {
+		res := &triagev1.EnqueueResult{Id: itemid.ID{Shard: g.shard, Key: g.batch.Items[j].Key}.String(), Region: g.home}
+		if c != nil && j < len(c.DuplicateOf) && c.DuplicateOf[j] != 0 {
+			res.Id = itemid.ID{Shard: g.shard, Key: c.DuplicateOf[j]}.String()
+			res.Duplicate = true
 		}
+		results[pos] = res
 	}
-	tm := r.cfg.Metrics.Topic(req.Namespace, req.Topic)
-	for _, it := range req.Items {
-		tm.Enqueued[metrics.Band(it.Priority)].Inc()
-	}
-	return &triagev1.EnqueueResponse{Results: results}, nil
 }
 
 // announceBatch tells the dequeuers of a committed batch, with its rows
@@ -592,56 +658,14 @@ func followOwners(ctx context.Context, owners OwnerView, req *triagev1.DequeueRe
 	}
 }
 
+// dequeue asks the owners of the region's shards for items: one owner
+// serves the whole request; several are asked at once and merged.
 func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*triagev1.LeasedItem, error) {
-	m := r.cfg.Maps.Current()
-	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, err
-	}
-	if err := validateDequeue(req); err != nil {
-		return nil, err
-	}
-	total := 0
-	for _, tc := range req.Topics {
-		total += int(tc.Count)
-	}
-	if total > MaxDequeueTotal {
-		return nil, invalid("counts add up to %d items in one dequeue; at most %d allowed across all topics", total, MaxDequeueTotal)
-	}
-	region, err := r.region(req.Region, m)
+	shards, region, err := r.checkDequeue(req)
 	if err != nil {
 		return nil, err
 	}
-	shards, err := m.ShardsFor(req.Namespace, region)
-	if err != nil {
-		return nil, err
-	}
-	byOwner := map[string][]uint32{}
-	var orphans []uint32
-	for _, id := range shards {
-		if o, ok := r.cfg.Owners.Owner(id); ok {
-			byOwner[o] = append(byOwner[o], id)
-		} else {
-			orphans = append(orphans, id)
-		}
-	}
-	if len(orphans) > 0 {
-		// The view may have missed a claim: its watch sees nothing while
-		// the bucket's stream elects a leader (a region-down drill: one
-		// router answered "no owner" for 6 s after another region's
-		// dequeuer had claimed the shard, its view emptied by a reload
-		// that fell between the hand-over and the claim). Read them from
-		// the bucket itself; Reload paces its reads per shard.
-		r.cfg.Owners.Reload(ctx, orphans)
-		still := orphans[:0]
-		for _, id := range orphans {
-			if o, ok := r.cfg.Owners.Owner(id); ok {
-				byOwner[o] = append(byOwner[o], id)
-			} else {
-				still = append(still, id)
-			}
-		}
-		orphans = still
-	}
+	byOwner, orphans := r.ownersOf(ctx, shards)
 	if len(byOwner) == 0 {
 		return nil, fmt.Errorf("%w: %w: shards %v of region %s; retry shortly", ErrUnavailable, errNoOwner, orphans, region)
 	}
@@ -650,11 +674,68 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 			return r.forward(ctx, owner, req, ids)
 		}
 	}
-	// Several owners: ask each for the full counts, keep the most urgent,
-	// and hand the surplus back at once, as never delivered: no attempt
-	// counted and its old place in the order kept (a nack would count the
-	// attempt, so an item that kept landing in the surplus would
-	// dead-letter undelivered, and would move it behind younger items).
+	return r.dequeueMerged(ctx, req, byOwner)
+}
+
+// checkDequeue checks the request and returns the shards of the
+// namespace in its region.
+func (r *Router) checkDequeue(req *triagev1.DequeueRequest) (shards []uint32, region string, err error) {
+	m := r.cfg.Maps.Current()
+	if _, err := m.Namespace(req.Namespace); err != nil {
+		return nil, "", err
+	}
+	if err := validateDequeue(req); err != nil {
+		return nil, "", err
+	}
+	total := 0
+	for _, tc := range req.Topics {
+		total += int(tc.Count)
+	}
+	if total > MaxDequeueTotal {
+		return nil, "", invalid("counts add up to %d items in one dequeue; at most %d allowed across all topics", total, MaxDequeueTotal)
+	}
+	if region, err = r.region(req.Region, m); err != nil {
+		return nil, "", err
+	}
+	shards, err = m.ShardsFor(req.Namespace, region)
+	return shards, region, err
+}
+
+// ownersOf groups shards by the dequeuer that owns each; orphans have
+// none. The view may have missed a claim (its watch sees nothing while
+// the bucket's stream elects a leader, or a reload fell between a
+// hand-over and the claim), so shards without an owner are read from the
+// bucket itself once; Reload paces its reads per shard.
+func (r *Router) ownersOf(ctx context.Context, shards []uint32) (byOwner map[string][]uint32, orphans []uint32) {
+	byOwner = map[string][]uint32{}
+	for _, id := range shards {
+		if o, ok := r.cfg.Owners.Owner(id); ok {
+			byOwner[o] = append(byOwner[o], id)
+		} else {
+			orphans = append(orphans, id)
+		}
+	}
+	if len(orphans) == 0 {
+		return byOwner, nil
+	}
+	r.cfg.Owners.Reload(ctx, orphans)
+	still := orphans[:0]
+	for _, id := range orphans {
+		if o, ok := r.cfg.Owners.Owner(id); ok {
+			byOwner[o] = append(byOwner[o], id)
+		} else {
+			still = append(still, id)
+		}
+	}
+	return byOwner, still
+}
+
+// dequeueMerged asks each owner for the full counts, keeps the most
+// urgent, and hands the surplus back at once, as never delivered: no
+// attempt counted and its old place in the order kept (a nack would count
+// the attempt, so an item that kept landing in the surplus would
+// dead-letter undelivered, and would move it behind younger items).
+func (r *Router) dequeueMerged(ctx context.Context, req *triagev1.DequeueRequest, byOwner map[string][]uint32) ([]*triagev1.LeasedItem, error) {
 	type answer struct {
 		items []*triagev1.LeasedItem
 		err   error
@@ -676,15 +757,24 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 	if len(all) == 0 {
 		return nil, firstErr
 	}
+	out, surplus := mostUrgent(req, all)
+	if err := r.undeliver(context.WithoutCancel(ctx), req.Namespace, surplus); err != nil {
+		r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
+	}
+	return out, nil
+}
+
+// mostUrgent keeps, of the items several owners served, the request's
+// counts of the most urgent. Each owner bounded its own reply; together
+// they may not fit one gRPC message (clients refuse over 4 MiB by
+// default), so the merged reply keeps to the same bound and the rest is
+// surplus.
+func mostUrgent(req *triagev1.DequeueRequest, all []*triagev1.LeasedItem) (out, surplus []*triagev1.LeasedItem) {
 	slices.SortStableFunc(all, compareLeased)
 	want := map[string]int32{}
 	for _, tc := range req.Topics {
 		want[tc.Topic] = tc.Count
 	}
-	// Each owner bounded its own reply; together they may not fit one
-	// gRPC message (clients refuse over 4 MiB by default), so the merged
-	// reply keeps to the same bound and the rest goes back as surplus.
-	var out, surplus []*triagev1.LeasedItem
 	size := 0
 	for _, it := range all {
 		n := proto.Size(it) + 16 // the field's tag and length prefix, with room
@@ -696,10 +786,7 @@ func (r *Router) dequeue(ctx context.Context, req *triagev1.DequeueRequest) ([]*
 			surplus = append(surplus, it)
 		}
 	}
-	if err := r.undeliver(context.WithoutCancel(ctx), req.Namespace, surplus); err != nil {
-		r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
-	}
-	return out, nil
+	return out, surplus
 }
 
 // late hands back items served for a caller that will never get them:
@@ -931,29 +1018,9 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	if err != nil {
 		return nil, err
 	}
-	nacks := make([]store.Nack, len(req.Nacks))
-	for i, n := range req.Nacks {
-		tok, err := store.ParseToken(n.LeaseToken)
-		if err != nil {
-			return nil, fmt.Errorf("nacks[%d]: %w", i, err)
-		}
-		if n.Delay != nil {
-			if err := n.Delay.CheckValid(); err != nil || n.Delay.AsDuration() < 0 || n.Delay.AsDuration() > MaxNackDelay {
-				return nil, invalid("nacks[%d].delay must be between 0s and %s", i, MaxNackDelay)
-			}
-		}
-		if len(n.Error) > MaxErrorBytes {
-			return nil, invalid("nacks[%d].error is %d bytes; at most %d allowed", i, len(n.Error), MaxErrorBytes)
-		}
-		if err := checkMetadata(n.Metadata); err != nil {
-			return nil, err
-		}
-		if n.DeadLetter && n.Release {
-			return nil, invalid("nacks[%d]: dead_letter and release exclude each other: dead_letter ends the item, release hands it back uncounted", i)
-		}
-		nacks[i] = store.Nack{LeaseRef: store.LeaseRef{Key: parsed[i].Key, Token: tok},
-			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata,
-			DeadLetter: n.DeadLetter, Release: n.Release}
+	nacks, err := parseNacks(req, parsed)
+	if err != nil {
+		return nil, err
 	}
 	if len(groups) > 1 {
 		// Each shard's batch is one transaction that a too-large metadata
@@ -987,17 +1054,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		for j, i := range idx {
 			errs[i] = res[j]
 		}
-		// Items ready again at once: the owner's buffer may hold less
-		// urgent ones and would not look until its next recheck.
-		counts := map[string]int32{}
-		for _, topic := range readyNow {
-			if topic != "" {
-				counts[topic]++
-			}
-		}
-		for topic, n := range counts {
-			r.announce(req.Namespace, topic, shard, n)
-		}
+		r.announceReady(req.Namespace, shard, readyNow)
 		return nil
 	})
 	if err != nil {
@@ -1007,6 +1064,51 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	countResults(errs, nm.NackOK, nm.NackRefused)
 	nm.Nack.Observe(time.Since(start).Seconds())
 	return &triagev1.NackResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// parseNacks checks each nack of the request and turns it into the
+// store's form, with its item's key from parsed.
+func parseNacks(req *triagev1.NackRequest, parsed []itemid.ID) ([]store.Nack, error) {
+	nacks := make([]store.Nack, len(req.Nacks))
+	for i, n := range req.Nacks {
+		tok, err := store.ParseToken(n.LeaseToken)
+		if err != nil {
+			return nil, fmt.Errorf("nacks[%d]: %w", i, err)
+		}
+		if n.Delay != nil {
+			if err := n.Delay.CheckValid(); err != nil || n.Delay.AsDuration() < 0 || n.Delay.AsDuration() > MaxNackDelay {
+				return nil, invalid("nacks[%d].delay must be between 0s and %s", i, MaxNackDelay)
+			}
+		}
+		if len(n.Error) > MaxErrorBytes {
+			return nil, invalid("nacks[%d].error is %d bytes; at most %d allowed", i, len(n.Error), MaxErrorBytes)
+		}
+		if err := checkMetadata(n.Metadata); err != nil {
+			return nil, err
+		}
+		if n.DeadLetter && n.Release {
+			return nil, invalid("nacks[%d]: dead_letter and release exclude each other: dead_letter ends the item, release hands it back uncounted", i)
+		}
+		nacks[i] = store.Nack{LeaseRef: store.LeaseRef{Key: parsed[i].Key, Token: tok},
+			Delay: n.Delay.AsDuration(), Backoff: n.Delay == nil, Error: n.Error, Metadata: n.Metadata,
+			DeadLetter: n.DeadLetter, Release: n.Release}
+	}
+	return nacks, nil
+}
+
+// announceReady tells the shard's owner of items ready again at once, by
+// topic: its buffer may hold less urgent ones and would not look until
+// its next recheck.
+func (r *Router) announceReady(ns string, shard uint32, topics []string) {
+	counts := map[string]int32{}
+	for _, topic := range topics {
+		if topic != "" {
+			counts[topic]++
+		}
+	}
+	for topic, n := range counts {
+		r.announce(ns, topic, shard, n)
+	}
 }
 
 // checkNackMetadata refuses nacks whose metadata patch, merged with the
