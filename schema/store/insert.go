@@ -109,14 +109,18 @@ func batchHash(b *peerv1.EnqueueBatch) []byte {
 	return sum[:]
 }
 
+// insert stores the batches, one multi-row INSERT at once unless isolate
+// or the at-once path declines, else in one transaction: batches already
+// applied answer their stored outcome, fresh ones are inserted, their
+// dedup keys settled and their application recorded.
 func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv1.EnqueueCommitted, error) {
-	batches, nowUS, isolate := p.Batches, p.NowUS, p.Isolate
+	batches, nowUS := p.Batches, p.NowUS
 	var out []*peerv1.EnqueueCommitted
 	hashes := make([][]byte, len(batches))
 	for i, b := range batches {
 		hashes[i] = batchHash(b)
 	}
-	if !isolate {
+	if !p.Isolate {
 		if out, ok, err := insertAtOnce(ctx, db, batches, hashes, nowUS); ok {
 			return out, err
 		}
@@ -126,104 +130,26 @@ func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv
 		for i, b := range batches {
 			out[i] = &peerv1.EnqueueCommitted{BatchId: b.BatchId, DuplicateOf: make([]uint64, len(b.Items))}
 		}
-		applied, err := appliedBatches(ctx, tx, batches)
-		if err != nil {
+		fresh, err := freshBatches(ctx, tx, batches, hashes, out, nowUS)
+		if err != nil || len(fresh) == 0 {
 			return err
 		}
-		var fresh []int
-		for i, b := range batches {
-			rec, ok := applied[b.BatchId]
-			switch {
-			case !ok:
-				fresh = append(fresh, i)
-			case rec.Hash != nil && !bytes.Equal(rec.Hash, hashes[i]):
-				// Another batch holds this ID: its items are not these. Never
-				// report this one as applied.
-				out[i].Error = fmt.Sprintf("batch id %d collides with a different batch already applied on this shard (two routers minted the same item IDs); nothing of this batch was stored", b.BatchId)
-				if b.ReplySubject == "" {
-					// Acknowledged already: keep it where an operator finds it.
-					for _, it := range b.Items {
-						if err := refuseItem(ctx, tx, b, it, out[i].Error, nowUS); err != nil {
-							return err
-						}
-					}
-				}
-			case rec.Outcome != nil:
-				if err := proto.Unmarshal(rec.Outcome, out[i]); err != nil {
-					return fmt.Errorf("batch %d: stored outcome: %w", b.BatchId, err)
-				}
-				out[i].BatchId = b.BatchId
-			}
-		}
-		if len(fresh) == 0 {
-			return nil
-		}
-		refused := map[uint64]bool{}
-		var args []any
-		var pending []*peerv1.BufferedItem
-		var pendingBatch *peerv1.EnqueueBatch
-		var pendingOut *peerv1.EnqueueCommitted
-		rows, size := 0, 0
-		flush := func() error {
-			if rows == 0 {
-				return nil
-			}
-			q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", rows), ",") + insertItemsSuffix
-			_, err := tx.ExecContext(ctx, q, args...)
-			if err != nil && isolate && IsPermanent(err) {
-				// One row (isolate flushes every row): the statement alone
-				// was rolled back; the transaction goes on.
-				it := pending[0]
-				reason := "the shard refused the item at enqueue: " + err.Error()
-				if err := deadLetter(ctx, tx, pendingBatch, it, reason, nowUS); err != nil {
-					return err
-				}
-				refused[it.Key] = true
-				pendingOut.Error = "the shard refused some items; they were moved to the topic's dead letters: " + err.Error()
-				err = nil
-			}
-			if err != nil {
-				return fmt.Errorf("insert items: %w", err)
-			}
-			args, pending, rows, size = args[:0], pending[:0], 0, 0
-			return nil
-		}
+		rows := &rowInserter{ctx: ctx, tx: tx, isolate: p.Isolate, nowUS: nowUS, refused: map[uint64]bool{}}
 		for _, i := range fresh {
-			b := batches[i]
-			for _, it := range b.Items {
-				args = itemArgs(args, b, it, nowUS)
-				pending = append(pending, it)
-				pendingBatch, pendingOut = b, out[i]
-				rows++
-				size += len(it.Payload) + len(it.Metadata)
-				if isolate || rows == maxRowsPerInsert || size >= maxBytesPerInsert {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		if err := flush(); err != nil {
-			return err
-		}
-		if err := settleDedup(ctx, tx, batches, fresh, out, refused, nowUS, p.RetryWindow); err != nil {
-			return err
-		}
-		q := batchRecordPrefix +
-			strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(fresh)), ",")
-		bargs := make([]any, 0, 4*len(fresh))
-		for _, i := range fresh {
-			var outcome []byte
-			if out[i].Error != "" || hasDuplicates(out[i]) {
-				o := &peerv1.EnqueueCommitted{DuplicateOf: out[i].DuplicateOf, Error: truncate(out[i].Error, maxStoredError)}
-				if outcome, err = proto.Marshal(o); err != nil {
+			for _, it := range batches[i].Items {
+				if err := rows.add(batches[i], out[i], it); err != nil {
 					return err
 				}
 			}
-			bargs = append(bargs, batches[i].BatchId, nowUS, hashes[i], outcome)
 		}
-		if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
-			return fmt.Errorf("record batches: %w", err)
+		if err := rows.flush(); err != nil {
+			return err
+		}
+		if err := settleDedup(ctx, tx, batches, fresh, out, rows.refused, nowUS, p.RetryWindow); err != nil {
+			return err
+		}
+		if err := recordBatches(ctx, tx, batches, hashes, fresh, out, nowUS); err != nil {
+			return err
 		}
 		for _, i := range fresh {
 			out[i].VersionUs = nowUS // the rows this insert stored
@@ -234,6 +160,122 @@ func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv
 		return nil, err
 	}
 	return out, nil
+}
+
+// freshBatches returns the positions of the batches this shard has not
+// applied yet. A batch applied before gets its stored outcome in out; one
+// whose ID another batch holds is refused (two routers minted the same
+// item IDs), its items kept as refused when it was acknowledged already.
+func freshBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, hashes [][]byte, out []*peerv1.EnqueueCommitted, nowUS int64) ([]int, error) {
+	applied, err := appliedBatches(ctx, tx, batches)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []int
+	for i, b := range batches {
+		rec, ok := applied[b.BatchId]
+		switch {
+		case !ok:
+			fresh = append(fresh, i)
+		case rec.Hash != nil && !bytes.Equal(rec.Hash, hashes[i]):
+			// Another batch holds this ID: its items are not these. Never
+			// report this one as applied.
+			out[i].Error = fmt.Sprintf("batch id %d collides with a different batch already applied on this shard (two routers minted the same item IDs); nothing of this batch was stored", b.BatchId)
+			if b.ReplySubject == "" {
+				// Acknowledged already: keep it where an operator finds it.
+				for _, it := range b.Items {
+					if err := refuseItem(ctx, tx, b, it, out[i].Error, nowUS); err != nil {
+						return nil, err
+					}
+				}
+			}
+		case rec.Outcome != nil:
+			if err := proto.Unmarshal(rec.Outcome, out[i]); err != nil {
+				return nil, fmt.Errorf("batch %d: stored outcome: %w", b.BatchId, err)
+			}
+			out[i].BatchId = b.BatchId
+		}
+	}
+	return fresh, nil
+}
+
+// rowInserter gathers item rows into multi-row INSERTs of at most
+// maxRowsPerInsert rows or maxBytesPerInsert bytes. With isolate every
+// row is its own statement, and a row the shard refuses for good goes to
+// the topic's dead letters (refused) while the transaction goes on.
+type rowInserter struct {
+	ctx     context.Context
+	tx      *sqlx.Tx
+	isolate bool
+	nowUS   int64
+	refused map[uint64]bool
+
+	args    []any
+	pending []*peerv1.BufferedItem
+	batch   *peerv1.EnqueueBatch
+	out     *peerv1.EnqueueCommitted
+	rows    int
+	size    int
+}
+
+func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem) error {
+	w.args = itemArgs(w.args, b, it, w.nowUS)
+	w.pending = append(w.pending, it)
+	w.batch, w.out = b, out
+	w.rows++
+	w.size += len(it.Payload) + len(it.Metadata)
+	if w.isolate || w.rows == maxRowsPerInsert || w.size >= maxBytesPerInsert {
+		return w.flush()
+	}
+	return nil
+}
+
+func (w *rowInserter) flush() error {
+	if w.rows == 0 {
+		return nil
+	}
+	q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", w.rows), ",") + insertItemsSuffix
+	_, err := w.tx.ExecContext(w.ctx, q, w.args...)
+	if err != nil && w.isolate && IsPermanent(err) {
+		// One row (isolate flushes every row): the statement alone was
+		// rolled back; the transaction goes on.
+		it := w.pending[0]
+		reason := "the shard refused the item at enqueue: " + err.Error()
+		if err := deadLetter(w.ctx, w.tx, w.batch, it, reason, w.nowUS); err != nil {
+			return err
+		}
+		w.refused[it.Key] = true
+		w.out.Error = "the shard refused some items; they were moved to the topic's dead letters: " + err.Error()
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("insert items: %w", err)
+	}
+	w.args, w.pending, w.rows, w.size = w.args[:0], w.pending[:0], 0, 0
+	return nil
+}
+
+// recordBatches records the fresh batches as applied, with their content
+// hash and, when they had duplicates or an error, their outcome, so a
+// redelivery answers the same.
+func recordBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, hashes [][]byte, fresh []int, out []*peerv1.EnqueueCommitted, nowUS int64) error {
+	q := batchRecordPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(fresh)), ",")
+	bargs := make([]any, 0, 4*len(fresh))
+	for _, i := range fresh {
+		var outcome []byte
+		if out[i].Error != "" || hasDuplicates(out[i]) {
+			o := &peerv1.EnqueueCommitted{DuplicateOf: out[i].DuplicateOf, Error: truncate(out[i].Error, maxStoredError)}
+			var err error
+			if outcome, err = proto.Marshal(o); err != nil {
+				return err
+			}
+		}
+		bargs = append(bargs, batches[i].BatchId, nowUS, hashes[i], outcome)
+	}
+	if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
+		return fmt.Errorf("record batches: %w", err)
+	}
+	return nil
 }
 
 func hasDuplicates(c *peerv1.EnqueueCommitted) bool {
@@ -391,34 +433,13 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 	if len(keys) == 0 {
 		return nil
 	}
-	present := map[uint64]bool{}
-	for start := 0; start < len(keys); start += maxRowsPerInsert {
-		chunk := keys[start:min(start+maxRowsPerInsert, len(keys))]
-		k, args := schema.Keys("items", "i", chunk)
-		var got []uint64
-		if err := tx.SelectContext(ctx, &got, itemPresentSQL(k), args...); err != nil {
-			return err
-		}
-		for _, id := range got {
-			present[id] = true
-		}
+	present, err := presentKeys(ctx, tx, keys)
+	if err != nil {
+		return err
 	}
-	tombs := map[tombKey]tombstone{}
-	for k, dkeys := range byTopic {
-		for start := 0; start < len(dkeys); start += maxRowsPerInsert {
-			chunk := dkeys[start:min(start+maxRowsPerInsert, len(dkeys))]
-			q, args, err := sqlx.In(tombstoneCheckSQL, k[0], k[1], chunk, nowUS)
-			if err != nil {
-				return err
-			}
-			var rows []tombstone
-			if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
-				return fmt.Errorf("dedup tombstones: %w", err)
-			}
-			for _, r := range rows {
-				tombs[tombKey{k[0], k[1], r.Key}] = r
-			}
-		}
+	tombs, err := readTombstones(ctx, tx, byTopic, nowUS)
+	if err != nil {
+		return err
 	}
 	var undo []uint64
 	for _, i := range fresh {
@@ -458,6 +479,46 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 		}
 	}
 	return nil
+}
+
+// presentKeys says which of the item keys are stored.
+func presentKeys(ctx context.Context, tx *sqlx.Tx, keys []uint64) (map[uint64]bool, error) {
+	present := map[uint64]bool{}
+	for start := 0; start < len(keys); start += maxRowsPerInsert {
+		chunk := keys[start:min(start+maxRowsPerInsert, len(keys))]
+		k, args := schema.Keys("items", "i", chunk)
+		var got []uint64
+		if err := tx.SelectContext(ctx, &got, itemPresentSQL(k), args...); err != nil {
+			return nil, err
+		}
+		for _, id := range got {
+			present[id] = true
+		}
+	}
+	return present, nil
+}
+
+// readTombstones reads, with a locking read, the tombstones of the dedup
+// keys by namespace and topic.
+func readTombstones(ctx context.Context, tx *sqlx.Tx, byTopic map[[2]string][]string, nowUS int64) (map[tombKey]tombstone, error) {
+	tombs := map[tombKey]tombstone{}
+	for k, dkeys := range byTopic {
+		for start := 0; start < len(dkeys); start += maxRowsPerInsert {
+			chunk := dkeys[start:min(start+maxRowsPerInsert, len(dkeys))]
+			q, args, err := sqlx.In(tombstoneCheckSQL, k[0], k[1], chunk, nowUS)
+			if err != nil {
+				return nil, err
+			}
+			var rows []tombstone
+			if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+				return nil, fmt.Errorf("dedup tombstones: %w", err)
+			}
+			for _, r := range rows {
+				tombs[tombKey{k[0], k[1], r.Key}] = r
+			}
+		}
+	}
+	return tombs, nil
 }
 
 // IsPermanent reports whether err is MySQL refusing the data itself (bad
