@@ -39,8 +39,9 @@ func nemesisCommand() *cobra.Command {
 		GroupID: groupDrill,
 		Short:   "Run the workload through every router while a seeded schedule injects and heals faults; check the whole history.",
 		Long: "Run the drills' workload (idempotent producers with dedup keys and retries, consumers that ack, nack and crash)\n" +
-			"through every router of a running bed while a schedule drawn from --seed injects and heals faults one at a time\n" +
-			"(primary-kill, partition, nats-kill, dequeuer-kill in any region; region-down may close the run), then drain and\n" +
+			"through every router of a running bed while a schedule drawn from --seed injects and heals faults, one or two at a\n" +
+			"time (primary-kill, partition, mariadb-pause held past the clients' timeouts, nats-kill, dequeuer-kill,\n" +
+			"enqueuer-kill, wan-spike; a light fault may overlap another in another region; region-down may close the run), then drain and\n" +
 			"check the whole history: nothing acknowledged lost, no ack or nack undone, no key delivered again after its ack,\n" +
 			"nothing early. Exits 1 on any violation and prints the seed and the fault timeline, so the run can be replayed.",
 		Args: cli.NoArgs,

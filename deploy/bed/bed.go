@@ -201,6 +201,7 @@ type Bed struct {
 	killed   map[uint32]*dbServer // per shard, the server the last primary-kill killed
 	bg       sync.WaitGroup       // nodes stopping in the background after KillRegion
 	control_ *http.Server         // the drill control endpoint
+	nem      nemesisState         // the nemesis's faults in effect (faults.go)
 }
 
 // region is one region's in-process parts.

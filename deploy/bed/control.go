@@ -22,6 +22,8 @@ import (
 // and heal faults in this bed, which owns the processes, links and NATS
 // servers: POST /fault/SCENARIO, /heal/SCENARIO and /fate/SCENARIO with
 // ?region=R&shard=N, answered with {"description": ...} or {"error": ...}.
+// The nemesis's own faults (mariadb-pause, enqueuer-kill, wan-spike) are
+// in faults.go.
 // It listens on loopback only; bed.json names it ("control"), and Client
 // (client.go) is its client side.
 
@@ -191,12 +193,22 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 		return fmt.Sprintf("dequeuer of %s crashed (no lease hand-back, ownership left to expire)", r.name), r.node.CrashDequeuer()
 	case "heal dequeuer-kill":
 		return fmt.Sprintf("a new dequeuer started in %s", r.name), r.node.RestartDequeuer(ctx)
-	case "fate primary-kill", "fate region-down", "fate partition":
+	case "fault mariadb-pause":
+		return b.pause(shard)
+	case "heal mariadb-pause":
+		return b.thaw(ctx, shard)
+	case "fault enqueuer-kill":
+		return b.crashEnqueuer(ctx, r)
+	case "heal enqueuer-kill":
+		return b.healEnqueuer(ctx, r)
+	case "fault wan-spike", "heal wan-spike":
+		return b.spike(r, action == "fault")
+	case "fate primary-kill", "fate region-down", "fate partition", "fate mariadb-pause":
 		return b.fate(ctx, shard), nil
-	case "fate nats-kill", "fate dequeuer-kill":
+	case "fate nats-kill", "fate dequeuer-kill", "fate enqueuer-kill", "fate wan-spike":
 		return "not applicable: no primary was faulted", nil
 	}
-	return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill", action, scenario)
+	return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill, mariadb-pause, enqueuer-kill, wan-spike", action, scenario)
 }
 
 // currentPrimary is the server of the bed that the live shard map names

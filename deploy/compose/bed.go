@@ -321,7 +321,9 @@ func (b *Bed) Inject(ctx context.Context, f drill.Fault) (drill.Injection, error
 		at, err := disconnectedAt(ctx, network, gw.ID, since)
 		return drill.Injection{At: at, Description: fmt.Sprintf("%s disconnected from network %s_wan: %s's containers reach no other region and no other region reaches them",
 			gw.Service, b.project, f.Region)}, err
-	case "nats-kill", "dequeuer-kill":
+	case "mariadb-pause", "wan-spike":
+		return b.injectMore(ctx, f, cs, m, of)
+	case "nats-kill", "dequeuer-kill", "enqueuer-kill":
 		c, err := of(strings.TrimSuffix(f.Scenario, "-kill"))
 		if err != nil {
 			return drill.Injection{}, err
@@ -471,7 +473,9 @@ func (b *Bed) Heal(ctx context.Context, f drill.Fault) (string, error) {
 			}
 		}
 		return gw.Service + " reconnected to " + b.project + "_wan; " + desc, nil
-	case "nats-kill", "dequeuer-kill":
+	case "mariadb-pause", "wan-spike":
+		return b.healMore(ctx, f)
+	case "nats-kill", "dequeuer-kill", "enqueuer-kill":
 		c, err := b.service(ctx, strings.TrimSuffix(f.Scenario, "-kill")+"-"+f.Region)
 		if err != nil {
 			return "", err
@@ -655,7 +659,7 @@ func (b *Bed) admin(ctx context.Context, c container) (*replication.Admin, error
 // drill.Bed.
 func (b *Bed) Fate(ctx context.Context, f drill.Fault) (string, error) {
 	switch f.Scenario {
-	case "nats-kill", "dequeuer-kill":
+	case "nats-kill", "dequeuer-kill", "enqueuer-kill", "wan-spike":
 		return "not applicable: no primary was faulted", nil
 	}
 	b.mu.Lock()

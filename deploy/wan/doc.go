@@ -58,7 +58,10 @@
 // simulated here; the compose bed's cuts are of that kind.
 //
 // [Net.SetLatency] changes the latency of every link at once, including
-// connections already open.
+// connections already open. [Net.Spike] adds latency to the links of one
+// region (the nemesis's wan-spike); [Gateway.Spike] does the same on the
+// compose bed, where `triage-bed wan` starts a spike on SIGUSR1 and ends
+// it on SIGUSR2.
 //
 // # Why a custom latency toxic
 //

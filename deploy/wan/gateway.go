@@ -42,6 +42,10 @@ type GatewayConfig struct {
 	// Health is where GET /healthz and GET /links are served. Default
 	// 127.0.0.1:7070.
 	Health string `json:"health,omitempty"`
+	// Spike is the one-way latency a spike adds (Gateway.Spike; `triage-bed
+	// wan` starts one on SIGUSR1 and ends it on SIGUSR2). Default
+	// DefaultSpike.
+	Spike *Duration `json:"spike,omitempty"`
 }
 
 // Endpoint is a server that processes of other regions reach through the
@@ -83,6 +87,11 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // DefaultLatency is the gateways' one-way latency unless configured.
 const DefaultLatency = 20 * time.Millisecond
 
+// DefaultSpike is the one-way latency a spike adds unless configured:
+// with the default latency, a round trip between regions of about a
+// second, well past what the clients and the controller see normally.
+const DefaultSpike = 500 * time.Millisecond
+
 // The gateway's TCP settings on connections between regions. A cut (the
 // gateway's container disconnected from the network between regions)
 // makes no noise: packets just stop arriving. Keepalives and
@@ -110,6 +119,13 @@ func (c *GatewayConfig) validate() error {
 	}
 	if *c.Latency < 0 {
 		return fmt.Errorf("wan gateway config: latency %v: want 0 or more", time.Duration(*c.Latency))
+	}
+	if c.Spike == nil {
+		d := Duration(DefaultSpike)
+		c.Spike = &d
+	}
+	if *c.Spike < 0 {
+		return fmt.Errorf("wan gateway config: spike %v: want 0 or more", time.Duration(*c.Spike))
 	}
 	if c.Health == "" {
 		c.Health = "127.0.0.1:7070"
@@ -147,6 +163,8 @@ type Gateway struct {
 	wg        sync.WaitGroup
 
 	links []*gwLink
+	// extra is the one-way latency a spike adds (Spike), nanoseconds.
+	extra atomic.Int64
 }
 
 // gwLink is one endpoint's listener, its counters and its open
@@ -210,6 +228,21 @@ func StartGateway(cfg GatewayConfig, log *slog.Logger) (*Gateway, error) {
 	log.Info("wan gateway up", "region", cfg.Region, "endpoints", len(cfg.Endpoints), "one_way", time.Duration(*cfg.Latency))
 	return g, nil
 }
+
+// Spike adds extra one-way latency to every connection the gateway
+// relays, both ways and at once, open ones included, until Spike sets it
+// again (0 ends it): on top of the configured latency on egress, alone on
+// ingress. So every connection of the region with another region is
+// slowed by about extra each way, whichever side dialed it, and spikes
+// of two regions add up between them.
+func (g *Gateway) Spike(extra time.Duration) {
+	g.extra.Store(int64(max(extra, 0)))
+	g.log.Info("wan gateway: latency spike", "region", g.cfg.Region, "extra_one_way", extra)
+}
+
+// ConfiguredSpike is GatewayConfig.Spike, what a spike asked for by
+// signal adds.
+func (g *Gateway) ConfiguredSpike() time.Duration { return time.Duration(*g.cfg.Spike) }
 
 // HealthAddr is where GET /healthz and GET /links are served.
 func (g *Gateway) HealthAddr() string { return g.healthAddr }
@@ -340,17 +373,18 @@ func (g *Gateway) serve(l net.Listener, k *gwLink) {
 // one (ingress: as is). The side that crosses regions gets keepalives and
 // TCP_USER_TIMEOUT.
 func (g *Gateway) relay(client net.Conn, k *gwLink, gc *gwConn) {
-	delay := time.Duration(*g.cfg.Latency)
+	base := time.Duration(*g.cfg.Latency)
 	target := k.Addr
 	d := net.Dialer{Timeout: dialTimeout}
 	if k.Egress {
 		target = net.JoinHostPort(g.cfg.Gateways[k.Region], strconv.Itoa(k.Port))
 		d.KeepAliveConfig, d.Control = wanKeepAlive, setUserTimeout
-		time.Sleep(2 * delay)
+		time.Sleep(2 * (base + time.Duration(g.extra.Load())))
 	} else {
-		delay = 0
+		base = 0
 		_ = userTimeout(client)
 	}
+	delay := func() time.Duration { return base + time.Duration(g.extra.Load()) }
 	up, err := d.Dial("tcp", target)
 	if err != nil {
 		k.failed.Add(1)
@@ -375,19 +409,12 @@ type chunk struct {
 	at   time.Time
 }
 
-// pipe copies src to dst, each chunk delay after it was read from src, and
+// pipe copies src to dst, each chunk delay() after it was read from src
+// (delay is read per chunk, so a spike reaches open connections), and
 // half-closes dst when src ends; written counts the bytes written to dst.
 // An error on either side closes both, so the other direction ends too.
-func pipe(dst, src net.Conn, delay time.Duration, written *atomic.Int64) {
+func pipe(dst, src net.Conn, delay func() time.Duration, written *atomic.Int64) {
 	fail := func() { _ = src.Close(); _ = dst.Close() }
-	if delay <= 0 {
-		if _, err := io.Copy(countingWriter{dst, written}, src); err != nil {
-			fail()
-			return
-		}
-		closeWrite(dst)
-		return
-	}
 	// Up to 256 chunks wait at once: a burst queues behind the delay
 	// instead of stalling the reader (latency, not a bandwidth cap).
 	queue := make(chan chunk, 256)
@@ -417,7 +444,9 @@ func pipe(dst, src net.Conn, delay time.Duration, written *atomic.Int64) {
 			broken = true
 			continue
 		}
-		time.Sleep(time.Until(c.at.Add(delay)))
+		if wait := time.Until(c.at.Add(delay())); wait > 0 {
+			time.Sleep(wait)
+		}
 		n, err := dst.Write(c.data)
 		written.Add(int64(n))
 		if err != nil {
@@ -428,20 +457,6 @@ func pipe(dst, src net.Conn, delay time.Duration, written *atomic.Int64) {
 	if !broken {
 		closeWrite(dst)
 	}
-}
-
-// countingWriter counts what it writes. It hides dst's ReadFrom, so an
-// ingress copy goes through a buffer rather than splice: the bed's links
-// carry little, and the count is what a stalled client's diagnosis reads.
-type countingWriter struct {
-	dst io.Writer
-	n   *atomic.Int64
-}
-
-func (w countingWriter) Write(p []byte) (int, error) {
-	n, err := w.dst.Write(p)
-	w.n.Add(int64(n))
-	return n, err
 }
 
 // closeWrite half-closes c (a TCP connection), or closes it.

@@ -83,6 +83,30 @@ func TestGatewayDelaysWhatLeavesTheRegion(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "%+v", b.Links())
 }
 
+// TestGatewaySpike: a spike slows open connections at once, on egress
+// (on top of the latency) and on ingress (alone), and ends.
+func TestGatewaySpike(t *testing.T) {
+	t.Parallel()
+	const oneWay = 10 * time.Millisecond
+	port, a, b := gateways(t, oneWay)
+	c, r := dialLine(t, net.JoinHostPort("127.0.0.2", strconv.Itoa(port)))
+	in, ir := dialLine(t, net.JoinHostPort("127.0.0.3", strconv.Itoa(port)))
+	roundTrip(t, c, r)
+	roundTrip(t, in, ir)
+	require.Equal(t, DefaultSpike, a.ConfiguredSpike())
+
+	a.Spike(100 * time.Millisecond)
+	require.GreaterOrEqual(t, roundTrip(t, c, r), 2*(oneWay+100*time.Millisecond), "egress: latency and spike")
+	b.Spike(100 * time.Millisecond)
+	require.GreaterOrEqual(t, roundTrip(t, in, ir), 200*time.Millisecond, "ingress: the spike alone")
+	a.Spike(0)
+	b.Spike(0)
+	rtt := roundTrip(t, c, r)
+	require.GreaterOrEqual(t, rtt, 2*oneWay)
+	require.Less(t, rtt, 200*time.Millisecond, "the spike is over")
+	require.Less(t, roundTrip(t, in, ir), 100*time.Millisecond)
+}
+
 // TestGatewayClosesWhatItCannotReach: a connection whose other side
 // cannot be dialed (region b's gateway is gone) is closed at once and
 // counted; one whose server goes away ends with EOF for the client.

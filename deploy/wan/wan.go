@@ -30,16 +30,19 @@ type Net struct {
 	log *slog.Logger
 	srv *toxiproxy.ApiServer
 
-	mu     sync.Mutex // guards links, byName, closed; held while proxies start and stop
+	mu     sync.Mutex // guards links, byName, closed, spikes; held while proxies start and stop
 	links  []*link
 	byName map[string]*link
 	closed bool
+	// spikes are the one-way latencies Spike adds, per region.
+	spikes map[string]time.Duration
 }
 
 type link struct {
 	name, from, to string
 	proxy          *toxiproxy.Proxy
-	latency        atomic.Int64 // one-way, nanoseconds; read by the link's toxics
+	base           time.Duration // one-way, as set by Link, SetLatency or SetLinkLatency; n.mu
+	latency        atomic.Int64  // one-way in effect, nanoseconds (base and spikes); read by the link's toxics
 }
 
 // LinkInfo describes a link, as bed.json lists it.
@@ -71,6 +74,7 @@ func New(logger *slog.Logger) *Net {
 		// (logger, metrics); its HTTP API is not served.
 		srv:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 		byName: map[string]*link{},
+		spikes: map[string]time.Duration{},
 	}
 }
 
@@ -99,8 +103,8 @@ func (n *Net) Link(name, from, to, upstream string, latency time.Duration) (list
 	if _, dup := n.byName[name]; dup {
 		return "", fmt.Errorf("wan: link %q exists already", name)
 	}
-	l := &link{name: name, from: from, to: to, proxy: toxiproxy.NewProxy(n.srv, name, "127.0.0.1:0", upstream)}
-	l.latency.Store(int64(latency))
+	l := &link{name: name, from: from, to: to, proxy: toxiproxy.NewProxy(n.srv, name, "127.0.0.1:0", upstream), base: latency}
+	n.apply(l)
 	for _, stream := range []string{"upstream", "downstream"} {
 		spec, _ := json.Marshal(map[string]any{"name": "wan_" + stream, "type": "latency", "stream": stream, "toxicity": 1})
 		w, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(string(spec)))
@@ -219,7 +223,8 @@ func (n *Net) SetLatency(d time.Duration) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, l := range n.links {
-		l.latency.Store(int64(d))
+		l.base = d
+		n.apply(l)
 	}
 	n.log.Info("wan: latency set", "one_way", d, "links", len(n.links))
 	return nil
@@ -236,8 +241,49 @@ func (n *Net) SetLinkLatency(name string, d time.Duration) error {
 	if !ok {
 		return fmt.Errorf("wan: no link %q", name)
 	}
-	l.latency.Store(int64(d))
+	l.base = d
+	n.apply(l)
 	return nil
+}
+
+// Spike adds extra one-way latency to every link from or to region,
+// effective at once on open connections too, until Spike sets it again
+// (0 ends the spike). Spikes of two regions add up on the links between
+// them, as the compose bed's gateways do (see Gateway.Spike). It reports
+// an error for a region no link touches.
+func (n *Net) Spike(region string, extra time.Duration) error {
+	if extra < 0 {
+		return fmt.Errorf("wan: spike %v: want 0 or more", extra)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	found := 0
+	if extra == 0 {
+		delete(n.spikes, region)
+	} else {
+		n.spikes[region] = extra
+	}
+	for _, l := range n.links {
+		if l.from == region || l.to == region {
+			found++
+			n.apply(l)
+		}
+	}
+	if found == 0 {
+		delete(n.spikes, region)
+		return fmt.Errorf("wan: no link touches region %q (regions: %s)", region, strings.Join(n.regions(), ", "))
+	}
+	n.log.Info("wan: latency spike", "region", region, "extra_one_way", extra, "links", found)
+	return nil
+}
+
+// apply puts l's base latency plus the spikes of its two regions in
+// effect; n.mu held.
+func (n *Net) apply(l *link) {
+	l.latency.Store(int64(l.base + n.spikes[l.from] + n.spikes[l.to]))
 }
 
 // Links describes every link, in creation order.

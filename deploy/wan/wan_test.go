@@ -223,3 +223,41 @@ func TestLinkPortOutsideEphemeralRange(t *testing.T) {
 	require.NoError(t, n.Cut("b"))
 	require.NoError(t, n.Heal("b"))
 }
+
+// TestSpike: a spike of a region adds to the links that touch it, on open
+// connections too, spikes of both ends add up, and ending it restores
+// the base latency (a SetLatency during the spike included).
+func TestSpike(t *testing.T) {
+	t.Parallel()
+	const oneWay = 10 * time.Millisecond
+	n, addr := setup(t, oneWay)
+	_, err := n.Link("c>d/echo", "c", "d", echoServer(t), oneWay)
+	require.NoError(t, err)
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	r := bufio.NewReader(c)
+	roundTrip(t, c, r)
+
+	require.NoError(t, n.Spike("b", 100*time.Millisecond))
+	require.GreaterOrEqual(t, roundTrip(t, c, r), 220*time.Millisecond, "an open connection is slowed")
+	require.NoError(t, n.Spike("a", 50*time.Millisecond))
+	latency := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, l := range n.Links() {
+			out[l.Name] = l.LatencyMS
+		}
+		return out
+	}
+	require.Equal(t, map[string]float64{"a>b/echo": 160, "c>d/echo": 10}, latency(), "both ends' spikes, and none on the other link")
+	require.NoError(t, n.SetLatency(20*time.Millisecond))
+	require.Equal(t, map[string]float64{"a>b/echo": 170, "c>d/echo": 20}, latency())
+	require.NoError(t, n.Spike("b", 0))
+	require.NoError(t, n.Spike("a", 0))
+	require.Equal(t, map[string]float64{"a>b/echo": 20, "c>d/echo": 20}, latency())
+	rtt := roundTrip(t, c, r)
+	require.GreaterOrEqual(t, rtt, 40*time.Millisecond)
+	require.Less(t, rtt, 200*time.Millisecond, "the spike is over")
+	require.Error(t, n.Spike("nowhere", time.Second), "a region no link touches")
+	require.Error(t, n.Spike("a", -time.Second))
+}

@@ -20,6 +20,10 @@
 //	partition      cut every cross-region link of the region
 //	nats-kill      stop the region's NATS server abruptly
 //	dequeuer-kill  stop the region's dequeuer abruptly (no lease hand-back)
+//	mariadb-pause  SIGSTOP one of the region's shard primaries past the
+//	               clients' timeouts, then wake it (deposed, if it failed over)
+//	enqueuer-kill  kill an enqueuer of the region alone
+//	wan-spike      add hundreds of milliseconds to the region's WAN links
 //
 // # Live progress
 //

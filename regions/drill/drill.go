@@ -17,7 +17,8 @@ import (
 )
 
 // Scenarios are the drills Run knows.
-var Scenarios = []string{"primary-kill", "region-down", "partition", "nats-kill", "dequeuer-kill"}
+var Scenarios = []string{"primary-kill", "region-down", "partition", "nats-kill", "dequeuer-kill",
+	"mariadb-pause", "enqueuer-kill", "wan-spike"}
 
 // Router is one router the workload talks to.
 type Router struct {
@@ -49,9 +50,9 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 func (bearer) RequireTransportSecurity() bool { return false }
 
 // Fault is what a drill breaks: Scenario (one of Scenarios) in Region;
-// Shard is the shard whose primary a primary-kill kills (Run resolves it
-// to the region's lowest when the Config leaves it 0), and the shard whose
-// old primary Fate describes.
+// Shard is the shard whose primary a primary-kill kills or a
+// mariadb-pause pauses (Run resolves it to the region's lowest when the
+// Config leaves it 0), and the shard whose old primary Fate describes.
 type Fault struct {
 	Scenario string
 	Region   string
@@ -73,11 +74,20 @@ type Bed interface {
 	//	partition      cut the region off from every other region
 	//	nats-kill      kill the region's NATS server
 	//	dequeuer-kill  kill the region's dequeuer (no lease hand-back)
+	//	mariadb-pause  stop the shard's current primary mariadbd (SIGSTOP,
+	//	               docker pause): alive but silent, its connections open
+	//	enqueuer-kill  kill an enqueuer of the region alone (no nak of what
+	//	               it pulled, its transactions cut off)
+	//	wan-spike      add hundreds of milliseconds of one-way latency to
+	//	               every link between the region and the others
 	Inject(ctx context.Context, f Fault) (Injection, error)
-	// Heal undoes Inject: it reconnects what was cut and restarts what was
-	// killed; a primary the shard failed over from is restarted so that
-	// crash recovery drops what no replica acknowledged and the controller
-	// rejoins it as a replica (replication.RejoinArgs).
+	// Heal undoes Inject: it reconnects what was cut, restarts what was
+	// killed, wakes what was paused (SIGCONT, docker unpause) and restores
+	// the latency; a primary the shard failed over from is restarted so
+	// that crash recovery drops what no replica acknowledged and the
+	// controller rejoins it as a replica (replication.RejoinArgs). A paused
+	// one first runs awake for a few seconds, with the sessions and
+	// transactions it had open, before that crash.
 	Heal(ctx context.Context, f Fault) (string, error)
 	// Fate says what the shard's primary from before the fault is now,
 	// giving the controller a few seconds to rejoin it: "rejoined as a
@@ -229,7 +239,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		return nil, configError("shard %d is not homed in region %q: its shards are %v", cfg.Shard, cfg.Region, home)
 	}
 	for _, id := range home {
-		if cfg.Scenario != "primary-kill" || id == cfg.Shard {
+		if cfg.Scenario != "primary-kill" && cfg.Scenario != "mariadb-pause" || id == cfg.Shard {
 			f.shards[id] = true
 		}
 	}

@@ -56,69 +56,129 @@ type NemesisEvent struct {
 // delivered twice, early deliveries, duplicates by cause, priority
 // inversions). Violations must be empty.
 type NemesisReport struct {
-	Seed     uint64         `json:"seed"`
-	Region   string         `json:"region"`
-	Faults   map[string]int `json:"faults"`
-	Timeline []NemesisEvent `json:"timeline"`
-	Checks   *Report        `json:"checks"`
+	Seed   uint64         `json:"seed"`
+	Region string         `json:"region"`
+	Faults map[string]int `json:"faults"`
+	// Overlapping counts the faults injected while another was in effect.
+	Overlapping int            `json:"overlapping"`
+	Timeline    []NemesisEvent `json:"timeline"`
+	Checks      *Report        `json:"checks"`
 	// Violations are the checks' and the bed's: a fault that could not be
 	// injected or healed leaves the run's figures meaning less.
 	Violations []string `json:"violations"`
 }
 
 // nemesisScenarios are the faults the schedule draws from, with weights.
-// region-down comes last if at all: the process bed restarts a downed
-// region's mariadbds on heal, but not its NATS server and node.
+// The heavy ones fault a primary or a region's links; the light ones a
+// single process or the WAN's latency, and only they are drawn as a
+// second fault overlapping another. region-down comes last if at all:
+// the process bed restarts a downed region's mariadbds on heal, but not
+// its NATS server and node.
 var nemesisScenarios = []struct {
 	scenario string
 	weight   int
-}{{"primary-kill", 3}, {"partition", 3}, {"nats-kill", 2}, {"dequeuer-kill", 2}}
+	light    bool
+}{
+	{"primary-kill", 3, false}, {"partition", 3, false}, {"mariadb-pause", 2, false},
+	{"nats-kill", 2, true}, {"dequeuer-kill", 2, true}, {"enqueuer-kill", 2, true}, {"wan-spike", 2, true},
+}
+
+// Holds of the schedule's faults. A paused mariadbd is held past the
+// clients' timeouts (the driver's read timeout, schema.ReadTimeout, is
+// 30 s), long after the controller detects it down and fails the shard
+// over, so that it wakes up deposed with the transactions it had open.
+const (
+	minHold, maxHold           = 4 * time.Second, 12 * time.Second
+	minPauseHold, maxPauseHold = 32 * time.Second, 40 * time.Second
+)
+
+// overlapOneIn: one fault in this many gets a second, light fault of
+// another kind and another region injected during its hold.
+const overlapOneIn = 4
 
 // Schedule is the faults a seed gives for a run of d over regions with
-// the workload's items in region and its shards home: each fault waits
-// 2-6 s after the last heal, holds 4-12 s, and region-down may close the
-// run. It is pure, so a seed replays.
+// the workload's items in region and its shards home. Each fault waits
+// 2-6 s after every earlier one healed and holds 4-12 s (a mariadb-pause
+// 32-40 s); one in overlapOneIn gets a second, light fault (nats-kill,
+// dequeuer-kill, enqueuer-kill or wan-spike) of another kind in another
+// region, injected during its hold and held 4-12 s, so two faults are in
+// effect at once; region-down may close the run, alone. The result is in
+// injection order. It is pure, so a seed replays.
 func Schedule(seed uint64, d time.Duration, regions []string, region string, home []uint32) []ScheduledFault {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	total := 0
-	for _, s := range nemesisScenarios {
-		total += s.weight
+	draw := func(lightOnly bool, not string) string {
+		total := 0
+		for _, s := range nemesisScenarios {
+			if (s.light || !lightOnly) && s.scenario != not {
+				total += s.weight
+			}
+		}
+		pick := rng.IntN(total)
+		for _, s := range nemesisScenarios {
+			if (!s.light && lightOnly) || s.scenario == not {
+				continue
+			}
+			if pick < s.weight {
+				return s.scenario
+			}
+			pick -= s.weight
+		}
+		panic("unreachable")
+	}
+	holdOf := func(sc string) time.Duration {
+		if sc == "mariadb-pause" {
+			return minPauseHold + time.Duration(rng.Int64N(int64(maxPauseHold-minPauseHold)/int64(time.Millisecond)))*time.Millisecond
+		}
+		return minHold + time.Duration(rng.Int64N(int64(maxHold-minHold)/int64(time.Millisecond)))*time.Millisecond
+	}
+	fault := func(sc, notRegion string) Fault {
+		f := Fault{Scenario: sc, Region: regions[rng.IntN(len(regions))]}
+		switch {
+		case sc == "primary-kill" || sc == "mariadb-pause":
+			f.Region = region
+			f.Shard = home[rng.IntN(len(home))]
+		case f.Region == notRegion && len(regions) > 1:
+			// Another region: the next one, so the draw stays one call.
+			f.Region = regions[(slices.Index(regions, f.Region)+1)%len(regions)]
+		}
+		return f
 	}
 	var out []ScheduledFault
+	last := 0 // index in out of the last group's first fault
 	at := time.Duration(0)
 	for {
 		gap := time.Duration(2000+rng.IntN(4000)) * time.Millisecond
-		hold := time.Duration(4000+rng.IntN(8000)) * time.Millisecond
+		sc := draw(false, "")
+		hold := holdOf(sc)
 		if at+gap+hold > d {
 			break
 		}
 		at += gap
-		pick := rng.IntN(total)
-		var sc string
-		for _, s := range nemesisScenarios {
-			if pick < s.weight {
-				sc = s.scenario
-				break
+		first := ScheduledFault{Fault: fault(sc, ""), After: at, Hold: hold}
+		last = len(out)
+		out = append(out, first)
+		end := at + hold
+		if len(regions) > 1 && rng.IntN(overlapOneIn) == 0 {
+			sc2 := draw(true, sc)
+			hold2 := holdOf(sc2)
+			after2 := at + time.Duration(rng.Int64N(int64(hold)/int64(time.Millisecond)))*time.Millisecond
+			if after2+hold2 <= d {
+				out = append(out, ScheduledFault{Fault: fault(sc2, first.Fault.Region), After: after2, Hold: hold2})
+				end = max(end, after2+hold2)
 			}
-			pick -= s.weight
 		}
-		f := Fault{Scenario: sc, Region: regions[rng.IntN(len(regions))]}
-		if sc == "primary-kill" {
-			f.Region = region
-			f.Shard = home[rng.IntN(len(home))]
-		}
-		out = append(out, ScheduledFault{Fault: f, After: at, Hold: hold})
-		at += hold
+		at = end
 	}
 	if len(out) > 0 && rng.IntN(2) == 0 {
-		last := &out[len(out)-1]
-		last.Fault = Fault{Scenario: "region-down", Region: regions[rng.IntN(len(regions))]}
+		out = out[:last+1]
+		out[last].Fault = Fault{Scenario: "region-down", Region: regions[rng.IntN(len(regions))]}
+		out[last].Hold = min(out[last].Hold, maxHold)
 	}
 	return out
 }
 
 // ScheduledFault is one fault of a schedule: injected After from the
-// start, healed Hold later.
+// start, healed Hold after it was injected.
 type ScheduledFault struct {
 	Fault Fault
 	After time.Duration
@@ -127,8 +187,8 @@ type ScheduledFault struct {
 
 // Nemesis runs the drill's workload (idempotent producers with dedup keys
 // and retries, consumers that ack, nack and crash) through every router
-// while a seeded schedule injects and heals faults one at a time, then
-// drains and checks the whole history.
+// while a seeded schedule injects and heals faults, one or two at a time,
+// then drains and checks the whole history.
 func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	if cfg.Bed == nil {
 		return nil, configError("no bed to run against")
@@ -203,21 +263,7 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 		rep.Timeline = append(rep.Timeline, e)
 		fmt.Fprintf(progress, "%s %-6s %s %s: %s%s\n", fmtMS(e.AtMS), action, f.Scenario, f.Region, detail, errSuffix(err))
 	}
-	for _, sf := range plan {
-		sleep(ctx, time.Until(start.Add(sf.After)))
-		if ctx.Err() != nil {
-			break
-		}
-		inj, err := cfg.Bed.Inject(ctx, sf.Fault)
-		event("inject", sf.Fault, inj.Description, err)
-		if err != nil {
-			continue
-		}
-		rep.Faults[sf.Fault.Scenario]++
-		sleep(ctx, sf.Hold)
-		healed, err := cfg.Bed.Heal(context.WithoutCancel(ctx), sf.Fault)
-		event("heal", sf.Fault, healed, err)
-	}
+	rep.Overlapping = run(ctx, cfg.Bed, plan, start, event, func(f Fault) { rep.Faults[f.Scenario]++ })
 	sleep(ctx, 5*time.Second)
 	stopProd()
 	prodWG.Wait()
@@ -254,6 +300,60 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 		rep.Violations = append(rep.Violations, "no enqueue was acknowledged: the run checked nothing")
 	}
 	return rep, nil
+}
+
+// run injects and heals plan's faults: each at start plus its After, and
+// healed Hold after its injection returned, two at once where the plan
+// overlaps them. A fault whose injection failed is not healed. It calls
+// injected for each fault in effect and returns how many were injected
+// while another was in effect.
+func run(ctx context.Context, bed Bed, plan []ScheduledFault, start time.Time, event func(string, Fault, string, error), injected func(Fault)) int {
+	type step struct {
+		at   time.Time
+		heal bool
+		sf   ScheduledFault
+	}
+	var steps []step
+	for _, sf := range plan {
+		steps = append(steps, step{at: start.Add(sf.After), sf: sf})
+	}
+	inEffect, overlapping := 0, 0
+	for len(steps) > 0 {
+		// The earliest step next; injections and heals run one at a time.
+		i := 0
+		for j := range steps {
+			if steps[j].at.Before(steps[i].at) {
+				i = j
+			}
+		}
+		st := steps[i]
+		steps = slices.Delete(steps, i, i+1)
+		if !st.heal {
+			sleep(ctx, time.Until(st.at))
+			if ctx.Err() != nil {
+				continue // cancelled: inject nothing more, heal what is in effect
+			}
+			inj, err := bed.Inject(ctx, st.sf.Fault)
+			event("inject", st.sf.Fault, inj.Description, err)
+			if err != nil {
+				continue
+			}
+			injected(st.sf.Fault)
+			if inEffect > 0 {
+				overlapping++
+			}
+			inEffect++
+			steps = append(steps, step{at: time.Now().Add(st.sf.Hold), heal: true, sf: st.sf})
+			continue
+		}
+		// A heal is due even when the run is cancelled: nothing is left
+		// broken behind.
+		sleep(ctx, time.Until(st.at))
+		healed, err := bed.Heal(context.WithoutCancel(ctx), st.sf.Fault)
+		event("heal", st.sf.Fault, healed, err)
+		inEffect--
+	}
+	return overlapping
 }
 
 // lostState asks the routers, in turn, what became of each lost item.
@@ -307,7 +407,7 @@ func (r *NemesisReport) Print(w io.Writer) {
 	for _, k := range kinds {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.Faults[k]))
 	}
-	fmt.Fprintf(tw, "  faults injected\t%s\n", strings.Join(parts, ", "))
+	fmt.Fprintf(tw, "  faults injected\t%s (%d while another was in effect)\n", strings.Join(parts, ", "), r.Overlapping)
 	if c := r.Checks; c != nil {
 		fmt.Fprintf(tw, "  acknowledged enqueues\t%d\n", c.Acknowledged)
 		fmt.Fprintf(tw, "  delivered (distinct)\t%d\n", c.Delivered)

@@ -9,37 +9,64 @@ import (
 )
 
 // TestScheduleReplaysItsSeed: a seed gives the same faults at the same
-// offsets every time, within the duration, one at a time, primary kills on
-// the items' shards, and region-down only as the last fault; another
-// seed gives another schedule.
+// offsets every time, within the duration; a fault starts after every
+// earlier one healed, or overlaps the one before it as a light fault
+// (nats-kill, dequeuer-kill, enqueuer-kill, wan-spike) of another kind
+// and region, never a third; primary kills and pauses hit the items'
+// shards, a pause holds past the clients' 30 s timeouts; region-down
+// comes only last and alone; every scenario, and overlaps, are drawn by
+// some seed; another seed gives another schedule.
 func TestScheduleReplaysItsSeed(t *testing.T) {
 	t.Parallel()
 	regions := []string{"us-east", "eu-west", "ap-south"}
 	home := []uint32{1, 2}
 	kinds := map[string]int{}
+	overlaps := 0
+	light := map[string]bool{"nats-kill": true, "dequeuer-kill": true, "enqueuer-kill": true, "wan-spike": true}
 	for seed := range uint64(40) {
 		a := Schedule(seed, 3*time.Minute, regions, "us-east", home)
 		require.Equal(t, a, Schedule(seed, 3*time.Minute, regions, "us-east", home), "seed %d", seed)
 		require.NotEmpty(t, a)
-		end := time.Duration(0)
+		end := time.Duration(0) // when every fault before the current one healed
 		for i, f := range a {
 			kinds[f.Fault.Scenario]++
-			require.GreaterOrEqual(t, f.After, end+2*time.Second, "seed %d fault %d starts after the last heal", seed, i)
-			end = f.After + f.Hold
+			if f.After < end {
+				overlaps++
+				prev := a[i-1]
+				require.True(t, light[f.Fault.Scenario], "seed %d fault %d: only a light fault overlaps: %+v", seed, i, f)
+				require.NotEqual(t, prev.Fault.Scenario, f.Fault.Scenario, "seed %d fault %d", seed, i)
+				require.NotEqual(t, prev.Fault.Region, f.Fault.Region, "seed %d fault %d", seed, i)
+				require.GreaterOrEqual(t, f.After, prev.After, "seed %d fault %d: in injection order", seed, i)
+				require.Less(t, f.After, prev.After+prev.Hold, "seed %d fault %d: during the other's hold", seed, i)
+				if i >= 2 {
+					require.GreaterOrEqual(t, f.After, a[i-2].After+a[i-2].Hold, "seed %d fault %d: never three at once", seed, i)
+				}
+			} else {
+				require.GreaterOrEqual(t, f.After, end+2*time.Second, "seed %d fault %d starts 2 s after the last heal", seed, i)
+			}
+			end = max(end, f.After+f.Hold)
 			require.LessOrEqual(t, end, 3*time.Minute)
 			require.Contains(t, regions, f.Fault.Region)
-			if f.Fault.Scenario == "primary-kill" {
+			switch f.Fault.Scenario {
+			case "primary-kill", "mariadb-pause":
 				require.Contains(t, home, f.Fault.Shard)
 				require.Equal(t, "us-east", f.Fault.Region)
 			}
+			if f.Fault.Scenario == "mariadb-pause" {
+				require.Greater(t, f.Hold, 30*time.Second, "seed %d: a pause outlasts the driver's read timeout", seed)
+			} else {
+				require.LessOrEqual(t, f.Hold, 12*time.Second)
+			}
 			if f.Fault.Scenario == "region-down" {
 				require.Equal(t, len(a)-1, i, "seed %d: region-down only last", seed)
+				require.GreaterOrEqual(t, f.After, a[max(i-1, 0)].After+a[max(i-1, 0)].Hold, "seed %d: region-down alone", seed)
 			}
 		}
 	}
 	for _, k := range Scenarios {
 		require.Positive(t, kinds[k], "%s is drawn by some seed", k)
 	}
+	require.Positive(t, overlaps, "some seed overlaps two faults")
 	require.NotEqual(t, Schedule(1, 3*time.Minute, regions, "us-east", home), Schedule(2, 3*time.Minute, regions, "us-east", home))
 }
 
