@@ -759,6 +759,20 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
 	defer cancel()
 	if err := a.RejoinAsReplica(rctx, want, c.cfg.Repl); err != nil {
+		if errors.Is(err, replication.ErrCommitsWaiting) {
+			// A deposed primary woken after its failover: it cannot commit
+			// (no replica receives from it), but only a restart with
+			// RejoinArgs lets it rejoin. Said once, then every try is quiet.
+			c.mu.Lock()
+			seen := c.diverged[r]
+			c.diverged[r] = true
+			c.mu.Unlock()
+			if !seen {
+				c.log.Error("ALARM: deposed primary holds commits waiting for an acknowledgement and cannot be fenced; restart it with the rejoin arguments",
+					"shard", s.ID, "server", r, "primary", s.Primary, "err", err)
+			}
+			return
+		}
 		c.log.Warn("rejoin failed", "shard", s.ID, "server", r, "err", err)
 		return
 	}

@@ -194,8 +194,41 @@ func (a *Admin) EnsureUsers(ctx context.Context, repl, app Credentials) error {
 // lets replication and root through: MariaDB has no super_read_only.
 func (a *Admin) SetReadOnly(ctx context.Context, on bool) error {
 	return a.session(ctx, func(c *sql.Conn) error {
+		if on {
+			return a.fence(ctx, c)
+		}
 		return a.exec(ctx, c, "set read_only "+onOff(on), a.flavor.SetReadOnly(on))
 	})
+}
+
+// fenceLockWait bounds how long read_only=1 waits for the commits in
+// progress (lock_wait_timeout, in seconds).
+const fenceLockWait = 2
+
+// fence sets read_only=1 on c's server within fenceLockWait. read_only
+// waits for the commits in progress, and on a deposed primary woken
+// after its failover (paused, or cut off and back) a commit may be
+// waiting for a semi-sync acknowledgement that no replica will ever
+// send: without a bound the statement would hang past the driver's read
+// timeout, again on every attempt, each leaving a server thread behind.
+// Such a server cannot commit anything (no replica receives from it), and
+// its waiting transactions are prepared, not committed: a restart with
+// RejoinArgs rolls them back, after which it is fenced from the start and
+// rejoins. Ending the waiters instead would commit them there and fork
+// the shard's history, so ErrCommitsWaiting says to restart it.
+func (a *Admin) fence(ctx context.Context, c *sql.Conn) error {
+	if _, err := c.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", fenceLockWait)); err != nil {
+		return fmt.Errorf("replication: fence %s: %w", a.addr, err)
+	}
+	err := a.exec(ctx, c, "fence (read_only=1)", a.flavor.SetReadOnly(true))
+	if _, rerr := c.ExecContext(ctx, "SET SESSION lock_wait_timeout = DEFAULT"); rerr != nil && err == nil {
+		err = fmt.Errorf("replication: fence %s: restore lock_wait_timeout: %w", a.addr, rerr)
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1205 {
+		return fmt.Errorf("%w: %s: read_only=1 waited %ds for commits in progress (%w)", ErrCommitsWaiting, a.addr, fenceLockWait, err)
+	}
+	return err
 }
 
 // SemiSync is a server's semi-synchronous replication state.

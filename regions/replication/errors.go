@@ -32,4 +32,11 @@ var (
 	// threads were already stopped, in which case MariaDB discards the relay
 	// log as soon as any replication thread starts again (GTID mode).
 	ErrRelayLogNotApplied = errors.New("replication: received transactions cannot be applied")
+
+	// ErrCommitsWaiting: read_only=1 could not be set because commits in
+	// progress hold it off, on a deposed primary most likely a commit
+	// waiting for a semi-sync acknowledgement that will never come.
+	// Restart the server with RejoinArgs (which rolls those transactions
+	// back) and it rejoins.
+	ErrCommitsWaiting = errors.New("replication: commits in progress hold off the fence; restart the server with RejoinArgs")
 )

@@ -56,7 +56,7 @@ func (a *Admin) replicate(ctx context.Context, primaryAddr string, repl Credenti
 	}
 	f := a.flavor
 	return a.session(ctx, func(c *sql.Conn) error {
-		if err := a.exec(ctx, c, "fence (read_only=1)", f.SetReadOnly(true)); err != nil {
+		if err := a.fence(ctx, c); err != nil {
 			return err
 		}
 		if err := a.exec(ctx, c, "stop replica", f.StopReplica()); err != nil {

@@ -603,3 +603,62 @@ func TestPromotePrepareCommitsBeforeSemiSync(t *testing.T) {
 	_, err = r.appDB(t).ExecContext(dctx, "INSERT INTO items (id) VALUES (101)")
 	require.ErrorIs(t, err, context.DeadlineExceeded, "with no replica attached, an application commit after Promote waits")
 }
+
+// TestFenceWithACommitWaitingForAnAcknowledgement: a deposed primary woken
+// after its failover may hold a commit waiting for a semi-sync
+// acknowledgement no replica will send. read_only=1 waits for commits in
+// progress, so the fence gives up after its lock wait with
+// ErrCommitsWaiting instead of hanging past the driver's read timeout,
+// and the server stays unable to commit. A restart with RejoinArgs rolls
+// the waiting transaction back and comes up fenced.
+func TestFenceWithACommitWaitingForAnAcknowledgement(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, 2)
+	p, r := b.primary, b.replicas[0]
+	appP := p.appDB(t)
+	insert(t, appP, 1, 1)
+	waitIDs(t, r, span(1, 1))
+
+	// The replica stops receiving (as a failover's fence does): the next
+	// commit waits for an acknowledgement for good.
+	require.NoError(t, r.admin.StopReceiving(ctx))
+	waitSemiSyncClients(t, p, 0)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := appP.ExecContext(ctx, "INSERT INTO items (id) VALUES (2)")
+		waited <- err
+	}()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var n int
+		assert.NoError(c, p.root.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE state LIKE '%semi-sync%'").Scan(&n))
+		assert.Equal(c, 1, n, "row 2's commit waits for an acknowledgement")
+	}, waitFor, tick)
+
+	// Without the lock wait bound this call outlives its context (20 s)
+	// and fails with the driver's or the context's error instead.
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	err := p.admin.SetReadOnly(fctx, true)
+	cancel()
+	require.ErrorIs(t, err, replication.ErrCommitsWaiting)
+	require.ErrorIs(t, p.admin.RejoinAsReplica(ctx, r.srv.Addr(), repl), replication.ErrCommitsWaiting,
+		"a rejoin fences first, and says why it cannot")
+	select {
+	case err := <-waited:
+		t.Fatalf("row 2's commit returned while no replica acknowledged it: %v", err)
+	default:
+	}
+
+	// Restarted with RejoinArgs, it rolls row 2 back and is fenced.
+	require.NoError(t, p.srv.Kill())
+	<-p.srv.Wait()
+	cfg := p.srv.Config()
+	cfg.ExtraArgs = append(cfg.ExtraArgs, replication.RejoinArgs()...)
+	srv, err := mariadb.Start(ctx, cfg)
+	require.NoError(t, err)
+	stopAtCleanup(t, srv)
+	back := attach(t, srv)
+	require.True(t, status(t, back).ReadOnly)
+	require.Equal(t, span(1, 1), ids(t, back), "the unacknowledged row 2 is rolled back")
+	require.Error(t, <-waited, "row 2's commit was never acknowledged")
+}
