@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/deploy/bed"
-	"github.com/triage-queue/triage/regions/drill"
+	"github.com/triage-queue/triage/deploy/drill"
 )
 
 // RTO bounds the drills assert: fault to the first enqueue and the first

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/regions/drill"
+	"github.com/triage-queue/triage/deploy/drill"
 )
 
 // nemesisSeed fixes the schedule of TestNemesis: a pause of shard 1's

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triage-queue/triage/deploy/bed"
+	"github.com/triage-queue/triage/deploy/drill"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/regions/drill"
 )
 
 // TestPartitionedOldPrimaryAcceptsNoWriteAfterFailover cuts us-east off

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -337,13 +338,17 @@ func refusedAtOnce(err error) bool {
 type healthView struct {
 	mu      sync.Mutex
 	reports map[string]Report
+	// downFrom is, per observer key, when its reports of the primary it
+	// last named began saying down (Report.At, unix ms) without one of
+	// that primary up since; absent while it reports up. See downSince.
+	downFrom map[string]int64
 }
 
 // watchHealth builds the view from the health bucket and, when nc is
 // set, from the reports on HealthSubject, whichever comes first; a report
 // never replaces a newer one of the same observer.
 func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*healthView, error) {
-	h := &healthView{reports: map[string]Report{}}
+	h := &healthView{reports: map[string]Report{}, downFrom: map[string]int64{}}
 	if nc != nil {
 		sub, err := nc.Subscribe(HealthSubject+".>", func(m *nats.Msg) {
 			var r Report
@@ -374,6 +379,7 @@ func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*he
 			} else {
 				h.mu.Lock()
 				delete(h.reports, e.Key())
+				delete(h.downFrom, e.Key())
 				h.mu.Unlock()
 			}
 		}
@@ -385,10 +391,51 @@ func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*he
 func (h *healthView) put(key string, r Report) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if old, ok := h.reports[key]; ok && old.At > r.At {
+	old, ok := h.reports[key]
+	if ok && old.At > r.At {
 		return
 	}
 	h.reports[key] = r
+	switch {
+	case r.OK:
+		delete(h.downFrom, key)
+	case !ok || old.OK || old.Primary != r.Primary:
+		if h.downFrom == nil {
+			h.downFrom = map[string]int64{}
+		}
+		h.downFrom[key] = r.At
+	}
+}
+
+// downSince is when shard's current primary began to be reported down by
+// two regions at once, each without a report of it up since and each
+// still fresh (the second region's first report of the run): the time
+// from which verdict has found it down in two regions all along, as every
+// controller heard it, leader or not. Zero while fewer than two regions
+// report it down. A controller that takes the lead during an outage
+// starts its Detect wait from here rather than from its first tick as the
+// leader: the evidence is the same reports either way, and the region
+// that lost the old leader is often the one whose primary is down (a
+// partition, a region down), so counting afresh only adds Detect to the
+// outage.
+func (h *healthView) downSince(s shardmap.Shard, now time.Time, fresh time.Duration) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	prefix := healthKey(s.ID, "")
+	var from []int64
+	for k, r := range h.reports {
+		if !strings.HasPrefix(k, prefix) || r.Primary != s.Primary || r.OK || now.Sub(time.UnixMilli(r.At)) > fresh {
+			continue
+		}
+		if f, ok := h.downFrom[k]; ok {
+			from = append(from, f)
+		}
+	}
+	if len(from) < 2 {
+		return time.Time{}
+	}
+	slices.Sort(from)
+	return time.UnixMilli(from[1])
 }
 
 // verdict counts fresh reports on shard's current primary: the regions

@@ -128,3 +128,37 @@ func TestStoreDue(t *testing.T) {
 	require.True(t, o.storeDue(r(2*time.Second, false, 2)), "storeEvery after the last stored")
 	require.True(t, o.storeDue(Report{Shard: 2, At: at.UnixMilli()}), "shards apart")
 }
+
+// TestDownSince: the time from which two regions have both reported the
+// current primary down, each without an up report since: the second
+// region's first down report. A report of it up restarts that region's
+// run, a report of another primary or a stale one does not count, and
+// one region alone gives nothing.
+func TestDownSince(t *testing.T) {
+	s := shardmap.Shard{ID: 3, Primary: "p:1"}
+	t0 := time.Now().Add(-5 * time.Second).Truncate(time.Millisecond)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
+	report := func(region string, d time.Duration, ok bool) Report {
+		return Report{Region: region, Shard: 3, Primary: "p:1", OK: ok, At: at(d)}
+	}
+	h := &healthView{reports: map[string]Report{}}
+	put := func(r Report) { h.put(healthKey(r.Shard, r.Region), r) }
+	now := t0.Add(5 * time.Second)
+
+	put(report("a", 0, true))
+	put(report("a", time.Second, false))
+	put(report("a", 2*time.Second, false))
+	require.Zero(t, h.downSince(s, now, 10*time.Second), "one region")
+	put(report("b", 1500*time.Millisecond, false))
+	put(report("b", 2500*time.Millisecond, false))
+	require.Equal(t, t0.Add(1500*time.Millisecond), h.downSince(s, now, 10*time.Second), "b's first down report: both down from then")
+	put(report("a", 3*time.Second, true))
+	put(report("a", 3500*time.Millisecond, false))
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "a reported it up in between")
+	put(report("a", 3200*time.Millisecond, true))
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "an older report changes nothing")
+	require.Zero(t, h.downSince(s, now, 2*time.Second), "b's last report is stale")
+	require.Zero(t, h.downSince(shardmap.Shard{ID: 3, Primary: "q:1"}, now, 10*time.Second), "reports of another primary")
+	put(Report{Region: "c", Shard: 3, Primary: "q:1", At: at(4 * time.Second)})
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "c reports another primary")
+}

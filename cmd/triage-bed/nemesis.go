@@ -11,7 +11,7 @@ import (
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/compose"
-	"github.com/triage-queue/triage/regions/drill"
+	"github.com/triage-queue/triage/deploy/drill"
 )
 
 // openBed opens the bed --bed names: the process bed of --dir or the

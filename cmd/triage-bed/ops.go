@@ -14,7 +14,7 @@ import (
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/bench"
-	"github.com/triage-queue/triage/regions/drill"
+	"github.com/triage-queue/triage/deploy/drill"
 )
 
 func upCommand() *cobra.Command {

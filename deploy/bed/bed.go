@@ -136,7 +136,7 @@ type Layout struct {
 	// bed.json (several regions only).
 	Links []wan.LinkInfo `json:"links,omitempty"`
 	// Control is the host:port of the bed's control endpoint, through
-	// which a drill in another process injects faults (regions/drill).
+	// which a drill in another process injects faults (deploy/drill).
 	// Empty while the bed serves none.
 	Control   string    `json:"control,omitempty"`
 	StartedAt time.Time `json:"started_at"`

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/triage-queue/triage/regions/drill"
+	"github.com/triage-queue/triage/deploy/drill"
 )
 
 // Client drives a bed that runs in another process (`triage up`) for a

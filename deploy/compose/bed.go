@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/triage-queue/triage/deploy/drill"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/regions/drill"
 	"github.com/triage-queue/triage/regions/replication"
 )
 

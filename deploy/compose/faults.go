@@ -6,9 +6,9 @@ import (
 	"maps"
 	"time"
 
+	"github.com/triage-queue/triage/deploy/drill"
 	"github.com/triage-queue/triage/deploy/wan"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/regions/drill"
 )
 
 // The nemesis's faults beyond the drills' on the compose bed (Inject and
