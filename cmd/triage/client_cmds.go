@@ -367,211 +367,308 @@ func parseRef(s string) (id, token string, err error) {
 	return id, token, nil
 }
 
+// enqueueFlags are enqueue's own flags: what every item it sends carries.
+type enqueueFlags struct {
+	priority          int
+	delay, lease, ttl time.Duration
+	dedup             string
+	meta              metaFlag
+	buffered          bool
+}
+
+// newEnqueueFlags registers enqueue's own flags on fs.
+func newEnqueueFlags(fs *pflag.FlagSet) *enqueueFlags {
+	f := &enqueueFlags{meta: metaFlag{}}
+	fs.IntVar(&f.priority, "priority", 0, "priority; lower is more urgent")
+	fs.DurationVar(&f.delay, "delay", 0, "deliver no sooner than this long from now")
+	fs.DurationVar(&f.lease, "lease", 0, "lease a dequeue takes when it does not say (default: the namespace's)")
+	fs.DurationVar(&f.ttl, "ttl", 0, "delete the item this long after enqueue (default: the namespace's)")
+	fs.StringVar(&f.dedup, "dedup", "", "dedup key: an item whose key the topic already holds is reported as a duplicate")
+	fs.Var(f.meta, "meta", "metadata `k=v` (repeatable)")
+	fs.BoolVar(&f.buffered, "buffered", false, "acknowledge once the JetStream buffer holds the batch (durability BUFFERED)")
+	return f
+}
+
+// durability is what the router waits for before it answers: the commit
+// to MariaDB, or with --buffered the JetStream buffer only.
+func (f *enqueueFlags) durability() triagev1.Durability {
+	if f.buffered {
+		return triagev1.Durability_BUFFERED
+	}
+	return triagev1.Durability_COMMITTED
+}
+
+// newItem builds the item for payload p with priority prio. --delay counts
+// from the moment the item is built, so a line read late from stdin waits
+// its full delay too.
+func (f *enqueueFlags) newItem(p []byte, prio int32) *triagev1.NewItem {
+	it := &triagev1.NewItem{Payload: p, Priority: prio, DedupKey: f.dedup}
+	if f.delay != 0 {
+		it.DeliverAfter = timestamppb.New(time.Now().Add(f.delay))
+	}
+	if f.lease != 0 {
+		it.LeaseDuration = durationpb.New(f.lease)
+	}
+	if f.ttl != 0 {
+		it.Ttl = durationpb.New(f.ttl)
+	}
+	if len(f.meta) > 0 {
+		it.Metadata = f.meta
+	}
+	return it
+}
+
+// enqueueCmd is the enqueue verb: one item per PAYLOAD argument, or one
+// per non-empty line of stdin when there is none, all with the same
+// flags.
 func enqueueCmd(fs *pflag.FlagSet) clientRun {
-	priority := fs.Int("priority", 0, "priority; lower is more urgent")
-	delay := fs.Duration("delay", 0, "deliver no sooner than this long from now")
-	lease := fs.Duration("lease", 0, "lease a dequeue takes when it does not say (default: the namespace's)")
-	ttl := fs.Duration("ttl", 0, "delete the item this long after enqueue (default: the namespace's)")
-	dedup := fs.String("dedup", "", "dedup key: an item whose key the topic already holds is reported as a duplicate")
-	meta := metaFlag{}
-	fs.Var(meta, "meta", "metadata `k=v` (repeatable)")
-	buffered := fs.Bool("buffered", false, "acknowledge once the JetStream buffer holds the batch (durability BUFFERED)")
+	f := newEnqueueFlags(fs)
 	return func(ctx context.Context, e *clientEnv, args []string) error {
 		if len(args) == 0 {
 			return usagef("missing TOPIC")
 		}
 		topic, payloads := args[0], args[1:]
-		prio, err := checkInt32("priority", *priority)
+		prio, err := checkInt32("priority", f.priority)
 		if err != nil {
 			return err
 		}
-		durability := triagev1.Durability_COMMITTED
-		if *buffered {
-			durability = triagev1.Durability_BUFFERED
-		}
-		newItem := func(p []byte) *triagev1.NewItem {
-			it := &triagev1.NewItem{Payload: p, Priority: prio, DedupKey: *dedup}
-			if *delay != 0 {
-				it.DeliverAfter = timestamppb.New(time.Now().Add(*delay))
-			}
-			if *lease != 0 {
-				it.LeaseDuration = durationpb.New(*lease)
-			}
-			if *ttl != 0 {
-				it.Ttl = durationpb.New(*ttl)
-			}
-			if len(meta) > 0 {
-				it.Metadata = meta
-			}
-			return it
-		}
-
-		all := &triagev1.EnqueueResponse{}
-		send := func(items []*triagev1.NewItem) error {
-			rctx, cancel := e.rpc(ctx, 0)
-			defer cancel()
-			resp, err := e.c.Queue.Enqueue(rctx, &triagev1.EnqueueRequest{
-				Namespace: e.ns, Topic: topic, Items: items, Durability: durability,
-			})
-			if err != nil {
-				return err
-			}
-			if e.json {
-				all.Results = append(all.Results, resp.GetResults()...)
-				return nil
-			}
-			tw := newTable(e.stdout)
-			for _, r := range resp.GetResults() {
-				dup := ""
-				if r.GetDuplicate() {
-					dup = "duplicate"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.GetId(), r.GetRegion(), dup)
-			}
-			return tw.Flush()
-		}
-
+		s := &enqueueSender{e: e, topic: topic, durability: f.durability(), all: &triagev1.EnqueueResponse{}}
+		newItem := func(p []byte) *triagev1.NewItem { return f.newItem(p, prio) }
 		if len(payloads) > 0 {
-			for chunk := range slices.Chunk(payloads, routing.MaxItemsPerEnqueue) {
-				items := make([]*triagev1.NewItem, len(chunk))
-				for i, p := range chunk {
-					items[i] = newItem([]byte(p))
-				}
-				if err := send(items); err != nil {
-					return err
-				}
-			}
+			err = s.sendPayloads(ctx, payloads, newItem)
 		} else {
-			// Lines are sent in batches as they arrive, so a long-running
-			// producer piped in sees its items enqueued along the way.
-			sc := bufio.NewScanner(e.stdin)
-			sc.Buffer(make([]byte, 64<<10), 64<<20)
-			var batch []*triagev1.NewItem
-			size, sent := 0, 0
-			for sc.Scan() {
-				if len(sc.Bytes()) == 0 {
-					continue
-				}
-				batch = append(batch, newItem(slices.Clone(sc.Bytes())))
-				size += len(sc.Bytes())
-				if len(batch) == routing.MaxItemsPerEnqueue || size >= enqueueBatchBytes {
-					if err := send(batch); err != nil {
-						return err
-					}
-					sent += len(batch)
-					batch, size = nil, 0
-				}
-			}
-			if err := sc.Err(); err != nil {
-				return fmt.Errorf("reading stdin: %w", err)
-			}
-			if len(batch) > 0 {
-				if err := send(batch); err != nil {
-					return err
-				}
-				sent += len(batch)
-			}
-			if sent == 0 {
-				return usagef("no PAYLOAD arguments and no lines on stdin")
-			}
+			err = s.sendLines(ctx, newItem)
+		}
+		if err != nil {
+			return err
 		}
 		if e.json {
-			return printJSON(e.stdout, all)
+			return printJSON(e.stdout, s.all)
 		}
 		return nil
 	}
 }
 
+// enqueueSender sends one topic's items in batches. Without --json it
+// prints each batch's results as they come back, so a long-running
+// producer piped in sees its items enqueued along the way; with --json it
+// gathers them in all, for one document at the end.
+type enqueueSender struct {
+	e          *clientEnv
+	topic      string
+	durability triagev1.Durability
+	all        *triagev1.EnqueueResponse
+}
+
+// send enqueues one batch, bounded by --timeout, and prints or gathers
+// its results: ID, region and "duplicate" per item.
+func (s *enqueueSender) send(ctx context.Context, items []*triagev1.NewItem) error {
+	e := s.e
+	rctx, cancel := e.rpc(ctx, 0)
+	defer cancel()
+	resp, err := e.c.Queue.Enqueue(rctx, &triagev1.EnqueueRequest{
+		Namespace: e.ns, Topic: s.topic, Items: items, Durability: s.durability,
+	})
+	if err != nil {
+		return err
+	}
+	if e.json {
+		s.all.Results = append(s.all.Results, resp.GetResults()...)
+		return nil
+	}
+	tw := newTable(e.stdout)
+	for _, r := range resp.GetResults() {
+		dup := ""
+		if r.GetDuplicate() {
+			dup = "duplicate"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.GetId(), r.GetRegion(), dup)
+	}
+	return tw.Flush()
+}
+
+// sendPayloads enqueues one item per PAYLOAD argument, in batches of at
+// most the router's routing.MaxItemsPerEnqueue.
+func (s *enqueueSender) sendPayloads(ctx context.Context, payloads []string, newItem func([]byte) *triagev1.NewItem) error {
+	for chunk := range slices.Chunk(payloads, routing.MaxItemsPerEnqueue) {
+		items := make([]*triagev1.NewItem, len(chunk))
+		for i, p := range chunk {
+			items[i] = newItem([]byte(p))
+		}
+		if err := s.send(ctx, items); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendLines enqueues one item per non-empty line of stdin. Lines are sent
+// in batches as they arrive (at most routing.MaxItemsPerEnqueue items or
+// about enqueueBatchBytes of payload each), so a long-running producer
+// piped in sees its items enqueued along the way. Stdin with no line at
+// all is a usage error: there was nothing to enqueue.
+func (s *enqueueSender) sendLines(ctx context.Context, newItem func([]byte) *triagev1.NewItem) error {
+	sc := bufio.NewScanner(s.e.stdin)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	var batch []*triagev1.NewItem
+	size, sent := 0, 0
+	for sc.Scan() {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		batch = append(batch, newItem(slices.Clone(sc.Bytes())))
+		size += len(sc.Bytes())
+		if len(batch) == routing.MaxItemsPerEnqueue || size >= enqueueBatchBytes {
+			if err := s.send(ctx, batch); err != nil {
+				return err
+			}
+			sent += len(batch)
+			batch, size = nil, 0
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("reading stdin: %w", err)
+	}
+	if len(batch) > 0 {
+		if err := s.send(ctx, batch); err != nil {
+			return err
+		}
+		sent += len(batch)
+	}
+	if sent == 0 {
+		return usagef("no PAYLOAD arguments and no lines on stdin")
+	}
+	return nil
+}
+
+// dequeueFlags are dequeue's own flags: what the request asks for, and
+// whether to ack what it gets.
+type dequeueFlags struct {
+	count            int
+	lease, wait      time.Duration
+	ack              bool
+	minPrio, maxPrio int
+}
+
+// newDequeueFlags registers dequeue's own flags on fs.
+func newDequeueFlags(fs *pflag.FlagSet) *dequeueFlags {
+	f := &dequeueFlags{}
+	fs.IntVar(&f.count, "count", 1, "lease up to this many items")
+	fs.DurationVar(&f.lease, "lease", 0, "lease for every item returned (default: each item's own)")
+	fs.DurationVar(&f.wait, "wait", 0, "long poll: wait up to this long for at least one item")
+	fs.BoolVar(&f.ack, "ack", false, "ack the items right after printing them")
+	fs.IntVar(&f.minPrio, "min-priority", 0, "lease only items whose priority is >= this (default: no bound)")
+	fs.IntVar(&f.maxPrio, "max-priority", 0, "lease only items whose priority is <= this, the most urgent band (default: no bound)")
+	return f
+}
+
+// request builds the Dequeue request for topic in namespace ns, or a
+// usage error for flags out of range. set holds the flags the command
+// line gave: 0 is a priority like any other, so a bound is sent when its
+// flag is given, whatever its value.
+func (f *dequeueFlags) request(ns, topic string, set map[string]bool) (*triagev1.DequeueRequest, error) {
+	if f.count < 1 || f.count > math.MaxInt32 {
+		return nil, usagef("--count must be at least 1")
+	}
+	req := &triagev1.DequeueRequest{
+		Namespace: ns,
+		Topics:    []*triagev1.TopicCount{{Topic: topic, Count: int32(f.count)}},
+	}
+	if f.lease != 0 {
+		req.LeaseDuration = durationpb.New(f.lease)
+	}
+	if f.wait != 0 {
+		req.Wait = durationpb.New(f.wait)
+	}
+	if set["min-priority"] {
+		p, err := checkInt32("min-priority", f.minPrio)
+		if err != nil {
+			return nil, err
+		}
+		req.MinPriority = &p
+	}
+	if set["max-priority"] {
+		p, err := checkInt32("max-priority", f.maxPrio)
+		if err != nil {
+			return nil, err
+		}
+		req.MaxPriority = &p
+	}
+	if req.MinPriority != nil && req.MaxPriority != nil && *req.MinPriority > *req.MaxPriority {
+		return nil, usagef("--min-priority %d is above --max-priority %d", *req.MinPriority, *req.MaxPriority)
+	}
+	return req, nil
+}
+
+// dequeueCmd is the dequeue verb: lease up to --count items of one
+// topic, print them, and with --ack ack them at once.
 func dequeueCmd(fs *pflag.FlagSet) clientRun {
-	count := fs.Int("count", 1, "lease up to this many items")
-	lease := fs.Duration("lease", 0, "lease for every item returned (default: each item's own)")
-	wait := fs.Duration("wait", 0, "long poll: wait up to this long for at least one item")
-	ack := fs.Bool("ack", false, "ack the items right after printing them")
-	minPrio := fs.Int("min-priority", 0, "lease only items whose priority is >= this (default: no bound)")
-	maxPrio := fs.Int("max-priority", 0, "lease only items whose priority is <= this, the most urgent band (default: no bound)")
+	f := newDequeueFlags(fs)
 	return func(ctx context.Context, e *clientEnv, args []string) error {
-		if *count < 1 || *count > math.MaxInt32 {
-			return usagef("--count must be at least 1")
+		req, err := f.request(e.ns, args[0], flagsSet(fs))
+		if err != nil {
+			return err
 		}
-		req := &triagev1.DequeueRequest{
-			Namespace: e.ns,
-			Topics:    []*triagev1.TopicCount{{Topic: args[0], Count: int32(*count)}},
-		}
-		if *lease != 0 {
-			req.LeaseDuration = durationpb.New(*lease)
-		}
-		if *wait != 0 {
-			req.Wait = durationpb.New(*wait)
-		}
-		// 0 is a priority like any other, so a bound is sent when its flag
-		// is given, whatever its value.
-		set := flagsSet(fs)
-		if set["min-priority"] {
-			p, err := checkInt32("min-priority", *minPrio)
-			if err != nil {
-				return err
-			}
-			req.MinPriority = &p
-		}
-		if set["max-priority"] {
-			p, err := checkInt32("max-priority", *maxPrio)
-			if err != nil {
-				return err
-			}
-			req.MaxPriority = &p
-		}
-		if req.MinPriority != nil && req.MaxPriority != nil && *req.MinPriority > *req.MaxPriority {
-			return usagef("--min-priority %d is above --max-priority %d", *req.MinPriority, *req.MaxPriority)
-		}
-		rctx, cancel := e.rpc(ctx, *wait)
+		// A long poll may hold the RPC for --wait on top of --timeout.
+		rctx, cancel := e.rpc(ctx, f.wait)
 		defer cancel()
 		resp, err := e.c.Queue.Dequeue(rctx, req)
 		if err != nil {
 			return err
 		}
 		items := resp.GetItems()
-		if e.json {
-			if err := printJSON(e.stdout, &triagev1.DequeueResponse{Items: items}); err != nil {
-				return err
-			}
-		} else if len(items) > 0 {
-			tw := newTable(e.stdout)
-			fmt.Fprintln(tw, "ID\tPRIORITY\tATTEMPTS\tLEASE TOKEN\tLEASE EXPIRES\tPAYLOAD")
-			for _, it := range items {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", it.GetId(), it.GetPriority(), it.GetAttempts(),
-					it.GetLeaseToken(), formatTime(it.GetLeaseExpiresAt()), payloadText(it.GetPayload()))
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-		} else {
-			fmt.Fprintln(e.stderr, "no items")
+		if err := printLeased(e, items); err != nil {
+			return err
 		}
-		if !*ack || len(items) == 0 {
+		if !f.ack || len(items) == 0 {
 			return nil
 		}
-		actx, cancel := e.rpc(ctx, 0)
-		defer cancel()
-		results, err := e.c.Ack(actx, e.ns, items...)
-		if err != nil {
-			return fmt.Errorf("ack: %w", err)
-		}
-		failed := false
-		for _, r := range results {
-			if !r.GetOk() {
-				fmt.Fprintf(e.stderr, "triage: ack %s: %s\n", r.GetId(), r.GetError())
-				failed = true
-			}
-		}
-		if failed {
-			return errItemsFailed
-		}
-		return nil
+		return ackLeased(ctx, e, items)
 	}
 }
 
-// printItemResults prints one line per ref, ok or the server's reason, and
-// reports errItemsFailed if any item failed or got no result.
+// printLeased prints the items a dequeue leased, one table row each with
+// the lease token an ack or nack needs, or as JSON; "no items" goes to
+// stderr so a script reading stdout sees nothing.
+func printLeased(e *clientEnv, items []*triagev1.LeasedItem) error {
+	if e.json {
+		return printJSON(e.stdout, &triagev1.DequeueResponse{Items: items})
+	}
+	if len(items) == 0 {
+		fmt.Fprintln(e.stderr, "no items")
+		return nil
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "ID\tPRIORITY\tATTEMPTS\tLEASE TOKEN\tLEASE EXPIRES\tPAYLOAD")
+	for _, it := range items {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", it.GetId(), it.GetPriority(), it.GetAttempts(),
+			it.GetLeaseToken(), formatTime(it.GetLeaseExpiresAt()), payloadText(it.GetPayload()))
+	}
+	return tw.Flush()
+}
+
+// ackLeased acks what dequeue --ack printed. A refused item is reported
+// on stderr and fails the command with errItemsFailed.
+func ackLeased(ctx context.Context, e *clientEnv, items []*triagev1.LeasedItem) error {
+	actx, cancel := e.rpc(ctx, 0)
+	defer cancel()
+	results, err := e.c.Ack(actx, e.ns, items...)
+	if err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	failed := false
+	for _, r := range results {
+		if !r.GetOk() {
+			fmt.Fprintf(e.stderr, "triage: ack %s: %s\n", r.GetId(), r.GetError())
+			failed = true
+		}
+	}
+	if failed {
+		return errItemsFailed
+	}
+	return nil
+}
+
 // reportItemResults prints an ack or nack answer (as JSON with --json) and
 // fails with errItemsFailed when an item was refused.
 func reportItemResults(e *clientEnv, resp proto.Message, ids []string, results []*triagev1.ItemResult) error {
@@ -587,6 +684,8 @@ func reportItemResults(e *clientEnv, resp proto.Message, ids []string, results [
 	return nil
 }
 
+// printItemResults prints one line per ref, ok or the server's reason, and
+// reports errItemsFailed if any item failed or got no result.
 func printItemResults(e *clientEnv, ids []string, results []*triagev1.ItemResult) error {
 	failed := false
 	tw := newTable(e.stdout)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/cmd/triage/bootstrap"
@@ -30,16 +31,7 @@ import (
 // Triage login (--triage-password-file, or --no-auth to serve without
 // logins) and serves no monitoring port.
 func natsCommand() *cobra.Command {
-	var (
-		cfg                   natsserver.Config
-		cluster, routes, tags string
-		clusterPort           int
-		triageUser, triagePW  string
-		clientUser, clientPW  string
-		routeUser, routePW    string
-		noAuth                bool
-		tlsFiles              natsserver.TLS
-	)
+	n := &natsFlags{}
 	cmd := &cobra.Command{
 		Use:     "nats [flags]",
 		GroupID: groupCompose,
@@ -53,81 +45,128 @@ on Triage's internal subjects and rewrite the shard map. The monitoring
 port (/healthz, /varz, /routez ...) is off unless --http-port is given.`,
 		Args: cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			cfg.NoAdvertise, cfg.Tags = true, split(tags)
-			switch {
-			case triagePW != "" && noAuth:
-				return cli.Usagef("--no-auth and --triage-password-file: choose one")
-			case triagePW != "":
-				a, err := natsAuth(triageUser, triagePW, clientUser, clientPW)
-				if err != nil {
-					return err
-				}
-				cfg.Auth = a
-			case clientPW != "":
-				return cli.Usagef("--client-password-file needs --triage-password-file: without the Triage login nobody is refused anything")
-			case !noAuth:
-				return cli.Usagef("no login: give --triage-password-file (and --client-password-file for other clients), or --no-auth to let every client in without one")
-			}
-			if r := split(routes); len(r) > 0 {
-				cfg.ClusterName, cfg.ClusterPort, cfg.Routes = cluster, clusterPort, r
-			}
-			if routePW != "" {
-				if cfg.ClusterName == "" {
-					return cli.Usagef("--route-password-file needs --routes")
-				}
-				pw, err := shardmap.Secret("nats route user "+routeUser, "", routePW, "")
-				if err != nil {
-					return err
-				}
-				cfg.RouteAuth = &natsserver.Login{User: routeUser, Password: pw}
-			}
-			if tlsFiles.CertFile != "" || tlsFiles.KeyFile != "" {
-				cfg.TLS = &tlsFiles
-			} else if tlsFiles.CAFile != "" || tlsFiles.VerifyClients || tlsFiles.Routes {
-				return cli.Usagef("--tls-ca, --tls-verify-clients and --tls-routes need --tls-cert and --tls-key")
-			}
-			s, err := natsserver.Start(cfg)
+			cfg, err := n.config()
 			if err != nil {
 				return err
 			}
-			monitoring := "monitoring off"
-			if cfg.HTTPPort != 0 {
-				monitoring = "monitoring " + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.HTTPPort))
-			}
-			fmt.Fprintf(c.ErrOrStderr(), "triage nats: %s serving %s (routes %v, %s)\n", cfg.Name, s.ClientURL(), cfg.Routes, monitoring)
-			if cfg.TLS == nil && !loopbackHost(cfg.Host) {
-				fmt.Fprintf(c.ErrOrStderr(), "triage nats: plain TCP on %s: logins and envelopes cross the network in the clear (--tls-cert, --tls-key)\n", cfg.Host)
-			}
-			<-c.Context().Done()
-			s.Shutdown()
-			s.WaitForShutdown()
-			return nil
+			return serveNATS(c, cfg)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.Name, "name", "triage", "server name (unique in the cluster)")
-	f.StringVar(&cfg.Host, "host", "127.0.0.1", "listen host of every port (0.0.0.0: every interface)")
-	f.IntVar(&cfg.Port, "port", 4222, "client port")
-	f.IntVar(&cfg.HTTPPort, "http-port", 0, "monitoring port (/healthz, /varz, /routez ..., no login), e.g. 8222; 0 for none")
-	f.StringVar(&cfg.StoreDir, "store", "/data/nats", "JetStream store directory")
-	f.StringVar(&cluster, "cluster", "triage", "cluster name (with --routes)")
-	f.IntVar(&clusterPort, "cluster-port", 6222, "route port (with --routes)")
-	f.StringVar(&cfg.ClusterAdvertise, "cluster-advertise", "", "route address to tell peers (host:port), e.g. the WAN name")
-	f.StringVar(&routes, "routes", "", "comma-separated peer routes, nats-route://host:port; empty: standalone")
-	f.StringVar(&tags, "tags", "", "comma-separated server tags for placement, e.g. region:us-east")
-	f.StringVar(&triageUser, "triage-user", "triage", "user of Triage's own processes (may use triage.*, JetStream, KV)")
-	f.StringVar(&triagePW, "triage-password-file", "", "file with the Triage user's password; required unless --no-auth")
-	f.BoolVar(&noAuth, "no-auth", false, "serve every client without a login (tests, a host of its own)")
-	f.StringVar(&clientUser, "client-user", "client", "user for everyone else (refused on triage.*, JetStream, KV)")
-	f.StringVar(&clientPW, "client-password-file", "", "file with the client user's password (default: no client user)")
-	f.StringVar(&routeUser, "route-user", "route", "user every route must log in as (with --route-password-file)")
-	f.StringVar(&routePW, "route-password-file", "", "file with the route user's password; refuses routes without it (default: anyone who reaches the route port joins)")
-	f.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM certificate of the server; with --tls-key, clients must use TLS (default: plain TCP)")
-	f.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
-	f.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM CA bundle that signs client certificates (--tls-verify-clients) and peers' (--tls-routes)")
-	f.BoolVar(&tlsFiles.VerifyClients, "tls-verify-clients", false, "require a client certificate of --tls-ca (mTLS)")
-	f.BoolVar(&tlsFiles.Routes, "tls-routes", false, "encrypt the routes too, each end verifying the other against --tls-ca")
+	n.register(cmd.Flags())
 	return cmd
+}
+
+// natsFlags are the flags of `triage nats`: the server's Config where a
+// flag maps onto a field, and the raw values of the rest (cluster, logins,
+// TLS files), which config checks and turns into Config.
+type natsFlags struct {
+	cfg                   natsserver.Config
+	cluster, routes, tags string
+	clusterPort           int
+	triageUser, triagePW  string
+	clientUser, clientPW  string
+	routeUser, routePW    string
+	noAuth                bool
+	tlsFiles              natsserver.TLS
+}
+
+// register adds the flags of `triage nats` to f.
+func (n *natsFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&n.cfg.Name, "name", "triage", "server name (unique in the cluster)")
+	f.StringVar(&n.cfg.Host, "host", "127.0.0.1", "listen host of every port (0.0.0.0: every interface)")
+	f.IntVar(&n.cfg.Port, "port", 4222, "client port")
+	f.IntVar(&n.cfg.HTTPPort, "http-port", 0, "monitoring port (/healthz, /varz, /routez ..., no login), e.g. 8222; 0 for none")
+	f.StringVar(&n.cfg.StoreDir, "store", "/data/nats", "JetStream store directory")
+	f.StringVar(&n.cluster, "cluster", "triage", "cluster name (with --routes)")
+	f.IntVar(&n.clusterPort, "cluster-port", 6222, "route port (with --routes)")
+	f.StringVar(&n.cfg.ClusterAdvertise, "cluster-advertise", "", "route address to tell peers (host:port), e.g. the WAN name")
+	f.StringVar(&n.routes, "routes", "", "comma-separated peer routes, nats-route://host:port; empty: standalone")
+	f.StringVar(&n.tags, "tags", "", "comma-separated server tags for placement, e.g. region:us-east")
+	f.StringVar(&n.triageUser, "triage-user", "triage", "user of Triage's own processes (may use triage.*, JetStream, KV)")
+	f.StringVar(&n.triagePW, "triage-password-file", "", "file with the Triage user's password; required unless --no-auth")
+	f.BoolVar(&n.noAuth, "no-auth", false, "serve every client without a login (tests, a host of its own)")
+	f.StringVar(&n.clientUser, "client-user", "client", "user for everyone else (refused on triage.*, JetStream, KV)")
+	f.StringVar(&n.clientPW, "client-password-file", "", "file with the client user's password (default: no client user)")
+	f.StringVar(&n.routeUser, "route-user", "route", "user every route must log in as (with --route-password-file)")
+	f.StringVar(&n.routePW, "route-password-file", "", "file with the route user's password; refuses routes without it (default: anyone who reaches the route port joins)")
+	f.StringVar(&n.tlsFiles.CertFile, "tls-cert", "", "PEM certificate of the server; with --tls-key, clients must use TLS (default: plain TCP)")
+	f.StringVar(&n.tlsFiles.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&n.tlsFiles.CAFile, "tls-ca", "", "PEM CA bundle that signs client certificates (--tls-verify-clients) and peers' (--tls-routes)")
+	f.BoolVar(&n.tlsFiles.VerifyClients, "tls-verify-clients", false, "require a client certificate of --tls-ca (mTLS)")
+	f.BoolVar(&n.tlsFiles.Routes, "tls-routes", false, "encrypt the routes too, each end verifying the other against --tls-ca")
+}
+
+// config checks the flags and builds the server's Config: the client
+// logins, the cluster and its route login, and TLS. A combination that
+// would leave a flag without effect, or the server open to anyone, is a
+// usage error.
+func (n *natsFlags) config() (natsserver.Config, error) {
+	cfg := &n.cfg
+	cfg.NoAdvertise, cfg.Tags = true, split(n.tags)
+	a, err := n.auth()
+	if err != nil {
+		return natsserver.Config{}, err
+	}
+	cfg.Auth = a
+	if r := split(n.routes); len(r) > 0 {
+		cfg.ClusterName, cfg.ClusterPort, cfg.Routes = n.cluster, n.clusterPort, r
+	}
+	if n.routePW != "" {
+		if cfg.ClusterName == "" {
+			return natsserver.Config{}, cli.Usagef("--route-password-file needs --routes")
+		}
+		pw, err := shardmap.Secret("nats route user "+n.routeUser, "", n.routePW, "")
+		if err != nil {
+			return natsserver.Config{}, err
+		}
+		cfg.RouteAuth = &natsserver.Login{User: n.routeUser, Password: pw}
+	}
+	if n.tlsFiles.CertFile != "" || n.tlsFiles.KeyFile != "" {
+		cfg.TLS = &n.tlsFiles
+	} else if n.tlsFiles.CAFile != "" || n.tlsFiles.VerifyClients || n.tlsFiles.Routes {
+		return natsserver.Config{}, cli.Usagef("--tls-ca, --tls-verify-clients and --tls-routes need --tls-cert and --tls-key")
+	}
+	return *cfg, nil
+}
+
+// auth returns the client logins the flags ask for: nil with --no-auth,
+// else the Triage login and, with --client-password-file, the client
+// one. Serving without a login must be asked for, since anyone who
+// reaches the port could then rewrite the shard map.
+func (n *natsFlags) auth() (*natsserver.Auth, error) {
+	switch {
+	case n.triagePW != "" && n.noAuth:
+		return nil, cli.Usagef("--no-auth and --triage-password-file: choose one")
+	case n.triagePW != "":
+		return natsAuth(n.triageUser, n.triagePW, n.clientUser, n.clientPW)
+	case n.clientPW != "":
+		return nil, cli.Usagef("--client-password-file needs --triage-password-file: without the Triage login nobody is refused anything")
+	case !n.noAuth:
+		return nil, cli.Usagef("no login: give --triage-password-file (and --client-password-file for other clients), or --no-auth to let every client in without one")
+	}
+	return nil, nil
+}
+
+// serveNATS starts the server of cfg, says on stderr where it serves (and
+// warns when plain TCP leaves loopback), and shuts it down when the
+// command's context ends.
+func serveNATS(c *cobra.Command, cfg natsserver.Config) error {
+	s, err := natsserver.Start(cfg)
+	if err != nil {
+		return err
+	}
+	monitoring := "monitoring off"
+	if cfg.HTTPPort != 0 {
+		monitoring = "monitoring " + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.HTTPPort))
+	}
+	fmt.Fprintf(c.ErrOrStderr(), "triage nats: %s serving %s (routes %v, %s)\n", cfg.Name, s.ClientURL(), cfg.Routes, monitoring)
+	if cfg.TLS == nil && !loopbackHost(cfg.Host) {
+		fmt.Fprintf(c.ErrOrStderr(), "triage nats: plain TCP on %s: logins and envelopes cross the network in the clear (--tls-cert, --tls-key)\n", cfg.Host)
+	}
+	<-c.Context().Done()
+	s.Shutdown()
+	s.WaitForShutdown()
+	return nil
 }
 
 // natsAuth reads the logins of `triage nats` from their password files.
@@ -155,6 +194,8 @@ func loopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// split returns the comma-separated fields of a flag, trimmed, without
+// empty ones.
 func split(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {

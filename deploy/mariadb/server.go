@@ -144,6 +144,9 @@ func initDataDir(ctx context.Context, cfg Config, installDB string) error {
 	return nil
 }
 
+// start makes one attempt at Start: it picks the port (a free one unless
+// cfg.Port says), puts the socket where its path fits, runs mariadbd and
+// waits until it answers. A server that never becomes ready is killed.
 func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 	s := &Server{cfg: cfg, port: cfg.Port, done: make(chan struct{})}
 	if s.port == 0 {
@@ -160,8 +163,28 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 		}
 		sock = filepath.Join(s.sockDir, "mariadbd.sock")
 	}
+	if fi, err := os.Stat(s.errLog()); err == nil {
+		s.logOffset = fi.Size()
+	}
+	if err := s.spawn(mariadbd, s.args(sock)); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("mariadb: started mariadbd", "pid", s.PID(), "addr", s.Addr(), "dir", cfg.Dir)
+	if err := s.waitReady(ctx); err != nil {
+		_ = s.Kill()
+		return nil, err
+	}
+	return s, nil
+}
+
+// args is mariadbd's command line for s with its socket at sock: the
+// paths under Dir, durability and replication settings of a production
+// shard, tuning for a small box, then Config.ExtraArgs, which override
+// them.
+func (s *Server) args(sock string) []string {
+	cfg := s.cfg
 	data := filepath.Join(cfg.Dir, "data")
-	args := append([]string{
+	return append([]string{
 		"--no-defaults", // must come first
 		"--datadir=" + data,
 		"--port=" + strconv.Itoa(s.port),
@@ -189,17 +212,18 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 		"--max-allowed-packet=64M",
 		"--skip-name-resolve",
 	}, cfg.ExtraArgs...)
-	if fi, err := os.Stat(s.errLog()); err == nil {
-		s.logOffset = fi.Size()
-	}
+}
+
+// spawn starts mariadbd with args and reaps it in the background, closing
+// s.done once it has exited. mariadbd dies with the process that started
+// it (SIGTERM: a clean shutdown), so a test binary killed at its timeout
+// or a bed killed with -9 leaves no server behind. Linux sends Pdeathsig
+// when the *thread* that forked the child exits, and Go may end threads,
+// so the fork happens on a goroutine locked to its thread until mariadbd
+// has been reaped.
+func (s *Server) spawn(mariadbd string, args []string) error {
 	s.cmd = exec.Command(mariadbd, args...)
 	s.cmd.Stderr = &s.stderr // option errors can precede --log-error taking effect
-	// mariadbd dies with the process that started it (SIGTERM: a clean
-	// shutdown), so a test binary killed at its timeout or a bed killed
-	// with -9 leaves no server behind. Linux sends Pdeathsig when the
-	// *thread* that forked the child exits, and Go may end threads, so the
-	// fork happens on a goroutine locked to its thread until mariadbd has
-	// been reaped.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	started := make(chan error, 1)
 	go func() {
@@ -216,14 +240,9 @@ func start(ctx context.Context, cfg Config, mariadbd string) (*Server, error) {
 	}()
 	if err := <-started; err != nil {
 		s.cleanup()
-		return nil, fmt.Errorf("mariadb: start mariadbd: %w", err)
+		return fmt.Errorf("mariadb: start mariadbd: %w", err)
 	}
-	cfg.Logger.Info("mariadb: started mariadbd", "pid", s.PID(), "addr", s.Addr(), "dir", cfg.Dir)
-	if err := s.waitReady(ctx); err != nil {
-		_ = s.Kill()
-		return nil, err
-	}
-	return s, nil
+	return nil
 }
 
 // waitReady polls SELECT 1 until it succeeds, mariadbd exits, or the

@@ -39,7 +39,7 @@ type Config struct {
 	Tags []string
 	// SyncInterval is JetStream's fsync interval. Default: the server's
 	// (2 minutes). Triage acknowledges committed enqueues only after the
-	// MySQL commit, so this bounds only what BUFFERED enqueues can lose.
+	// MariaDB commit, so this bounds only what BUFFERED enqueues can lose.
 	SyncInterval time.Duration
 	// HTTPPort, when set, serves the monitoring endpoints (/healthz,
 	// /varz, /jsz ...) on Host. Default none. The compose bed's health
@@ -79,6 +79,17 @@ func Start(cfg Config) (*server.Server, error) {
 	if cfg.Name == "" {
 		cfg.Name = "triage"
 	}
+	opts, err := options(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return run(opts)
+}
+
+// options turns cfg, its defaults filled in, into nats-server's Options:
+// JetStream on, the server's own signal handling and logging off, messages
+// up to 8 MiB, and the logins, TLS and cluster cfg asks for.
+func options(cfg Config) (*server.Options, error) {
 	port := cfg.Port
 	if port == 0 {
 		port = server.RANDOM_PORT
@@ -113,35 +124,55 @@ func Start(cfg Config) (*server.Server, error) {
 		}
 		opts.TLS, opts.TLSVerify, opts.TLSConfig, opts.TLSTimeout = true, cfg.TLS.VerifyClients, tc, tlsTimeout
 	}
-	if cfg.ClusterName != "" {
-		opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,
-			Advertise: cfg.ClusterAdvertise, NoAdvertise: cfg.NoAdvertise}
-		if a := cfg.RouteAuth; a != nil {
-			if a.User == "" || a.Password == "" {
-				return nil, errors.New("natsserver: route auth needs a user and a password")
-			}
-			opts.Cluster.Username, opts.Cluster.Password = a.User, a.Password
+	switch {
+	case cfg.ClusterName != "":
+		if err := clusterOptions(opts, cfg); err != nil {
+			return nil, err
 		}
-		if cfg.TLS != nil && cfg.TLS.Routes {
-			tc, err := cfg.TLS.routeConfig()
-			if err != nil {
-				return nil, err
-			}
-			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, tlsTimeout
-		}
-		for _, r := range cfg.Routes {
-			u, err := url.Parse(r)
-			if err != nil {
-				return nil, fmt.Errorf("natsserver: route %q: %w", r, err)
-			}
-			if a := cfg.RouteAuth; a != nil && u.User == nil {
-				u.User = url.UserPassword(a.User, a.Password)
-			}
-			opts.Routes = append(opts.Routes, u)
-		}
-	} else if cfg.RouteAuth != nil || (cfg.TLS != nil && cfg.TLS.Routes) {
+	case cfg.RouteAuth != nil || (cfg.TLS != nil && cfg.TLS.Routes):
 		return nil, errors.New("natsserver: route auth and route TLS need a cluster (ClusterName)")
 	}
+	return opts, nil
+}
+
+// clusterOptions fills in opts's cluster: its listener, the route login
+// every peer must present, route TLS, and the routes to dial. A route
+// URL without user info gets the route login, so this server can join
+// peers that require it.
+func clusterOptions(opts *server.Options, cfg Config) error {
+	opts.Cluster = server.ClusterOpts{Name: cfg.ClusterName, Host: cfg.Host, Port: cfg.ClusterPort,
+		Advertise: cfg.ClusterAdvertise, NoAdvertise: cfg.NoAdvertise}
+	if a := cfg.RouteAuth; a != nil {
+		if a.User == "" || a.Password == "" {
+			return errors.New("natsserver: route auth needs a user and a password")
+		}
+		opts.Cluster.Username, opts.Cluster.Password = a.User, a.Password
+	}
+	if cfg.TLS != nil && cfg.TLS.Routes {
+		tc, err := cfg.TLS.routeConfig()
+		if err != nil {
+			return err
+		}
+		opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, tlsTimeout
+	}
+	for _, r := range cfg.Routes {
+		u, err := url.Parse(r)
+		if err != nil {
+			return fmt.Errorf("natsserver: route %q: %w", r, err)
+		}
+		if a := cfg.RouteAuth; a != nil && u.User == nil {
+			u.User = url.UserPassword(a.User, a.Password)
+		}
+		opts.Routes = append(opts.Routes, u)
+	}
+	return nil
+}
+
+// run starts a server with opts and waits up to readyWithin for it to
+// accept clients. A listener that cannot bind is a fatal error to the
+// server, which then never becomes ready: run reports it at once, with
+// its cause, rather than wait out the deadline.
+func run(opts *server.Options) (*server.Server, error) {
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsserver: %w", err)
@@ -149,8 +180,6 @@ func Start(cfg Config) (*server.Server, error) {
 	fatal := fatalLogger(make(chan string, 1))
 	s.SetLoggerV2(fatal, false, false, false)
 	go s.Start()
-	// A listener that cannot bind is a fatal error to the server, which
-	// then never becomes ready: report it at once, with its cause.
 	for deadline := time.Now().Add(readyWithin); ; {
 		select {
 		case msg := <-fatal:

@@ -468,7 +468,9 @@ func (m *Model) ttlLapsing(topic string, sp Span) bool {
 
 // Dequeue checks a dequeue's answer: what it delivered, in what order, with
 // what attempts and lease, and that it delivered what was surely ready.
-// leaseOf is the request's lease (0: each item's own).
+// The timely rules are checked against the state before this dequeue,
+// then its possible side effects on lapsed leases are recorded, then each
+// delivery is checked and applied.
 func (m *Model) Dequeue(sp Span, req *triagev1.DequeueRequest, resp *triagev1.DequeueResponse, err error) error {
 	if err != nil {
 		return violation("dequeue refused: %v", err)
@@ -477,7 +479,30 @@ func (m *Model) Dequeue(sp Span, req *triagev1.DequeueRequest, resp *triagev1.De
 	if req.LeaseDuration != nil {
 		reqLease = req.LeaseDuration.AsDuration()
 	}
+	byTopic, err := deliveredByTopic(req, resp)
+	if err != nil {
+		return err
+	}
 	wait := req.GetWait().AsDuration()
+	for _, tc := range req.Topics {
+		if err := m.checkTimely(sp, tc, byTopic[tc.Topic], wait); err != nil {
+			return err
+		}
+	}
+	m.lapsedLeasesMayMove(sp, req.Topics)
+	// Strict rules, per delivery.
+	for _, li := range resp.Items {
+		if err := m.deliver(sp, li, reqLease); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliveredByTopic groups a dequeue's items by topic, in the order the
+// answer gives them; an item of a topic the request did not ask for is a
+// violation.
+func deliveredByTopic(req *triagev1.DequeueRequest, resp *triagev1.DequeueResponse) (map[string][]*triagev1.LeasedItem, error) {
 	byTopic := map[string][]*triagev1.LeasedItem{}
 	for _, li := range resp.Items {
 		byTopic[li.Topic] = append(byTopic[li.Topic], li)
@@ -488,57 +513,96 @@ func (m *Model) Dequeue(sp Span, req *triagev1.DequeueRequest, resp *triagev1.De
 	}
 	for t := range byTopic {
 		if !asked[t] {
-			return violation("dequeue delivered items of topic %q, which it did not ask for", t)
+			return nil, violation("dequeue delivered items of topic %q, which it did not ask for", t)
 		}
 	}
-	// Timely rules, against the state before this dequeue.
-	for _, tc := range req.Topics {
-		got := byTopic[tc.Topic]
-		if len(got) > int(tc.Count) {
-			return violation("dequeue of %d from %q delivered %d", tc.Count, tc.Topic, len(got))
+	return byTopic, nil
+}
+
+// checkTimely checks what a dequeue delivered of one topic (got) against
+// what the model knows was surely ready: no more than asked, no fewer
+// than were surely ready, nothing delivered while a more urgent item
+// waited, and the answer in delivery order. A long poll (wait) that came
+// back empty waited the whole span, so readiness counts up to its end.
+func (m *Model) checkTimely(sp Span, tc *triagev1.TopicCount, got []*triagev1.LeasedItem, wait time.Duration) error {
+	if len(got) > int(tc.Count) {
+		return violation("dequeue of %d from %q delivered %d", tc.Count, tc.Topic, len(got))
+	}
+	at := sp.Start
+	if len(got) == 0 && wait > 0 {
+		at = sp.End
+	}
+	avail := m.available(tc.Topic, at, sp.End)
+	delivered := map[string]bool{}
+	for _, li := range got {
+		delivered[li.Id] = true
+	}
+	if err := m.checkEnough(sp, tc, got, avail, delivered); err != nil {
+		return err
+	}
+	if err := m.checkNoInversion(tc.Topic, got, avail, delivered); err != nil {
+		return err
+	}
+	return m.checkResponseOrder(tc.Topic, got)
+}
+
+// checkEnough fails when a dequeue delivered fewer items of a topic than
+// it asked for while more were surely ready (avail), naming the ones it
+// left. A lapsing TTL excuses a short answer while KnownTTLShortAnswer is
+// tolerated.
+func (m *Model) checkEnough(sp Span, tc *triagev1.TopicCount, got []*triagev1.LeasedItem, avail []*Item, delivered map[string]bool) error {
+	want := min(int(tc.Count), len(avail))
+	if len(got) >= want || (m.cfg.Tolerate[KnownTTLShortAnswer] && m.ttlLapsing(tc.Topic, sp)) {
+		return nil
+	}
+	var missed []string
+	for _, a := range avail {
+		if !delivered[a.ID] {
+			missed = append(missed, m.describe(a))
 		}
-		at := sp.Start
-		if len(got) == 0 && wait > 0 {
-			at = sp.End // a long poll that came back empty waited the whole time
+	}
+	return violation("dequeue of %d from %q delivered %d, but %d items were surely ready (ready for more than %s, not leased); not delivered: %s",
+		tc.Count, tc.Topic, len(got), len(avail), m.cfg.Slack, strings.Join(missed, ", "))
+}
+
+// checkNoInversion fails when a dequeue delivered an item of topic while
+// a surely ready one it left (in avail, not delivered) came before it in
+// delivery order.
+func (m *Model) checkNoInversion(topic string, got []*triagev1.LeasedItem, avail []*Item, delivered map[string]bool) error {
+	for _, a := range avail {
+		if delivered[a.ID] {
+			continue
 		}
-		avail := m.available(tc.Topic, at, sp.End)
-		delivered := map[string]bool{}
 		for _, li := range got {
-			delivered[li.Id] = true
-		}
-		if want := min(int(tc.Count), len(avail)); len(got) < want && !(m.cfg.Tolerate[KnownTTLShortAnswer] && m.ttlLapsing(tc.Topic, sp)) {
-			var missed []string
-			for _, a := range avail {
-				if !delivered[a.ID] {
-					missed = append(missed, m.describe(a))
-				}
-			}
-			return violation("dequeue of %d from %q delivered %d, but %d items were surely ready (ready for more than %s, not leased); not delivered: %s",
-				tc.Count, tc.Topic, len(got), len(avail), m.cfg.Slack, strings.Join(missed, ", "))
-		}
-		for _, a := range avail {
-			if delivered[a.ID] {
-				continue
-			}
-			for _, li := range got {
-				key, _ := itemid.Parse(li.Id)
-				if before(a, li.Priority, li.DeliverAfter.AsTime(), key.Key) {
-					return violation("priority inversion in %q: delivered %s (priority %d, deliver_after %s) while %s had been ready for more than %s",
-						tc.Topic, li.Id, li.Priority, fmtT(li.DeliverAfter.AsTime()), m.describe(a), m.cfg.Slack)
-				}
-			}
-		}
-		// Strict order within the response.
-		for i := 1; i < len(got) && !m.cfg.Tolerate[KnownResponseOrder]; i++ {
-			if compareLeased(got[i-1], got[i]) > 0 {
-				return violation("dequeue answer out of order in %q: %s (priority %d, deliver_after %s) before %s (priority %d, deliver_after %s)",
-					tc.Topic, got[i-1].Id, got[i-1].Priority, fmtT(got[i-1].DeliverAfter.AsTime()), got[i].Id, got[i].Priority, fmtT(got[i].DeliverAfter.AsTime()))
+			key, _ := itemid.Parse(li.Id)
+			if before(a, li.Priority, li.DeliverAfter.AsTime(), key.Key) {
+				return violation("priority inversion in %q: delivered %s (priority %d, deliver_after %s) while %s had been ready for more than %s",
+					topic, li.Id, li.Priority, fmtT(li.DeliverAfter.AsTime()), m.describe(a), m.cfg.Slack)
 			}
 		}
 	}
-	// Any lapsed lease of these topics may have been prefetched (or
-	// dead-lettered) by this dequeue.
-	for _, tc := range req.Topics {
+	return nil
+}
+
+// checkResponseOrder fails when one answer's items of topic are not in
+// (priority, deliver_after, id) order, unless KnownResponseOrder is
+// tolerated.
+func (m *Model) checkResponseOrder(topic string, got []*triagev1.LeasedItem) error {
+	for i := 1; i < len(got) && !m.cfg.Tolerate[KnownResponseOrder]; i++ {
+		if compareLeased(got[i-1], got[i]) > 0 {
+			return violation("dequeue answer out of order in %q: %s (priority %d, deliver_after %s) before %s (priority %d, deliver_after %s)",
+				topic, got[i-1].Id, got[i-1].Priority, fmtT(got[i-1].DeliverAfter.AsTime()), got[i].Id, got[i].Priority, fmtT(got[i].DeliverAfter.AsTime()))
+		}
+	}
+	return nil
+}
+
+// lapsedLeasesMayMove records what a dequeue of topics may have done
+// unseen: an item of these topics whose lease lapsed may have been
+// prefetched (its token may be stale) or, out of attempts, dead-lettered.
+// It also notes when the topics were last dequeued.
+func (m *Model) lapsedLeasesMayMove(sp Span, topics []*triagev1.TopicCount) {
+	for _, tc := range topics {
 		for _, it := range m.Items() {
 			if it.State != InItems || it.Topic != tc.Topic || it.DALo.After(sp.End) {
 				continue
@@ -553,15 +617,12 @@ func (m *Model) Dequeue(sp Span, req *triagev1.DequeueRequest, resp *triagev1.De
 			m.lastDeq[tc.Topic] = sp.End
 		}
 	}
-	// Strict rules, per delivery.
-	for _, li := range resp.Items {
-		if err := m.deliver(sp, li, reqLease); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
+// deliver checks one delivered item against what the model knows of it
+// (the strict rules) and records the delivery: one more attempt, its
+// token, and its lease. reqLease is the request's lease (0: the item's
+// own).
 func (m *Model) deliver(sp Span, li *triagev1.LeasedItem, reqLease time.Duration) error {
 	it := m.items[li.Id]
 	if it == nil {
