@@ -727,33 +727,12 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 		return
 	}
 	if st.PrimaryAddr == want && diverged(st) {
-		c.mu.Lock()
-		seen := c.diverged[r]
-		c.diverged[r] = true
-		c.mu.Unlock()
-		if !seen {
-			c.log.Error("ALARM: replica stopped on an error against the current primary; it must be rebuilt from a copy of the primary",
-				"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
-				"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
-		}
+		c.alarmOnce(r, "ALARM: replica stopped on an error against the current primary; it must be rebuilt from a copy of the primary",
+			"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
+			"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
 		return
 	}
-	// Rejoining makes r read-only and a replica of s.Primary: irreversible,
-	// and a demotion of the real primary if s is stale (a controller that
-	// just came back from a partition leads with the map it had). Act only
-	// as the leader now, and only if the bucket still names s.Primary at
-	// s's epoch, read so that a lagging replica cannot answer
-	// (LoadCurrent): a compose partition drill's us-east controller, back
-	// from the cut, read its own NATS server's stale copy and demoted the
-	// new primary, and the enqueues committed there since were lost.
-	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
-		return
-	}
-	if m, err := shardmap.LoadCurrent(ctx, c.cfg.MapKV); err != nil {
-		c.log.Warn("rejoin skipped: the stored shard map could not be proven current", "shard", s.ID, "server", r, "err", err)
-		return
-	} else if cur, ok := m.Shard(s.ID); !ok || cur.Epoch != s.Epoch || cur.Primary != s.Primary || cur.Fenced {
-		c.log.Warn("rejoin skipped: the stored shard map moved on", "shard", s.ID, "server", r, "primary_in_memory", s.Primary)
+	if !c.mayRejoin(ctx, s, r) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
@@ -762,22 +741,60 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 		if errors.Is(err, replication.ErrCommitsWaiting) {
 			// A deposed primary woken after its failover: it cannot commit
 			// (no replica receives from it), but only a restart with
-			// RejoinArgs lets it rejoin. Said once, then every try is quiet.
-			c.mu.Lock()
-			seen := c.diverged[r]
-			c.diverged[r] = true
-			c.mu.Unlock()
-			if !seen {
-				c.log.Error("ALARM: deposed primary holds commits waiting for an acknowledgement and cannot be fenced; restart it with the rejoin arguments",
-					"shard", s.ID, "server", r, "primary", s.Primary, "err", err)
-			}
+			// RejoinArgs lets it rejoin.
+			c.alarmOnce(r, "ALARM: deposed primary holds commits waiting for an acknowledgement and cannot be fenced; restart it with the rejoin arguments",
+				"shard", s.ID, "server", r, "primary", s.Primary, "err", err)
 			return
 		}
 		c.log.Warn("rejoin failed", "shard", s.ID, "server", r, "err", err)
 		return
 	}
+	c.waitReplicating(rctx, s, r, a)
+}
+
+// alarmOnce logs an ALARM about server r the first time only: the rejoin
+// loop meets the same state every second.
+func (c *Controller) alarmOnce(r, msg string, args ...any) {
+	c.mu.Lock()
+	seen := c.diverged[r]
+	c.diverged[r] = true
+	c.mu.Unlock()
+	if !seen {
+		c.log.Error(msg, args...)
+	}
+}
+
+// mayRejoin: rejoining makes r read-only and a replica of s.Primary:
+// irreversible, and a demotion of the real primary if s is stale (a
+// controller that just came back from a partition leads with the map it
+// had, and its own NATS server's copy of the bucket may be stale too).
+// So act only as the leader now, and only if the bucket still names
+// s.Primary at s's epoch, read so that a lagging replica cannot answer
+// (LoadCurrent).
+func (c *Controller) mayRejoin(ctx context.Context, s shardmap.Shard, r string) bool {
+	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
+		return false
+	}
+	m, err := shardmap.LoadCurrent(ctx, c.cfg.MapKV)
+	if err != nil {
+		c.log.Warn("rejoin skipped: the stored shard map could not be proven current", "shard", s.ID, "server", r, "err", err)
+		return false
+	}
+	if cur, ok := m.Shard(s.ID); !ok || cur.Epoch != s.Epoch || cur.Primary != s.Primary || cur.Fenced {
+		c.log.Warn("rejoin skipped: the stored shard map moved on", "shard", s.ID, "server", r, "primary_in_memory", s.Primary)
+		return false
+	}
+	return true
+}
+
+// waitReplicating reports r "rejoined" once both replication threads run
+// (IO "Yes", connected; SQL "Yes"), or raises the alarm if it stops on a
+// divergence, until ctx ends.
+func (c *Controller) waitReplicating(ctx context.Context, s shardmap.Shard, r string, a *replication.Admin) {
+	var st replication.Status
+	var err error
 	for {
-		st, err = a.Status(rctx)
+		st, err = a.Status(ctx)
 		if err == nil && st.IORunning == "Yes" && st.SQLRunning {
 			c.event(s.ID, "rejoined", fmt.Sprintf("%s replicates from %s (IO and SQL threads running, at %s)", r, s.Primary, st.SlavePos))
 			return
@@ -789,7 +806,7 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 			return
 		}
 		select {
-		case <-rctx.Done():
+		case <-ctx.Done():
 			c.log.Warn("rejoin: replication not running yet", "shard", s.ID, "server", r, "io", st.IORunning, "sql", st.SQLRunning,
 				"io_error", st.LastIOError, "sql_error", st.LastSQLError)
 			return
