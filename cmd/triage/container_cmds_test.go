@@ -137,7 +137,10 @@ func TestNATSDefaults(t *testing.T) {
 		}
 		return err == nil
 	}, 20*time.Second, 50*time.Millisecond, "%s", &stderr)
-	require.Contains(t, stderr.String(), "serving nats://"+loop+" ")
+	// The server accepts connections a moment before the command says
+	// where it serves: wait for the line rather than read it at once.
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "serving nats://"+loop+" ") },
+		10*time.Second, 20*time.Millisecond, "%s", &stderr)
 	require.Contains(t, stderr.String(), "monitoring off")
 	// Loopback only: the host's other addresses refuse the port.
 	addrs, err := net.InterfaceAddrs()
