@@ -374,7 +374,7 @@ func (f *shardsFlag) Type() string { return "REGION=ID,ID..." }
 func (f *shardsFlag) Set(s string) error {
 	region, list, ok := strings.Cut(s, "=")
 	if !ok || region == "" || list == "" {
-		return fmt.Errorf("%q is not REGION=ID,ID...", s)
+		return fmt.Errorf("%q is not REGION=ID or REGION=ID,ID", s)
 	}
 	if slices.ContainsFunc(f.list, func(n *triagev1.NamespaceShards) bool { return n.GetRegion() == region }) {
 		return fmt.Errorf("region %q given twice", region)

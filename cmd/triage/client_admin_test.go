@@ -460,8 +460,8 @@ func TestNamespacePutUsageErrors(t *testing.T) {
 	}{
 		{name: "no name", args: nil, want: "missing NAME"},
 		{name: "two names", args: []string{"a", "b"}, want: `unexpected argument "b"`},
-		{name: "shards without ids", args: []string{"shop", "--shards", "eu="}, want: `"eu=" is not REGION=ID,ID...`},
-		{name: "shards without region", args: []string{"shop", "--shards", "1,2"}, want: "is not REGION=ID,ID..."},
+		{name: "shards without ids", args: []string{"shop", "--shards", "eu="}, want: `"eu=" is not REGION=ID or REGION=ID,ID`},
+		{name: "shards without region", args: []string{"shop", "--shards", "1,2"}, want: "is not REGION=ID or REGION=ID,ID"},
 		{name: "shard not a number", args: []string{"shop", "--shards", "eu=1,x"}, want: `shard ID "x" is not a number`},
 		{name: "shard region twice", args: []string{"shop", "--shards", "eu=1", "--shards", "eu=2"}, want: `region "eu" given twice`},
 		{name: "bad policy", args: []string{"shop", "--topic", "t:policy=fifo"}, want: `policy "fifo": allowed weighted or strict`},

@@ -58,7 +58,6 @@ func ack(m *Model, ms int, s, tok string, answer *triagev1.ItemResult) error {
 var (
 	okResult    = &triagev1.ItemResult{Ok: true}
 	staleResult = &triagev1.ItemResult{Error: "stale lease token: ..."}
-	goneResult  = &triagev1.ItemResult{Error: "item not found: ..."}
 )
 
 func isViolation(t *testing.T, err error) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -398,15 +397,6 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 	got = dq()
 	require.Equal(t, []string{x}, ids(got))
 	require.Equal(t, int32(1), got[0].Attempts)
-}
-
-// node0Map reads the bed's shard map file.
-func (b *bed) node0Map(t *testing.T) shardmap.Map {
-	data, err := os.ReadFile(b.mapFile)
-	require.NoError(t, err)
-	sm, err := shardmap.Parse(data)
-	require.NoError(t, err)
-	return *sm
 }
 
 // TestDedupKeyHeldWhenItemsLeave: a dedup key stays taken for the
