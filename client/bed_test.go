@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/client"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/cmd/triage/provision/provisiontest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/shardmap"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/shardmap"
 )
 

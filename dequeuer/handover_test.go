@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema"

@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/deploy/compose"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )

@@ -28,7 +28,7 @@ import (
 // Primary-kill, region-down and partition assert issue 8's targets: 5 s,
 // 10 s and 10 s. On the process bed (2 cores, -race, the drills alone) they
 // measured 2.9-3.1 s, 5.0-7.4 s and 5.2-7.6 s in the runs of 2026-11-24,
-// after nats-server's Raft timing was tuned (deploy/natsserver: a dead
+// after nats-server's Raft timing was tuned (cmd/triage/natsserver: a dead
 // stream leader is replaced within 1.5-3.5 s instead of 4-9 s), the
 // controller's history read stopped holding the failover lock (a CI run
 // failed region-down at 15.5 s before that) and a map watch that does not

@@ -18,11 +18,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/cmd/triage/provision/provisiontest"
 	"github.com/triage-queue/triage/deploy/freeport"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )

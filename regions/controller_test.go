@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/metrics"

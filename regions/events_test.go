@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 )
 
 // TestEventsAnswer: the leader's answer on EventsSubject holds its last

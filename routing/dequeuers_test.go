@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"

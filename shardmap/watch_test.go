@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 )
 
 // hungFirstWatch is a bucket whose first watch never delivers anything,

@@ -18,7 +18,7 @@ import (
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/cmd/triage/bootstrap"
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/shardmap"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/deploy/freeport"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/routing/auth/authtest"
 )
 

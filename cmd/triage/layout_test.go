@@ -25,17 +25,13 @@ func goList(t *testing.T, args ...string) []string {
 	return strings.Fields(string(out))
 }
 
-// notInServe are what the production binary must not link: the beds, the
-// bench, the WAN proxies and toxiproxy, the drills, and the test
+// notInServe are what the production binary must not link: everything
+// under deploy/ (the beds, the bench, the drills, the WAN proxies, the
+// MariaDB launcher and the queue model), toxiproxy, and the test
 // libraries (the browser driver too). They live in cmd/triage-bed's
 // binary, or only in tests.
 var notInServe = []string{
-	module + "/deploy/bed",
-	module + "/deploy/bench",
-	module + "/deploy/wan",
-	module + "/deploy/mariadb",
-	module + "/deploy/queuemodel",
-	module + "/regions/drill",
+	module + "/deploy",
 	"github.com/Shopify/toxiproxy",
 	"github.com/stretchr/testify",
 	"go.uber.org/goleak",

@@ -18,10 +18,10 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/deploy/wan"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/shardmap"

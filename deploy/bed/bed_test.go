@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/deploy/testlog"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/itemid"

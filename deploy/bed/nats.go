@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/freeport"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/shardmap"
 )
 

@@ -67,7 +67,7 @@
 // to their primary over TLS too (replication.TLS: MASTER_SSL=1).
 // Passwords come from files or environment variables
 // (shardmap.Secret), never from the shard map. Config.NATSAuth is the
-// NATS Triage login (deploy/natsserver.Auth) and Config.NATSTLS how the
+// NATS Triage login (cmd/triage/natsserver.Auth) and Config.NATSTLS how the
 // node verifies the NATS servers (their CA) and, when they ask, proves
 // itself (its certificate): with it the connection, and so every envelope
 // and login, is encrypted. privilege_test.go checks the accounts against a

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/routing/auth/authtest"
 	"github.com/triage-queue/triage/shardmap"
 )

@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
-	"github.com/triage-queue/triage/deploy/natsserver/natstest"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 )
 
 // TestRaftHeartbeatIsTuned: the embedded servers run nats-server's Raft

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 )
 
 // TestStartReportsAPortInUseAtOnce: a route port someone else holds is a

@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/deploy/freeport"
-	"github.com/triage-queue/triage/deploy/natsserver"
 	"github.com/triage-queue/triage/proto/triage/peer"
 )
 
