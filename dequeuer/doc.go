@@ -5,13 +5,13 @@
 // Each shard's ready set has one owner at a time: the dequeuer holding the
 // key "shard.<id>" in the NATS KV bucket triage_owners, refreshed every
 // OwnerTTL/4 and expiring after OwnerTTL when its holder dies. Only the
-// owner reads the ready head, so it can read it without row locks and lease
-// with one conditional UPDATE; measured on the development box that is twice
-// the rate of SELECT ... FOR UPDATE SKIP LOCKED. Correctness never rests on
-// ownership: every lease is "UPDATE ... WHERE id IN (...) AND deliver_after
-// <= now", so two owners overlapping during a takeover cannot lease one row
-// twice. A dequeuer that cannot refresh its claim for 3/4 of the TTL stops
-// serving the shard.
+// owner reads the ready head, so it can read it without row locks and
+// serve with one conditional UPDATE, where SELECT ... FOR UPDATE SKIP
+// LOCKED would lock every row it passes. Correctness never rests on
+// ownership: every serve is a compare-and-set on each row's updated_at
+// (store.ItemServe, see Leases), so two owners overlapping during a
+// takeover cannot deliver one row twice. A dequeuer that cannot refresh
+// its claim for 3/4 of the TTL stops serving the shard.
 //
 // A shard is owned in the region of its primary (Shard.PrimaryRegion, the
 // home region until a failover moves it): each read is a round trip to
@@ -20,11 +20,12 @@
 // rate. Claims run on every shard-map change as well as every OwnerTTL/4
 // (the loop takes the change channel before a round reads the map, so a
 // map landing during a round wakes the next at once);
-// after a failover the old owner hands the shard over (releasing its
-// buffer) and the new region's dequeuer claims it within ~100 ms. A request
-// checks ownership on every round and every fetch, so a long poll parked
-// at the old owner ends with ErrNotOwner at the hand-over (the router asks
-// the new owner) instead of leasing rows into a buffer nobody serves. An
+// after a failover the old owner hands the shard over (dropping its
+// buffered rows) and the new region's dequeuer claims it within a claim
+// retry (claimRetry). A request checks ownership on every round and every
+// fetch, so a long poll parked at the old owner ends with ErrNotOwner at
+// the hand-over (the router asks the new owner) instead of reading rows
+// into a buffer nobody serves. An
 // old owner that does not hand over within handOverGrace (1 s) — cut off
 // from NATS by a partition, so it sees neither the map nor can refresh
 // its claim — has the claim taken over by a compare-and-set, rather than
@@ -54,17 +55,11 @@
 //   - A lapsed delivery lease makes the row ready again with no sweep,
 //     because deliver_after moved with the lease.
 //
-// An earlier design leased rows into the buffer with a short prefetch
-// lease: an UPDATE and a commit per read, refreshed every second and
-// handed back on release. A profile of issue 11's steady state put that
-// UPDATE at 10 ms of every read under load, the backlog's dequeue+ack
-// spent three statements per batch where the raw lease+ack ceiling spends
-// two, and a dead owner's buffered rows stayed hidden for the prefetch
-// lease. Now nothing a dequeuer buffers is hidden from anyone: a dequeuer
-// that dies or hands a shard over leaves every row ready for the next
-// owner at once. What the prefetch lease guarded is the compare-and-set's
-// job: two owners overlapping during a takeover, or two overlapping
-// bands' buffers, may both hold a row, and only one serve finds it
+// Nothing a dequeuer buffers is hidden from anyone: a buffer read costs
+// no UPDATE and no commit, and a dequeuer that dies or hands a shard over
+// leaves every row ready for the next owner at once. Two owners
+// overlapping during a takeover, or two overlapping bands' buffers, may
+// both hold a row; the compare-and-set lets only one serve find it
 // unchanged.
 //
 // A read leaves out the rows its queue holds or has in flight (taken, not
@@ -78,8 +73,7 @@
 // The copy costs one failed serve and is dropped; the take is repeated to
 // fill the answer (maxTakeRounds bounds only churn), so a buffer with
 // stale copies at its head never answers short while ready rows wait
-// behind them. With a bound of four rounds the model-based test found
-// exactly that: four stale copies, then a short answer.
+// behind them (the model-based test checks for short answers).
 //
 // attempts therefore counts deliveries. A delivery that never reaches its
 // consumer (a reply that could not be sent, a multi-owner surplus the
@@ -123,7 +117,7 @@
 // the head, when the queue is empty), and takes go on serving what the
 // queue holds meanwhile. The rows before the tail are the ones the queue
 // holds or ones its rechecks find, so the refill neither walks nor leaves
-// out the held rows by version, which had cost the deep backlog a second
+// out the held rows by version, which would cost a deep backlog a second
 // index row read per row served. Only a take that finds the queue empty,
 // or in need of a fresh read, waits for the refill (a second read beside
 // it could merge rows read after the refill's unmerged ones and serve
@@ -131,18 +125,16 @@
 // after the tail does not. What the
 // refill read merges like any fetch's rows, and, as for a full recheck,
 // buffered rows after its last row are dropped when it came back full.
-// Without it a consumer that emptied a buffer waited a read round trip,
-// which kept the backlog's dequeue+ack at 0.4-0.6 of the raw
-// lease+ack ceiling. halt waits for the refills in flight.
+// Without it a consumer that emptied a buffer would wait a read round
+// trip. halt waits for the refills in flight.
 //
 // A take that waits for another's fetch or a refill counts that read as
 // its own when it began after the take did (pendingRead), as a read the
 // take made itself counts for the rest of the call (readThisCall): it saw
 // everything announced before the take began. Under a flood of enqueues a
-// notice lands during every fetch, and sixteen consumers used to form a
-// convoy, each waiting for about ten fetches per Dequeue until its own
-// turn to read; with 64 producers the backlog grew (delivered 0.50x
-// enqueued), and now stays flat.
+// notice lands during every fetch, and without that consumers would form
+// a convoy, each waiting for fetch after fetch until its own turn to
+// read.
 //
 // Serving is batched too: the serve UPDATEs of concurrent takes on one
 // shard go out as one statement (store.ServeBatcher), each delivery naming
@@ -161,8 +153,9 @@
 // at equal priority. A queue a notice made dirty still serves, without a
 // read, the items that sort before every row the notices since its last
 // read may be about (shardQueue.dirtyFrom); the first that may not waits
-// for the read. Under a flood of enqueues into a backlog, every take had
-// waited for a read before (a notice arrives between any two takes).
+// for the read. Under a flood of enqueues into a backlog a notice arrives
+// between any two takes, so a take that waited for every notice's read
+// would wait for a read every time.
 //
 // A notice of a committed insert carries the rows themselves when the
 // insert stored them just now and they are small (peer.CommittedReady,
@@ -173,30 +166,31 @@
 // (shardQueue.handIn): anywhere in a queue whose last full read found
 // everything, before the tail of one that holds the head only; the rest
 // is handled as a notice without rows. In steady state an item thus goes
-// from its insert to a consumer with no read: the mixed benchmark had
-// read the shard once per insert, as many statements as the inserts
-// themselves. A handed row is a copy at a version like a read one: an
+// from its insert to a consumer with no read, rather than a read of the
+// shard per insert, as many statements as the inserts themselves. A
+// handed row is a copy at a version like a read one: an
 // update or delete before its dequeue unbuffers it, and the serve's
 // version check stops any copy that is stale.
 //
 // A Dequeue's serves on different shards run at once: each waits for a
 // commit on its own primary.
 //
-// Buffers idle for IdleRelease are emptied (their rows were never hidden;
+// Buffers idle for IdleDrop are emptied (their rows were never hidden;
 // this frees memory), and Stop does the same.
 //
 // A topic has one buffer per priority band it is dequeued with (the whole
 // range, a weighted topic's bands, a request's min/max_priority). Where
 // bands overlap, each buffer reads every ready row of its band, so two may
 // hold the same row; the serve's compare-and-set delivers it once, and
-// the other buffer's failed serve sends its queue to read again. A reply is bounded to peer.MaxReplyBytes (and the NATS max payload
-// when forwarded): items that do not fit go back into the buffer, unserved.
+// the other buffer's failed serve sends its queue to read again. A reply
+// is bounded to peer.MaxReplyBytes (and the NATS max payload when
+// forwarded): items that do not fit go back into the buffer, unserved.
 //
 // # Statements
 //
-// Every statement of the lease path (head read, serve,
-// unserve, ack, nack, extend, dead-lettering, aging, the TTL sweep) lives
-// in package schema/store, which keeps the index and lock rules they
+// Every statement of the lease path (head read, serve, unserve, ack,
+// nack, extend, dead-lettering, aging, the TTL sweep) lives in package
+// schema/store, which keeps the index and lock rules they
 // depend on in one place; routers run ack, nack, extend and unserve there
 // directly. This package decides which rows to ask for and what to do
 // with them in memory: ownership, buffers, merge order, timing.
@@ -215,13 +209,15 @@
 // A shard's lease arithmetic (deliver_after <= now for the ready head,
 // serve stamps, leased_until, nack's now + delay, extend's now + lease,
 // unserve, aging cutoffs, TTL) compares and writes times that several
-// processes produce: the dequeuer for reads and serves, routers for nack, extend, update and unserve. They all take
+// processes produce: the dequeuer for reads and serves, routers for
+// nack, extend, update and unserve. They all take
 // "now" from one clock per shard, the shard primary's, through
 // shardmap.Clock (Config.Clock; the node builds one per process and gives
 // it to every role). With each process's own time.Now, two hosts Δ apart
-// made a nack of 0 s invisible for Δ and an extend Δ too short or long.
+// would make a nack of 0 s invisible for Δ and an extend Δ too short or
+// long.
 //
-// The primary was chosen over the alternatives: SQL's NOW(6) in every
+// The primary's clock, rather than the alternatives: SQL's NOW(6) in every
 // statement would need the statements rewritten and leaves the buffer's
 // own comparisons (TTL filtering) on a local clock;
 // requiring NTP only moves the failure to ops. shardmap.Clock measures the
@@ -232,7 +228,7 @@
 // new entry, measured on first use. Times that only one process compares
 // with itself (waits, idle buffers, recheck pacing, quotas, request
 // validation) stay on the local clock (Config.Now). The enqueue path's
-// default deliver_after and expires_at are still the router's local time.
+// default deliver_after and expires_at are the router's local time.
 //
 // # Metrics
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/schema"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // DefaultOwnerTTL is the ownership TTL when none is configured.
@@ -53,13 +54,12 @@ func Present(ctx context.Context, kv jetstream.KeyValue, role, region string) bo
 // A shard is served from its primary's region, not its home region: every
 // prefetch, serve and refresh is a round trip to the primary plus a
 // semi-sync acknowledgement, so after a failover moved the primary, a
-// home-region owner worked it across the WAN for as long as it stayed
-// there (drills: 1.5-2.5 s per dequeue call until the outage's backlog was
-// worked off). The old owner hands the shard over when it sees the map
+// home-region owner would work it across the WAN for as long as it stayed
+// there, every dequeue call paying WAN round trips. The old owner hands the shard over when it sees the map
 // (claim runs on every map change), the new one claims it at once. One owner per shard
 // keeps dequeuers from fighting over the same rows (correctness does not
-// depend on it: every lease is a conditional UPDATE), which is worth 2x on
-// the lease path.
+// depend on it: every serve is a compare-and-set), so its reads need no
+// row locks.
 type ownership struct {
 	s  *Service
 	kv jetstream.KeyValue
@@ -84,10 +84,9 @@ func newOwnership(s *Service, kv jetstream.KeyValue) *ownership {
 // migrated reports whether an unowned shard of another region has every
 // migration this binary knows, so that adopting it is of use. A region's
 // node migrates its own shards as it starts; when regions start together,
-// a dequeuer that adopted another region's shard before that had
-// happened swept and read tables that did not exist yet ("ttl sweep
-// failed ... dedup_tombstones doesn't exist"), and a dequeue there would
-// have failed the same way.
+// a dequeuer that adopted another region's shard before that would sweep
+// and read tables that do not exist yet, and its dequeues there would
+// fail.
 //
 // The check runs in the background (one at a time per shard) and this
 // reports what it last found, so a claim never waits on it: a shard is
@@ -136,8 +135,8 @@ func (o *ownership) pending(ctx context.Context, shard uint32) (int, error) {
 // region's dequeuer takes it over. A live owner that sees the new map
 // hands over within a few hundred milliseconds; one that does not is cut
 // off from the control plane (a partition), and waiting for its claim to
-// expire (OwnerTTL after its last refresh) kept the shard's dequeues down
-// for seconds after its new primary was published. Taking it over is safe
+// expire (OwnerTTL after its last refresh) would keep the shard's
+// dequeues down for seconds after its new primary was published. Taking it over is safe
 // because correctness never rests on ownership (see the package doc): a
 // cut-off owner's writes go to the old primary, which can complete no
 // commit, and its claim refresh fails once it can reach NATS again.
@@ -208,11 +207,28 @@ func (o *ownership) owned() []uint32 {
 // it over), so that the caller tries again soon.
 func (o *ownership) claim(ctx context.Context) (pending bool) {
 	m := o.s.cfg.Maps.Current()
-	// Announce this region's dequeuers, so adopters of its shards hand
-	// them back, and read which other regions have dequeuers, all at once:
-	// one after the other they were four KV round trips (across the WAN)
-	// before a shard whose primary moved away was handed over, on the
-	// failover's critical path for dequeues.
+	presentIn := o.announce(ctx, m)
+	home := m.ServedIn(o.s.cfg.Region)
+	want := append(slices.Clone(home), o.othersWanted(ctx, m, presentIn)...)
+	var away []uint32
+	for _, id := range want {
+		if o.claimOne(ctx, id, slices.Contains(home, id)) {
+			pending = true
+			away = append(away, id)
+		}
+	}
+	for _, id := range away {
+		o.takeOver(ctx, id)
+	}
+	return pending
+}
+
+// announce announces this region's dequeuers, so adopters of its shards
+// hand them back, and reads which other regions have dequeuers, all at
+// once: one after the other they would be four KV round trips (across the
+// WAN) before a shard whose primary moved away is handed over, on the
+// failover's critical path for dequeues.
+func (o *ownership) announce(ctx context.Context, m *shardmap.Map) map[string]bool {
 	presentIn := map[string]bool{}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -228,8 +244,14 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 		}
 	}
 	wg.Wait()
-	home := m.ServedIn(o.s.cfg.Region)
-	want := slices.Clone(home)
+	return presentIn
+}
+
+// othersWanted goes through the shards served in other regions: it hands
+// over those it owns whose region has dequeuers (presentIn), and returns
+// those it keeps or adopts.
+func (o *ownership) othersWanted(ctx context.Context, m *shardmap.Map, presentIn map[string]bool) []uint32 {
+	var want []uint32
 	for _, region := range m.Regions {
 		if region == o.s.cfg.Region {
 			continue
@@ -243,18 +265,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			case mine && present:
 				// The region of its primary has dequeuers (again, or the
 				// primary moved there): hand the shard over.
-				o.s.log.Info("handing shard over to the region of its primary", "shard", id, "region", region)
-				o.mu.Lock()
-				rev := o.revs[id]
-				delete(o.revs, id)
-				o.mu.Unlock()
-				// The claim goes first, so the new owner can claim while
-				// the buffered rows are released (a write to the shard's
-				// new primary, maybe across the WAN): a release is
-				// conditional on this owner's prefetch token, so whatever
-				// the new owner leases first is left alone.
-				_ = o.kv.Delete(ctx, peer.OwnerKey(id), jetstream.LastRevision(rev))
-				o.s.dropShard(ctx, id)
+				o.handOver(ctx, id, region)
 			case mine:
 				want = append(want, id)
 			case !present:
@@ -267,42 +278,59 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 			}
 		}
 	}
-	var away []uint32
-	for _, id := range want {
-		o.mu.Lock()
-		rev, mine := o.revs[id]
-		o.mu.Unlock()
-		var err error
-		if mine {
-			rev, err = o.kv.Update(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID), rev)
-		} else {
-			rev, err = o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
-		}
-		o.mu.Lock()
-		switch {
-		case err == nil:
-			if !mine {
-				o.s.log.Info("took shard ownership", "shard", id, "adopted", !slices.Contains(home, id))
-			}
-			o.revs[id] = rev
-			o.sureAt[id] = time.Now()
-			delete(o.heldAway, id)
-		case !mine && errors.Is(err, jetstream.ErrKeyExists) && slices.Contains(home, id):
-			pending = true
-			away = append(away, id)
-		case mine && !errors.Is(err, context.Canceled) && isLost(err):
-			o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
-			delete(o.revs, id)
-			o.mu.Unlock()
-			o.s.dropShard(ctx, id)
-			continue
-		}
-		o.mu.Unlock()
+	return want
+}
+
+// handOver gives up an owned shard to the dequeuers of region.
+func (o *ownership) handOver(ctx context.Context, id uint32, region string) {
+	o.s.log.Info("handing shard over to the region of its primary", "shard", id, "region", region)
+	o.mu.Lock()
+	rev := o.revs[id]
+	delete(o.revs, id)
+	o.mu.Unlock()
+	// The claim goes first, so the new owner can claim at once;
+	// dropping the buffered rows writes nothing (they were never
+	// hidden), and any copy this owner still serves fails the serve's
+	// compare-and-set once the new owner served the row.
+	_ = o.kv.Delete(ctx, peer.OwnerKey(id), jetstream.LastRevision(rev))
+	o.s.dropShard(ctx, id)
+}
+
+// claimOne refreshes the claim of a shard this dequeuer owns, or claims
+// one it does not. It reports whether the shard is home (its primary runs
+// in this region) and still held by a dequeuer of another region, to be
+// taken over (takeOver). A refresh that finds the claim lost drops the
+// shard.
+func (o *ownership) claimOne(ctx context.Context, id uint32, home bool) (heldAway bool) {
+	o.mu.Lock()
+	rev, mine := o.revs[id]
+	o.mu.Unlock()
+	var err error
+	if mine {
+		rev, err = o.kv.Update(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID), rev)
+	} else {
+		rev, err = o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
 	}
-	for _, id := range away {
-		o.takeOver(ctx, id)
+	o.mu.Lock()
+	switch {
+	case err == nil:
+		if !mine {
+			o.s.log.Info("took shard ownership", "shard", id, "adopted", !home)
+		}
+		o.revs[id] = rev
+		o.sureAt[id] = time.Now()
+		delete(o.heldAway, id)
+	case !mine && errors.Is(err, jetstream.ErrKeyExists) && home:
+		heldAway = true
+	case mine && !errors.Is(err, context.Canceled) && isLost(err):
+		o.s.log.Warn("lost shard ownership", "shard", id, "err", err)
+		delete(o.revs, id)
+		o.mu.Unlock()
+		o.s.dropShard(ctx, id)
+		return false
 	}
-	return pending
+	o.mu.Unlock()
+	return heldAway
 }
 
 // isLost tells a claim another owner holds from a NATS outage, during which
@@ -422,7 +450,7 @@ func (o *Owners) Changed() <-chan struct{} {
 // claim of a dequeuer that died expires by the bucket's TTL, which no
 // watcher is told of, and a watch whose stream lost its leader with a
 // region sees nothing until the stream elects another and the watch
-// recovers (a region-down drill: 6 s after the new owner had claimed).
+// recovers, seconds after the new owner claimed.
 func (o *Owners) Reload(ctx context.Context, shards []uint32) {
 	for _, id := range shards {
 		o.mu.Lock()

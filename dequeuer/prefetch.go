@@ -49,7 +49,8 @@ type bufItem struct {
 	untilUS int64
 }
 
-// shardQueue is one shard's leased head of a topic, in delivery order.
+// shardQueue is one shard's ready head of a topic as read (rows at the
+// versions read, not leased), in delivery order.
 type shardQueue struct {
 	items     []bufItem
 	checkedAt time.Time // last unbounded read (the one that sets exhausted)
@@ -63,8 +64,9 @@ type shardQueue struct {
 	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
 	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
-	// fetchStart is when the take's fetch in flight began; zero while a
-	// release holds the queue (fetching, but not reading).
+	// fetchStart is when the take's fetch in flight began. A queue marked
+	// fetching with no fetchStart is held without a read, and takes no
+	// handed-in rows (handIn); no fetch of this package holds it so.
 	fetchStart time.Time
 	// refilling is closed when the background refill in flight ends (see
 	// startRefills); refillAt is notices when it began. Takes go on
@@ -198,7 +200,8 @@ func (q *shardQueue) safeBefore(it *store.Item) bool {
 // buffered them; the queue's other reads
 // and notices are untouched. In steady state this is how items reach
 // consumers: the insert's notice brings them, and no read of the shard
-// is needed (a read per notice was as many statements as the inserts).
+// is needed (a read per notice would be as many statements as the
+// inserts).
 //
 // A row goes in when the queue would have it after a read: it sorts
 // before the tail (the queue holds the head up to there), or the queue's
@@ -209,10 +212,10 @@ func (q *shardQueue) safeBefore(it *store.Item) bool {
 // own. A row left out that may sort before what the queue holds, or of a
 // queue that holds nothing, marks the queue dirty as a notice without
 // rows does, so the next take reads it; rows after the tail wait for the
-// read that drains the queue. A release holding the queue (fetching
-// without a read) takes nothing. Caller holds b.mu.
+// read that drains the queue. A queue held without a read (fetching, no
+// fetchStart) takes nothing. Caller holds b.mu.
 func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
-	releasing := q.fetching != nil && q.fetchStart.IsZero()
+	heldUnread := q.fetching != nil && q.fetchStart.IsZero()
 	tail := q.tail()
 	var left *bufItem // the first row left out (rows are in order)
 	for i := range rows {
@@ -220,7 +223,7 @@ func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
 		switch {
 		case it.Priority < b.band.lo || it.Priority > b.band.hi:
 			continue
-		case releasing || !q.exhausted && (tail == nil || !it.Less(tail)):
+		case heldUnread || !q.exhausted && (tail == nil || !it.Less(tail)):
 			if left == nil {
 				left = &rows[i]
 			}
@@ -282,7 +285,9 @@ type topicBuf struct {
 }
 
 // bufKey names a prefetch buffer: a topic's priority band. Bands of one
-// topic never share rows: each row is leased into exactly one buffer.
+// topic may overlap (a weighted topic's bands beside a request's
+// min/max_priority), and then two buffers may hold copies of one row;
+// the serve's compare-and-set delivers it once.
 type bufKey struct {
 	ns, topic string
 	band      band
@@ -388,42 +393,8 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 				return out, nil
 			}
 		}
-		var stale []uint32
-		var tails []*store.Item
-		var excludes [][]store.RowVersion
-		var inflight []pendingRead
-		for _, id := range shards {
-			q := b.queue(id)
-			switch {
-			case q.fetching != nil:
-				inflight = append(inflight, pendingRead{q.fetching, id, q.fetchStart})
-			case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now) && !readThisCall(q, read[id])):
-				// A second read beside the refill could merge rows after
-				// ones it has leased and not merged yet, and serve them out
-				// of order: wait for it. Its read counts as of when it
-				// began (refillStart), so a refill that began long ago is
-				// followed by a fresh read; one of the rows after the tail
-				// does not count at all.
-				began := q.refillStart
-				if q.refillAfter {
-					began = time.Time{}
-				}
-				inflight = append(inflight, pendingRead{q.refilling, id, began})
-			case !q.fresh(now) && !readThisCall(q, read[id]):
-				stale = append(stale, id)
-				var tail *store.Item
-				if t := q.tail(); t != nil {
-					c := *t
-					tail = &c
-				}
-				tails = append(tails, tail)
-				excludes = append(excludes, q.held())
-				read[id] = true
-				q.fetching = make(chan struct{})
-				q.fetchedAt, q.fetchStart = q.notices, now
-			}
-		}
-		if len(stale) == 0 && len(inflight) == 0 {
+		plan := planReads(b, shards, now, read)
+		if len(plan.stale) == 0 && len(plan.pending) == 0 {
 			// Every queue could take part, so the merge above stopped only
 			// because all ran empty: there is nothing more to serve.
 			s.startRefills(b, shards)
@@ -433,32 +404,91 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		size := b.fetchSize(n - len(out))
 		b.mu.Unlock()
 		waited = true
-		if len(stale) > 0 {
-			if err := s.fetch(ctx, b, stale, tails, excludes, size); err != nil && len(out) == 0 {
+		if len(plan.stale) > 0 {
+			if err := s.fetch(ctx, b, plan.stale, plan.tails, plan.excludes, size); err != nil && len(out) == 0 {
 				return nil, err
 			}
 		}
-		for _, p := range inflight {
-			select {
-			case <-p.done:
-			case <-ctx.Done():
-				return out, ctx.Err()
-			}
-			if !p.began.IsZero() && !p.began.Before(start) {
-				read[p.shard] = true
-			}
+		if err := awaitReads(ctx, plan.pending, start, read); err != nil {
+			return out, err
 		}
 	}
 	return out, nil
 }
 
+// readPlan is what a take must read before it can merge further: the
+// stale shards it reads itself (with each queue's tail and held rows,
+// see fetch), and the reads in flight it waits for.
+type readPlan struct {
+	stale    []uint32
+	tails    []*store.Item
+	excludes [][]store.RowVersion
+	pending  []pendingRead
+}
+
+// planReads finds, for a take, the shards whose queues cannot take part
+// in the merge: those with a fetch or refill in flight to wait for, and
+// the stale ones, which it marks as fetching (and as read this call).
+// Caller holds b.mu.
+func planReads(b *topicBuf, shards []uint32, now time.Time, read map[uint32]bool) readPlan {
+	var p readPlan
+	for _, id := range shards {
+		q := b.queue(id)
+		switch {
+		case q.fetching != nil:
+			p.pending = append(p.pending, pendingRead{q.fetching, id, q.fetchStart})
+		case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now) && !readThisCall(q, read[id])):
+			// A second read beside the refill could merge rows after
+			// ones it has read and not merged yet, and serve them out
+			// of order: wait for it. Its read counts as of when it
+			// began (refillStart), so a refill that began long ago is
+			// followed by a fresh read; one of the rows after the tail
+			// does not count at all.
+			began := q.refillStart
+			if q.refillAfter {
+				began = time.Time{}
+			}
+			p.pending = append(p.pending, pendingRead{q.refilling, id, began})
+		case !q.fresh(now) && !readThisCall(q, read[id]):
+			p.stale = append(p.stale, id)
+			var tail *store.Item
+			if t := q.tail(); t != nil {
+				c := *t
+				tail = &c
+			}
+			p.tails = append(p.tails, tail)
+			p.excludes = append(p.excludes, q.held())
+			read[id] = true
+			q.fetching = make(chan struct{})
+			q.fetchedAt, q.fetchStart = q.notices, now
+		}
+	}
+	return p
+}
+
+// awaitReads waits for the reads in flight a take found, and counts as
+// the take's own read each that began after the take did (start).
+func awaitReads(ctx context.Context, pending []pendingRead, start time.Time, read map[uint32]bool) error {
+	for _, p := range pending {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !p.began.IsZero() && !p.began.Before(start) {
+			read[p.shard] = true
+		}
+	}
+	return nil
+}
+
 // pendingRead is another take's fetch, or a refill, that a take waits
 // for. One that began after the take did is as good as a read of the
 // take's own (see readThisCall): it saw every row announced before the
-// take began. Without this, consumers under a flood of enqueues formed a
-// convoy: each waited for another's fetch, found the queue dirty again (a
-// notice lands during every fetch) and waited for the next one, about ten
-// times per take in the triage-steady bench, until its own turn to read.
+// take began. Without this, consumers under a flood of enqueues would form
+// a convoy: each would wait for another's fetch, find the queue dirty
+// again (a notice lands during every fetch) and wait for the next one,
+// until its own turn to read.
 type pendingRead struct {
 	done  chan struct{}
 	shard uint32
@@ -469,9 +499,8 @@ type pendingRead struct {
 // as fresh for the rest of it: it holds items (nothing ready sorted before
 // them as of the read), or that read found everything ready (exhausted).
 // Under a steady flood of enqueues there is always a newer notice, and a
-// take that re-read such queues would loop, one fetch per arriving item:
-// an owner across the WAN from its primary (a failover's old owner) took
-// 2 s to fill one dequeue of 10. A queue the take drained after a full
+// take that re-read such queues would loop, one fetch per arriving item,
+// a round trip each (across the WAN for a failover's old owner). A queue the take drained after a full
 // read is not fresh: rows past the read may sort before other shards'.
 func readThisCall(q *shardQueue, read bool) bool {
 	return read && (len(q.items) > 0 || q.exhausted)
@@ -481,9 +510,9 @@ func readThisCall(q *shardQueue, read bool) bool {
 // recently, and, if notices arrived since, only items that sort before
 // every row those notices announced (safeBefore). Under a steady flood of
 // enqueues into a backlog, a notice arrives between any two takes; a
-// take that waited for a read after each served nothing from memory (the
-// triage-steady bench's Dequeue waited 104 ms at the median), while the
-// new rows mostly sort after what the buffer holds. Caller holds b.mu.
+// take that waited for a read after each would serve nothing from
+// memory, while the new rows mostly sort after what the buffer holds.
+// Caller holds b.mu.
 func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint32]bool) []bufItem {
 	var out []bufItem
 	for len(out) < n {
@@ -511,7 +540,8 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 }
 
 // fetch reads the ready heads of shards into b, concurrently, leaving out
-// the rows each queue holds already at their versions (excludes[i]). A shard that
+// the rows each queue holds already at their versions (excludes[i]). A
+// shard that
 // fails is treated as empty until the next recheck, so one shard down does
 // not stop dequeues from the others; fetch fails only when every shard did.
 //
@@ -538,15 +568,14 @@ type readSpec struct {
 // startRefills starts a background refill of each of shards' queues that
 // holds fewer than lowWater items and may have more ready rows (its last
 // full read was not short), so that consumers find the next items
-// buffered instead of waiting for a lease round trip when the queue runs
+// buffered instead of waiting for a read round trip when the queue runs
 // dry. A refill of an empty queue reads the ready head, like its fetch; a
 // refill of a queue that holds items reads the rows after its tail, which
 // is what the queue lacks: the rows before the tail are the ones it holds,
 // or ones that its rechecks find. Reading the head instead, leaving out
-// what the queue holds, walked every held row's index entry and primary
-// key on every refill, a second row read per row served on a deep backlog
-// (Handler_read_next 2.2 per item against the raw ceiling's 1.0). It
-// merges what it read (see fetchInto). Caller holds b.mu.
+// what the queue holds, would walk every held row's index entry and
+// primary key on every refill, a second row read per row served on a
+// deep backlog. It merges what it read (see fetchInto). Caller holds b.mu.
 func (s *Service) startRefills(b *topicBuf, shards []uint32) {
 	low := b.lowWater()
 	size := b.fetchSize(0)
@@ -593,159 +622,191 @@ func (s *Service) refillAdd() bool {
 
 // fetchInto is fetch; with refill set it is the background refill of one
 // queue that startRefills began, which ends q.refilling rather than
-// q.fetching.
+// q.fetching. It reads the shards at once (readShards), then, under b's
+// lock, merges each read into its queue (mergeRead) and records it
+// (noteRead).
 func (s *Service) fetchInto(ctx context.Context, b *topicBuf, shards []uint32, spec readSpec, size int, refill bool) error {
-	tails, excludes := spec.tails, spec.excludes
-	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
-	var wg sync.WaitGroup
-	results := make([][]bufItem, len(shards))
-	errs := make([]error, len(shards))
-	fulls := make([]bool, len(shards))
-	for i, id := range shards {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !s.owner.owns(id) {
-				errs[i] = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
-				return
-			}
-			db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			now := s.cfg.Clock.Now(ctx, db)
-			rows, full, err := store.New(db).ItemReadHead(ctx, store.ItemReadHeadParams{
-				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi, Tail: tails[i], Exclude: excludes[i], After: spec.after,
-				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
-				Limit: size, NowUS: now.UnixMicro(),
-				Observe: func(c store.LeaseHeadCounts) {
-					tm := s.cfg.Metrics.Topic(b.ns, b.topic)
-					tm.LeaseExpiries.Add(float64(c.Lapsed))
-					tm.DeadLettered.Add(float64(c.Dead))
-				},
-			})
-			if err == nil {
-				// Read on a primary that may have been deposed while the
-				// statement waited, which may lack rows the new one has:
-				// buffer none of it (see shardmap.Writable).
-				err = s.cfg.Maps.Writable(id)
-			}
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			if s.cfg.BeforeBuffer != nil {
-				keys := make([]uint64, len(rows))
-				for j, r := range rows {
-					keys[j] = r.ID
-				}
-				s.cfg.BeforeBuffer(id, keys)
-			}
-			fulls[i] = full
-			items := make([]bufItem, len(rows))
-			for j, r := range rows {
-				items[j] = bufItem{Item: r, buf: b, shard: id}
-			}
-			results[i] = items
-		}()
-	}
-	wg.Wait()
+	reads := s.readShards(ctx, b, shards, spec, size)
 	now := s.cfg.Now()
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	failed := 0
 	var firstErr error
 	for i, id := range shards {
 		q := b.queue(id)
-		if errs[i] == nil && !s.owner.owns(id) {
+		r := &reads[i]
+		if r.err == nil && !s.owner.owns(id) {
 			// The shard was handed over while the fetch ran, and its
 			// buffers were dropped already: these rows belong to the new
 			// owner's reads now.
-			results[i] = nil
-			errs[i] = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
+			r.items = nil
+			r.err = fmt.Errorf("%w %d", peer.ErrNotOwner, id)
 		}
-		if errs[i] != nil {
+		if r.err != nil {
 			failed++
-			firstErr = cmp.Or(firstErr, errs[i])
-			if !errors.Is(errs[i], peer.ErrNotOwner) {
-				s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", errs[i])
+			firstErr = cmp.Or(firstErr, r.err)
+			if !errors.Is(r.err, peer.ErrNotOwner) {
+				s.log.Warn("prefetch failed; shard skipped until recheck", "shard", id, "topic", b.topic, "err", r.err)
 			}
 		}
-		if fulls[i] && len(results[i]) > 0 {
-			// Rows past the last one read may be preceded by ready rows
-			// this read did not reach (a bounded recheck, or a refill of a
-			// queue that still held items).
-			last := &results[i][len(results[i])-1].Item
-			q.items = slices.DeleteFunc(q.items, func(it bufItem) bool { return last.Less(&it.Item) })
-		}
-		// A row served (or found changed) since the read's snapshot was
-		// taken comes back as it was, and one taken since the read began
-		// is in flight: neither goes in again.
-		results[i] = slices.DeleteFunc(results[i], func(it bufItem) bool {
-			v, flying := q.inflight[it.ID]
-			return flying && v == it.UpdatedAt || q.spent(&it.Item)
-		})
-		// Rows leased now may be more urgent than ones buffered earlier
-		// (new arrivals, items turned ready); merge to keep delivery order.
-		q.items = mergeSorted(q.items, results[i])
-		readAt := now
-		if refill {
-			// What the refill read is as old as its SELECT, which may
-			// have run long before now.
-			readAt = q.refillStart
-		}
-		if spec.after != nil {
-			// The rows after the tail: whether there are more says nothing
-			// about the rows before it, whose last read stands (headAt),
-			// and the queue is as dirty as it was, or dirtier. "Nothing
-			// more" dates from that read: the buffer may drain before the
-			// next one.
-			q.exhausted = errs[i] != nil || !fulls[i]
-			q.checkedAt = q.headAt
-			q.dirty = q.dirty || q.notices != q.refillAt
-			q.refillAfter = false
-			close(q.refilling)
-			q.refilling = nil
-			continue
-		}
-		if tails[i] == nil || errs[i] != nil {
-			q.exhausted = errs[i] != nil || !fulls[i]
-			q.checkedAt = readAt
-		} else {
-			// A bounded read says nothing about rows past the tail, and the
-			// notice that may have caused it can be about such a row (an
-			// item escalated to a priority after the tail's): once the
-			// buffer drains, read in full instead of trusting an older
-			// "known empty".
-			q.exhausted = false
-		}
-		q.headAt = readAt
-		// A notice that arrived while the fetch ran may be about rows it
-		// did not see: keep the queue dirty for another look.
-		// (Its dirtyFrom stays: the least of all notices since the one
-		// before the read, which bounds the later ones too.)
-		if refill {
-			q.dirty = q.notices != q.refillAt
-			close(q.refilling)
-			q.refilling = nil
-		} else {
-			q.dirty = q.notices != q.fetchedAt
-			close(q.fetching)
-			q.fetching = nil
-		}
+		q.mergeRead(r)
+		q.noteRead(r, spec.tails[i] != nil, spec.after != nil, refill, now)
 	}
-	b.mu.Unlock()
 	if failed == len(shards) {
 		return firstErr
 	}
 	return nil
 }
 
+// shardRead is what a fetch read of one shard: its rows, in delivery
+// order, whether they were as many as asked (full), or why none.
+type shardRead struct {
+	items []bufItem
+	full  bool
+	err   error
+}
+
+// readShards reads what spec says of each of shards' ready heads, at
+// once: each read waits for a round trip to its own primary.
+func (s *Service) readShards(ctx context.Context, b *topicBuf, shards []uint32, spec readSpec, size int) []shardRead {
+	pol := s.policy(s.cfg.Maps.Current(), b.ns, b.topic)
+	reads := make([]shardRead, len(shards))
+	var wg sync.WaitGroup
+	for i, id := range shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reads[i] = s.readShard(ctx, b, id, store.ItemReadHeadParams{
+				Namespace: b.ns, Topic: b.topic, PriorityLo: b.band.lo, PriorityHi: b.band.hi,
+				Tail: spec.tails[i], Exclude: spec.excludes[i], After: spec.after,
+				MaxAttempts: pol.MaxAttempts, AtMostOnce: pol.AtMostOnce, DedupWindow: pol.DedupWindow,
+				Limit: size,
+			})
+		}()
+	}
+	wg.Wait()
+	return reads
+}
+
+// readShard reads one shard's ready head as params say, on the shard's
+// primary and at its time, while this dequeuer owns the shard.
+func (s *Service) readShard(ctx context.Context, b *topicBuf, id uint32, params store.ItemReadHeadParams) shardRead {
+	if !s.owner.owns(id) {
+		return shardRead{err: fmt.Errorf("%w %d", peer.ErrNotOwner, id)}
+	}
+	db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
+	if err != nil {
+		return shardRead{err: err}
+	}
+	params.NowUS = s.cfg.Clock.Now(ctx, db).UnixMicro()
+	params.Observe = func(c store.LeaseHeadCounts) {
+		tm := s.cfg.Metrics.Topic(b.ns, b.topic)
+		tm.LeaseExpiries.Add(float64(c.Lapsed))
+		tm.DeadLettered.Add(float64(c.Dead))
+	}
+	rows, full, err := store.New(db).ItemReadHead(ctx, params)
+	if err == nil {
+		// Read on a primary that may have been deposed while the
+		// statement waited, which may lack rows the new one has: buffer
+		// none of it (see shardmap.Writable).
+		err = s.cfg.Maps.Writable(id)
+	}
+	if err != nil {
+		return shardRead{err: err}
+	}
+	if s.cfg.BeforeBuffer != nil {
+		keys := make([]uint64, len(rows))
+		for j, r := range rows {
+			keys[j] = r.ID
+		}
+		s.cfg.BeforeBuffer(id, keys)
+	}
+	items := make([]bufItem, len(rows))
+	for j, r := range rows {
+		items[j] = bufItem{Item: r, buf: b, shard: id}
+	}
+	return shardRead{items: items, full: full}
+}
+
+// mergeRead merges the rows of a read into the queue, in delivery order.
+// Caller holds the buffer's lock.
+func (q *shardQueue) mergeRead(r *shardRead) {
+	if r.full && len(r.items) > 0 {
+		// Rows past the last one read may be preceded by ready rows
+		// this read did not reach (a bounded recheck, or a refill of a
+		// queue that still held items).
+		last := &r.items[len(r.items)-1].Item
+		q.items = slices.DeleteFunc(q.items, func(it bufItem) bool { return last.Less(&it.Item) })
+	}
+	// A row served (or found changed) since the read's snapshot was
+	// taken comes back as it was, and one taken since the read began
+	// is in flight: neither goes in again.
+	r.items = slices.DeleteFunc(r.items, func(it bufItem) bool {
+		v, flying := q.inflight[it.ID]
+		return flying && v == it.UpdatedAt || q.spent(&it.Item)
+	})
+	// Rows read now may be more urgent than ones buffered earlier
+	// (new arrivals, items turned ready); merge to keep delivery order.
+	q.items = mergeSorted(q.items, r.items)
+}
+
+// noteRead records what a merged read says of the queue (exhausted,
+// when, whether still dirty) and ends the fetch or refill in flight.
+// bounded: the read was of the rows before the queue's tail; after: of
+// the rows after it (a refill). Caller holds the buffer's lock.
+func (q *shardQueue) noteRead(r *shardRead, bounded, after, refill bool, now time.Time) {
+	readAt := now
+	if refill {
+		// What the refill read is as old as its SELECT, which may
+		// have run long before now.
+		readAt = q.refillStart
+	}
+	if after {
+		// The rows after the tail: whether there are more says nothing
+		// about the rows before it, whose last read stands (headAt),
+		// and the queue is as dirty as it was, or dirtier. "Nothing
+		// more" dates from that read: the buffer may drain before the
+		// next one.
+		q.exhausted = r.err != nil || !r.full
+		q.checkedAt = q.headAt
+		q.dirty = q.dirty || q.notices != q.refillAt
+		q.refillAfter = false
+		close(q.refilling)
+		q.refilling = nil
+		return
+	}
+	if !bounded || r.err != nil {
+		q.exhausted = r.err != nil || !r.full
+		q.checkedAt = readAt
+	} else {
+		// A bounded read says nothing about rows past the tail, and the
+		// notice that may have caused it can be about such a row (an
+		// item escalated to a priority after the tail's): once the
+		// buffer drains, read in full instead of trusting an older
+		// "known empty".
+		q.exhausted = false
+	}
+	q.headAt = readAt
+	// A notice that arrived while the fetch ran may be about rows it
+	// did not see: keep the queue dirty for another look.
+	// (Its dirtyFrom stays: the least of all notices since the one
+	// before the read, which bounds the later ones too.)
+	if refill {
+		q.dirty = q.notices != q.refillAt
+		close(q.refilling)
+		q.refilling = nil
+	} else {
+		q.dirty = q.notices != q.fetchedAt
+		close(q.fetching)
+		q.fetching = nil
+	}
+}
+
 // mergeSorted merges b into a in delivery order. A row of b already in a
-// replaces it: it was leased again (its old prefetch lease lapsed and a
-// later fetch took it), and only the copy under the current token can be
-// served; a stale copy would take the row's place in a take and then fail
-// to serve, leaving the answer short.
+// replaces it: b's copy is the later read, at the row's current version
+// (a read leaves out only the versions the queue holds), and only the
+// copy at the current version can be served; a stale copy would take the
+// row's place in a take and then fail to serve, leaving the answer short.
 func mergeSorted(a, b []bufItem) []bufItem {
 	if len(a) == 0 {
 		return b

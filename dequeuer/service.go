@@ -1,6 +1,7 @@
 package dequeuer
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -25,6 +26,7 @@ import (
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
@@ -52,9 +54,10 @@ type Config struct {
 	OwnerTTL time.Duration
 	// KVReplicas of the ownership bucket. Default 1.
 	KVReplicas int
-	// IdleRelease hands a topic's buffered leases back after this long
-	// without a dequeue. Default 2s.
-	IdleRelease time.Duration
+	// IdleDrop empties a topic's buffers after this long without a
+	// dequeue. Their rows were never hidden from anyone: this frees only
+	// memory. Default 2s.
+	IdleDrop time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Now is the local clock, for what only this process times (waits,
@@ -130,8 +133,8 @@ func New(cfg Config) (*Service, error) {
 	if cfg.OwnerTTL == 0 {
 		cfg.OwnerTTL = DefaultOwnerTTL
 	}
-	if cfg.IdleRelease == 0 {
-		cfg.IdleRelease = 2 * time.Second
+	if cfg.IdleDrop == 0 {
+		cfg.IdleDrop = 2 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -220,7 +223,7 @@ func (s *Service) Start(ctx context.Context) error {
 	}()
 	s.claimLoop(ctx)
 	s.loop(ctx, 5*time.Second, s.watchDrops)
-	s.loop(ctx, 500*time.Millisecond, s.releaseIdle)
+	s.loop(ctx, 500*time.Millisecond, s.dropIdle)
 	s.loop(ctx, time.Second, s.sweepTTL)
 	s.loop(ctx, 100*time.Millisecond, s.sweepAging)
 	return nil
@@ -232,7 +235,7 @@ func (s *Service) Stop() {
 	s.halt()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.releaseAll(func(*topicBuf) bool { return true })
+	s.emptyBuffers(func(*topicBuf) bool { return true })
 	if s.owner != nil {
 		s.owner.resign(ctx)
 	}
@@ -322,13 +325,12 @@ func (s *Service) claimLoop(ctx context.Context) {
 			case <-changed:
 			}
 			// Taken before the round reads the map, so that a map that
-			// lands while the round runs wakes the next one at once. Taken
-			// after it, as it was, such a change went unseen until the
-			// next tick: a failover's old owner handed its shard over
-			// OwnerTTL/4 (1.25 s on the multi-region bed) after the new
-			// primary was published, or was taken over after
-			// handOverGrace, and dequeues of the shard through the other
-			// regions' routers waited for it.
+			// lands while the round runs wakes the next one at once; taken
+			// after it, such a change would go unseen until the next tick,
+			// and a failover's old owner would hand its shard over up to
+			// OwnerTTL/4 late (or be taken over after handOverGrace) while
+			// dequeues of the shard through the other regions' routers
+			// waited.
 			changed = s.mapChanged()
 			next := s.cfg.OwnerTTL / 4
 			if s.owner.claim(ctx) {
@@ -402,14 +404,9 @@ func (s *Service) handleReady(m *nats.Msg) {
 func (s *Service) Ready(r *peerv1.ItemsReady) {
 	// Buffers of bands the new items may fall in; a topic nobody has asked
 	// for here has none, and there is nothing to refresh.
-	var bufs []*topicBuf
-	s.mu.Lock()
-	for k, b := range s.topics {
-		if k.ns == r.Namespace && k.topic == r.Topic && r.MinPriority <= k.band.hi {
-			bufs = append(bufs, b)
-		}
-	}
-	s.mu.Unlock()
+	bufs := s.buffers(func(k *bufKey) bool {
+		return k.ns == r.Namespace && k.topic == r.Topic && r.MinPriority <= k.band.hi
+	})
 	if len(bufs) == 0 {
 		return
 	}
@@ -464,10 +461,9 @@ func (s *Service) handedRows(r *peerv1.ItemsReady) []bufItem {
 // known to be later sort after it (the read that would find them is the
 // next refill's); when the announcer cannot say (an item handed back by
 // an unserve, nack, update or redrive keeps an old deliver_after), equal
-// priority counts. Under a steady flood of enqueues into a backlog, every
-// notice at the buffer's priority used to send the next take to the
-// database for rows that could only sort after what it held: a Dequeue
-// of the triage-steady bench took 104 ms at the median.
+// priority counts. Under a steady flood of enqueues into a backlog, a
+// notice at the buffer's priority that sent the next take to the database
+// would mostly find rows that sort after what it holds.
 func mayPrecede(r *peerv1.ItemsReady, tail *store.Item) bool {
 	if r.MinPriority != tail.Priority {
 		return r.MinPriority < tail.Priority
@@ -554,8 +550,7 @@ func (s *Service) Dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 // nothing; the bound only stops churn. It is well above what stale copies
 // need: buffered rows are not leased, so a copy goes stale whenever its
 // row is acked under a lapsed lease, expires or changes, and a buffer
-// can hold several at its head (the model-based test saw four rounds
-// spent on them while a ready row waited behind).
+// can hold several at its head while a ready row waits behind them.
 const maxTakeRounds = 32
 
 // dequeue is Dequeue with the reply bounded to budget bytes: items that
@@ -568,7 +563,10 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 	return s.dequeueRounds(ctx, req, shards, budget)
 }
 
-// dequeueRounds is dequeue's work, inside its span.
+// dequeueRounds is dequeue's work, inside its span: rounds of serving
+// each topic of the request from the buffers until one serves anything,
+// fails, or the request's wait ends, parked between rounds until a
+// buffer is woken or recheckEvery passes.
 func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
 	deadline := s.cfg.Now().Add(req.GetWait().AsDuration())
 	var lease time.Duration
@@ -578,13 +576,11 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 	for {
 		// Checked on every round, not once: a long poll outlives a hand-over
 		// (a failover moves the shard to the new primary's region), and an
-		// old owner that went on fetching would lease rows into a buffer
+		// old owner that went on fetching would read rows into a buffer
 		// nobody serves from, across the WAN, while the router's retry
 		// would find the new owner at once.
-		for _, id := range shards {
-			if !s.owner.owns(id) {
-				return nil, fmt.Errorf("%w %d", peer.ErrNotOwner, id)
-			}
+		if err := s.checkOwned(shards); err != nil {
+			return nil, err
 		}
 		var out []*triagev1.LeasedItem
 		var firstErr error
@@ -592,74 +588,9 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 		m := s.cfg.Maps.Current()
 		used := 0
 		for _, tc := range req.Topics {
-			var served []bufItem
-			// Taken items that cannot be served (TTL passed while buffered,
-			// or a stale copy whose row changed since the fetch) are
-			// replaced from the buffer, so the answer is short only when
-			// the topic has nothing more ready.
-			for round := 0; round < maxTakeRounds && len(served) < int(tc.Count); round++ {
-				want := &triagev1.TopicCount{Topic: tc.Topic, Count: tc.Count - int32(len(served))}
-				items, tbufs, err := s.takeTopic(ctx, m, req, want, shards)
-				if round == 0 {
-					bufs = append(bufs, tbufs...)
-				}
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				if len(items) == 0 {
-					break
-				}
-				// A row whose TTL passed while it waited in the buffer is
-				// not served (store.ItemServe checks the same for the rows it
-				// touches); the sweep deletes it.
-				nowUS := map[uint32]int64{} // per shard, its primary's time
-				var expired []bufItem
-				items = slices.DeleteFunc(items, func(it bufItem) bool {
-					if !it.ExpiresAt.Valid {
-						return false
-					}
-					if _, ok := nowUS[it.shard]; !ok {
-						nowUS[it.shard] = s.shardNow(ctx, it.shard).UnixMicro()
-					}
-					if it.ExpiresAt.Int64 <= nowUS[it.shard] {
-						expired = append(expired, it)
-						return true
-					}
-					return false
-				})
-				settle(expired)
-				slices.SortStableFunc(items, func(a, b bufItem) int { return a.Compare(&b.Item) })
-				if budget > 0 {
-					var fit int
-					fit, used = s.fitting(tc.Topic, items, budget, used)
-					if fit == 0 && len(items) > 0 && used == 0 && firstErr == nil {
-						firstErr = fmt.Errorf("item %d of topic %s is larger than a dequeue reply may be (%d bytes)", items[0].ID, tc.Topic, budget)
-					}
-					putBack(items[fit:])
-					if fit < len(items) {
-						items = items[:fit]
-						got, err := s.serve(ctx, items, lease)
-						if err != nil && firstErr == nil {
-							firstErr = err
-						}
-						served = append(served, got...)
-						break // the reply is full
-					}
-				}
-				got, err := s.serve(ctx, items, lease)
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				served = append(served, got...)
-				if err != nil {
-					break
-				}
-			}
-			// One response lists a topic's items in delivery order, even
-			// when a refill during the take brought items more urgent than
-			// ones taken before it (a delayed item or lapsed lease turned
-			// ready, which no notice announces).
-			slices.SortStableFunc(served, func(a, b bufItem) int { return a.Compare(&b.Item) })
+			served, tbufs, err := s.serveTopic(ctx, m, req, tc, shards, lease, budget, &used)
+			bufs = append(bufs, tbufs...)
+			firstErr = cmp.Or(firstErr, err)
 			for _, it := range served {
 				out = append(out, s.leased(tc.Topic, it))
 			}
@@ -674,19 +605,109 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 		if left <= 0 {
 			return nil, nil
 		}
-		waits := make([]chan struct{}, len(bufs))
-		for i, b := range bufs {
-			b.mu.Lock()
-			waits[i] = b.wait()
-			b.mu.Unlock()
-		}
-		s.park(ctx, waits, min(left, recheckEvery))
-		for i, b := range bufs {
-			b.unwait(waits[i])
-		}
+		s.parkOn(ctx, bufs, min(left, recheckEvery))
 		if ctx.Err() != nil {
 			return nil, nil
 		}
+	}
+}
+
+// checkOwned fails with peer.ErrNotOwner unless this dequeuer owns every
+// one of shards.
+func (s *Service) checkOwned(shards []uint32) error {
+	for _, id := range shards {
+		if !s.owner.owns(id) {
+			return fmt.Errorf("%w %d", peer.ErrNotOwner, id)
+		}
+	}
+	return nil
+}
+
+// serveTopic takes up to tc.Count items of a topic from its buffers and
+// serves them, within what is left of the reply's budget (used counts
+// what the reply holds already). It returns them in delivery order, the
+// buffers it took from (to park on), and the first error. Taken items
+// that cannot be served (TTL passed while buffered, or a stale copy
+// whose row changed since the fetch) are replaced from the buffer, so
+// the answer is short only when the topic has nothing more ready.
+func (s *Service) serveTopic(ctx context.Context, m *shardmap.Map, req *triagev1.DequeueRequest, tc *triagev1.TopicCount,
+	shards []uint32, lease time.Duration, budget int, used *int) ([]bufItem, []*topicBuf, error) {
+	var served []bufItem
+	var bufs []*topicBuf
+	var firstErr error
+	for round := 0; round < maxTakeRounds && len(served) < int(tc.Count); round++ {
+		want := &triagev1.TopicCount{Topic: tc.Topic, Count: tc.Count - int32(len(served))}
+		items, tbufs, err := s.takeTopic(ctx, m, req, want, shards)
+		if round == 0 {
+			bufs = tbufs
+		}
+		firstErr = cmp.Or(firstErr, err)
+		if len(items) == 0 {
+			break
+		}
+		items = s.dropExpired(ctx, items)
+		slices.SortStableFunc(items, func(a, b bufItem) int { return a.Compare(&b.Item) })
+		full := false
+		if budget > 0 {
+			var fit int
+			fit, *used = s.fitting(tc.Topic, items, budget, *used)
+			if fit == 0 && len(items) > 0 && *used == 0 && firstErr == nil {
+				firstErr = fmt.Errorf("item %d of topic %s is larger than a dequeue reply may be (%d bytes)", items[0].ID, tc.Topic, budget)
+			}
+			putBack(items[fit:])
+			full = fit < len(items)
+			items = items[:fit]
+		}
+		got, err := s.serve(ctx, items, lease)
+		firstErr = cmp.Or(firstErr, err)
+		served = append(served, got...)
+		if full || err != nil {
+			break // the reply is full, or the serve failed
+		}
+	}
+	// One response lists a topic's items in delivery order, even
+	// when a refill during the take brought items more urgent than
+	// ones taken before it (a delayed item or lapsed lease turned
+	// ready, which no notice announces).
+	slices.SortStableFunc(served, func(a, b bufItem) int { return a.Compare(&b.Item) })
+	return served, bufs, firstErr
+}
+
+// dropExpired settles and leaves out the taken items whose TTL passed
+// while they waited in the buffer, by their primaries' clocks: they are
+// not served (store.ItemServe checks the same for the rows it touches),
+// and the sweep deletes them.
+func (s *Service) dropExpired(ctx context.Context, items []bufItem) []bufItem {
+	nowUS := map[uint32]int64{} // per shard, its primary's time
+	var expired []bufItem
+	items = slices.DeleteFunc(items, func(it bufItem) bool {
+		if !it.ExpiresAt.Valid {
+			return false
+		}
+		if _, ok := nowUS[it.shard]; !ok {
+			nowUS[it.shard] = s.shardNow(ctx, it.shard).UnixMicro()
+		}
+		if it.ExpiresAt.Int64 <= nowUS[it.shard] {
+			expired = append(expired, it)
+			return true
+		}
+		return false
+	})
+	settle(expired)
+	return items
+}
+
+// parkOn waits on bufs (see park) for at most d.
+func (s *Service) parkOn(ctx context.Context, bufs []*topicBuf, d time.Duration) {
+	waits := make([]chan struct{}, len(bufs))
+	for i, b := range bufs {
+		b.mu.Lock()
+		waits[i] = b.wait()
+		b.mu.Unlock()
+	}
+	s.park(ctx, waits, d)
+	for i, b := range bufs {
+		b.unwait(waits[i])
 	}
 }
 
@@ -744,12 +765,43 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 	if len(items) == 0 {
 		return nil, nil
 	}
-	// Each shard's leases are stamped with its primary's time.
-	type shardAt struct {
-		db  *sqlx.DB
-		now time.Time
-		err error
+	shards := s.shardsAt(ctx, items)
+	p := planServes(items, shards, lease)
+	held, unknown, err := s.runServes(ctx, p.groups, shards)
+	if len(unknown) > 0 {
+		s.settleServes(items, p.dls, func(i int) bool { return unknown[serveGroup{items[i].shard, p.round[i]}] })
 	}
+	// Every version a serve ran on is spent, served or found changed:
+	// copies of it (a read racing the serve buffered the row again) leave
+	// the buffers, and reads still in flight will not add them back.
+	s.spend(items, func(i int) (ran, ok bool) {
+		h, ran := held[serveGroup{items[i].shard, p.round[i]}]
+		return ran, h[items[i].ID]
+	})
+	out := items[:0]
+	for i, it := range items {
+		if !held[serveGroup{it.shard, p.round[i]}][it.ID] {
+			continue
+		}
+		dl := p.dls[i]
+		it.token, it.untilUS = dl.Token, dl.UntilUS
+		it.Attempts++
+		out = append(out, it)
+		s.count(&it, shards[it.shard].now)
+	}
+	return out, err
+}
+
+// shardAt is a shard's writable primary and its time, which stamps the
+// shard's leases, or why there is none.
+type shardAt struct {
+	db  *sqlx.DB
+	now time.Time
+	err error
+}
+
+// shardsAt returns the primary and its time of each shard items are of.
+func (s *Service) shardsAt(ctx context.Context, items []bufItem) map[uint32]*shardAt {
 	shards := map[uint32]*shardAt{}
 	for i := range items {
 		id := items[i].shard
@@ -762,20 +814,34 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 			shards[id] = a
 		}
 	}
-	// One call per shard, whatever reads its items came from (each
-	// delivery names the version it was read at), through the shard's
-	// ServeBatcher, so concurrent takes share a statement. A row can be
-	// taken twice (buffered by two overlapping bands' buffers); only the
-	// copy at the row's current version is served, so a second copy goes
-	// in a call of its own (round), never beside the first.
-	type group struct {
-		shard uint32
-		round int
-	}
-	groups := map[group][]store.Delivery{}
-	round := make([]int, len(items))
+	return shards
+}
+
+// serveGroup names one serve call: a shard's deliveries of one round.
+type serveGroup struct {
+	shard uint32
+	round int
+}
+
+// servePlan is the deliveries of a serve: dls[i] is items[i]'s, in the
+// call of group {shard, round[i]}.
+type servePlan struct {
+	groups map[serveGroup][]store.Delivery
+	round  []int
+	dls    []store.Delivery
+}
+
+// planServes gives each item its delivery (a new token, and the lease
+// from its primary's now) and groups them into one call per shard,
+// whatever reads the items came from (each delivery names the version it
+// was read at), through the shard's ServeBatcher, so concurrent takes
+// share a statement. A row can be taken twice (buffered by two
+// overlapping bands' buffers); only the copy at the row's current
+// version is served, so a second copy goes in a call of its own (round),
+// never beside the first.
+func planServes(items []bufItem, shards map[uint32]*shardAt, lease time.Duration) servePlan {
+	p := servePlan{groups: map[serveGroup][]store.Delivery{}, round: make([]int, len(items)), dls: make([]store.Delivery, len(items))}
 	seen := map[[2]uint64]int{} // (shard, id) -> copies so far
-	dls := make([]store.Delivery, len(items))
 	for i := range items {
 		it := &items[i]
 		now := shards[it.shard].now
@@ -785,18 +851,23 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		}
 		dl := store.Delivery{ID: it.ID, Token: store.NewToken(), UntilUS: now.Add(d).UnixMicro(), Version: it.UpdatedAt}
 		k := [2]uint64{uint64(it.shard), it.ID}
-		round[i] = seen[k]
+		p.round[i] = seen[k]
 		seen[k]++
-		g := group{it.shard, round[i]}
-		groups[g] = append(groups[g], dl)
-		dls[i] = dl
+		g := serveGroup{it.shard, p.round[i]}
+		p.groups[g] = append(p.groups[g], dl)
+		p.dls[i] = dl
 	}
-	// The shards' serves run at once: each waits for a commit on its own
-	// primary, and one after another a Dequeue over two shards took two
-	// commits' time (the triage-steady bench's consumers spent a third of
-	// their cycle there).
-	held := map[group]map[uint64]bool{}
-	unknown := map[group]bool{} // serves that failed: they may have committed
+	return p
+}
+
+// runServes runs the serve calls, the shards' at once: each waits for a
+// commit on its own primary, and one after another a Dequeue over two
+// shards would take two commits' time. held has, per call that
+// answered, the ids it served; unknown the calls that failed, which may
+// have committed.
+func (s *Service) runServes(ctx context.Context, groups map[serveGroup][]store.Delivery, shards map[uint32]*shardAt) (
+	held map[serveGroup]map[uint64]bool, unknown map[serveGroup]bool, err error) {
+	held, unknown = map[serveGroup]map[uint64]bool{}, map[serveGroup]bool{}
 	var errs []error
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -826,28 +897,7 @@ func (s *Service) serve(ctx context.Context, items []bufItem, lease time.Duratio
 		}()
 	}
 	wg.Wait()
-	if len(unknown) > 0 {
-		s.settleServes(items, dls, func(i int) bool { return unknown[group{items[i].shard, round[i]}] })
-	}
-	// Every version a serve ran on is spent, served or found changed:
-	// copies of it (a read racing the serve buffered the row again) leave
-	// the buffers, and reads still in flight will not add them back.
-	s.spend(items, func(i int) (ran, ok bool) {
-		h, ran := held[group{items[i].shard, round[i]}]
-		return ran, h[items[i].ID]
-	})
-	out := items[:0]
-	for i, it := range items {
-		if !held[group{it.shard, round[i]}][it.ID] {
-			continue
-		}
-		dl := dls[i]
-		it.token, it.untilUS = dl.Token, dl.UntilUS
-		it.Attempts++
-		out = append(out, it)
-		s.count(&it, shards[it.shard].now)
-	}
-	return out, errors.Join(errs...)
+	return held, unknown, errors.Join(errs...)
 }
 
 // settleServes hands back the items whose serve failed (failed(i)): a
@@ -907,10 +957,7 @@ func (s *Service) settleServes(items []bufItem, dls []store.Delivery, failed fun
 						"shard", k.shard, "items", len(us), "err", err)
 					return
 				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(wait):
-				}
+				schema.Sleep(ctx, wait)
 			}
 		}()
 	}
@@ -943,12 +990,11 @@ func (s *Service) unserve(ctx context.Context, shard uint32, namespace string, u
 // cannot tell (changed since the read) or where it was, and the queue's
 // reads left it out while it was taken. So the queue is marked dirty and
 // read again before the next take serves past that place; without it a
-// released or redriven item was passed over for seconds (the model-based
-// test's inversion check).
+// handed-back or redriven item could be passed over for seconds (the
+// model-based test's inversion check).
 //
 // Each buffer is locked once, and each of its queues scanned once for the
-// copies to drop: a scan per item (a queue holds up to 500) was 3 % of the
-// node's CPU in the steady-state benchmark.
+// copies to drop, not once per item (a queue holds up to maxFetch).
 func (s *Service) spend(items []bufItem, served func(int) (ran, ok bool)) {
 	now := s.cfg.Now()
 	type version struct {
@@ -1017,24 +1063,17 @@ func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {
 	return li
 }
 
-// releaseIdle drops the buffers nobody has dequeued from lately. Their
-// rows were never hidden; this only frees the memory.
-func (s *Service) releaseIdle(context.Context) {
-	cutoff := s.cfg.Now().Add(-s.cfg.IdleRelease)
-	s.releaseAll(func(b *topicBuf) bool { return b.lastUsed.Before(cutoff) })
+// dropIdle empties the buffers nobody has dequeued from for IdleDrop.
+// Their rows were never hidden; this only frees the memory.
+func (s *Service) dropIdle(context.Context) {
+	cutoff := s.cfg.Now().Add(-s.cfg.IdleDrop)
+	s.emptyBuffers(func(b *topicBuf) bool { return b.lastUsed.Before(cutoff) })
 }
 
-// releaseAll empties the queues of the buffers pick chooses; the next take
-// reads them again.
-func (s *Service) releaseAll(pick func(*topicBuf) bool) {
-	s.mu.Lock()
-	bufs := make([]*topicBuf, 0, len(s.topics))
-	for _, b := range s.topics {
-		bufs = append(bufs, b)
-	}
-	s.mu.Unlock()
-	for _, b := range bufs {
-		b.mu.Lock()
+// emptyBuffers empties the queues of the buffers pick chooses; the next
+// take reads them again.
+func (s *Service) emptyBuffers(pick func(*topicBuf) bool) {
+	s.eachBuf(func(*bufKey) bool { return true }, func(b *topicBuf) {
 		if pick(b) {
 			for _, q := range b.queues {
 				if len(q.items) > 0 {
@@ -1045,6 +1084,29 @@ func (s *Service) releaseAll(pick func(*topicBuf) bool) {
 				}
 			}
 		}
+	})
+}
+
+// buffers lists the buffers whose key match accepts, under Service.mu.
+func (s *Service) buffers(match func(*bufKey) bool) []*topicBuf {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var bufs []*topicBuf
+	for k, b := range s.topics {
+		if match(&k) {
+			bufs = append(bufs, b)
+		}
+	}
+	return bufs
+}
+
+// eachBuf calls fn, under the buffer's lock, for each buffer whose key
+// match accepts: listed first (buffers), then locked one at a time, so
+// Service.mu is not held while a buffer is.
+func (s *Service) eachBuf(match func(*bufKey) bool, fn func(*topicBuf)) {
+	for _, b := range s.buffers(match) {
+		b.mu.Lock()
+		fn(b)
 		b.mu.Unlock()
 	}
 }
@@ -1070,16 +1132,7 @@ func (s *Service) Unbuffer(_ context.Context, ns string, shard uint32, keys []ui
 	for _, k := range keys {
 		want[k] = true
 	}
-	s.mu.Lock()
-	var bufs []*topicBuf
-	for k, b := range s.topics {
-		if k.ns == ns {
-			bufs = append(bufs, b)
-		}
-	}
-	s.mu.Unlock()
-	for _, b := range bufs {
-		b.mu.Lock()
+	s.eachBuf(func(k *bufKey) bool { return k.ns == ns }, func(b *topicBuf) {
 		if q := b.queues[shard]; q != nil {
 			n := len(q.items)
 			q.items = slices.DeleteFunc(q.items, func(it bufItem) bool { return want[it.ID] })
@@ -1092,26 +1145,17 @@ func (s *Service) Unbuffer(_ context.Context, ns string, shard uint32, keys []ui
 				q.notices++
 			}
 		}
-		b.mu.Unlock()
-	}
+	})
 	return nil
 }
 
 // dropShard forgets the buffered items of a shard this dequeuer lost.
 func (s *Service) dropShard(_ context.Context, shard uint32) {
-	s.mu.Lock()
-	bufs := make([]*topicBuf, 0, len(s.topics))
-	for _, b := range s.topics {
-		bufs = append(bufs, b)
-	}
-	s.mu.Unlock()
-	for _, b := range bufs {
-		b.mu.Lock()
+	s.eachBuf(func(*bufKey) bool { return true }, func(b *topicBuf) {
 		if q := b.queues[shard]; q != nil {
 			q.items = nil
 		}
-		b.mu.Unlock()
-	}
+	})
 }
 
 func (s *Service) sweepTTL(ctx context.Context) {

@@ -8,21 +8,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Gathering. A shard's insert goroutines (Config.InFlight) used to take
-// whatever was waiting the moment one of them was free, so at the rates a
-// queue runs at in steady state (single-item producers, a few hundred
-// batches a second per shard) every batch found a free goroutine and went
-// alone: on the benchmark's mixed load a shard ran 489 insert transactions
-// a second for about 700 items, each START, a dedup SELECT, two INSERTs
-// and a COMMIT, and the commits, not the rows, were what its mariadbd
-// spent its CPU on. Now one goroutine gathers at a time, and it starts its
-// transaction when no other is in flight, when one finishes, when
-// minGather batches are waiting, or gatherLinger after its first batch,
-// whichever comes first: batches that arrive while a commit is under way
-// share the next one, as InnoDB's group commit shares an fsync. The linger
-// bounds what a batch can wait for company where a commit is long (a
-// semi-sync acknowledgement across the WAN takes a round trip); where
-// commits are short, a finishing one starts the next sooner.
+// Gathering. At the rates a queue runs at in steady state (single-item
+// producers, a few hundred batches a second per shard), a shard's insert
+// goroutines (Config.InFlight) would each find a batch alone if they took
+// whatever was waiting the moment they were free, and a shard's database
+// would spend its CPU on commits (START, a dedup SELECT, two INSERTs and
+// a COMMIT per batch), not on rows. So one goroutine gathers at a time,
+// and it starts its transaction when no other is in flight, when one
+// finishes, when minGather batches are waiting, or gatherLinger after its
+// first batch, whichever comes first: batches that arrive while a commit
+// is under way share the next one, as InnoDB's group commit shares an
+// fsync. The linger bounds what a batch can wait for company where a
+// commit is long (a semi-sync acknowledgement across the WAN takes a
+// round trip); where commits are short, a finishing one starts the next
+// sooner.
 //
 // gatherLinger is a variable only so a test can make it long enough to
 // tell a start by a finishing transaction from one by the linger.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
+	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/schema/tracing"
@@ -290,7 +291,7 @@ func (w *worker) run(ctx context.Context) {
 		} else {
 			w.log.Warn("enqueue buffer pull lost; pulling again", "err", err)
 		}
-		sleep(ctx, pullRetry)
+		schema.Sleep(ctx, pullRetry)
 	}
 	wg.Wait()
 	// Hand back what was pulled but not inserted.
@@ -418,7 +419,7 @@ func (w *worker) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return cons, nil // pull anyway; the heartbeats catch a lost pull
 		}
-		sleep(ctx, 100*time.Millisecond)
+		schema.Sleep(ctx, 100*time.Millisecond)
 	}
 }
 
@@ -458,7 +459,7 @@ func (w *worker) prune(ctx context.Context) {
 				w.log.Warn("pruning enqueue_batches failed; retrying later", "err", err)
 			}
 		}
-		sleep(ctx, pruneEvery)
+		schema.Sleep(ctx, pruneEvery)
 		if ctx.Err() != nil {
 			return
 		}
@@ -551,22 +552,50 @@ func waitRetry(ctx context.Context, d time.Duration, changed <-chan struct{}) bo
 	return true
 }
 
+// process inserts the batches of a pull's messages into the shard, in
+// one transaction traced as "enqueuer.insert".
 func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) {
-	cfg := w.svc.cfg
-	var batches []*peerv1.EnqueueBatch
-	var parents []trace.SpanContext
-	// Batch ids in flight here, of fast copies and of the stream's: a fast
-	// copy's are recorded as inserted when this succeeds, for its stream
-	// copy to find; the stream's copy is the last, so only its flight ends.
-	var fastIDs, streamIDs []uint64
+	u := w.unpack(msgs)
 	if w.fast != nil {
 		defer func() {
 			now := time.Now()
-			w.fast.settle(fastIDs, err == nil, now)
-			w.fast.settle(streamIDs, false, now)
+			w.fast.settle(u.fastIDs, err == nil, now)
+			w.fast.settle(u.streamIDs, false, now)
 		}()
 	}
-	kept := msgs[:0:0]
+	if len(u.batches) == 0 {
+		return nil
+	}
+	items := 0
+	for _, b := range u.batches {
+		items += len(b.Items)
+	}
+	ctx, end := tracing.StartLinked(ctx, w.svc.tracer, "enqueuer.insert", u.parents, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.Int64("triage.shard", int64(w.shard)), attribute.Int("triage.batches", len(u.batches)),
+			attribute.Int("triage.items", items), attribute.Int("triage.messages", len(u.kept)), attribute.String("db.system", "mysql")))
+	defer func() { end(err) }()
+	return w.insert(ctx, u.batches, u.kept, items)
+}
+
+// unpacked is what process inserts of the messages it was given: their
+// batches, with each batch's trace parent, and the messages they came in
+// (kept), to ack once the batches are committed. fastIDs and streamIDs
+// are the batch ids in flight here, of fast copies and of the stream's:
+// a fast copy's are recorded as inserted when the insert succeeds, for
+// its stream copy to find; the stream's copy is the last, so only its
+// flight ends.
+type unpacked struct {
+	batches            []*peerv1.EnqueueBatch
+	parents            []trace.SpanContext
+	kept               []jetstream.Msg
+	fastIDs, streamIDs []uint64
+}
+
+// unpack decodes msgs and keeps those to insert: a malformed message is
+// terminated, and of a batch's fast copy and its stream copy only the
+// first to arrive is inserted (see Config.FastCopies).
+func (w *worker) unpack(msgs []jetstream.Msg) *unpacked {
+	u := &unpacked{kept: msgs[:0:0]}
 	for _, m := range msgs {
 		env := &peerv1.EnqueueEnvelope{}
 		err := proto.Unmarshal(m.Data(), env)
@@ -579,43 +608,49 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 			_ = m.Term()
 			continue
 		}
-		if w.fast != nil {
-			ids := make([]uint64, len(env.Batches))
-			for i, b := range env.Batches {
-				ids[i] = b.BatchId
-			}
-			if _, isFast := m.(*fastMsg); isFast {
-				if !w.fast.claim(ids) {
-					continue // the stream's copy is ahead of it
-				}
-				fastIDs = append(fastIDs, ids...)
-			} else {
-				switch w.fast.seen(ids) {
-				case copyInserted:
-					_ = m.Ack()
-					continue
-				case copyInFlight:
-					_ = m.NakWithDelay(fastNakDelay)
-					continue
-				}
-				streamIDs = append(streamIDs, ids...)
-			}
+		if w.fast != nil && !w.firstCopy(u, m, env) {
+			continue
 		}
-		batches = append(batches, env.Batches...)
-		parents = append(parents, tracing.Extract(m.Headers(), len(env.Batches))...)
-		kept = append(kept, m)
+		u.batches = append(u.batches, env.Batches...)
+		u.parents = append(u.parents, tracing.Extract(m.Headers(), len(env.Batches))...)
+		u.kept = append(u.kept, m)
 	}
-	if len(batches) == 0 {
-		return nil
+	return u
+}
+
+// firstCopy reports whether m is the first copy of its batches to be
+// inserted, and counts them in flight; a stream copy whose fast copy was
+// inserted is acked, and one whose fast copy is in flight comes back
+// later.
+func (w *worker) firstCopy(u *unpacked, m jetstream.Msg, env *peerv1.EnqueueEnvelope) bool {
+	ids := make([]uint64, len(env.Batches))
+	for i, b := range env.Batches {
+		ids[i] = b.BatchId
 	}
-	items := 0
-	for _, b := range batches {
-		items += len(b.Items)
+	if _, isFast := m.(*fastMsg); isFast {
+		if !w.fast.claim(ids) {
+			return false // the stream's copy is ahead of it
+		}
+		u.fastIDs = append(u.fastIDs, ids...)
+		return true
 	}
-	ctx, end := tracing.StartLinked(ctx, w.svc.tracer, "enqueuer.insert", parents, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.Int64("triage.shard", int64(w.shard)), attribute.Int("triage.batches", len(batches)),
-			attribute.Int("triage.items", items), attribute.Int("triage.messages", len(kept)), attribute.String("db.system", "mysql")))
-	defer func() { end(err) }()
+	switch w.fast.seen(ids) {
+	case copyInserted:
+		_ = m.Ack()
+		return false
+	case copyInFlight:
+		_ = m.NakWithDelay(fastNakDelay)
+		return false
+	}
+	u.streamIDs = append(u.streamIDs, ids...)
+	return true
+}
+
+// insert inserts batches, of items items, into the shard in one
+// transaction and acks the messages they came in (kept); permanent
+// failures are isolated batch by batch (isolate).
+func (w *worker) insert(ctx context.Context, batches []*peerv1.EnqueueBatch, kept []jetstream.Msg, items int) error {
+	cfg := w.svc.cfg
 	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
 		return err
@@ -808,15 +843,6 @@ func (w *worker) check(env *peerv1.EnqueueEnvelope) error {
 		}
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // drains returns the shards whose enqueue buffers region's enqueuers

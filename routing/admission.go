@@ -15,9 +15,9 @@ import (
 // MariaDB or NATS, a batch it joined committing, the next gRPC frame) it
 // queues behind every other runnable goroutine, and a consumer's Dequeue
 // and Ack each pass through several such wake-ups (see deploy/bench's
-// --trace). With 512 single-item producers and 16 consumers on two
-// cores, the producers' requests filled that queue: 8.7k-11.5k items/s
-// went in, 2.7k-3.6k came out, and the backlog grew without bound.
+// --trace). Many single-item producers can fill that queue so that items
+// go in faster than the consumers' calls get a core to take them out, and
+// the backlog grows without bound.
 //
 // So while the process is saturated and consumers are being served, at
 // most EnqueueConcurrency Enqueue calls run at once on this router; the
@@ -34,33 +34,29 @@ import (
 //     not the scheduler's.
 //   - Consumers being served: a Dequeue, Ack, Nack or ExtendLease reached
 //     this router in the tick. Without them (a bulk load) enqueues run
-//     unbounded: a fixed cap of 64 cost a closed-loop single-item load
-//     half its throughput (18.3k and 20.6k items/s uncapped against 8.7k
-//     and 9.0k, fewer rows per group commit).
+//     unbounded: a cap costs a closed-loop load fewer rows per group
+//     commit, and so throughput, while nobody is waiting to dequeue.
 //
-// How it opens again is in admission.tick. Measured with
-// `triage-bed bench --only triage-steady` (2026-11-27): at 512 producers
-// the gated node delivered 4.64k items/s and kept up (1.00x, backlog
-// flat, end-to-end p99 328 ms), against 2.67k and 3.56k/s (0.31x) for
-// the same code without the gate; 64 producers were not held back (5.2k
-// items/s, 4.4k and 3.5k without). An adaptive limit that shrank while
-// consumers' acks were slow was tried before and settled far lower:
-// enqueues held back commit in smaller groups, so each costs more, and
-// delivery did not rise.
+// How it opens again is in admission.tick. The limit is fixed rather than
+// adaptive: a limit that shrinks while consumers' acks are slow holds
+// enqueues back into smaller commit groups, each costing more, without
+// raising delivery. deploy/bench/README.md reports the gate's effect
+// (triage-steady at many producers).
 
 // admissionTick is how often the gate looks at the scheduler and at the
 // consumers.
 const admissionTick = 250 * time.Millisecond
 
 // saturatedAfter is the mean scheduling latency above which the process
-// counts as saturated: an idle process schedules in microseconds, and
-// triage-steady at 512 producers, ungated, measured 0.9-1.4 ms (over
-// the transitions the runtime samples).
+// counts as saturated: an idle process schedules in microseconds, and one
+// whose runnable goroutines wait for each other's time slices in
+// milliseconds.
 const saturatedAfter = time.Millisecond
 
 // idleBelow is the mean scheduling latency under which a closed gate
-// opens: the process is not short of CPU. Held closed in triage-steady
-// at 512 producers, the mean was 200-450 µs.
+// opens: the process is not short of CPU. It sits below what a saturated
+// process reads while the gate holds it closed (a few hundred µs), so a
+// gate that brings the latency down does not open itself.
 const idleBelow = 150 * time.Microsecond
 
 // DefaultEnqueueConcurrency is the cap for the process's GOMAXPROCS: 32
@@ -173,7 +169,7 @@ func (a *admission) draining() { a.drain.Add(1) }
 // (to cap) in a tick that saw consumers' calls and a mean scheduling
 // latency over saturatedAfter. Closed, the gate itself brings the
 // latency down, so that cannot open it again, or it would open and close
-// by turns (measured: the backlog grew again, 0.73x kept up). It
+// by turns and let the backlog grow again. It
 // opens after two ticks in a row in each of which no consumer called,
 // or no enqueue had to wait (the demand fits under the cap), or the
 // process idled (mean latency under idleBelow: the CPU is not what the
@@ -214,23 +210,39 @@ func (a *admission) run(stop <-chan struct{}) {
 	}
 }
 
-// schedLatency reads the Go scheduler's latency histogram and returns
-// the mean of what it gained since the previous call.
+// schedLatency reads a scheduling-latency histogram and returns the mean
+// of what it gained since the previous call.
 type schedLatency struct {
-	sample []metrics.Sample
-	prev   []uint64
+	// read returns the histogram as it stands, cumulative since the
+	// process started, or nil when there is none. newSchedLatency reads
+	// the Go runtime's; tests give their own.
+	read func() *metrics.Float64Histogram
+	prev []uint64
 }
 
+// newSchedLatency reads the Go scheduler's own histogram
+// (runtime/metrics /sched/latencies:seconds).
 func newSchedLatency() *schedLatency {
-	return &schedLatency{sample: []metrics.Sample{{Name: "/sched/latencies:seconds"}}}
+	sample := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	return &schedLatency{read: func() *metrics.Float64Histogram {
+		metrics.Read(sample)
+		if sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+			return nil
+		}
+		return sample[0].Value.Float64Histogram()
+	}}
 }
 
+// mean is the mean latency of the samples the histogram gained since the
+// previous call; 0 on the first call (the baseline) and when it gained
+// none. A bucket's samples count at its midpoint; the first bucket starts
+// at 0 when it is open below, and the last, open above, counts at its
+// lower bound.
 func (s *schedLatency) mean() time.Duration {
-	metrics.Read(s.sample)
-	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+	h := s.read()
+	if h == nil {
 		return 0
 	}
-	h := s.sample[0].Value.Float64Histogram()
 	if len(s.prev) != len(h.Counts) {
 		s.prev = make([]uint64, len(h.Counts))
 		copy(s.prev, h.Counts)

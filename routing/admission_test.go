@@ -2,8 +2,10 @@ package routing
 
 import (
 	"context"
-	"runtime"
-	"sync"
+	"fmt"
+	"math"
+	"runtime/metrics"
+	"slices"
 	"testing"
 	"time"
 
@@ -126,33 +128,88 @@ func TestAdmissionClosesOnlyWhenSaturatedAndDraining(t *testing.T) {
 	}
 }
 
-// TestSchedLatencySeesASaturatedProcess: with four goroutines per core
-// spinning, each waits for the others' time slices (10 ms before the
-// runtime preempts), and the median the gate reads is over
-// saturatedAfter.
-func TestSchedLatencySeesASaturatedProcess(t *testing.T) {
-	s := newSchedLatency()
-	s.mean() // the baseline
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 * runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-			}
-		}()
+// fakeHistogram is a scheduling-latency histogram a test fills by hand,
+// cumulative as the runtime's is, with the runtime's kind of buckets:
+// open below and above.
+type fakeHistogram struct{ h metrics.Float64Histogram }
+
+func newFakeHistogram() *fakeHistogram {
+	us := func(n float64) float64 { return n / 1e6 }
+	buckets := []float64{math.Inf(-1), 0, us(1), us(10), us(100), us(1000), us(10000), math.Inf(1)}
+	return &fakeHistogram{h: metrics.Float64Histogram{Buckets: buckets, Counts: make([]uint64, len(buckets)-1)}}
+}
+
+// add records n samples in the bucket that starts at from.
+func (f *fakeHistogram) add(from time.Duration, n uint64) {
+	for i, lo := range f.h.Buckets[:len(f.h.Counts)] {
+		if lo == from.Seconds() {
+			f.h.Counts[i] += n
+			return
+		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	panic(fmt.Sprintf("no bucket starts at %v", from))
+}
+
+func (f *fakeHistogram) read() *metrics.Float64Histogram {
+	h := f.h
+	h.Counts = slices.Clone(f.h.Counts)
+	return &h
+}
+
+// TestSchedLatencySeesASaturatedProcess: the gate's reading of the
+// scheduler is the mean of the latencies sampled since its last reading.
+// Goroutines that wait for each other's time slices (up to the runtime's
+// 10 ms before it preempts) read over saturatedAfter, and a process that
+// schedules in microseconds reads under idleBelow, whatever was sampled
+// before; and a saturated reading with consumers served closes the gate.
+// The histogram is filled by hand: what the runtime samples on a loaded
+// machine is no test's to assert.
+func TestSchedLatencySeesASaturatedProcess(t *testing.T) {
+	t.Parallel()
+	f := newFakeHistogram()
+	f.add(time.Microsecond, 1000) // samples before the baseline
+	s := &schedLatency{read: f.read}
+	require.Zero(t, s.mean(), "the first reading is the baseline")
+	require.Zero(t, s.mean(), "nothing sampled since")
+
+	f.add(time.Millisecond, 90) // 1-10 ms: waiting behind time slices
+	f.add(10*time.Microsecond, 10)
 	got := s.mean()
-	close(stop)
-	wg.Wait()
 	require.Greater(t, got, saturatedAfter)
+	require.InDelta(t, float64(90*5500+10*55)*float64(time.Microsecond)/100, float64(got), float64(time.Microsecond),
+		"each sample at its bucket's midpoint")
+
+	f.add(time.Microsecond, 200) // 1-10 µs: an idle process
+	require.Less(t, s.mean(), idleBelow, "only what was sampled since the last reading counts")
+
+	f.add(10*time.Millisecond, 1) // open above: counts at its lower bound
+	require.Equal(t, 10*time.Millisecond, s.mean())
+	f.h.Counts[0]++ // open below: counts from 0 to its upper bound, 0
+	require.Zero(t, s.mean())
+
+	// The reading drives the gate: saturated while consumers are served
+	// closes it.
+	a := &admission{cap: 8, schedMean: s.mean}
+	f.add(time.Millisecond, 50)
+	a.draining()
+	a.tick()
+	a.gate.mu.Lock()
+	require.Equal(t, 8, a.gate.limit)
+	a.gate.mu.Unlock()
+}
+
+// TestSchedLatencyReadsTheRuntimeHistogram: the gate's signal is the Go
+// runtime's own scheduling-latency histogram, which exists under the name
+// it reads; without it the gate would never close.
+func TestSchedLatencyReadsTheRuntimeHistogram(t *testing.T) {
+	t.Parallel()
+	s := newSchedLatency()
+	h := s.read()
+	require.NotNil(t, h, "/sched/latencies:seconds is a histogram")
+	require.NotEmpty(t, h.Counts)
+	require.Len(t, h.Buckets, len(h.Counts)+1)
+	require.Zero(t, s.mean(), "the first reading is the baseline")
+	require.GreaterOrEqual(t, s.mean(), time.Duration(0))
 }
 
 // TestEnqueueAtAClosedGate: while the gate holds every slot, bad input is

@@ -21,12 +21,11 @@ import (
 // rows in one order and a repeated id does not join twice. No ids give an
 // empty k.
 //
-// k was a derived table of one SELECT per id joined by UNION ALL until
-// 2026-11-27: MariaDB parses and plans each of those SELECTs, and a
-// lookup of 100 ids took 0.44-0.57 ms against 0.32-0.41 ms from
-// JSON_TABLE, of 500 ids 1.3 ms against 0.8 ms (a scratch table, one
-// client). JSON numbers reach JSON_TABLE's BIGINT columns exactly, over
-// the whole uint64 range (TestKeyValuesCarryEveryValueExactly).
+// k comes from JSON_TABLE rather than a UNION ALL of one SELECT per id,
+// which MariaDB would parse and plan SELECT by SELECT: one argument, one
+// plan, however many ids. JSON numbers reach JSON_TABLE's BIGINT columns
+// exactly, over the whole uint64 range
+// (TestKeyValuesCarryEveryValueExactly).
 //
 // Why not "WHERE id IN (...)": a queue's table is small whenever consumers
 // keep up, and on a table of a page or two MariaDB 10.11 prefers a full
@@ -35,8 +34,7 @@ import (
 // scan, a single-table DELETE takes no index hint, and a list of 1000 or
 // more becomes a semi-join. A locking read or a DELETE that scans waits for
 // the row lock of every row it passes, held by the prefetches, serves and
-// acks of other consumers: a drill saw acks queue behind them for ten
-// seconds after a failover. From k, STRAIGHT_JOIN fixes
+// acks of other consumers, so acks would queue behind them. From k, STRAIGHT_JOIN fixes
 // the order and FORCE INDEX (PRIMARY) rules out every other access to
 // table, leaving an eq_ref lookup per id, so a statement locks and waits
 // for its own rows only. TestKeysPlan holds the plans to that.
@@ -75,9 +73,8 @@ func joinByID(table, alias string) string {
 // type in every row; the first row sets each column's. Rows are sorted by
 // id, and a repeated id keeps its first row only. The alternative, "SET c
 // = CASE id WHEN ? THEN ? ... END" per column, costs MariaDB a scan of the
-// list for every row it updates: 120-row serves took 25 µs a row with four
-// such lists and 18 µs joined to a derived table (12 µs with one constant
-// value), on a scratch table. No rows give an empty k.
+// list for every row it updates, so a join to k is cheaper per row. No
+// rows give an empty k.
 func KeyValues(table, alias string, cols []string, rows [][]any) (string, []any) {
 	rows = slices.Clone(rows)
 	slices.SortStableFunc(rows, func(a, b []any) int {

@@ -19,10 +19,10 @@ func IsRetryable(err error) bool {
 
 // retryAttempts and retryPause bound Retry: five runs, with a random
 // pause of up to retryPause << attempt before each rerun (1, 2, 4, 8 ms).
-// Without a pause, the victim of a deadlock ran again at once against the
-// same transactions it had lost to, and could lose five times running
-// within a millisecond (a serve did, in triage-steady, and its Dequeue
-// failed); the random part keeps two victims from meeting again in step.
+// Without a pause, the victim of a deadlock would run again at once
+// against the same transactions it lost to, and could lose five times
+// running within a millisecond; the random part keeps two victims from
+// meeting again in step.
 const (
 	retryAttempts = 5
 	retryPause    = time.Millisecond
@@ -33,18 +33,25 @@ const (
 func Retry(ctx context.Context, fn func() error) error {
 	var err error
 	for attempt := 0; attempt < retryAttempts; attempt++ {
-		if attempt > 0 {
-			t := time.NewTimer(rand.N(retryPause << (attempt - 1)))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return err
-			case <-t.C:
-			}
+		if attempt > 0 && !Sleep(ctx, rand.N(retryPause<<(attempt-1))) {
+			return err
 		}
 		if err = fn(); !IsRetryable(err) || ctx.Err() != nil {
 			return err
 		}
 	}
 	return err
+}
+
+// Sleep waits d, or until ctx ends, and reports whether d passed (false:
+// ctx ended first): the pause between retries, polls and backoffs.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

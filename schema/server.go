@@ -24,8 +24,8 @@ var MinMariaDB = [2]int{10, 11}
 
 // CheckServer asks db's server what it is and refuses, up front and saying
 // what is needed, a server the queue's SQL would fail on later: MySQL, or
-// a MariaDB older than MinMariaDB. Without it such a shard was added and
-// failed later, on the first statement it lacks (every ack batch uses
+// a MariaDB older than MinMariaDB. Without it such a shard would be added
+// and fail later, on the first statement it lacks (every ack batch uses
 // BEGIN NOT ATOMIC).
 func CheckServer(ctx context.Context, db *sql.DB) error {
 	var v string

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
+	"github.com/triage-queue/triage/schema"
 )
 
 const (
@@ -72,8 +73,8 @@ func Load(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
 // by any replica, also one that lags (a NATS server back from a partition
 // catching up) or is cut off. A controller checks this before an
 // irreversible step that no write of the bucket guards (rejoining a server
-// as a replica of the primary it names): a stale read made it demote the
-// real primary. The rewrite changes no map (watchers ignore a version they
+// as a replica of the primary it names), where a stale read could make it
+// demote the real primary. The rewrite changes no map (watchers ignore a version they
 // hold) and costs one commit, so it is for rare steps only. A conflict is
 // ErrConflict.
 func LoadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
@@ -151,7 +152,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		}
 		if err != nil {
 			logger.Warn("shard map watch failed; serving last good map", "err", err)
-			sleepCtx(ctx, time.Second)
+			schema.Sleep(ctx, time.Second)
 			continue
 		}
 		// A restart asked for by the last watch's probes is done.
@@ -159,71 +160,78 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		case <-p.reset:
 		default:
 		}
-		// live turns true at the end of the initial values: from then on
-		// the watch delivers every message on the two keys in stream order.
-		live := false
-		// A watch whose consumer was placed on a server that is cut off
-		// never goes live, and until it does no probe counts as stuck
-		// (checkStuck), so nothing restarted it until the client's own
-		// heartbeat check, seconds later: in a partition drill the
-		// majority's routers got the new map 5 s after it was published.
-		notLive := time.NewTimer(liveWithin)
-	updates:
-		for {
-			var e jetstream.KeyValueEntry
-			select {
-			case <-ctx.Done():
-				break updates
-			case <-notLive.C:
-				if !live {
-					logger.Warn("restarting the shard map watch: it delivered no initial values", "within", liveWithin)
-					liveWithin = min(2*liveWithin, maxWatchLiveWithin)
-					break updates
-				}
-			case <-p.reset:
-				// The watch's consumer may sit on a server that went away;
-				// the client notices only after missed heartbeats (seconds,
-				// during which this process would stay unconfirmed).
-				logger.Warn("restarting the shard map watch: committed probes did not come back through it")
-				break updates
-			case got, ok := <-w.Updates():
-				if !ok {
-					break updates
-				}
-				e = got
-			}
-			switch {
-			case e == nil:
-				live = true
-				liveWithin = watchLiveWithin
-				p.watchLive()
-			case e.Operation() != jetstream.KeyValuePut:
-			case e.Key() == ConfirmKey:
-				if live {
-					p.seen(string(e.Value()))
-				}
-			default:
-				m, err := Parse(e.Value())
-				if err != nil {
-					logger.Error("ignoring bad shard map from kv", "err", err)
-					continue
-				}
-				if h.Offer(m) {
-					logger.Info("shard map updated", "version", m.Version)
-				}
-			}
-		}
-		notLive.Stop()
+		liveWithin = p.follow(ctx, w, logger, liveWithin)
 		// Stopped in the background: nats.go stops a watch by deleting its
 		// consumer, a JetStream API request that waits out the client's
 		// timeout (5 s) when the consumer's server is cut off or dead, which
-		// is when a watch is restarted. Waiting for it put a surviving
-		// node's next watch, and the new map, 5 s after the restart in
-		// partition and region-down drills. Its deliveries end at once:
-		// the subscription goes before the delete is asked for.
+		// is when a watch is restarted; waiting for it would hold a
+		// surviving node's next watch, and the new map, back as long. Its
+		// deliveries end at once: the subscription goes before the delete
+		// is asked for.
 		go func(w jetstream.KeyWatcher) { _ = w.Stop() }(w)
 		p.watchDown()
-		sleepCtx(ctx, 200*time.Millisecond)
+		schema.Sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// follow offers h what the watch w delivers, and hands the probes' tokens
+// on, until ctx ends, the watch ends, or it must be restarted: its
+// initial values did not all come within liveWithin, or committed probes
+// did not come back through it. It returns the next liveWithin: doubled
+// after a watch that never went live (up to maxWatchLiveWithin), reset
+// once one did.
+func (p *prober) follow(ctx context.Context, w jetstream.KeyWatcher, logger *slog.Logger, liveWithin time.Duration) time.Duration {
+	// live turns true at the end of the initial values: from then on
+	// the watch delivers every message on the two keys in stream order.
+	live := false
+	// A watch whose consumer was placed on a server that is cut off
+	// never goes live, and until it does no probe counts as stuck
+	// (checkStuck), so without this timer nothing would restart it
+	// until the client's own heartbeat check, seconds later.
+	notLive := time.NewTimer(liveWithin)
+	defer notLive.Stop()
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return liveWithin
+		case <-notLive.C:
+			if !live {
+				logger.Warn("restarting the shard map watch: it delivered no initial values", "within", liveWithin)
+				return min(2*liveWithin, maxWatchLiveWithin)
+			}
+		case <-p.reset:
+			// The watch's consumer may sit on a server that went away;
+			// the client notices only after missed heartbeats (seconds,
+			// during which this process would stay unconfirmed).
+			logger.Warn("restarting the shard map watch: committed probes did not come back through it")
+			return liveWithin
+		case got, ok := <-w.Updates():
+			if !ok {
+				return liveWithin
+			}
+			e = got
+		}
+		switch {
+		case e == nil:
+			live = true
+			liveWithin = watchLiveWithin
+			p.watchLive()
+		case e.Operation() != jetstream.KeyValuePut:
+		case e.Key() == ConfirmKey:
+			if live {
+				p.seen(string(e.Value()))
+			}
+		default:
+			m, err := Parse(e.Value())
+			if err != nil {
+				logger.Error("ignoring bad shard map from kv", "err", err)
+				continue
+			}
+			if p.h.Offer(m) {
+				logger.Info("shard map updated", "version", m.Version)
+			}
+		}
 	}
 }
 
@@ -234,10 +242,9 @@ var errWatchSlow = errors.New("shard map watch did not start in time")
 // within. Starting one makes its consumer with a JetStream API request,
 // which waits out the client's timeout (5 s) when the server that should
 // answer is cut off or electing, and while it waits no timer of Watch
-// runs: in a compose partition drill a restarted watch took 5.4 s to
-// start, and a router's dequeuer got the new map 2.6 s after it was
-// published. The start given up on goes on in the background, and its
-// watch, should it come, is stopped.
+// runs, so the node would go without new maps as long. The start given
+// up on goes on in the background, and its watch, should it come, is
+// stopped.
 func startWatch(ctx context.Context, kv jetstream.KeyValue, within time.Duration) (jetstream.KeyWatcher, error) {
 	type started struct {
 		w   jetstream.KeyWatcher
@@ -272,15 +279,6 @@ const (
 	maxWatchLiveWithin = 8 * time.Second
 )
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
 // ConfirmKey is the key the probes are written to: one shared key, so the
 // bucket's history bound (16 per key) bounds what they keep.
 const ConfirmKey = "confirm"
@@ -308,13 +306,13 @@ const ConfirmKey = "confirm"
 // t. A process in a minority cannot commit its probes, so it goes stale
 // MaxStaleness after its last committed probe.
 //
-// An earlier design made the probe conditional on the map key's last
-// sequence (Nats-Expected-Last-Subject-Sequence-Subject). On a replicated
-// stream the leader refuses such a write while another conditional write
-// on the same key is in flight, so every process's probes were serialised
-// through one commit at a time: on a loaded bed with WAN latency, more
-// probes were refused than committed, and nodes stayed unconfirmed for
-// many seconds (TestConfirmUnderContention). Plain publishes pipeline.
+// The probe is a plain publish, not one conditional on the map key's
+// last sequence (Nats-Expected-Last-Subject-Sequence-Subject): on a
+// replicated stream the leader refuses such a write while another
+// conditional write on the same key is in flight, which would serialise
+// every process's probes through one commit at a time, and under load
+// with WAN latency leave nodes unconfirmed for many seconds
+// (TestConfirmUnderContention). Plain publishes pipeline.
 type prober struct {
 	h   *Holder
 	log *slog.Logger

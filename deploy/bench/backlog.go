@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/triage-queue/triage/schema"
 )
 
 // backlog: the same consumer load on a topic with a shallow backlog and on
@@ -140,7 +142,7 @@ func (r *runner) consumeN(ctx context.Context, topic string, n int) ([]*sampler,
 					} else if time.Now().After(dryUntil) {
 						return
 					}
-					sleepCtx(ctx, time.Millisecond)
+					schema.Sleep(ctx, time.Millisecond)
 				} else {
 					dryUntil = time.Time{}
 				}

@@ -163,31 +163,10 @@ const (
 // started. A scenario that fails is reported with its error and the run
 // goes on; Run then returns the report together with an error.
 func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
-	cfg.Dir = cmp.Or(cfg.Dir, ".triage")
-	cfg.Shards = cmp.Or(cfg.Shards, 2)
-	if cfg.Shards < 1 {
-		return nil, fmt.Errorf("bench: Shards %d: want at least 1", cfg.Shards)
-	}
-	for _, name := range cfg.Only {
-		if !slices.Contains(Names, name) {
-			return nil, fmt.Errorf("bench: no scenario %q; the scenarios are %s", name, strings.Join(Names, ", "))
-		}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	out = &syncWriter{w: out} // progress lines come from several goroutines
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := cfg.prepare(); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{cfg.ProfileDir, cfg.TraceDir} {
-		if d == "" {
-			continue
-		}
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
+	out = &syncWriter{w: out} // progress lines come from several goroutines
 	started := time.Now()
 	rep := &Report{Run: RunInfo{Quick: cfg.Quick, Shards: cfg.Shards, StartedAt: started.UTC(), PayloadBytes: payloadBytes,
 		LoadAvgStart: loadAvg()}}
@@ -231,6 +210,47 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	r.scenario(ctx, Enqueue3Region, func(ctx context.Context) (Scenario, error) {
 		return r.enqueue3Region(ctx, &rep.MariaDBPIDs)
 	})
+	rep.collect(results, started)
+	printTable(out, rep)
+	errs := rep.failures(ctx)
+	if err := rep.write(out, cfg.Dir); err != nil {
+		return rep, err
+	}
+	// Stop the bed before returning, so that MariaDBPIDs have exited.
+	r.close()
+	b.Stop()
+	return rep, errors.Join(errs...)
+}
+
+// prepare fills in cfg's defaults, checks it, and makes its directories.
+func (cfg *Config) prepare() error {
+	cfg.Dir = cmp.Or(cfg.Dir, ".triage")
+	cfg.Shards = cmp.Or(cfg.Shards, 2)
+	if cfg.Shards < 1 {
+		return fmt.Errorf("bench: Shards %d: want at least 1", cfg.Shards)
+	}
+	for _, name := range cfg.Only {
+		if !slices.Contains(Names, name) {
+			return fmt.Errorf("bench: no scenario %q; the scenarios are %s", name, strings.Join(Names, ", "))
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	for _, d := range []string{cfg.Dir, cfg.ProfileDir, cfg.TraceDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// collect puts the scenarios' results in the report, in Names order (one
+// not run says so), with their ratios and targets, and ends the run.
+func (rep *Report) collect(results map[string]Scenario, started time.Time) {
 	for _, name := range Names {
 		s, ok := results[name]
 		if !ok {
@@ -242,8 +262,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	applyTargets(rep.Scenarios)
 	rep.Run.Seconds = time.Since(started).Seconds()
 	rep.Run.LoadAvgEnd = loadAvg()
+}
 
-	printTable(out, rep)
+// failures returns why the run is not complete: ctx ended, or scenarios
+// failed.
+func (rep *Report) failures(ctx context.Context) []error {
 	var errs []error
 	if ctx.Err() != nil {
 		errs = append(errs, ctx.Err())
@@ -253,20 +276,22 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 			errs = append(errs, fmt.Errorf("%s: %s", s.Name, s.Error))
 		}
 	}
+	return errs
+}
+
+// write writes the report to dir/bench.json.
+func (rep *Report) write(out io.Writer, dir string) error {
 	sanitize(rep.Scenarios)
 	data, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
-		return rep, err
+		return err
 	}
-	path := filepath.Join(cfg.Dir, "bench.json")
+	path := filepath.Join(dir, "bench.json")
 	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
-		return rep, err
+		return err
 	}
 	fmt.Fprintf(out, "wrote %s (%.0fs in all)\n", path, rep.Run.Seconds)
-	// Stop the bed before returning, so that MariaDBPIDs have exited.
-	r.close()
-	b.Stop()
-	return rep, errors.Join(errs...)
+	return nil
 }
 
 // runner holds what the scenarios share.

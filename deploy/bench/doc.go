@@ -37,8 +37,7 @@
 //     index takes each priority from every page of the table, so a table
 //     larger than the buffer pool is read from disk once per priority and
 //     one that fits is read once, and a ceiling on a shallower table
-//     measured the buffer pool instead of Triage (it leased from 480k rows
-//     a shard, inside the 256 MB pool, until 2026-11-24). It runs after
+//     would measure the buffer pool instead of Triage. It runs after
 //     Triage's enqueue scenarios and the mixed load, just before
 //     triage-backlog: its deep table's drop and purge slowed what ran
 //     after it.
@@ -161,12 +160,10 @@
 // last 3 s, from a flight recorder, for latency on a saturated box: there
 // a request mostly waits to be scheduled, not on its statements, and
 // `go tool trace -pprof=sched` shows which wake-ups those waits follow.
-// In triage-steady at 512 producers a woken goroutine waited 2.1 ms on
-// average for a core, 2.4-3.0 ms for the enqueue requests' own (one
-// traced run, 2026-11-27), and by the code a consumer's Dequeue + Ack
-// cycle has about ten such wake-ups (the gRPC server's handler, the serve
-// and ack batches' replies, the client's response), as does an enqueue.
-// routing's enqueue admission came of that reading.
+// By the code a consumer's Dequeue + Ack cycle has about ten such
+// wake-ups (the gRPC server's handler, the serve and ack batches' replies,
+// the client's response), as does an enqueue; routing's enqueue admission
+// rests on that reading (README.md has the figures).
 //
 // The load generators run in this process and take CPU the node does not
 // get; nothing keeps them from it (a second process would share the same

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/triage-queue/triage/schema"
 )
 
 // window is a measurement window. Work that completes inside it counts;
@@ -181,7 +183,7 @@ func runLoad(ctx context.Context, spec loadSpec, prog *progress) *sampler {
 						return
 					}
 					s.fail(err)
-					sleepCtx(ctx, 10*time.Millisecond)
+					schema.Sleep(ctx, 10*time.Millisecond)
 					continue
 				}
 				s.observe("op", end, end.Sub(t0))
@@ -194,15 +196,6 @@ func runLoad(ctx context.Context, spec loadSpec, prog *progress) *sampler {
 	}
 	wg.Wait()
 	return merge(w, ss)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // human formats a rate: 950, 12.3k, 1.25M.

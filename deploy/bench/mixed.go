@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema"
 )
 
 // inversionReady is how long a more urgent item must have been ready for
@@ -96,150 +97,207 @@ func (r *runner) mixed(ctx context.Context) (Scenario, error) {
 	if err != nil {
 		return Scenario{}, err
 	}
+	m, err := r.planMixed(sustainable, basis)
+	if err != nil {
+		return Scenario{}, err
+	}
+	fmt.Fprintf(r.out, "%s: sustainable %s items/s (%s); offering half, %s items/s, for %s\n", r.label(Mixed), human(sustainable), basis,
+		human(m.rate), m.total)
+
+	m.prog = r.progress(Mixed)
+	defer m.prog.close()
+	m.start = time.Now().Add(50 * time.Millisecond)
+	// Consumers start first and long-poll.
+	var cwg sync.WaitGroup
+	for c := range m.consumers {
+		m.consumers[c] = newSampler(m.window())
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			m.consume(ctx, c)
+		}()
+	}
+	m.produce(ctx)
+	// Drain: every committed item should reach a consumer.
+	drainBy := time.Now().Add(10 * time.Second)
+	for m.unique.Load() < m.committed() && time.Now().Before(drainBy) && ctx.Err() == nil {
+		schema.Sleep(ctx, 10*time.Millisecond)
+	}
+	m.stop.Store(true)
+	cwg.Wait()
+	if ctx.Err() != nil {
+		return Scenario{}, ctx.Err()
+	}
+	return m.report()
+}
+
+// mixedRun is one run of the mixed scenario: its plan (n single-item
+// enqueues at rate, their priorities, each one's intended send time),
+// and what its producers and consumers record.
+type mixedRun struct {
+	r                 *runner
+	n                 int
+	rate, sustainable float64
+	basis             string
+	interval          float64 // ns between intended sends
+	total             time.Duration
+	prios             []int32
+	start             time.Time
+	prog              *progress
+
+	// Producers: ackAt[i] is when item i's Enqueue answered, since
+	// start; 0 = not answered, -1 = failed.
+	ackAt       []int64
+	enqErrs     atomic.Int64
+	firstEnqErr atomic.Value
+
+	// Consumers: consumers[c] samples consumer c's calls, deliveries[c]
+	// holds what it was delivered.
+	stop             atomic.Bool
+	delivered        atomic.Int64
+	seen             []atomic.Bool
+	unique           atomic.Int64
+	consumers        []*sampler
+	deliveries       [][]delivery
+	longPolls, polls atomic.Int64
+}
+
+// planMixed plans a run offering half the sustainable rate.
+func (r *runner) planMixed(sustainable float64, basis string) (*mixedRun, error) {
 	rate := sustainable / 2
 	total := r.p.mixedWarmup + r.p.mixedMeasure
 	n := int(rate * total.Seconds())
 	if n < 1 {
-		return Scenario{}, fmt.Errorf("offered rate %.1f items/s is too low to run", rate)
+		return nil, fmt.Errorf("offered rate %.1f items/s is too low to run", rate)
 	}
-	interval := float64(time.Second) / rate
 	rnd := rand.New(rand.NewPCG(42, 7))
 	prios := make([]int32, n)
 	for i := range prios {
 		prios[i] = int32(rnd.IntN(10))
 	}
-	ackAt := make([]int64, n) // since start; 0 = not answered, -1 = failed
-	fmt.Fprintf(r.out, "%s: sustainable %s items/s (%s); offering half, %s items/s, for %s\n", r.label(Mixed), human(sustainable), basis,
-		human(rate), total)
+	return &mixedRun{r: r, n: n, rate: rate, sustainable: sustainable, basis: basis, interval: float64(time.Second) / rate, total: total,
+		prios: prios, ackAt: make([]int64, n), seen: make([]atomic.Bool, n),
+		consumers: make([]*sampler, r.p.mixedConsumers), deliveries: make([][]delivery, r.p.mixedConsumers)}, nil
+}
 
-	prog := r.progress(Mixed)
-	defer prog.close()
-	start := time.Now().Add(50 * time.Millisecond)
-	warmEnd := int64(r.p.mixedWarmup)
-	measureEnd := int64(total)
-	intended := func(i int) int64 { return int64(float64(i) * interval) }
+// intended is item i's intended send time, since start.
+func (m *mixedRun) intended(i int) int64 { return int64(float64(i) * m.interval) }
 
-	// Consumers start first and long-poll.
-	var stop atomic.Bool
-	var delivered atomic.Int64
-	seen := make([]atomic.Bool, n)
-	var unique atomic.Int64
-	consumers := make([]*sampler, r.p.mixedConsumers)
-	deliveries := make([][]delivery, r.p.mixedConsumers)
-	var longPolls, polls atomic.Int64
-	var cwg sync.WaitGroup
-	for c := range consumers {
-		consumers[c] = newSampler(window{from: start.Add(r.p.mixedWarmup), to: start.Add(total)})
-		cwg.Add(1)
-		go func() {
-			defer cwg.Done()
-			s := consumers[c]
-			client := r.client(c)
-			for !stop.Load() && ctx.Err() == nil {
-				req := &triagev1.DequeueRequest{Namespace: namespace, Topics: []*triagev1.TopicCount{{Topic: mixedTopic, Count: int32(r.p.mixedCount)}}}
-				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
-				t0 := time.Now()
-				resp, err := client.Dequeue(cctx, req)
-				t1 := time.Now()
-				polls.Add(1)
-				if err == nil {
-					s.observe("dequeue", t1, t1.Sub(t0))
-					if len(resp.Items) > 0 {
-						s.observe("dequeue_items", t1, t1.Sub(t0))
-					}
-					if len(resp.Items) == 0 {
-						// Nothing ready: park in a long poll. Its duration is
-						// waiting, not service time, so it is not a dequeue
-						// latency; the items it returns count end to end.
-						req.Wait = durationpb.New(250 * time.Millisecond)
-						t0 = time.Now()
-						resp, err = client.Dequeue(cctx, req)
-						t1 = time.Now()
-						longPolls.Add(1)
-					}
-				}
-				cancel()
-				if err != nil {
-					if ctx.Err() == nil {
-						s.fail(fmt.Errorf("dequeue: %w", err))
-						sleepCtx(ctx, 10*time.Millisecond)
-					}
-					continue
-				}
-				for _, it := range resp.Items {
-					if len(it.Payload) < 8 {
-						s.fail(fmt.Errorf("item %s: payload of %d bytes is not the bench's", it.Id, len(it.Payload)))
-						continue
-					}
-					seq := int(binary.BigEndian.Uint64(it.Payload))
-					if seq < 0 || seq >= n {
-						s.fail(fmt.Errorf("item %s: sequence %d out of range", it.Id, seq))
-						continue
-					}
-					deliveries[c] = append(deliveries[c], delivery{seq: seq, prio: it.Priority,
-						sent: t0.Sub(start).Nanoseconds(), recv: t1.Sub(start).Nanoseconds()})
-					if !seen[seq].Swap(true) {
-						unique.Add(1)
-					}
-				}
-				delivered.Add(int64(len(resp.Items)))
-				prog.items.Add(int64(len(resp.Items)))
-				if len(resp.Items) == 0 {
-					continue
-				}
-				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rpcTimeout)
-				ta := time.Now()
-				ar, err := client.Ack(actx, &triagev1.AckRequest{Namespace: namespace, Acks: refs(resp.Items)})
-				cancel()
-				te := time.Now()
-				if err != nil {
-					s.fail(fmt.Errorf("ack: %w", err))
-					continue
-				}
-				s.observe("ack", te, te.Sub(ta))
-				for _, res := range ar.Results {
-					if !res.Ok {
-						s.fail(fmt.Errorf("ack %s refused: %s", res.Id, res.Error))
-						break
-					}
-				}
+// window is the measured part of the run, after the warm-up.
+func (m *mixedRun) window() window {
+	return window{from: m.start.Add(m.r.p.mixedWarmup), to: m.start.Add(m.total)}
+}
+
+// committed is how many items were enqueued without an error.
+func (m *mixedRun) committed() int64 { return int64(m.n) - m.enqErrs.Load() }
+
+// consume is consumer c: Dequeue (a long poll when nothing is ready) and
+// Ack, until the run stops.
+func (m *mixedRun) consume(ctx context.Context, c int) {
+	s := m.consumers[c]
+	client := m.r.client(c)
+	for !m.stop.Load() && ctx.Err() == nil {
+		req := &triagev1.DequeueRequest{Namespace: namespace, Topics: []*triagev1.TopicCount{{Topic: mixedTopic, Count: int32(m.r.p.mixedCount)}}}
+		cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+		t0 := time.Now()
+		resp, err := client.Dequeue(cctx, req)
+		t1 := time.Now()
+		m.polls.Add(1)
+		if err == nil {
+			s.observe("dequeue", t1, t1.Sub(t0))
+			if len(resp.Items) > 0 {
+				s.observe("dequeue_items", t1, t1.Sub(t0))
 			}
-		}()
+			if len(resp.Items) == 0 {
+				// Nothing ready: park in a long poll. Its duration is
+				// waiting, not service time, so it is not a dequeue
+				// latency; the items it returns count end to end.
+				req.Wait = durationpb.New(250 * time.Millisecond)
+				t0 = time.Now()
+				resp, err = client.Dequeue(cctx, req)
+				t1 = time.Now()
+				m.longPolls.Add(1)
+			}
+		}
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.fail(fmt.Errorf("dequeue: %w", err))
+				schema.Sleep(ctx, 10*time.Millisecond)
+			}
+			continue
+		}
+		m.record(c, resp.Items, t0, t1)
+		if len(resp.Items) == 0 {
+			continue
+		}
+		m.ack(ctx, client, s, resp.Items)
 	}
+}
 
-	// Producers: a scheduler releases each item at its intended time to a
-	// pool of senders.
-	jobs := make(chan int, n)
-	var enqErrs atomic.Int64
-	var firstEnqErr atomic.Value
+// record notes the items consumer c was delivered by a Dequeue sent at
+// t0 and answered at t1.
+func (m *mixedRun) record(c int, items []*triagev1.LeasedItem, t0, t1 time.Time) {
+	s := m.consumers[c]
+	for _, it := range items {
+		if len(it.Payload) < 8 {
+			s.fail(fmt.Errorf("item %s: payload of %d bytes is not the bench's", it.Id, len(it.Payload)))
+			continue
+		}
+		seq := int(binary.BigEndian.Uint64(it.Payload))
+		if seq < 0 || seq >= m.n {
+			s.fail(fmt.Errorf("item %s: sequence %d out of range", it.Id, seq))
+			continue
+		}
+		m.deliveries[c] = append(m.deliveries[c], delivery{seq: seq, prio: it.Priority,
+			sent: t0.Sub(m.start).Nanoseconds(), recv: t1.Sub(m.start).Nanoseconds()})
+		if !m.seen[seq].Swap(true) {
+			m.unique.Add(1)
+		}
+	}
+	m.delivered.Add(int64(len(items)))
+	m.prog.items.Add(int64(len(items)))
+}
+
+// ack acks delivered items, timing the call.
+func (m *mixedRun) ack(ctx context.Context, client triagev1.QueueClient, s *sampler, items []*triagev1.LeasedItem) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rpcTimeout)
+	ta := time.Now()
+	ar, err := client.Ack(actx, &triagev1.AckRequest{Namespace: namespace, Acks: refs(items)})
+	cancel()
+	te := time.Now()
+	if err != nil {
+		s.fail(fmt.Errorf("ack: %w", err))
+		return
+	}
+	s.observe("ack", te, te.Sub(ta))
+	for _, res := range ar.Results {
+		if !res.Ok {
+			s.fail(fmt.Errorf("ack %s refused: %s", res.Id, res.Error))
+			break
+		}
+	}
+}
+
+// produce enqueues the run's items open loop: a scheduler releases each
+// at its intended time to a pool of senders. It returns when every item
+// was sent.
+func (m *mixedRun) produce(ctx context.Context) {
+	jobs := make(chan int, m.n)
 	var swg sync.WaitGroup
-	for w := range r.p.mixedSenders {
+	for w := range m.r.p.mixedSenders {
 		swg.Add(1)
 		go func() {
 			defer swg.Done()
-			client := r.client(w)
+			client := m.r.client(w)
 			for i := range jobs {
-				payload := make([]byte, payloadBytes)
-				copy(payload, r.payload)
-				binary.BigEndian.PutUint64(payload, uint64(i))
-				binary.BigEndian.PutUint64(payload[8:], uint64(intended(i)))
-				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
-				_, err := client.Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: mixedTopic,
-					Items: []*triagev1.NewItem{{Payload: payload, Priority: prios[i]}}, Durability: triagev1.Durability_COMMITTED})
-				cancel()
-				if err != nil {
-					ackAt[i] = -1
-					enqErrs.Add(1)
-					firstEnqErr.CompareAndSwap(nil, err)
-					continue
-				}
-				ackAt[i] = max(time.Since(start).Nanoseconds(), 1)
+				m.send(ctx, client, i)
 			}
 		}()
 	}
-	sleepCtx(ctx, time.Until(start))
-	for next := 0; next < n && ctx.Err() == nil; {
-		due := min(n, int(float64(time.Since(start))/interval)+1)
+	schema.Sleep(ctx, time.Until(m.start))
+	for next := 0; next < m.n && ctx.Err() == nil; {
+		due := min(m.n, int(float64(time.Since(m.start))/m.interval)+1)
 		for ; next < due; next++ {
 			jobs <- next
 		}
@@ -247,89 +305,125 @@ func (r *runner) mixed(ctx context.Context) (Scenario, error) {
 	}
 	close(jobs)
 	swg.Wait()
-	// Drain: every committed item should reach a consumer.
-	committed := int64(n) - enqErrs.Load()
-	drainBy := time.Now().Add(10 * time.Second)
-	for unique.Load() < committed && time.Now().Before(drainBy) && ctx.Err() == nil {
-		sleepCtx(ctx, 10*time.Millisecond)
-	}
-	stop.Store(true)
-	cwg.Wait()
-	if ctx.Err() != nil {
-		return Scenario{}, ctx.Err()
-	}
+}
 
-	cs := merge(window{from: start.Add(r.p.mixedWarmup), to: start.Add(total)}, consumers)
-	var all []delivery
-	for _, d := range deliveries {
-		all = append(all, d...)
+// send enqueues item i, its sequence number and intended send time in
+// its payload, and records when it was answered.
+func (m *mixedRun) send(ctx context.Context, client triagev1.QueueClient, i int) {
+	payload := make([]byte, payloadBytes)
+	copy(payload, m.r.payload)
+	binary.BigEndian.PutUint64(payload, uint64(i))
+	binary.BigEndian.PutUint64(payload[8:], uint64(m.intended(i)))
+	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	_, err := client.Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: mixedTopic,
+		Items: []*triagev1.NewItem{{Payload: payload, Priority: m.prios[i]}}, Durability: triagev1.Durability_COMMITTED})
+	cancel()
+	if err != nil {
+		m.ackAt[i] = -1
+		m.enqErrs.Add(1)
+		m.firstEnqErr.CompareAndSwap(nil, err)
+		return
 	}
-	first := firstDeliveries(all, n)
-	var e2e, enq []time.Duration
-	inWindow := 0
-	for i := range n {
-		t := intended(i)
+	m.ackAt[i] = max(time.Since(m.start).Nanoseconds(), 1)
+}
+
+// mixedResult is what a mixed run measured, over its window.
+type mixedResult struct {
+	cs          *sampler
+	all         []delivery
+	first       map[int]delivery
+	e2e, enq    []time.Duration // sorted
+	inWindow    int             // first deliveries received in the window
+	inv         inversions
+	undelivered int64
+	dups        int64
+}
+
+// measure collects what the run's producers and consumers recorded for
+// the items intended to be sent within the window.
+func (m *mixedRun) measure() mixedResult {
+	warmEnd, measureEnd := int64(m.r.p.mixedWarmup), int64(m.total)
+	res := mixedResult{cs: merge(m.window(), m.consumers)}
+	for _, d := range m.deliveries {
+		res.all = append(res.all, d...)
+	}
+	res.first = firstDeliveries(res.all, m.n)
+	for i := range m.n {
+		t := m.intended(i)
 		if t < warmEnd || t >= measureEnd {
 			continue
 		}
-		if ackAt[i] > 0 {
-			enq = append(enq, time.Duration(ackAt[i]-t))
+		if m.ackAt[i] > 0 {
+			res.enq = append(res.enq, time.Duration(m.ackAt[i]-t))
 		}
-		if d, ok := first[i]; ok {
-			e2e = append(e2e, time.Duration(d.recv-t))
+		if d, ok := res.first[i]; ok {
+			res.e2e = append(res.e2e, time.Duration(d.recv-t))
 		}
 	}
-	for _, d := range first {
+	for _, d := range res.first {
 		if d.recv >= warmEnd && d.recv < measureEnd {
-			inWindow++
+			res.inWindow++
 		}
 	}
-	slices.Sort(e2e)
-	slices.Sort(enq)
-	inv := countInversions(prios, ackAt, all, int64(inversionReady))
-	undelivered := committed - int64(len(first))
-	dups := int64(len(all)) - int64(len(first))
+	slices.Sort(res.e2e)
+	slices.Sort(res.enq)
+	res.inv = countInversions(m.prios, m.ackAt, res.all, int64(inversionReady))
+	res.undelivered = m.committed() - int64(len(res.first))
+	res.dups = int64(len(res.all)) - int64(len(res.first))
+	return res
+}
+
+// report is the run's Scenario.
+func (m *mixedRun) report() (Scenario, error) {
+	res := m.measure()
+	cs, e2e, enq := res.cs, res.e2e, res.enq
 	if len(e2e) == 0 {
 		return Scenario{}, fmt.Errorf("no item went end to end (enqueue errors: %d, first: %v; consumers: %s)",
-			enqErrs.Load(), firstEnqErr.Load(), cs.errNote())
+			m.enqErrs.Load(), m.firstEnqErr.Load(), cs.errNote())
 	}
 	deqP99, enqP99 := cs.pct("dequeue", 99), percentile(enq, 99)
+	return Scenario{
+		ItemsPerSec: float64(res.inWindow) / m.r.p.mixedMeasure.Seconds(),
+		P50MS:       percentile(e2e, 50), P99MS: percentile(e2e, 99), P999MS: percentile(e2e, 99.9),
+		Latency: "end to end: intended send time to the Dequeue answer that delivered the item",
+		Notes:   m.notes(res),
+		Metrics: map[string]float64{
+			"e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
+			"offered_items_per_sec": m.rate, "sustainable_items_per_sec": m.sustainable, "enqueue_p50_ms": percentile(enq, 50), "enqueue_p99_ms": enqP99, "enqueue_p999_ms": percentile(enq, 99.9),
+			"dequeue_p50_ms": cs.pct("dequeue", 50), "dequeue_p99_ms": deqP99, "dequeue_p999_ms": cs.pct("dequeue", 99.9),
+			"dequeue_with_items_p99_ms": cs.pct("dequeue_items", 99),
+			"ack_p99_ms":                cs.pct("ack", 99), "priority_inversions": float64(res.inv.count), "deliveries": float64(len(res.first)),
+			"undelivered": float64(max(res.undelivered, 0)), "enqueue_errors": float64(m.enqErrs.Load()),
+		},
+	}, nil
+}
+
+// notes describes the run and what it measured, for the report.
+func (m *mixedRun) notes(res mixedResult) string {
+	p := m.r.p
+	cs, e2e, inv := res.cs, res.e2e, res.inv
 	notes := fmt.Sprintf("offered %s items/s open loop, half the sustainable %s/s (%s), as single-item COMMITTED Enqueue RPCs from up to %d senders; "+
 		"%d consumers x Dequeue(count %d) (a long poll of 250 ms when nothing is ready) + Ack; "+
 		"enqueue p99 %.2f ms; dequeue p99 %.2f ms (non-waiting calls; %.2f ms for those that returned items; %d of %d calls found nothing and fell back to a long poll); "+
 		"priority inversions: %d of %d deliveries (an item delivered after a more urgent one had been committed >= %s); "+
 		"end to end p50/p99/p99.9 %.2f/%.2f/%.2f ms",
-		human(rate), human(sustainable), basis, r.p.mixedSenders, r.p.mixedConsumers, r.p.mixedCount,
-		enqP99, deqP99, cs.pct("dequeue_items", 99), longPolls.Load(), polls.Load(), inv.count, len(first), inversionReady,
+		human(m.rate), human(m.sustainable), m.basis, p.mixedSenders, p.mixedConsumers, p.mixedCount,
+		percentile(res.enq, 99), cs.pct("dequeue", 99), cs.pct("dequeue_items", 99), m.longPolls.Load(), m.polls.Load(), inv.count, len(res.first), inversionReady,
 		percentile(e2e, 50), percentile(e2e, 99), percentile(e2e, 99.9))
 	if inv.count > 0 {
 		notes += fmt.Sprintf(" (worst: a priority-%d item delivered while a priority-%d item had waited %.1f ms)",
 			inv.worstPrio, inv.worstUrgent, ms(time.Duration(inv.worstWait)))
 	}
-	if e := enqErrs.Load(); e > 0 {
-		notes += fmt.Sprintf("; %d enqueues failed (first: %v)", e, firstEnqErr.Load())
+	if e := m.enqErrs.Load(); e > 0 {
+		notes += fmt.Sprintf("; %d enqueues failed (first: %v)", e, m.firstEnqErr.Load())
 	}
-	if undelivered > 0 {
-		notes += fmt.Sprintf("; %d committed items not delivered within 10 s of the last send", undelivered)
+	if res.undelivered > 0 {
+		notes += fmt.Sprintf("; %d committed items not delivered within 10 s of the last send", res.undelivered)
 	}
-	if dups > 0 {
-		notes += fmt.Sprintf("; %d redeliveries", dups)
+	if res.dups > 0 {
+		notes += fmt.Sprintf("; %d redeliveries", res.dups)
 	}
-	notes += errSuffix(cs)
-	return Scenario{
-		ItemsPerSec: float64(inWindow) / r.p.mixedMeasure.Seconds(),
-		P50MS:       percentile(e2e, 50), P99MS: percentile(e2e, 99), P999MS: percentile(e2e, 99.9),
-		Latency: "end to end: intended send time to the Dequeue answer that delivered the item",
-		Notes:   notes,
-		Metrics: map[string]float64{
-			"e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
-			"offered_items_per_sec": rate, "sustainable_items_per_sec": sustainable, "enqueue_p50_ms": percentile(enq, 50), "enqueue_p99_ms": enqP99, "enqueue_p999_ms": percentile(enq, 99.9),
-			"dequeue_p50_ms": cs.pct("dequeue", 50), "dequeue_p99_ms": deqP99, "dequeue_p999_ms": cs.pct("dequeue", 99.9),
-			"dequeue_with_items_p99_ms": cs.pct("dequeue_items", 99),
-			"ack_p99_ms":                cs.pct("ack", 99), "priority_inversions": float64(inv.count), "deliveries": float64(len(first)),
-			"undelivered": float64(max(undelivered, 0)), "enqueue_errors": float64(enqErrs.Load()),
-		},
-	}, nil
+	return notes + errSuffix(cs)
 }
 
 // firstDeliveries keeps each item's first delivery.

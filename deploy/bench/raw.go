@@ -227,7 +227,7 @@ func (r *runner) waitClean(ctx context.Context, dbs []*sql.DB) {
 		if settled {
 			return
 		}
-		sleepCtx(ctx, 250*time.Millisecond)
+		schema.Sleep(ctx, 250*time.Millisecond)
 	}
 }
 

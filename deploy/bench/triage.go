@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema"
 )
 
 // Topics of the Triage scenarios; each scenario has its own, so one's
@@ -58,7 +59,7 @@ func (r *runner) waitReady(ctx context.Context) error {
 			}
 		}
 		cancel()
-		sleepCtx(ctx, 200*time.Millisecond)
+		schema.Sleep(ctx, 200*time.Millisecond)
 	}
 	return fmt.Errorf("router at %s not ready: %v", r.bed.Layout.Regions[0].GRPC, err)
 }

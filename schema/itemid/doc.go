@@ -6,13 +6,13 @@
 //
 // # Keys
 //
-// Keys are snowflake-style: 41 bits of milliseconds since 2025-01-01 UTC, 10
-// bits of node ID and 12 bits of sequence. They are allocated by the router
-// that accepts the item, before the insert, with no database round trip. A
-// node ID is claimed in NATS KV (see routing's node claim), so two routers
-// never share one. Time order gives InnoDB inserts at the right edge of the
-// primary key, and makes the id tiebreak in (priority, deliver_after, id)
-// FIFO.
+// Keys are snowflake-style: 41 bits of milliseconds since Epoch (1 January
+// 2025, UTC), 10 bits of node ID and 12 bits of sequence. They are
+// allocated by the router that accepts the item, before the insert, with
+// no database round trip. A node ID is claimed in NATS KV (see routing's
+// node claim), so two routers never share one. Time order gives InnoDB
+// inserts at the right edge of the primary key, and makes the id
+// tiebreak in (priority, deliver_after, id) FIFO.
 //
 // # External form
 //

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Epoch is the zero of the key's timestamp: 2025-01-01 UTC. 41 bits of
+// Epoch is the zero of the key's timestamp: 1 January 2025, UTC. 41 bits of
 // milliseconds last until 2094.
 var Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 

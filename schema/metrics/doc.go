@@ -5,9 +5,9 @@
 // map when scraped.
 //
 // It lives under schema/ because every role already imports schema/store
-// (the top-level folders are fixed; see ARCHITECTURE.md) and what it
-// counts is the queue's items and their tables; roles never import each
-// other, so the metrics they share cannot live in one of them.
+// and what it counts is the queue's items and their tables; roles never
+// import each other, so the metrics they share cannot live in one of
+// them.
 //
 // # Names and labels
 //

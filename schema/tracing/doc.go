@@ -5,7 +5,7 @@
 // # Off by default
 //
 // With no tracing section a node installs no stats handler, no HTTP
-// middleware and no exporter, and the roles hold a no-op tracer: the
+// tracing handler and no exporter, and the roles hold a no-op tracer: the
 // request path pays nothing. With one, New builds a TracerProvider that
 // samples a share of new traces (sample_ratio, parent-based: a request
 // that arrives with a sampled traceparent is traced whatever the ratio)
@@ -13,8 +13,9 @@
 //
 // # One trace from Enqueue to the insert
 //
-// The router's gRPC server (otelgrpc stats handler) and JSON gateway
-// (otelhttp) start a span per request. An Enqueue's batches go through
+// The router's gRPC server (otelgrpc stats handler) and the JSON gateway
+// (a small handler of the node's, continuing the caller's traceparent
+// header) start a span per request. An Enqueue's batches go through
 // the enqueue buffer, where a router coalesces the batches of several
 // requests into one JetStream message (an envelope). The router's
 // "enqueue.publish" span (a child of the RPC's) is what each batch

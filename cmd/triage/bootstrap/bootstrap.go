@@ -143,23 +143,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Fill(); err != nil {
 		return err
 	}
-	var err error
-	if cfg.Admin, err = cfg.Admin.Resolve(); err != nil {
-		return fmt.Errorf("bootstrap config admin: %w", err)
-	}
-	if cfg.ReplicationTLS != nil {
-		if err := cfg.ReplicationTLS.Validate(); err != nil {
-			return fmt.Errorf("bootstrap config replication_tls: %w", err)
-		}
-	}
-	accounts := provision.Accounts{
-		App:  replication.Credentials{User: cfg.MySQL.User, RequireSSL: cfg.MySQLRequireSSL},
-		Repl: replication.Credentials{User: cfg.Replication.User, RequireSSL: cfg.ReplicationTLS != nil, TLS: cfg.ReplicationTLS},
-	}
-	if accounts.App.Password, err = password(cfg.MySQL, "mysql", log); err != nil {
-		return err
-	}
-	if accounts.Repl.Password, err = password(cfg.Replication, "replication", log); err != nil {
+	accounts, err := cfg.accounts(log)
+	if err != nil {
 		return err
 	}
 	natsOpts, err := shardmap.NATSOptions(cfg.NATSAuth, cfg.NATSTLS)
@@ -186,74 +171,118 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("%s: %w", cfg.ShardMapFile, err)
 	}
 	progress("waiting for %d MariaDB servers; accounts %q and %q on each", len(servers), accounts.App.User, accounts.Repl.User)
-	err = provision.Parallel(len(servers), func(i int) error {
-		sv := servers[i]
-		dsn := cfg.dsn(sv.addr, "")
-		if err := waitSQL(ctx, dsn); err != nil {
-			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
-		}
-		acc := accounts
-		acc.App.Database = sv.shard.Database // the grants' database
-		if err := provision.EnsureAccounts(ctx, dsn, acc); err != nil {
-			return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
-		}
-		if !sv.primary {
-			return nil
-		}
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+sv.shard.Database+"`"); err != nil {
-			return fmt.Errorf("shard %d primary %s: %w", sv.shard.ID, sv.addr, err)
-		}
-		sdb, err := sql.Open("mysql", cfg.dsn(sv.addr, sv.shard.Database))
-		if err != nil {
-			return err
-		}
-		defer sdb.Close()
-		n, err := schema.Migrate(ctx, sdb)
-		if err != nil {
-			return fmt.Errorf("shard %d primary %s: migrate: %w", sv.shard.ID, sv.addr, err)
-		}
-		spare := ""
-		if sv.spare {
-			spare = " (spare: not in the map)"
-		}
-		progress("  shard %d primary %s: database %s, %d migration(s) applied%s", sv.shard.ID, sv.addr, sv.shard.Database, n, spare)
-		return nil
-	})
-	if err != nil {
+	if err := provision.Parallel(len(servers), func(i int) error {
+		return cfg.prepareServer(ctx, servers[i], accounts, progress)
+	}); err != nil {
 		return err
 	}
 
 	progress("replicating %d shard(s) (GTID, semi-sync AFTER_SYNC, one acknowledgement, no async fallback)", len(shards))
-	err = provision.Parallel(len(shards), func(i int) error {
-		s := shards[i]
-		var replicas []provision.Replica
-		for k, r := range s.Replicas {
-			region := ""
-			if k < len(s.ReplicaRegions) {
-				region = s.ReplicaRegions[k]
-			}
-			via := s.Primary
-			if v, ok := cfg.ReplicationVia[region][s.Primary]; ok {
-				via = v
-			}
-			replicas = append(replicas, provision.Replica{DSN: cfg.dsn(r, ""), Region: region, PrimaryVia: via})
+	if err := provision.Parallel(len(shards), func(i int) error {
+		return cfg.replicate(ctx, shards[i], accounts.Repl, progress)
+	}); err != nil {
+		return err
+	}
+	return cfg.storeControlPlane(ctx, m, natsOpts, progress)
+}
+
+// progressFunc logs a step of the bootstrap, with the time since it
+// began.
+type progressFunc = func(format string, args ...any)
+
+// accounts resolves the admin account and returns the application and
+// replication accounts to create on every server, with their passwords.
+func (c *Config) accounts(log *slog.Logger) (provision.Accounts, error) {
+	var err error
+	if c.Admin, err = c.Admin.Resolve(); err != nil {
+		return provision.Accounts{}, fmt.Errorf("bootstrap config admin: %w", err)
+	}
+	if c.ReplicationTLS != nil {
+		if err := c.ReplicationTLS.Validate(); err != nil {
+			return provision.Accounts{}, fmt.Errorf("bootstrap config replication_tls: %w", err)
 		}
-		return provision.Replicate(ctx, s.ID, cfg.dsn(s.Primary, ""), accounts.Repl, replicas, progress)
-	})
+	}
+	accounts := provision.Accounts{
+		App:  replication.Credentials{User: c.MySQL.User, RequireSSL: c.MySQLRequireSSL},
+		Repl: replication.Credentials{User: c.Replication.User, RequireSSL: c.ReplicationTLS != nil, TLS: c.ReplicationTLS},
+	}
+	if accounts.App.Password, err = password(c.MySQL, "mysql", log); err != nil {
+		return provision.Accounts{}, err
+	}
+	if accounts.Repl.Password, err = password(c.Replication, "replication", log); err != nil {
+		return provision.Accounts{}, err
+	}
+	return accounts, nil
+}
+
+// prepareServer waits for one MariaDB server and creates the accounts on
+// it; on a shard's primary it also creates the shard's database and
+// migrates it.
+func (c *Config) prepareServer(ctx context.Context, sv server, accounts provision.Accounts, progress progressFunc) error {
+	dsn := c.dsn(sv.addr, "")
+	if err := waitSQL(ctx, dsn); err != nil {
+		return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
+	}
+	acc := accounts
+	acc.App.Database = sv.shard.Database // the grants' database
+	if err := provision.EnsureAccounts(ctx, dsn, acc); err != nil {
+		return fmt.Errorf("shard %d server %s: %w", sv.shard.ID, sv.addr, err)
+	}
+	if !sv.primary {
+		return nil
+	}
+	db, err := sql.Open("mysql", dsn)
 	if err != nil {
 		return err
 	}
-
-	progress("waiting for JetStream (%d servers, R%d)", len(cfg.NATS), cfg.KVReplicas)
-	if err := provision.WaitJetStream(ctx, cfg.NATS, cfg.KVReplicas, time.Until(deadline(ctx)), natsOpts...); err != nil {
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+sv.shard.Database+"`"); err != nil {
+		return fmt.Errorf("shard %d primary %s: %w", sv.shard.ID, sv.addr, err)
+	}
+	sdb, err := sql.Open("mysql", c.dsn(sv.addr, sv.shard.Database))
+	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cfg.NATS[0], append(natsOpts, nats.Name("triage-bootstrap"))...)
+	defer sdb.Close()
+	n, err := schema.Migrate(ctx, sdb)
+	if err != nil {
+		return fmt.Errorf("shard %d primary %s: migrate: %w", sv.shard.ID, sv.addr, err)
+	}
+	spare := ""
+	if sv.spare {
+		spare = " (spare: not in the map)"
+	}
+	progress("  shard %d primary %s: database %s, %d migration(s) applied%s", sv.shard.ID, sv.addr, sv.shard.Database, n, spare)
+	return nil
+}
+
+// replicate makes a shard's replicas replicate from its primary, each
+// through the address its region reaches the primary by
+// (ReplicationVia).
+func (c *Config) replicate(ctx context.Context, s shardmap.Shard, repl replication.Credentials, progress progressFunc) error {
+	var replicas []provision.Replica
+	for k, r := range s.Replicas {
+		region := ""
+		if k < len(s.ReplicaRegions) {
+			region = s.ReplicaRegions[k]
+		}
+		via := s.Primary
+		if v, ok := c.ReplicationVia[region][s.Primary]; ok {
+			via = v
+		}
+		replicas = append(replicas, provision.Replica{DSN: c.dsn(r, ""), Region: region, PrimaryVia: via})
+	}
+	return provision.Replicate(ctx, s.ID, c.dsn(s.Primary, ""), repl, replicas, progress)
+}
+
+// storeControlPlane waits for JetStream, stores the shard map unless one
+// is stored, and creates the buckets and streams the nodes use.
+func (c *Config) storeControlPlane(ctx context.Context, m *shardmap.Map, natsOpts []nats.Option, progress progressFunc) error {
+	progress("waiting for JetStream (%d servers, R%d)", len(c.NATS), c.KVReplicas)
+	if err := provision.WaitJetStream(ctx, c.NATS, c.KVReplicas, time.Until(deadline(ctx)), natsOpts...); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(c.NATS[0], append(natsOpts, nats.Name("triage-bootstrap"))...)
 	if err != nil {
 		return err
 	}
@@ -262,7 +291,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	kv, err := shardmap.OpenBucket(ctx, js, cfg.KVReplicas)
+	kv, err := shardmap.OpenBucket(ctx, js, c.KVReplicas)
 	if err != nil {
 		return err
 	}
@@ -271,32 +300,41 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	progress("shard map version %d in %s (%d shards, regions %v)", stored.Version, shardmap.Bucket, len(stored.Shards), stored.Regions)
-	if _, err := regions.OpenHealth(ctx, js, cfg.KVReplicas); err != nil {
+	if err := c.createBuckets(ctx, js); err != nil {
 		return err
 	}
-	if _, err := regions.OpenControl(ctx, js, cfg.KVReplicas); err != nil {
+	for _, r := range m.Regions {
+		if _, err := enqueuer.EnsureStream(ctx, js, r, enqueuer.StreamConfig{Replicas: c.StreamReplicas}); err != nil {
+			return err
+		}
+	}
+	progress("buckets and %d enqueue streams created (R%d); bootstrap done", len(m.Regions), c.StreamReplicas)
+	return nil
+}
+
+// createBuckets creates the control plane's KV buckets and streams
+// besides the map's, and proves node claims work with one of its own.
+func (c *Config) createBuckets(ctx context.Context, js jetstream.JetStream) error {
+	if _, err := regions.OpenHealth(ctx, js, c.KVReplicas); err != nil {
 		return err
 	}
-	if _, err := regions.OpenHistory(ctx, js, cfg.KVReplicas); err != nil {
+	if _, err := regions.OpenControl(ctx, js, c.KVReplicas); err != nil {
+		return err
+	}
+	if _, err := regions.OpenHistory(ctx, js, c.KVReplicas); err != nil {
 		return fmt.Errorf("open stream %s: %w", regions.HistoryStream, err)
 	}
-	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
+	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(c.OwnerTTL), c.KVReplicas); err != nil {
 		return err
 	}
-	if _, err := routing.OpenDrills(ctx, js, cfg.KVReplicas); err != nil {
+	if _, err := routing.OpenDrills(ctx, js, c.KVReplicas); err != nil {
 		return err
 	}
-	claim, err := routing.ClaimNode(ctx, js, "bootstrap", cfg.KVReplicas, func(error) {})
+	claim, err := routing.ClaimNode(ctx, js, "bootstrap", c.KVReplicas, func(error) {})
 	if err != nil {
 		return err
 	}
 	claim.Release(ctx)
-	for _, r := range m.Regions {
-		if _, err := enqueuer.EnsureStream(ctx, js, r, enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}); err != nil {
-			return err
-		}
-	}
-	progress("buckets and %d enqueue streams created (R%d); bootstrap done", len(m.Regions), cfg.StreamReplicas)
 	return nil
 }
 

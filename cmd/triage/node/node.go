@@ -353,22 +353,73 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewAppPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), clock: &shardmap.Clock{}, done: make(chan struct{})}
 	n.obs = newObservability(cfg, logger)
-	met := n.obs.set
 	ok := false
 	defer func() {
 		if !ok {
 			n.Stop()
 		}
 	}()
-	var err error
-	if cfg.Tracing != nil && cfg.tracerProvider == nil {
-		if n.tracing, err = tracing.New(ctx, *cfg.Tracing, "triage", cfg.Region); err != nil {
-			return nil, fmt.Errorf("node config: %w", err)
-		}
-		n.cfg.tracerProvider = n.tracing
-		cfg.tracerProvider = n.tracing
+	if err := n.startTracing(ctx); err != nil {
+		return nil, err
 	}
-	n.obs.tracer = cfg.tracerProvider
+	js, err := n.connectNATS()
+	if err != nil {
+		return nil, err
+	}
+	kv, err := shardmap.OpenBucket(ctx, js, cfg.KVReplicas)
+	if err != nil {
+		return nil, err
+	}
+	m, err := loadMap(ctx, kv, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	maps := shardmap.NewHolder(m)
+	n.kv = kv
+	n.maps = maps
+	var runCtx context.Context
+	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := n.watchMap(ctx, runCtx, js); err != nil {
+		return nil, err
+	}
+	if err := n.migrate(ctx, m); err != nil {
+		return nil, err
+	}
+	if err := n.startRegions(ctx, runCtx, js); err != nil {
+		return nil, err
+	}
+	if err := n.startRoles(ctx, runCtx, js); err != nil {
+		return nil, err
+	}
+	if err := n.startServers(); err != nil {
+		return nil, err
+	}
+	go n.obs.readiness(runCtx, n.Healthy)
+	go n.prunePools(runCtx, maps)
+	ok = true
+	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr, "metrics", n.MetricsAddr)
+	return n, nil
+}
+
+// startTracing starts the node's tracer provider when the config asks
+// for tracing and gives none of its own.
+func (n *Node) startTracing(ctx context.Context) error {
+	if n.cfg.Tracing != nil && n.cfg.tracerProvider == nil {
+		tp, err := tracing.New(ctx, *n.cfg.Tracing, "triage", n.cfg.Region)
+		if err != nil {
+			return fmt.Errorf("node config: %w", err)
+		}
+		n.tracing = tp
+		n.cfg.tracerProvider = tp
+	}
+	n.obs.tracer = n.cfg.tracerProvider
+	return nil
+}
+
+// connectNATS connects to NATS, reconnecting for ever, and opens
+// JetStream.
+func (n *Node) connectNATS() (jetstream.JetStream, error) {
+	cfg := &n.cfg
 	natsOpts, err := shardmap.NATSOptions(cfg.NATSAuth, cfg.NATSTLS)
 	if err != nil {
 		return nil, fmt.Errorf("node config %w", err)
@@ -377,14 +428,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if err != nil {
 		return nil, fmt.Errorf("connect nats %s: %w", cfg.NATS, err)
 	}
-	js, err := jetstream.New(n.nc)
-	if err != nil {
-		return nil, err
-	}
-	kv, err := shardmap.OpenBucket(ctx, js, cfg.KVReplicas)
-	if err != nil {
-		return nil, err
-	}
+	return jetstream.New(n.nc)
+}
+
+// loadMap returns the stored shard map, storing the one in
+// cfg.ShardMapFile first when none is stored yet, and checks that it
+// names the node's region.
+func loadMap(ctx context.Context, kv jetstream.KeyValue, cfg *Config) (*shardmap.Map, error) {
 	var m *shardmap.Map
 	if cfg.ShardMapFile != "" {
 		data, err := os.ReadFile(cfg.ShardMapFile)
@@ -398,40 +448,42 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 		if m, err = shardmap.Bootstrap(ctx, kv, boot); err != nil {
 			return nil, err
 		}
-	} else if m, err = shardmap.Load(ctx, kv); err != nil {
-		return nil, fmt.Errorf("%w (give shard_map_file to bootstrap one)", err)
+	} else {
+		var err error
+		if m, err = shardmap.Load(ctx, kv); err != nil {
+			return nil, fmt.Errorf("%w (give shard_map_file to bootstrap one)", err)
+		}
 	}
 	if !m.HasRegion(cfg.Region) {
 		return nil, fmt.Errorf("region %q is not in the shard map (regions: %v)", cfg.Region, m.Regions)
 	}
-	maps := shardmap.NewHolder(m)
-	n.kv = kv
-	n.maps = maps
-	var runCtx context.Context
-	runCtx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	// Attributed like the roles' logs: a bed runs every region's node in
-	// one process, and a watch stuck in one of them was otherwise
-	// anonymous in its log.
-	go shardmap.Watch(runCtx, js, kv, maps, logger.With("role", "shardmap", "region", cfg.Region))
-	// Start no role on a map the store has not confirmed: one that went
-	// stale MaxStaleness after start would refuse every write.
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-	err = maps.WaitConfirmed(wctx)
-	wcancel()
-	if err != nil {
-		return nil, err
-	}
+	return m, nil
+}
 
-	if err := n.migrate(ctx, m); err != nil {
-		return nil, err
-	}
+// watchMap keeps n.maps current for as long as runCtx runs, and waits
+// until the store has confirmed it: no role starts on a map that would
+// go stale MaxStaleness after start and refuse every write.
+func (n *Node) watchMap(ctx, runCtx context.Context, js jetstream.JetStream) error {
+	// Attributed like the roles' logs: a bed runs every region's node in
+	// one process, and a stuck watch must say whose it is.
+	go shardmap.Watch(runCtx, js, n.kv, n.maps, n.log.With("role", "shardmap", "region", n.cfg.Region))
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	return n.maps.WaitConfirmed(wctx)
+}
+
+// startRegions starts what watches the region: the observer of its
+// shards' health and metrics, and, on a controller's node, the failover
+// controller.
+func (n *Node) startRegions(ctx, runCtx context.Context, js jetstream.JetStream) error {
+	cfg, met, controller := &n.cfg, n.obs.set, slices.Contains(n.cfg.Roles, RoleController)
 	hkv, err := regions.OpenHealth(ctx, js, cfg.KVReplicas)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	met.RegisterShardMap(maps)
-	obs := &regions.Observer{Region: cfg.Region, Maps: maps, Dial: n.pool.Addr, Cred: cfg.MySQL, Logger: logger, Metrics: met}
-	if slices.Contains(cfg.Roles, RoleController) {
+	met.RegisterShardMap(n.maps)
+	obs := &regions.Observer{Region: cfg.Region, Maps: n.maps, Dial: n.pool.Addr, Cred: cfg.MySQL, Logger: n.log, Metrics: met}
+	if controller {
 		// A controller's node reports for its region, which failover
 		// detection reads; the region's other nodes only keep their
 		// metrics, at a slower pace (see regions.Observer).
@@ -439,79 +491,89 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	} else {
 		obs.Every = regions.ObserveMetricsEvery
 	}
-	if cfg.adminGiven || slices.Contains(cfg.Roles, RoleController) {
+	if cfg.adminGiven || controller {
 		// Replica lag needs more than the application account; a node
 		// that was given no admin account reports it unknown rather than
 		// knock on every replica with root every ping.
 		obs.Monitor = &cfg.Admin
 	}
 	go obs.Run(runCtx)
-	if slices.Contains(cfg.Roles, RoleController) {
-		ctl, err := regions.New(regions.Config{
-			ID: cfg.Region + "-" + nuid.Next(), Region: cfg.Region, Maps: maps, MapKV: kv, NC: n.nc, JS: js,
-			Admin: cfg.Admin, Repl: cfg.repl, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
-			Detect: time.Duration(cfg.FailoverDetect), Cooldown: time.Duration(cfg.FailoverCooldown),
-			KVReplicas: cfg.KVReplicas, Logger: logger, Metrics: met,
-		})
-		if err != nil {
-			return nil, err
-		}
-		if err := ctl.Run(runCtx); err != nil {
-			return nil, err
-		}
-		n.Controller = ctl
+	if !controller {
+		return nil
 	}
+	ctl, err := regions.New(regions.Config{
+		ID: cfg.Region + "-" + nuid.Next(), Region: cfg.Region, Maps: n.maps, MapKV: n.kv, NC: n.nc, JS: js,
+		Admin: cfg.Admin, Repl: cfg.repl, Dial: n.pool.Addr, ReplicationVia: cfg.ReplicationVia,
+		Detect: time.Duration(cfg.FailoverDetect), Cooldown: time.Duration(cfg.FailoverCooldown),
+		KVReplicas: cfg.KVReplicas, Logger: n.log, Metrics: met,
+	})
+	if err != nil {
+		return err
+	}
+	if err := ctl.Run(runCtx); err != nil {
+		return err
+	}
+	n.Controller = ctl
+	return nil
+}
+
+// startRoles starts the queue's roles the node runs: enqueuer, dequeuer
+// and router, in that order.
+func (n *Node) startRoles(ctx, runCtx context.Context, js jetstream.JetStream) error {
+	cfg, met := &n.cfg, n.obs.set
+	var err error
 	// The ownership bucket also carries the roles' presence per region.
 	if n.owners, err = dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
-		return nil, err
+		return err
 	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
-		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
+		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: n.maps, Pool: n.pool, NC: n.nc, JS: js,
 			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners, PlaceLeaders: cfg.StreamReplicas > 1,
 			FastCopies: cfg.StreamReplicas > 1,
-			AckWait:    time.Duration(cfg.EnqueueAckWait), Logger: logger, Metrics: met, Tracer: cfg.tracerProvider})
+			AckWait:    time.Duration(cfg.EnqueueAckWait), Logger: n.log, Metrics: met, Tracer: cfg.tracerProvider})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := n.enq.Start(runCtx); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
-		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: logger, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider}
+		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: n.maps, Pool: n.pool, NC: n.nc, JS: js,
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: n.log, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := n.deq.Start(runCtx); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if slices.Contains(cfg.Roles, RoleRouter) {
-		if err := n.startRouter(ctx, runCtx, js, maps); err != nil {
-			return nil, err
-		}
+		return n.startRouter(ctx, runCtx, js, n.maps)
 	}
-	if cfg.Pprof != "" {
+	return nil
+}
+
+// startServers starts the debug (pprof) and metrics listeners the config
+// names.
+func (n *Node) startServers() error {
+	if n.cfg.Pprof != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		mux.Handle("/debug/vars", expvar.Handler())
-		n.pprof = &http.Server{Addr: cfg.Pprof, Handler: mux}
+		n.pprof = &http.Server{Addr: n.cfg.Pprof, Handler: mux}
 		go func() { _ = n.pprof.ListenAndServe() }()
 	}
-	if cfg.Metrics != "" {
-		if n.MetricsAddr, err = n.obs.serve(cfg.Metrics); err != nil {
-			return nil, err
+	if n.cfg.Metrics != "" {
+		var err error
+		if n.MetricsAddr, err = n.obs.serve(n.cfg.Metrics); err != nil {
+			return err
 		}
 	}
-	go n.obs.readiness(runCtx, n.Healthy)
-	go n.prunePools(runCtx, maps)
-	ok = true
-	logger.Info("node started", "region", cfg.Region, "roles", cfg.Roles, "grpc", n.GRPCAddr, "http", n.HTTPAddr, "metrics", n.MetricsAddr)
-	return n, nil
+	return nil
 }
 
 // prunePools closes the pools to servers that are no longer a shard's
