@@ -43,7 +43,7 @@ import (
 // primary-kill took 5.1-6.9 s and its partition 10.6-15.1 s, with 31
 // containers on the 2 cores, every controller step a WAN round trip and a
 // cut that times out rather than refuses (Detect, not DetectRefused); see
-// the README. The safety assertions (nothing lost, nothing
+// deploy/compose/README.md. The safety assertions (nothing lost, nothing
 // resurrected after ack, no nack undone, no isolated write after
 // publication) are exact.
 const (

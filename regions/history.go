@@ -112,10 +112,9 @@ func (c *Controller) persist(ctx context.Context) {
 // in time order. It runs when the controller becomes leader. The read
 // holds no lock: a leader elected because a region died finds JetStream
 // electing new stream leaders too, and the read can take its whole bound
-// (10 s). It used to hold busy for it, so the new leader's first failover
-// waited behind the history for the console (region-down drills fenced
-// the dead primary 10 s after detecting it). Only the merge takes busy,
-// so that no failover's eventsSince sees the list change under it.
+// (10 s), and holding busy for it would make the new leader's first
+// failover wait behind the history for the console. Only the merge takes
+// busy, so that no failover's eventsSince sees the list change under it.
 func (c *Controller) loadHistory(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	loaded, err := readHistory(rctx, c.cfg.JS)

@@ -163,7 +163,7 @@
 // By the code a consumer's Dequeue + Ack cycle has about ten such
 // wake-ups (the gRPC server's handler, the serve and ack batches' replies,
 // the client's response), as does an enqueue; routing's enqueue admission
-// rests on that reading (README.md has the figures).
+// rests on that reading (deploy/bench/README.md has the figures).
 //
 // The load generators run in this process and take CPU the node does not
 // get; nothing keeps them from it (a second process would share the same

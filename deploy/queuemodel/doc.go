@@ -1,6 +1,6 @@
 // Package queuemodel is a small in-memory reference model of Triage's
-// documented queue semantics (README "Semantics", "Queue features"), used to
-// check a history of real API calls step by step, in the style of Jepsen's
+// documented queue semantics (README "Concepts"), which checks a history
+// of real API calls step by step, in the style of Jepsen's
 // queue checkers and porcupine: every answer the system gives is either one
 // the documented semantics allow, or a violation (lost, duplicated,
 // unexpected, early, out of order, wrong attempts, ...).

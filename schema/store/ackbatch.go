@@ -121,14 +121,12 @@ func (b *AckBatcher) run(k ackKey, a *ackBatch) {
 // schema.KeyValues, so it locks, and waits for, the named rows only, in id
 // order, as the serve UPDATE does.
 //
-// Until 2026-11-27 this was one single-table "DELETE ... WHERE id IN (...)
-// RETURNING": RETURNING needs the single-table form, which takes no index
-// hint in MariaDB 10.11, and once a batch named more ids than the
-// optimizer believed the table held (steady state: a table of a few dozen
-// rows, acks of a hundred), it scanned the whole table under row locks,
-// waited for rows being served or inserted, and deadlocked with serves
-// (72 deadlocks in 40 s on one shard of triage-steady; two Dequeues failed
-// when a serve lost five times running).
+// It is not one single-table "DELETE ... WHERE id IN (...) RETURNING":
+// RETURNING needs the single-table form, which takes no index hint in
+// MariaDB 10.11, and once a batch names more ids than the optimizer
+// believes the table holds (a steady-state table of a few dozen rows, acks
+// of a hundred), that form scans the whole table under row locks, waits
+// for rows being served or inserted, and deadlocks with serves.
 func (s Store) ItemAckDelete(ctx context.Context, p ItemAckParams) ([]error, error) {
 	results := make([]error, len(p.Refs))
 	if len(p.Refs) == 0 {

@@ -349,7 +349,7 @@ func columns(it *peerv1.BufferedItem) (dedup any, payload []byte, meta any) {
 	return dedup, payload, meta
 }
 
-// deadLetter moves an item the items table refused to dead_letters, with
+// deadLetter moves an item the items table refused into dead_letters, with
 // the reason, in tx; should dead_letters refuse it too, to refused_items.
 func deadLetter(ctx context.Context, tx *sqlx.Tx, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, reason string, nowUS int64) error {
 	dedup, payload, meta := columns(it)

@@ -1,6 +1,6 @@
 // Package natsserver runs an embedded NATS server with JetStream, for the
 // local bed and for tests. Triage uses NATS as a buffer and control plane,
-// never as the system of record; see the README for the fsync caveat.
+// never as the system of record; see the README's Durability section for the fsync caveat.
 //
 // Config.Auth makes it require logins (auth.go): one for Triage's own
 // processes, allowed the internal subjects (triage.>, JetStream, KV, and
