@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -30,6 +31,7 @@ import (
 	"github.com/triage-queue/triage/cmd/triage/natsserver"
 	"github.com/triage-queue/triage/deploy/compose"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -60,6 +62,11 @@ type composeBed struct {
 //     inbox and to every subject Triage uses, while Triage's login uses
 //     JetStream; and the client login's subscription to ">" gets none of
 //     Triage's traffic while the tour below runs;
+//   - MySQL TLS, as on the process bed: the application account's login
+//     over plain TCP to any MariaDB server is refused (1045, REQUIRE SSL)
+//     and over TLS verified with the bed's CA it is served, and every
+//     replica replicates over TLS (Master_SSL_Allowed); after the drills
+//     too, which repoint and rejoin replicas;
 //   - the WAN: a round trip from each region to a MariaDB server of each
 //     other region, as a client there sees it, takes at least 40 ms
 //     (20 ms one way through the gateways), and a region's containers
@@ -105,6 +112,8 @@ func TestCompose(t *testing.T) {
 	rec.at("keys and NATS logins")
 	b.checkKeys(ctx, bed)
 	snooped := b.checkNATSLogins(ctx, bed)
+	rec.at("MySQL TLS")
+	checkMySQLTLS(ctx, t, bed)
 	for _, from := range composeRegions {
 		rtts, err := bed.RoundTrips(ctx, from)
 		require.NoError(t, err)
@@ -149,6 +158,10 @@ func TestCompose(t *testing.T) {
 	rec.add("primary-kill: " + summary(rep))
 	checkDrill(t, rep, composePrimaryKillRTO)
 	t.Logf("drills took %.1fs", time.Since(drills).Seconds())
+	rec.at("MySQL TLS after the drills")
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer dcancel()
+	checkMySQLTLS(dctx, t, bed)
 
 	rec.at("grow online (shard 4)")
 
@@ -157,6 +170,35 @@ func TestCompose(t *testing.T) {
 	defer gcancel()
 	b.addSpareShard(gctx, topic)
 	t.Logf("spare shard added and served %.1fs after the drills", time.Since(grow).Seconds())
+}
+
+// checkMySQLTLS checks, on every MariaDB server of the bed's map, that the
+// application account cannot log in over plain TCP (1045: the bootstrap
+// made it REQUIRE SSL) but can over TLS with the bed's CA, and that every
+// replica connects to its primary over TLS (Master_SSL_Allowed = Yes):
+// the bootstrap's replication_tls at start, the controllers' after a
+// failover's repoint and a deposed primary's rejoin. Root's plain login,
+// which ServerStatus uses, is what the bed's fault injection uses too.
+func checkMySQLTLS(ctx context.Context, t *testing.T, bed *compose.Bed) {
+	t.Helper()
+	replicas := 0
+	for i := range composeRegions {
+		for _, r := range composeRegions {
+			svc := fmt.Sprintf("mariadb-s%d-%s", i+1, r)
+			err := bed.AppLogin(ctx, svc, false)
+			var me *mysql.MySQLError
+			require.ErrorAs(t, err, &me, "%s: the application account's plain TCP login", svc)
+			require.Equal(t, uint16(1045), me.Number, "%s: %v", svc, err)
+			require.NoError(t, bed.AppLogin(ctx, svc, true), "%s: the application account over TLS", svc)
+			st, err := bed.ServerStatus(ctx, svc)
+			require.NoError(t, err, svc)
+			if st.Role == replication.RoleReplica {
+				replicas++
+				require.True(t, st.TLS, "%s replicates from %s without TLS (Master_SSL_Allowed)", svc, st.PrimaryAddr)
+			}
+		}
+	}
+	require.Equal(t, len(composeRegions)*(len(composeRegions)-1), replicas, "every shard's servers but its primary replicate")
 }
 
 // recap repeats, at the very end of a failed run's output, the step it

@@ -177,7 +177,9 @@ func (r *Router) forward(ctx context.Context, owner string, req *triagev1.Dequeu
 	ctx, span := r.tracer.Start(ctx, "dequeue.forward", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("triage.dequeuer", owner), attribute.Int("triage.shards", len(shards))))
 	defer func() { tracing.End(span, err, attribute.Int("triage.items", len(items))) }()
-	items, err = r.dq.Dequeue(ctx, owner, req, shards)
+	items, err = askWhileOwner(ctx, r.cfg.Owners, owner, shards, func(ctx context.Context) ([]*triagev1.LeasedItem, error) {
+		return r.dq.Dequeue(ctx, owner, req, shards)
+	})
 	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, peer.ErrNotOwner) {
 		r.cfg.Owners.Reload(ctx, shards)
 	}

@@ -612,9 +612,11 @@ func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*tr
 const HandOverWait = 2 * time.Second
 
 // ownerMoved tells the errors of a Dequeue that the shard's next owner
-// will answer: its owner handed it over or is gone, or none holds it.
+// will answer: its owner handed it over or is gone, none holds it, or
+// another claimed it while the call waited (askWhileOwner).
 func ownerMoved(err error) bool {
-	return errors.Is(err, peer.ErrNotOwner) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errNoOwner)
+	return errors.Is(err, peer.ErrNotOwner) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, errNoOwner) ||
+		errors.Is(err, errOwnerChanged)
 }
 
 // errNoOwner: no dequeuer holds a shard's claim.

@@ -45,7 +45,7 @@ volumes=$(docker volume ls -q --filter "$label")
 [ -z "$volumes" ] || step docker volume rm $volumes
 if [ -d "$bed_dir" ]; then
   # compose.bedFiles; TestDownRemovesTheBedDir holds the two lists together.
-  for f in keys.json token nats-ca.crt nats-server.crt nats-server.key nats-triage nats-client nats-route; do
+  for f in keys.json token ca.crt nats-server.crt nats-server.key mysql-server.crt mysql-server.key nats-triage nats-client nats-route; do
     step rm -f "$bed_dir/$f"
   done
   rmdir "$bed_dir" 2>/dev/null || true

@@ -184,23 +184,38 @@ type (
 	genNATSTLS struct {
 		CAFile string `json:"ca_file"`
 	}
+	// genTLS is a MySQL connection's TLS (shardmap.MySQLTLS) and a
+	// replica's (replication.TLS): the bed's CA, checked against the name
+	// dialed, which the servers' certificate carries.
+	genTLS struct {
+		CAFile string `json:"ca_file"`
+	}
+	// genAdmin is the admin account, over TLS.
+	genAdmin struct {
+		User         string  `json:"user"`
+		PasswordFile string  `json:"password_file"`
+		TLS          *genTLS `json:"tls"`
+	}
 	genBootstrap struct {
-		ShardMapFile   string                       `json:"shard_map_file"`
-		Admin          genAccount                   `json:"admin"`
-		NATS           []string                     `json:"nats"`
-		NATSAuth       genAccount                   `json:"nats_auth"`
-		NATSTLS        genNATSTLS                   `json:"nats_tls"`
-		MySQL          genAccount                   `json:"mysql"`
-		Replication    genAccount                   `json:"replication"`
-		ReplicationVia map[string]map[string]string `json:"replication_via"`
-		KVReplicas     int                          `json:"kv_replicas"`
-		StreamReplicas int                          `json:"stream_replicas"`
-		OwnerTTL       string                       `json:"owner_ttl"`
-		SpareShards    []genShard                   `json:"spare_shards,omitempty"`
+		ShardMapFile    string                       `json:"shard_map_file"`
+		Admin           genAdmin                     `json:"admin"`
+		NATS            []string                     `json:"nats"`
+		NATSAuth        genAccount                   `json:"nats_auth"`
+		NATSTLS         genNATSTLS                   `json:"nats_tls"`
+		MySQL           genAccount                   `json:"mysql"`
+		MySQLRequireSSL bool                         `json:"mysql_require_ssl"`
+		Replication     genAccount                   `json:"replication"`
+		ReplicationTLS  *genTLS                      `json:"replication_tls"`
+		ReplicationVia  map[string]map[string]string `json:"replication_via"`
+		KVReplicas      int                          `json:"kv_replicas"`
+		StreamReplicas  int                          `json:"stream_replicas"`
+		OwnerTTL        string                       `json:"owner_ttl"`
+		SpareShards     []genShard                   `json:"spare_shards,omitempty"`
 	}
 	genMySQL struct {
 		User         string            `json:"user"`
 		PasswordFile string            `json:"password_file"`
+		TLS          *genTLS           `json:"tls"`
 		DialVia      map[string]string `json:"dial_via"`
 	}
 	genNode struct {
@@ -214,8 +229,9 @@ type (
 		KeysFile       string                       `json:"keys_file,omitempty"`
 		Metrics        string                       `json:"metrics"`
 		MySQL          genMySQL                     `json:"mysql"`
-		Admin          *genAccount                  `json:"admin,omitempty"`
+		Admin          *genAdmin                    `json:"admin,omitempty"`
 		Replication    *genAccount                  `json:"replication,omitempty"`
+		ReplicationTLS *genTLS                      `json:"replication_tls,omitempty"`
 		ReplicationVia map[string]map[string]string `json:"replication_via,omitempty"`
 		OwnerTTL       string                       `json:"owner_ttl"`
 		KVReplicas     int                          `json:"kv_replicas"`
@@ -277,10 +293,22 @@ func Generate(t Topology) (map[string][]byte, error) {
 	// route login's, the CA and the servers' certificate are the bed
 	// directory's (WriteBedDir), new for every bed.
 	natsLogin := genAccount{natsUser, secretPath(bedNATSTriage)}
-	natsTLS := genNATSTLS{secretPath(bedNATSCA)}
-	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: genAccount{adminUser, secretPath(adminSecret)}, ReplicationVia: replVia,
-		NATSAuth: natsLogin, NATSTLS: natsTLS, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, Replication: replAccount,
-		KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+	natsTLS := genNATSTLS{secretPath(bedCA)}
+	// MySQL: every server offers TLS with the bed directory's certificate
+	// (mysqlArgs), which names every server and every gateway, so every
+	// connection verifies the server against the host it dials, its own
+	// region's server by name or another region's as the gateway. The
+	// application and replication accounts are REQUIRE SSL (the
+	// bootstrap's mysql_require_ssl and replication_tls), so their logins
+	// over plain TCP are refused; root is not, for the bed's own checks
+	// and fault injection from the Docker host. The CA's path is the same
+	// in every container, MariaDB's included, which reads it for
+	// CHANGE MASTER TO ... MASTER_SSL_CA.
+	mysqlTLS := &genTLS{secretPath(bedCA)}
+	admin := genAdmin{adminUser, secretPath(adminSecret), mysqlTLS}
+	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: admin, ReplicationVia: replVia,
+		NATSAuth: natsLogin, NATSTLS: natsTLS, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, MySQLRequireSSL: true,
+		Replication: replAccount, ReplicationTLS: mysqlTLS, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
 	for _, r := range t.Regions {
 		boot.NATS = append(boot.NATS, natsURL(r))
 	}
@@ -306,7 +334,7 @@ func Generate(t Topology) (map[string][]byte, error) {
 		}
 		for _, role := range roles {
 			c := genNode{Region: r, Roles: []string{role}, NATS: natsURL(r), NATSAuth: natsLogin, NATSTLS: natsTLS,
-				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), DialVia: via(r, eps[:len(servers)])},
+				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), TLS: mysqlTLS, DialVia: via(r, eps[:len(servers)])},
 				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3, Metrics: metricsListen}
 			if role == "router" {
 				// Every interface of the container, published on the
@@ -316,8 +344,9 @@ func Generate(t Topology) (map[string][]byte, error) {
 				c.GRPC, c.HTTP, c.KeysFile = "0.0.0.0:9090", "0.0.0.0:8080", keysPath
 			}
 			if role == "controller" {
-				c.Admin = &genAccount{adminUser, secretPath(adminSecret)}
+				c.Admin = &admin
 				c.Replication = &replAccount
+				c.ReplicationTLS = mysqlTLS
 				c.ReplicationVia = replVia
 			}
 			if err := put(path.Join("config", r, role+".json"), c); err != nil {
@@ -466,7 +495,13 @@ func (b *writer) mariadb(s server, i int) {
 	}
 	b.w("\n  # shard %d's server in %s: %s.\n  %s:\n    <<: *mariadb\n", s.shard, s.region, what, s.service)
 	b.w("    environment:\n      SERVER_ID: \"%d\"\n      READ_ONLY: \"%s\"\n      ROOT_PASSWORD: root\n", s.serverID, ro)
+	// TLS with the bed directory's certificate (the entrypoint passes its
+	// arguments to mariadbd): every server offers it, and the accounts
+	// that require it are the bootstrap's business.
+	b.w("    command: [\"--ssl-ca=%s\", \"--ssl-cert=%s\", \"--ssl-key=%s\"]\n",
+		secretPath(bedCA), secretPath(bedMySQLCert), secretPath(bedMySQLKey))
 	b.w("    volumes:\n      - %s:/var/lib/mysql\n", s.service)
+	b.w("%s%s%s", mountBed(bedCA), mountBed(bedMySQLCert), mountBed(bedMySQLKey))
 	kv := []string{LabelRegion, s.region, LabelRegionIndex, strconv.Itoa(i), LabelRole, "mariadb",
 		LabelShard, strconv.Itoa(int(s.shard)), LabelAddr, s.addr(), LabelStartedAs, as}
 	if s.spare {
@@ -526,7 +561,7 @@ func composeFile(t Topology, servers []server) []byte {
 		// gateways by name: the one certificate carries every server's
 		// and every gateway's name.
 		w("              \"--tls-cert\", \"%s\", \"--tls-key\", \"%s\", \"--tls-ca\", \"%s\", \"--tls-routes\"]\n",
-			secretPath(bedNATSCert), secretPath(bedNATSKey), secretPath(bedNATSCA))
+			secretPath(bedNATSCert), secretPath(bedNATSKey), secretPath(bedCA))
 		// Healthy means JetStream answers and the server has its route to
 		// every other region's: core NATS (the enqueue and dequeue replies)
 		// crosses only direct routes, and a partial mesh still has a
@@ -535,7 +570,7 @@ func composeFile(t Topology, servers []server) []byte {
 		w("      interval: 15s\n      timeout: 30s\n      retries: 120\n")
 		w("    volumes:\n      - %s:/data\n", svc)
 		w("%s%s%s", mountBed(bedNATSTriage), mountBed(bedNATSClient), mountBed(bedNATSRoute))
-		w("%s%s%s", mountBed(bedNATSCA), mountBed(bedNATSCert), mountBed(bedNATSKey))
+		w("%s%s%s", mountBed(bedCA), mountBed(bedNATSCert), mountBed(bedNATSKey))
 		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
 		w("    networks: [%s]\n", r)
 	}
@@ -547,7 +582,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    command: [\"bootstrap\", \"--config\", \"/etc/triage/bootstrap.json\"]\n")
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
-	w("%s%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountBed(bedNATSTriage), mountBed(bedNATSCA))
+	w("%s%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountBed(bedNATSTriage), mountBed(bedCA))
 	labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
@@ -565,7 +600,7 @@ func composeFile(t Topology, servers []server) []byte {
 			w("\n  %s:\n    <<: *triage\n", svc)
 			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
 			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
-			w("%s%s%s", mountSecret(appSecret), mountBed(bedNATSTriage), mountBed(bedNATSCA))
+			w("%s%s%s", mountSecret(appSecret), mountBed(bedNATSTriage), mountBed(bedCA))
 			if role == "controller" {
 				w("%s%s", mountSecret(adminSecret), mountSecret(replSecret))
 			}
@@ -651,18 +686,14 @@ func spareFile(t Topology, spares []server) []byte {
 const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
 
 // Health checks run every 15 s (the first 15 s after start). Each is a
-// docker exec, a runc process and the probe: at 1 s, the 27 containers'
-// checks took most of a 2-core machine, and at 5 s the 31 containers' (a
-// spare shard's three servers included) still did. On 2026-11-25 an idle
-// bed kept both cores busy, more than half of it in the kernel, with 40
-// runnable processes; a docker exec took 10 s, and a TestCompose probe
-// whose mariadb client had printed its last result and "Bye" was killed
-// when its docker exec had not returned 45 s later. Docker 20.10 has no
-// start_interval, so the bed waits up to 15 s more per stage of its
-// start (servers, then roles) instead. A check may take up to 30 s: under
-// a load average of 50 the exec alone took over 5 s, and with a 5 s
-// timeout a node that had been ready for minutes stayed "starting" until
-// up.sh gave up.
+// docker exec, a runc process and the probe, and on a 2-core machine
+// checks every second or every 5 s across the bed's 27-31 containers take
+// most of both cores (an idle bed with 40 runnable processes, a docker
+// exec taking 10 s). Docker 20.10 has no start_interval, so the bed waits
+// up to 15 s more per stage of its start (servers, then roles) instead.
+// A check may take up to 30 s: under a heavy load the exec alone takes
+// over 5 s, and a shorter timeout keeps a ready node "starting" until
+// up.sh gives up.
 
 const probe = `    healthcheck:
       test: ["CMD", "/triage", "probe", "http://127.0.0.1:7070/healthz"]

@@ -17,6 +17,7 @@ import (
 	"github.com/triage-queue/triage/cmd/triage/bootstrap"
 	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/cmd/triage/provision"
+	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -39,7 +40,12 @@ func TestGeneratedFilesAreCurrent(t *testing.T) {
 
 // TestGeneratedConfigsDecode: every node config is a node.Config and the
 // bootstrap config a Config, field for field (triage serve and triage
-// bootstrap refuse unknown fields), and the shard map parses.
+// bootstrap refuse unknown fields), and the shard map parses. MySQL runs
+// over TLS: every server gets the bed's certificate, every role's
+// application account and the controllers' and bootstrap's admin account
+// verify it with the bed's CA, the bootstrap makes the application
+// account REQUIRE SSL, and every replica the bootstrap or a controller
+// points connects over TLS.
 func TestGeneratedConfigsDecode(t *testing.T) {
 	t.Parallel()
 	top := DefaultTopology()
@@ -74,8 +80,9 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			require.Equal(t, "triage", c.MySQL.User, role)
 			require.Empty(t, c.MySQL.Password, role)
 			require.Equal(t, secretPath(appSecret), c.MySQL.PasswordFile, role)
+			require.Equal(t, &shardmap.MySQLTLS{CAFile: secretPath(bedCA)}, c.MySQL.TLS, role)
 			require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(bedNATSTriage)}, c.NATSAuth, role)
-			require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedNATSCA)}, c.NATSTLS, role)
+			require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedCA)}, c.NATSTLS, role)
 			require.Equal(t, "tls://nats-"+r+":4222", c.NATS, role)
 			// Scraped on the region's network; the router listens on
 			// every interface with API keys, so it needs no insecure.
@@ -89,20 +96,26 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 			if role == "controller" {
 				require.Equal(t, secretPath(adminSecret), c.Admin.PasswordFile)
 				require.Empty(t, c.Admin.Password)
+				require.Equal(t, &shardmap.MySQLTLS{CAFile: secretPath(bedCA)}, c.Admin.TLS)
 				require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, c.Replication)
+				require.Equal(t, &replication.TLS{CAFile: secretPath(bedCA)}, c.ReplicationTLS)
 			} else {
 				require.Zero(t, c.Admin, role)
 				require.Zero(t, c.Replication, role)
+				require.Nil(t, c.ReplicationTLS, role)
 			}
 		}
 	}
 	require.Equal(t, secretPath(adminSecret), boot.Admin.PasswordFile)
 	require.Equal(t, &shardmap.NATSLogin{User: natsUser, PasswordFile: secretPath(bedNATSTriage)}, boot.NATSAuth)
-	require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedNATSCA)}, boot.NATSTLS)
+	require.Equal(t, &shardmap.NATSTLS{CAFile: secretPath(bedCA)}, boot.NATSTLS)
 	for _, u := range boot.NATS {
 		require.True(t, strings.HasPrefix(u, "tls://"), u)
 	}
 	require.Empty(t, boot.Admin.Password)
+	require.Equal(t, &shardmap.MySQLTLS{CAFile: secretPath(bedCA)}, boot.Admin.TLS)
+	require.True(t, boot.MySQLRequireSSL, "the application account's plain logins are refused")
+	require.Equal(t, &replication.TLS{CAFile: secretPath(bedCA)}, boot.ReplicationTLS, "the CA as the replicas' mariadbd see it")
 	require.Equal(t, shardmap.Account{User: provision.BedAccounts.Repl.User, PasswordFile: secretPath(replSecret)}, boot.Replication)
 	require.Equal(t, shardmap.Account{User: "triage", PasswordFile: secretPath(appSecret)}, boot.MySQL, "the application password the roles read")
 	require.Equal(t, provision.BedAccounts.Repl.Password+"\n", string(files[replSecret]))
@@ -111,13 +124,17 @@ func TestGeneratedConfigsDecode(t *testing.T) {
 	require.Equal(t, len(top.Regions), strings.Count(yml, `"--host", "0.0.0.0", "--http-port", "8222"`), "every NATS server listens on its network, with the monitoring port its health check asks")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(adminSecret)), "the bootstrap and the controllers mount the admin password")
 	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountBed(bedNATSTriage)), "Triage's NATS login: bootstrap, roles, servers")
-	require.Equal(t, 1+(len(roles)+1)*len(top.Regions), strings.Count(yml, mountBed(bedNATSCA)), "the NATS CA: bootstrap, roles, servers")
+	servers := len(top.servers()) - top.SpareShards*len(top.Regions)
+	require.Equal(t, 1+(len(roles)+1)*len(top.Regions)+servers, strings.Count(yml, mountBed(bedCA)), "the CA: bootstrap, roles, NATS and MariaDB servers")
+	require.Equal(t, servers, strings.Count(yml, mountBed(bedMySQLKey)), "the MariaDB servers' private key: the MariaDB servers only")
+	require.Equal(t, servers, strings.Count(yml, `    command: ["--ssl-ca=`+secretPath(bedCA)+`", "--ssl-cert=`+secretPath(bedMySQLCert)+`", "--ssl-key=`+secretPath(bedMySQLKey)+`"]`),
+		"every MariaDB server offers TLS")
 	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSClient)), "the client login: the servers only")
 	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSKey)), "the servers' private key: the servers only")
 	require.Equal(t, len(top.Regions), strings.Count(yml, bedDirVar+"/"+bedKeys+":"+keysPath+":ro"), "the keys file: the routers only")
 	require.NotContains(t, yml, bedToken+":", "the API key itself is mounted nowhere")
 	require.Equal(t, len(top.Regions), strings.Count(yml, `"--triage-password-file", "`+secretPath(bedNATSTriage)+`"`), "every NATS server requires logins")
-	require.Equal(t, len(top.Regions), strings.Count(yml, `"--tls-ca", "`+secretPath(bedNATSCA)+`", "--tls-routes"]`), "every NATS server requires TLS, routes included")
+	require.Equal(t, len(top.Regions), strings.Count(yml, `"--tls-ca", "`+secretPath(bedCA)+`", "--tls-routes"]`), "every NATS server requires TLS, routes included")
 	require.Equal(t, 1+len(top.Regions), strings.Count(yml, mountSecret(replSecret)), "the bootstrap and the controllers mount the replication password")
 	require.Equal(t, len(top.Regions), strings.Count(yml, mountBed(bedNATSRoute)), "the route login: the servers only")
 	require.Equal(t, len(top.Regions), strings.Count(yml, `"--route-password-file", "`+secretPath(bedNATSRoute)+`"`), "every NATS server requires the route login")
@@ -210,7 +227,8 @@ func TestSpareShards(t *testing.T) {
 		c, ok := over.Services[svc]
 		require.True(t, ok, svc)
 		require.Contains(t, c.Image, "TRIAGE_MARIADB_IMAGE", "the x-mariadb anchor of the override itself")
-		require.Equal(t, []string{svc + ":/var/lib/mysql"}, c.Volumes)
+		require.Equal(t, []string{svc + ":/var/lib/mysql", mountTarget(bedCA), mountTarget(bedMySQLCert), mountTarget(bedMySQLKey)}, c.Volumes)
+		require.Equal(t, []string{"--ssl-ca=" + secretPath(bedCA), "--ssl-cert=" + secretPath(bedMySQLCert), "--ssl-key=" + secretPath(bedMySQLKey)}, c.Command, "TLS")
 		require.Equal(t, names{spareAddrs[addr]}, c.Networks)
 		require.Equal(t, "true", c.Labels[LabelSpare], svc)
 		require.Equal(t, addr, c.Labels[LabelAddr])
@@ -269,6 +287,11 @@ func TestSpareShards(t *testing.T) {
 		}
 		require.Equal(t, 12, found, "region %d's gateway", i)
 	}
+}
+
+// mountTarget is mountBed's volume as YAML reads it.
+func mountTarget(name string) string {
+	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(mountBed(name)), "- "))
 }
 
 // TestNoSpareShards: without spares there is no override and no
@@ -333,7 +356,7 @@ func TestComposeFilesValidate(t *testing.T) {
 	bs := merged.Services["bootstrap"]
 	require.Equal(t, []string{"bootstrap", "--config", "/etc/triage/bootstrap-spare.json"}, bs.Command)
 	require.Len(t, bs.Volumes, 8, "shardmap.json, bootstrap.json, bootstrap-spare.json, the admin, application and replication passwords, and the NATS password and CA")
-	require.Contains(t, bs.Volumes, "/nonexistent/bed/"+bedNATSCA+":"+secretPath(bedNATSCA)+":ro")
+	require.Contains(t, bs.Volumes, "/nonexistent/bed/"+bedCA+":"+secretPath(bedCA)+":ro")
 	require.True(t, slices.ContainsFunc(bs.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/etc/triage/bootstrap-spare.json:ro") }))
 	require.Contains(t, bs.DependsOn, "mariadb-s1-us-east", "the base's servers")
 	for _, s := range spares {

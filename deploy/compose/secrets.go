@@ -25,21 +25,26 @@ import (
 // The files of a bed directory (TRIAGE_BED_DIR): what a running bed's
 // containers mount besides config/, made by WriteBedDir when up.sh starts
 // the bed and removed by down.sh. Unlike config/, nothing here is
-// committed: the API key, the NATS passwords and the NATS servers' private
-// key are new for every bed, as the process bed's are.
+// committed: the API key, the NATS passwords and the servers' private keys
+// are new for every bed, as the process bed's are.
 const (
 	// bedKeys is the routers' keys file: the hash of bedToken, cluster-admin.
 	bedKeys = "keys.json"
 	// bedToken is the API key itself, which no container mounts: the
 	// drills, TestCompose and the tour read it on the host.
 	bedToken = "token"
-	// bedNATSCA is the throwaway CA's certificate (its key is never
-	// written), bedNATSCert and bedNATSKey the NATS servers' one
-	// certificate and key, which serve the client port and both ends of
-	// every route.
-	bedNATSCA   = "nats-ca.crt"
+	// bedCA is the throwaway CA's certificate (its key is never written),
+	// which every NATS and MariaDB client verifies the servers with.
+	bedCA = "ca.crt"
+	// bedNATSCert and bedNATSKey are the NATS servers' one certificate and
+	// key, which serve the client port and both ends of every route.
 	bedNATSCert = "nats-server.crt"
 	bedNATSKey  = "nats-server.key"
+	// bedMySQLCert and bedMySQLKey are the MariaDB servers' one
+	// certificate and key (--ssl-cert, --ssl-key), for the nodes' pools and
+	// the replicas' connections to their primary.
+	bedMySQLCert = "mysql-server.crt"
+	bedMySQLKey  = "mysql-server.key"
 	// The NATS passwords: Triage's login, the client login applications
 	// use, and the route login.
 	bedNATSTriage = "nats-triage"
@@ -49,7 +54,7 @@ const (
 
 // bedFiles are every file WriteBedDir writes, in the order down.sh lists
 // them.
-var bedFiles = []string{bedKeys, bedToken, bedNATSCA, bedNATSCert, bedNATSKey, bedNATSTriage, bedNATSClient, bedNATSRoute}
+var bedFiles = []string{bedKeys, bedToken, bedCA, bedNATSCert, bedNATSKey, bedMySQLCert, bedMySQLKey, bedNATSTriage, bedNATSClient, bedNATSRoute}
 
 // bedDirVar is how docker-compose.yml names the bed directory; without
 // TRIAGE_BED_DIR docker-compose refuses the file, saying who makes it.
@@ -66,10 +71,13 @@ const bedCertLifetime = 90 * 24 * time.Hour
 // WriteBedDir makes dir a bed directory for t, unless it is one already
 // (it holds every file of one): a new cluster-admin API key and the keys
 // file with its hash, random NATS passwords, and a throwaway CA with the
-// NATS servers' certificate for every server's and every gateway's name
-// (the routes dial the gateways). Files are 0600 but the CA's certificate
-// and the keys file, which hold nothing secret. It reports whether it
-// wrote anything.
+// NATS servers' certificate for every NATS server's and every gateway's
+// name (the routes dial the gateways) and the MariaDB servers' for every
+// MariaDB server's and every gateway's name (another region's server is
+// dialed as its gateway, by nodes and replicas alike, and is verified
+// against the name dialed). Files are 0600 but the CA's certificate and
+// the keys file, which hold nothing secret. It reports whether it wrote
+// anything.
 func WriteBedDir(dir string, t Topology) (bool, error) {
 	complete := true
 	for _, f := range bedFiles {
@@ -91,11 +99,23 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var names []string
+	var natsNames, mysqlNames []string
 	for _, r := range t.Regions {
-		names = append(names, "nats-"+r, gateway(r))
+		natsNames = append(natsNames, "nats-"+r, gateway(r))
+		mysqlNames = append(mysqlNames, gateway(r))
 	}
-	ca, cert, key, err := natsCerts(names)
+	for _, s := range t.servers() {
+		mysqlNames = append(mysqlNames, s.service)
+	}
+	ca, err := newCA()
+	if err != nil {
+		return false, err
+	}
+	natsCert, natsKey, err := ca.issue("triage compose bed NATS", natsNames)
+	if err != nil {
+		return false, err
+	}
+	mysqlCert, mysqlKey, err := ca.issue("triage compose bed MariaDB", mysqlNames)
 	if err != nil {
 		return false, err
 	}
@@ -105,9 +125,11 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 		perm os.FileMode
 	}{
 		{bedKeys, append(keys, '\n'), 0o644},
-		{bedNATSCA, ca, 0o644},
-		{bedNATSCert, cert, 0o600},
-		{bedNATSKey, key, 0o600},
+		{bedCA, ca.pem, 0o644},
+		{bedNATSCert, natsCert, 0o600},
+		{bedNATSKey, natsKey, 0o600},
+		{bedMySQLCert, mysqlCert, 0o600},
+		{bedMySQLKey, mysqlKey, 0o600},
 		{bedNATSTriage, []byte(rand.Text() + "\n"), 0o600},
 		{bedNATSClient, []byte(rand.Text() + "\n"), 0o600},
 		{bedNATSRoute, []byte(rand.Text() + "\n"), 0o600},
@@ -126,52 +148,63 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 	return true, nil
 }
 
-// natsCerts makes a throwaway CA and issues the NATS servers' one
-// certificate with it for names, good for server and client
-// authentication (a route is a client of its peer), and returns the CA's
-// certificate and the servers' certificate and key, PEM. The CA's key is
-// dropped: nothing else is ever signed with it.
-func natsCerts(names []string) (ca, cert, key []byte, err error) {
+// throwawayCA is the bed's CA while WriteBedDir runs: its key is dropped
+// with it, so nothing but the bed's two server certificates is ever signed
+// with it.
+type throwawayCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte // the certificate
+}
+
+func newCA() (*throwawayCA, error) {
 	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed NATS CA"},
+	tmpl := &x509.Certificate{
+		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed CA"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
 		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	caCert, err := x509.ParseCertificate(caDER)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return &throwawayCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+// issue makes a certificate and key (PEM) for names (and localhost), good
+// for server and client authentication: a NATS route is a client of its
+// peer.
+func (ca *throwawayCA) issue(commonName string, names []string) (cert, key []byte, err error) {
+	now := time.Now()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed NATS"},
+		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: commonName},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:    append([]string{"localhost"}, names...), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &srvKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	keyDER, err := x509.MarshalECPrivateKey(k)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
@@ -211,7 +244,7 @@ func readToken(dir string) (string, error) {
 }
 
 // Dir is the bed's directory on the host (TRIAGE_BED_DIR of up.sh): its
-// API key, NATS passwords and NATS certificates (WriteBedDir).
+// API key, NATS passwords and certificates (WriteBedDir).
 func (b *Bed) Dir() string { return b.dir }
 
 // Token is the bed's cluster-admin API key, which Routers gives every
@@ -249,7 +282,7 @@ func (b *Bed) natsServer(ctx context.Context, region string) (string, *shardmap.
 		return "", nil, fmt.Errorf("%s has no address", c.Service)
 	}
 	return "tls://" + net.JoinHostPort(strings.Fields(ip)[0], "4222"),
-		&shardmap.NATSTLS{CAFile: filepath.Join(b.dir, bedNATSCA), ServerName: c.Service}, nil
+		&shardmap.NATSTLS{CAFile: filepath.Join(b.dir, bedCA), ServerName: c.Service}, nil
 }
 
 // bearer sends the bed's API key with every RPC, over the routers' plain

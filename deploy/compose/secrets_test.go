@@ -15,9 +15,11 @@ import (
 
 // TestWriteBedDir: a bed directory holds a cluster-admin key whose hash
 // alone is in the keys file, NATS passwords, and a CA whose certificate
-// verifies the servers' one certificate for every NATS server's and
-// gateway's name, as a server and as a client (the routes); the secrets
-// are 0600 and the CA's key is nowhere. A complete directory is kept, an
+// verifies the NATS servers' one certificate for every NATS server's and
+// gateway's name, as a server and as a client (the routes), and the
+// MariaDB servers' for every MariaDB server's and gateway's name (another
+// region's server is dialed as the gateway); the secrets are 0600 and the
+// CA's key is nowhere. A complete directory is kept, an
 // incomplete one made again.
 func TestWriteBedDir(t *testing.T) {
 	t.Parallel()
@@ -37,7 +39,7 @@ func TestWriteBedDir(t *testing.T) {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err)
 		want := os.FileMode(0o600)
-		if f == bedKeys || f == bedNATSCA {
+		if f == bedKeys || f == bedCA {
 			want = 0o644
 		}
 		require.Equal(t, want, fi.Mode().Perm(), f)
@@ -65,25 +67,37 @@ func TestWriteBedDir(t *testing.T) {
 		require.GreaterOrEqual(t, len(p), 20)
 	}
 
-	caPEM, err := os.ReadFile(filepath.Join(dir, bedNATSCA))
+	caPEM, err := os.ReadFile(filepath.Join(dir, bedCA))
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	require.True(t, pool.AppendCertsFromPEM(caPEM))
-	certPEM, err := os.ReadFile(filepath.Join(dir, bedNATSCert))
-	require.NoError(t, err)
-	block, _ := pem.Decode(certPEM)
-	require.NotNil(t, block)
-	cert, err := x509.ParseCertificate(block.Bytes)
-	require.NoError(t, err)
+	certOf := func(name string) *x509.Certificate {
+		certPEM, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		block, _ := pem.Decode(certPEM)
+		require.NotNil(t, block)
+		cert, err := x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+		return cert
+	}
+	natsCert, mysqlCert := certOf(bedNATSCert), certOf(bedMySQLCert)
 	for _, r := range top.Regions {
 		for _, name := range []string{"nats-" + r, gateway(r)} {
-			_, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool,
+			_, err := natsCert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}})
 			require.NoError(t, err, name)
 		}
+		_, err := mysqlCert.Verify(x509.VerifyOptions{DNSName: gateway(r), Roots: pool})
+		require.NoError(t, err, gateway(r))
 	}
-	_, err = cert.Verify(x509.VerifyOptions{DNSName: "nats.example.com", Roots: pool})
+	for _, s := range top.servers() {
+		_, err := mysqlCert.Verify(x509.VerifyOptions{DNSName: s.service, Roots: pool})
+		require.NoError(t, err, s.service)
+	}
+	_, err = natsCert.Verify(x509.VerifyOptions{DNSName: "nats.example.com", Roots: pool})
 	require.Error(t, err, "a name the bed does not have")
+	_, err = mysqlCert.Verify(x509.VerifyOptions{DNSName: "nats-us-east", Roots: pool})
+	require.Error(t, err, "the MariaDB certificate names no NATS server")
 
 	wrote, err = WriteBedDir(dir, top)
 	require.NoError(t, err)
@@ -99,7 +113,7 @@ func TestWriteBedDir(t *testing.T) {
 	again, err = readToken(dir)
 	require.NoError(t, err)
 	require.NotEqual(t, token, again, "an incomplete directory is made anew")
-	ca2, err := os.ReadFile(filepath.Join(dir, bedNATSCA))
+	ca2, err := os.ReadFile(filepath.Join(dir, bedCA))
 	require.NoError(t, err)
 	require.NotEqual(t, string(caPEM), string(ca2))
 }

@@ -7,7 +7,7 @@
 # Before the start it makes the bed directory (TRIAGE_BED_DIR, default
 # deploy/compose/.bed/PROJECT; go run ./deploy/compose/beddir): the bed's
 # API key (token, cluster-admin) and the routers' keys file, random NATS
-# passwords, and a throwaway CA with the NATS servers' certificate, which
+# passwords, and a throwaway CA with the NATS and MariaDB servers' certificates, which
 # the containers mount. A complete directory is kept (the bed may be
 # running); down.sh removes it.
 #
@@ -90,7 +90,7 @@ last=$http
 cat <<TOUR
 
 The routers want the bed's API key (cluster-admin; the triage CLI reads TRIAGE_TOKEN).
-NATS (not published; each server on its region's network) wants TLS with $bed_dir/nats-ca.crt
+NATS (not published; each server on its region's network) wants TLS with $bed_dir/ca.crt
 and a login: applications use "client" (password in $bed_dir/nats-client).
 
 Try (namespace "default" exists):
