@@ -14,6 +14,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GRPC_GATEWAY_VERSION       := v2.32.0
 GRPCURL_VERSION            := v1.9.3
+STATICCHECK_VERSION        := v0.8.2
 GOOGLEAPIS_MODULE          := github.com/grpc-ecosystem/grpc-gateway@v1.16.0
 
 .PHONY: help
@@ -91,10 +92,12 @@ test/e2e: deps ## Run only the end-to-end tests against the built binary.
 	$(GO) test -race -count=1 -timeout 15m ./e2e/...
 
 .PHONY: lint
-lint: ## gofmt, go vet, a doc.go with a package comment in every package, and the serve binary without the bed.
+lint: ## gofmt, go vet, staticcheck (default checks), a doc.go with a package comment in every package, the serve binary without the bed, and no function over 80 lines.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -count=1 -run 'TestEveryPackageHasADocComment|TestServeDoesNotLinkTheBed' ./cmd/triage/
+	@[ -x $(BIN)/staticcheck ] && $(BIN)/staticcheck -version | grep -qF '($(STATICCHECK_VERSION:v%=%))' || GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(BIN)/staticcheck ./...
+	$(GO) test -count=1 -run 'TestEveryPackageHasADocComment|TestServeDoesNotLinkTheBed|TestNoLongFunctions' ./cmd/triage/
 
 .PHONY: tools
 tools: gen-tools ## Install code generators and grpcurl into .bin/.

@@ -4,8 +4,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,5 +107,127 @@ func TestEveryPackageHasADocComment(t *testing.T) {
 		if !hasDoc {
 			t.Errorf("%s has no doc.go: add one whose comment says why the package exists", rel)
 		}
+	}
+}
+
+// maxFunctionLines is the longest a function may be, counted from its
+// func line to its closing brace: about what a reader holds in their
+// head at once. Tests and generated code are exempt.
+const maxFunctionLines = 80
+
+// longFunctionsLeft are the functions still over maxFunctionLines, as
+// "path/file.go:Func" (or "path/file.go:Type.Method") from the module
+// root. They are being split into named steps; the list only shrinks:
+// a function split below the limit comes off it (TestNoLongFunctions
+// fails until it does), and nothing is added to it.
+var longFunctionsLeft = map[string]bool{
+	"deploy/bed/bed.go:Start":                   true,
+	"deploy/bed/control.go:Bed.control":         true,
+	"deploy/bed/faults.go:Bed.crashEnqueuer":    true,
+	"deploy/bed/mysql.go:Bed.startMariaDB":      true,
+	"deploy/compose/bed.go:Bed.Heal":            true,
+	"deploy/compose/generate.go:Generate":       true,
+	"deploy/compose/generate.go:composeFile":    true,
+	"deploy/drill/drill.go:Run":                 true,
+	"deploy/drill/nemesis.go:Nemesis":           true,
+	"deploy/drill/report.go:Report.Print":       true,
+	"deploy/drill/report.go:analyze":            true,
+	"deploy/drill/workload.go:workload.consume": true,
+}
+
+// TestNoLongFunctions keeps every hand-written function of the module
+// (not tests, not generated code) within maxFunctionLines, apart from
+// those longFunctionsLeft still lists, and keeps that list current.
+func TestNoLongFunctions(t *testing.T) {
+	t.Parallel()
+	root := goList(t, "-m", "-f", "{{.Dir}}")[0]
+	long := map[string]int{}
+	for _, file := range moduleSourceFiles(t, root) {
+		for name, n := range longFunctions(t, root, file) {
+			long[name] = n
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(long)) {
+		if !longFunctionsLeft[name] {
+			t.Errorf("%s is %d lines, over %d: split it into named steps", name, long[name], maxFunctionLines)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(longFunctionsLeft)) {
+		if _, ok := long[name]; !ok {
+			t.Errorf("%s is no longer over %d lines (or is gone): take it off longFunctionsLeft", name, maxFunctionLines)
+		}
+	}
+}
+
+// moduleSourceFiles returns the hand-written, non-test .go files of the
+// module's packages, whatever their build constraints, as absolute paths.
+func moduleSourceFiles(t *testing.T, root string) []string {
+	t.Helper()
+	lines := goList(t, "-e", "-f", "{{.Dir}}|{{join .GoFiles \"|\"}}|{{join .CgoFiles \"|\"}}|{{join .IgnoredGoFiles \"|\"}}", module+"/...")
+	require.NotEmpty(t, lines)
+	var files []string
+	for _, line := range lines {
+		fields := strings.Split(line, "|")
+		dir := fields[0]
+		for _, name := range fields[1:] {
+			if name == "" || strings.HasSuffix(name, "_test.go") || strings.HasSuffix(name, ".pb.go") || strings.HasSuffix(name, ".pb.gw.go") {
+				continue
+			}
+			files = append(files, filepath.Join(dir, name))
+		}
+	}
+	return files
+}
+
+// longFunctions parses file and returns its functions over
+// maxFunctionLines by "path/file.go:Func" name, with their line counts.
+// A file marked generated ("Code generated ... DO NOT EDIT.") has none.
+func longFunctions(t *testing.T, root, file string) map[string]int {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, file, nil, parser.ParseComments|parser.SkipObjectResolution)
+	require.NoError(t, err)
+	if ast.IsGenerated(f) {
+		return nil
+	}
+	rel, err := filepath.Rel(root, file)
+	require.NoError(t, err)
+	long := map[string]int{}
+	for _, decl := range f.Decls {
+		fd, ok := decl.(*ast.FuncDecl)
+		if !ok || fd.Body == nil {
+			continue
+		}
+		n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1
+		if n > maxFunctionLines {
+			long[filepath.ToSlash(rel)+":"+funcName(fd)] = n
+		}
+	}
+	return long
+}
+
+// funcName names a function as its file declares it: "Func", or
+// "Type.Method" for a method, so methods of the same name on different
+// types stay apart.
+func funcName(fd *ast.FuncDecl) string {
+	if fd.Recv == nil || len(fd.Recv.List) == 0 {
+		return fd.Name.Name
+	}
+	typ := fd.Recv.List[0].Type
+	for {
+		switch x := typ.(type) {
+		case *ast.StarExpr:
+			typ = x.X
+			continue
+		case *ast.IndexExpr:
+			typ = x.X
+			continue
+		case *ast.IndexListExpr:
+			typ = x.X
+			continue
+		case *ast.Ident:
+			return x.Name + "." + fd.Name.Name
+		}
+		return fd.Name.Name
 	}
 }
