@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -444,7 +445,7 @@ func (c *Controller) evaluate(ctx context.Context) {
 		cooling := now.Before(c.cooldown[s.ID])
 		if len(down) >= 2 && !cooling {
 			if _, ok := c.suspect[s.ID]; !ok {
-				c.suspect[s.ID] = now
+				c.suspect[s.ID] = c.suspectSince(s, now)
 				c.log.Warn("primary reported down", "shard", s.ID, "primary", s.Primary, "down_in", down, "up_in", up)
 			}
 		} else {
@@ -474,6 +475,20 @@ func (c *Controller) evaluate(ctx context.Context) {
 			go c.runFailover(ctx, FailoverRequest{Shard: s.ID, automatic: true})
 		}
 	}
+}
+
+// suspectSince is when the detection clock of shard s starts: when two
+// regions began reporting its primary down (healthView.downSince), as a
+// leader elected during the outage heard it too, so it does not wait
+// Detect again on evidence it already has; now if there is none, or if
+// that time is not within the last minute (a report's clock ahead or far
+// behind this one's).
+func (c *Controller) suspectSince(s shardmap.Shard, now time.Time) time.Time {
+	since := c.health.downSince(s, now, 3*time.Second)
+	if since.IsZero() || since.After(now) || now.Sub(since) > time.Minute {
+		return now
+	}
+	return since
 }
 
 // runFailover starts an automatic failover unless one of the shard is
@@ -572,12 +587,16 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 		// leader across the WAN.
 		cur := c.cfg.Maps.Current()
 		if attempt > 0 {
-			if m, err := shardmap.Load(ctx, c.cfg.MapKV); err == nil && m.Version > cur.Version {
+			if m, err := c.loadMap(ctx); err == nil && m.Version > cur.Version {
 				c.cfg.Maps.Offer(m)
 				cur = m
 			}
 		}
 		was, ok := cur.Shard(s.ID)
+		if ok && attempt > 0 && reflect.DeepEqual(was, s) {
+			// An attempt that timed out was stored after all.
+			return cur, nil
+		}
 		if !ok || was.Epoch != epoch || was.Fenced != fenced {
 			return nil, fmt.Errorf("%w: shard %d is at epoch %d (fenced %t), this step expected %d (fenced %t)",
 				ErrEpochMoved, s.ID, was.Epoch, was.Fenced, epoch, fenced)
@@ -586,15 +605,32 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 		if err != nil {
 			return nil, err
 		}
-		err = shardmap.Publish(ctx, c.cfg.MapKV, cur, next)
+		// Each attempt gets publishAttempt: while the map's stream elects
+		// a leader (a region cut off or down), a request waits out
+		// JetStream's 5 s default; tried again it is served as soon as
+		// the new leader is.
+		pctx, cancel := context.WithTimeout(ctx, publishAttempt)
+		err = shardmap.Publish(pctx, c.cfg.MapKV, cur, next)
+		cancel()
 		if err == nil {
 			c.cfg.Maps.Offer(next)
 			return next, nil
 		}
-		if !errors.Is(err, shardmap.ErrConflict) || attempt >= 10 {
+		if ctx.Err() != nil || attempt >= 10 || !(errors.Is(err, shardmap.ErrConflict) || errors.Is(err, context.DeadlineExceeded)) {
 			return nil, err
 		}
 	}
+}
+
+// publishAttempt bounds one attempt to store the shard map; publish makes
+// up to eleven.
+const publishAttempt = 1500 * time.Millisecond
+
+// loadMap reads the stored map, bounded like a publish attempt.
+func (c *Controller) loadMap(ctx context.Context) (*shardmap.Map, error) {
+	lctx, cancel := context.WithTimeout(ctx, publishAttempt)
+	defer cancel()
+	return shardmap.Load(lctx, c.cfg.MapKV)
 }
 
 // claimKey is the shard-map bucket key recording which server a failover
