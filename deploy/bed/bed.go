@@ -270,14 +270,7 @@ func (c *Config) validate() error {
 
 // Start brings a bed up. On error everything started so far is stopped.
 func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
-	cfg.fill()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, err
-	}
-	if err := refuseRunning(cfg.Dir); err != nil {
+	if err := prepare(&cfg); err != nil {
 		return nil, err
 	}
 	var token, keysFile string
@@ -288,28 +281,8 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 	}
 	b = &Bed{cfg: cfg, log: cfg.Logger, started: time.Now(), Shards: map[uint32]*mariadb.Server{}, via: map[string]map[string]string{}}
 	b.Layout.Token, b.Layout.KeysFile = token, keysFile
-	var ca *bedCA
-	if cfg.Auth || cfg.MySQLTLS {
-		if ca, err = b.newCA(); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.MySQLTLS {
-		if b.mysqlTLS, err = b.writeMySQLCerts(ca); err != nil {
-			return nil, err
-		}
-		b.Layout.MySQLTLS = b.mysqlTLS.client()
-	}
-	if cfg.Auth {
-		if err := b.writeNATSLogins(); err != nil {
-			return nil, err
-		}
-		if b.natsTLS, b.Layout.NATSTLS, err = b.writeNATSCerts(ca); err != nil {
-			return nil, err
-		}
-		if b.multi() {
-			b.routeAuth = &natsserver.Login{User: "route", Password: rand.Text()}
-		}
+	if err := b.writeCredentials(); err != nil {
+		return nil, err
 	}
 	for i, name := range cfg.Regions {
 		b.regions = append(b.regions, &region{name: name, index: i})
@@ -321,42 +294,97 @@ func Start(ctx context.Context, cfg Config) (b *Bed, err error) {
 			started.Stop()
 		}
 	}()
-	if err := mariadb.EnsureInstalled(ctx, b.log); err != nil {
+	if err := b.bringUp(ctx); err != nil {
 		return nil, err
 	}
+	b.progress("bed is up")
+	return b, nil
+}
+
+// prepare fills cfg's defaults, checks it and readies its directory,
+// refusing one a live bed runs from.
+func prepare(cfg *Config) error {
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return err
+	}
+	return refuseRunning(cfg.Dir)
+}
+
+// writeCredentials makes up what the bed's servers and clients
+// authenticate and encrypt with, before anything starts: the throwaway CA
+// and the MariaDB servers' certificate (Config.MySQLTLS), and the NATS
+// logins, certificate and route login (Config.Auth).
+func (b *Bed) writeCredentials() error {
+	var ca *bedCA
+	var err error
+	if b.cfg.Auth || b.cfg.MySQLTLS {
+		if ca, err = b.newCA(); err != nil {
+			return err
+		}
+	}
+	if b.cfg.MySQLTLS {
+		if b.mysqlTLS, err = b.writeMySQLCerts(ca); err != nil {
+			return err
+		}
+		b.Layout.MySQLTLS = b.mysqlTLS.client()
+	}
+	if !b.cfg.Auth {
+		return nil
+	}
+	if err := b.writeNATSLogins(); err != nil {
+		return err
+	}
+	if b.natsTLS, b.Layout.NATSTLS, err = b.writeNATSCerts(ca); err != nil {
+		return err
+	}
+	if b.multi() {
+		b.routeAuth = &natsserver.Login{User: "route", Password: rand.Text()}
+	}
+	return nil
+}
+
+// bringUp starts the bed's parts in dependency order: MariaDB and its
+// replication, the shard map, NATS, the nodes, then, once the nodes are
+// ready, the control endpoint and bed.json. The caller stops whatever
+// started when it fails.
+func (b *Bed) bringUp(ctx context.Context) error {
+	var err error
+	if err := mariadb.EnsureInstalled(ctx, b.log); err != nil {
+		return err
+	}
 	if b.tmp, err = os.MkdirTemp("", "triage-bed-"); err != nil {
-		return nil, err
+		return err
 	}
 	if b.multi() {
 		b.net = wan.New(b.log)
 	}
 	if err := b.startMariaDB(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.setUpReplication(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.writeShardMap(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.startNATS(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.startNodes(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.waitReady(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.serveControl(); err != nil {
-		return nil, err
+		return err
 	}
 	b.Layout.StartedAt = time.Now().UTC()
-	if err := b.writeLayout(); err != nil {
-		return nil, err
-	}
-	b.progress("bed is up")
-	return b, nil
+	return b.writeLayout()
 }
 
 // multi reports whether the bed has several regions (replicas, WAN, a

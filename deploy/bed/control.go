@@ -95,6 +95,14 @@ func (b *Bed) failedOver(shard uint32) bool {
 	return false
 }
 
+// errUnknownScenario is what the handlers of one action return for a
+// scenario they do not know; control turns it into the error listing the
+// scenarios.
+var errUnknownScenario = errors.New("unknown scenario")
+
+// control runs action ("fault", "heal" or "fate") of scenario in the
+// region named regionName, on shard (0: the region's first shard), and
+// describes what it did.
 func (b *Bed) control(ctx context.Context, action, scenario, regionName string, shard uint32) (string, error) {
 	r, err := b.regionByName(regionName)
 	if err != nil {
@@ -105,110 +113,171 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 			return "", err
 		}
 	}
-	switch action + " " + scenario {
-	case "fault primary-kill":
-		// The current primary, per the live map: after an earlier drill on
-		// the same bed, the one the bed started is a replica now.
-		d := b.currentPrimary(shard)
-		if d == nil {
-			return "", fmt.Errorf("shard %d: no server of the bed is its primary in the shard map", shard)
-		}
-		if err := d.srv.Kill(); err != nil {
-			return "", err
-		}
-		b.mu.Lock()
-		if b.killed == nil {
-			b.killed = map[uint32]*dbServer{}
-		}
-		b.killed[shard] = d
-		b.mu.Unlock()
-		return fmt.Sprintf("kill -9 of shard %d's primary mariadbd (pid %d, %s, region %s, started as %s)",
-			shard, d.srv.PID(), d.srv.Addr(), d.region, d.role), nil
-	case "heal primary-kill":
-		b.mu.Lock()
-		d := b.killed[shard]
-		delete(b.killed, shard)
-		b.mu.Unlock()
-		if d == nil {
-			return b.restartOldPrimaries(ctx, []uint32{shard})
-		}
-		return b.restartKilled(ctx, d)
-	case "fault region-down":
+	var desc string
+	switch action {
+	case "fault":
+		desc, err = b.injectFault(ctx, scenario, r, shard)
+	case "heal":
+		desc, err = b.healFault(ctx, scenario, r, shard)
+	case "fate":
+		desc, err = b.fateAfter(ctx, scenario, shard)
+	default:
+		err = errUnknownScenario
+	}
+	if err == errUnknownScenario {
+		return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill, mariadb-pause, enqueuer-kill, wan-spike", action, scenario)
+	}
+	return desc, err
+}
+
+// injectFault injects scenario into region r (shard, for the scenarios
+// that fault one shard's primary).
+func (b *Bed) injectFault(ctx context.Context, scenario string, r *region, shard uint32) (string, error) {
+	switch scenario {
+	case "primary-kill":
+		return b.killPrimary(shard)
+	case "region-down":
 		if err := b.KillRegion(r.name); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("region %s down: its mariadbds killed -9, its NATS server and node stopped, its links cut", r.name), nil
-	case "heal region-down":
-		if err := b.Heal(r.name); err != nil {
-			return "", err
-		}
-		var shards []uint32
-		for _, d := range b.serverList() {
-			if d.region == r.name && d.role == RoleReplica {
-				if _, err := b.restart(ctx, d); err != nil {
-					return "", err
-				}
-			}
-			if d.region == r.name && d.role == RolePrimary {
-				shards = append(shards, d.shard)
-			}
-		}
-		desc, err := b.restartOldPrimaries(ctx, shards)
-		return "links healed; " + desc + " (the region's NATS server and node stay down until the bed restarts)", err
-	case "fault partition":
+	case "partition":
 		if err := b.Cut(r.name); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("every cross-region link of %s cut (NATS routes, replication, remote primaries)", r.name), nil
-	case "heal partition":
-		if err := b.Heal(r.name); err != nil {
-			return "", err
-		}
-		var shards []uint32
-		for _, d := range b.serverList() {
-			if d.region == r.name && d.role == RolePrimary && b.failedOver(d.shard) {
-				shards = append(shards, d.shard)
-			}
-		}
-		desc, err := b.restartOldPrimaries(ctx, shards)
-		return "links healed; " + desc, err
-	case "fault nats-kill":
+	case "nats-kill":
 		if r.nats == nil {
 			return "", errors.New("region has no NATS server")
 		}
 		r.nats.Shutdown()
 		r.nats.WaitForShutdown()
 		return fmt.Sprintf("NATS server of %s stopped abruptly", r.name), nil
-	case "heal nats-kill":
+	case "dequeuer-kill":
+		if r.node == nil {
+			return "", errors.New("region has no node")
+		}
+		return fmt.Sprintf("dequeuer of %s crashed (no lease hand-back, ownership left to expire)", r.name), r.node.CrashDequeuer()
+	case "mariadb-pause":
+		return b.pause(shard)
+	case "enqueuer-kill":
+		return b.crashEnqueuer(ctx, r)
+	case "wan-spike":
+		return b.spike(r, true)
+	}
+	return "", errUnknownScenario
+}
+
+// healFault heals scenario in region r (shard, for the scenarios that
+// fault one shard's primary).
+func (b *Bed) healFault(ctx context.Context, scenario string, r *region, shard uint32) (string, error) {
+	switch scenario {
+	case "primary-kill":
+		return b.healKilledPrimary(ctx, shard)
+	case "region-down":
+		return b.healRegionDown(ctx, r)
+	case "partition":
+		return b.healPartition(ctx, r)
+	case "nats-kill":
 		s, err := natsserver.Start(r.natsCfg)
 		if err != nil {
 			return "", err
 		}
 		r.nats = s
 		return fmt.Sprintf("NATS server of %s restarted on %s", r.name, s.ClientURL()), nil
-	case "fault dequeuer-kill":
-		if r.node == nil {
-			return "", errors.New("region has no node")
-		}
-		return fmt.Sprintf("dequeuer of %s crashed (no lease hand-back, ownership left to expire)", r.name), r.node.CrashDequeuer()
-	case "heal dequeuer-kill":
+	case "dequeuer-kill":
 		return fmt.Sprintf("a new dequeuer started in %s", r.name), r.node.RestartDequeuer(ctx)
-	case "fault mariadb-pause":
-		return b.pause(shard)
-	case "heal mariadb-pause":
+	case "mariadb-pause":
 		return b.thaw(ctx, shard)
-	case "fault enqueuer-kill":
-		return b.crashEnqueuer(ctx, r)
-	case "heal enqueuer-kill":
+	case "enqueuer-kill":
 		return b.healEnqueuer(ctx, r)
-	case "fault wan-spike", "heal wan-spike":
-		return b.spike(r, action == "fault")
-	case "fate primary-kill", "fate region-down", "fate partition", "fate mariadb-pause":
+	case "wan-spike":
+		return b.spike(r, false)
+	}
+	return "", errUnknownScenario
+}
+
+// fateAfter says, after scenario, what the bed's original primary of
+// shard is now, for the scenarios that fault a primary.
+func (b *Bed) fateAfter(ctx context.Context, scenario string, shard uint32) (string, error) {
+	switch scenario {
+	case "primary-kill", "region-down", "partition", "mariadb-pause":
 		return b.fate(ctx, shard), nil
-	case "fate nats-kill", "fate dequeuer-kill", "fate enqueuer-kill", "fate wan-spike":
+	case "nats-kill", "dequeuer-kill", "enqueuer-kill", "wan-spike":
 		return "not applicable: no primary was faulted", nil
 	}
-	return "", fmt.Errorf("unknown %s %q: scenarios are primary-kill, region-down, partition, nats-kill, dequeuer-kill, mariadb-pause, enqueuer-kill, wan-spike", action, scenario)
+	return "", errUnknownScenario
+}
+
+// killPrimary kills -9 shard's current primary, per the live map (after
+// an earlier drill on the same bed, the one the bed started is a replica
+// now), and remembers it for the heal.
+func (b *Bed) killPrimary(shard uint32) (string, error) {
+	d := b.currentPrimary(shard)
+	if d == nil {
+		return "", fmt.Errorf("shard %d: no server of the bed is its primary in the shard map", shard)
+	}
+	if err := d.srv.Kill(); err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	if b.killed == nil {
+		b.killed = map[uint32]*dbServer{}
+	}
+	b.killed[shard] = d
+	b.mu.Unlock()
+	return fmt.Sprintf("kill -9 of shard %d's primary mariadbd (pid %d, %s, region %s, started as %s)",
+		shard, d.srv.PID(), d.srv.Addr(), d.region, d.role), nil
+}
+
+// healKilledPrimary restarts the server the last primary-kill of shard
+// killed, or, with none on record, the bed's original primary.
+func (b *Bed) healKilledPrimary(ctx context.Context, shard uint32) (string, error) {
+	b.mu.Lock()
+	d := b.killed[shard]
+	delete(b.killed, shard)
+	b.mu.Unlock()
+	if d == nil {
+		return b.restartOldPrimaries(ctx, []uint32{shard})
+	}
+	return b.restartKilled(ctx, d)
+}
+
+// healRegionDown heals r's links, restarts its replicas and its original
+// primaries; its NATS server and node stay down.
+func (b *Bed) healRegionDown(ctx context.Context, r *region) (string, error) {
+	if err := b.Heal(r.name); err != nil {
+		return "", err
+	}
+	var shards []uint32
+	for _, d := range b.serverList() {
+		if d.region == r.name && d.role == RoleReplica {
+			if _, err := b.restart(ctx, d); err != nil {
+				return "", err
+			}
+		}
+		if d.region == r.name && d.role == RolePrimary {
+			shards = append(shards, d.shard)
+		}
+	}
+	desc, err := b.restartOldPrimaries(ctx, shards)
+	return "links healed; " + desc + " (the region's NATS server and node stay down until the bed restarts)", err
+}
+
+// healPartition heals r's links and restarts those of its original
+// primaries whose shards failed over while it was cut off, so they rejoin.
+func (b *Bed) healPartition(ctx context.Context, r *region) (string, error) {
+	if err := b.Heal(r.name); err != nil {
+		return "", err
+	}
+	var shards []uint32
+	for _, d := range b.serverList() {
+		if d.region == r.name && d.role == RolePrimary && b.failedOver(d.shard) {
+			shards = append(shards, d.shard)
+		}
+	}
+	desc, err := b.restartOldPrimaries(ctx, shards)
+	return "links healed; " + desc, err
 }
 
 // currentPrimary is the server of the bed that the live shard map names

@@ -153,75 +153,17 @@ func (b *Bed) crashEnqueuer(ctx context.Context, r *region) (string, error) {
 	if dead {
 		return "", fmt.Errorf("region %s is down", r.name)
 	}
-	b.nem.mu.Lock()
-	if b.nem.enqueuers[r.name] != nil {
-		b.nem.mu.Unlock()
-		return "", fmt.Errorf("an enqueuer of %s is crashed already", r.name)
+	stopped, err := b.reserveEnqueuerCrash(r)
+	if err != nil {
+		return "", err
 	}
-	stopped := make(chan struct{})
-	if b.nem.enqueuers == nil {
-		b.nem.enqueuers = map[string]chan struct{}{}
-	}
-	b.nem.enqueuers[r.name] = stopped
-	b.nem.mu.Unlock()
-	fail := func(err error) (string, error) {
+	links, n, startedIn, err := b.startExtraEnqueuer(ctx, r)
+	if err != nil {
 		b.nem.mu.Lock()
 		delete(b.nem.enqueuers, r.name)
 		b.nem.mu.Unlock()
 		return "", err
 	}
-
-	// Its own links, with no latency of their own: to a server of another
-	// region through the region's WAN link, so a partition still cuts it.
-	links := wan.New(b.log)
-	via := map[string]string{}
-	for _, d := range b.serverList() {
-		addr := d.srv.Addr()
-		l, err := links.Link(r.name+"-enqueuer>"+addr, r.name+"/enqueuer", d.region, b.Via(r.name, addr), 0)
-		if err != nil {
-			links.Close()
-			return fail(err)
-		}
-		via[addr] = l
-	}
-	natsURL, err := url.Parse(r.nats.ClientURL())
-	if err != nil {
-		links.Close()
-		return fail(err)
-	}
-	if natsURL.Host, err = links.Link(r.name+"-enqueuer>nats", r.name+"/enqueuer", r.name, natsURL.Host, 0); err != nil {
-		links.Close()
-		return fail(err)
-	}
-	password, err := b.writeAppPassword()
-	if err != nil {
-		links.Close()
-		return fail(err)
-	}
-	cred := b.appMySQL(r.name, password)
-	cred.DialVia = via
-	replicas := min(len(b.regions), 3)
-	started := time.Now()
-	n, err := node.Start(ctx, node.Config{
-		Roles:          []string{node.RoleEnqueuer},
-		Region:         r.name,
-		NATS:           natsURL.String(),
-		GRPC:           "127.0.0.1:0",
-		HTTP:           "127.0.0.1:0",
-		MySQL:          cred,
-		ShardMapFile:   b.Layout.ShardMap,
-		OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
-		KVReplicas:     replicas,
-		StreamReplicas: replicas,
-		KeysFile:       b.Layout.KeysFile,
-		NATSAuth:       b.Layout.NATSAuth,
-		NATSTLS:        b.Layout.NATSTLS,
-	}, b.log.With("extra_enqueuer", r.name))
-	if err != nil {
-		links.Close()
-		return fail(fmt.Errorf("start a second enqueuer in %s: %w", r.name, err))
-	}
-	startedIn := time.Since(started)
 	select {
 	case <-ctx.Done():
 	case <-time.After(enqueuerWork):
@@ -235,6 +177,93 @@ func (b *Bed) crashEnqueuer(ctx context.Context, r *region) (string, error) {
 	}()
 	return fmt.Sprintf("a second enqueuer of %s (started in %s) crashed after %s of work: its NATS and MariaDB connections cut at once, nothing handed back; the node's own enqueuer runs on",
 		r.name, startedIn.Round(time.Millisecond), enqueuerWork), ctx.Err()
+}
+
+// reserveEnqueuerCrash records that r has a crashed extra enqueuer, one at
+// a time per region, and returns the channel to close once its node has
+// stopped, which the heal waits on.
+func (b *Bed) reserveEnqueuerCrash(r *region) (chan struct{}, error) {
+	b.nem.mu.Lock()
+	defer b.nem.mu.Unlock()
+	if b.nem.enqueuers[r.name] != nil {
+		return nil, fmt.Errorf("an enqueuer of %s is crashed already", r.name)
+	}
+	stopped := make(chan struct{})
+	if b.nem.enqueuers == nil {
+		b.nem.enqueuers = map[string]chan struct{}{}
+	}
+	b.nem.enqueuers[r.name] = stopped
+	return stopped, nil
+}
+
+// startExtraEnqueuer starts a node of r with the enqueuer role only, its
+// NATS and MariaDB connections through links of their own, and returns
+// the links (closing them is the crash), the node and how long it took to
+// start. On error it has closed the links.
+func (b *Bed) startExtraEnqueuer(ctx context.Context, r *region) (*wan.Net, *node.Node, time.Duration, error) {
+	links, natsURL, via, err := b.extraEnqueuerLinks(r)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	password, err := b.writeAppPassword()
+	if err != nil {
+		links.Close()
+		return nil, nil, 0, err
+	}
+	cred := b.appMySQL(r.name, password)
+	cred.DialVia = via
+	replicas := min(len(b.regions), 3)
+	started := time.Now()
+	n, err := node.Start(ctx, node.Config{
+		Roles:          []string{node.RoleEnqueuer},
+		Region:         r.name,
+		NATS:           natsURL,
+		GRPC:           "127.0.0.1:0",
+		HTTP:           "127.0.0.1:0",
+		MySQL:          cred,
+		ShardMapFile:   b.Layout.ShardMap,
+		OwnerTTL:       shardmapDuration(b.cfg.OwnerTTL),
+		KVReplicas:     replicas,
+		StreamReplicas: replicas,
+		KeysFile:       b.Layout.KeysFile,
+		NATSAuth:       b.Layout.NATSAuth,
+		NATSTLS:        b.Layout.NATSTLS,
+	}, b.log.With("extra_enqueuer", r.name))
+	if err != nil {
+		links.Close()
+		return nil, nil, 0, fmt.Errorf("start a second enqueuer in %s: %w", r.name, err)
+	}
+	return links, n, time.Since(started), nil
+}
+
+// extraEnqueuerLinks opens the extra enqueuer's own links, with no
+// latency of their own: one to every server of the bed (to a server of
+// another region through the region's WAN link, so a partition still
+// cuts it) and one to r's NATS server. It returns them, the NATS URL
+// through its link and, per server address, the link to dial instead. On
+// error it has closed them.
+func (b *Bed) extraEnqueuerLinks(r *region) (links *wan.Net, natsURL string, via map[string]string, err error) {
+	links = wan.New(b.log)
+	via = map[string]string{}
+	for _, d := range b.serverList() {
+		addr := d.srv.Addr()
+		l, err := links.Link(r.name+"-enqueuer>"+addr, r.name+"/enqueuer", d.region, b.Via(r.name, addr), 0)
+		if err != nil {
+			links.Close()
+			return nil, "", nil, err
+		}
+		via[addr] = l
+	}
+	u, err := url.Parse(r.nats.ClientURL())
+	if err != nil {
+		links.Close()
+		return nil, "", nil, err
+	}
+	if u.Host, err = links.Link(r.name+"-enqueuer>nats", r.name+"/enqueuer", r.name, u.Host, 0); err != nil {
+		links.Close()
+		return nil, "", nil, err
+	}
+	return links, u.String(), via, nil
 }
 
 // healEnqueuer waits until the crashed extra enqueuer of r has stopped.

@@ -60,57 +60,28 @@ func semiSyncArgs() []string {
 	}
 }
 
+// serverPlan is one mariadbd startMariaDB is to start.
+type serverPlan struct {
+	shard        uint32
+	role, region string
+	k            int // replica number, from 1
+	spare        bool
+}
+
 // startMariaDB starts every shard's primary and, with several regions, a
 // replica in each other region (the next region's first: it is the
 // preferred failover target), all at once, then opens the WAN links that
 // other regions reach them through. Two replicas in three regions mean a
 // dead replica costs nothing: semi-sync needs one acknowledgement.
 func (b *Bed) startMariaDB(ctx context.Context) error {
-	type plan struct {
-		shard        uint32
-		role, region string
-		k            int // replica number, from 1
-		spare        bool
-	}
-	var plans []plan
-	shard := uint32(0)
-	// Spares come after every region's shards, so shard numbers do not
-	// depend on whether a bed has spares.
-	for _, spare := range []bool{false, true} {
-		n := map[bool]int{false: b.cfg.ShardsPerRegion, true: b.cfg.SpareShardsPerRegion}[spare]
-		for i, r := range b.cfg.Regions {
-			for range n {
-				shard++
-				plans = append(plans, plan{shard, RolePrimary, r, 0, spare})
-				if b.multi() {
-					for k := 1; k < len(b.cfg.Regions); k++ {
-						plans = append(plans, plan{shard, RoleReplica, b.cfg.Regions[(i+k)%len(b.cfg.Regions)], k, spare})
-					}
-				}
-			}
-		}
-	}
-	b.progress("starting %d mariadbd (%d shard(s) in %d region(s))", len(plans), shard, len(b.regions))
+	plans, shards := b.planServers()
+	b.progress("starting %d mariadbd (%d shard(s) in %d region(s))", len(plans), shards, len(b.regions))
 	started := make([]*dbServer, len(plans))
 	err := provision.Parallel(len(plans), func(i int) error {
-		p := plans[i]
-		args := append(b.mysqlTLS.serverArgs(), b.cfg.MariaDBArgs...)
-		if b.multi() {
-			args = append(args, semiSyncArgs()...)
-		}
-		if p.role == RoleReplica {
-			// Fenced from its first connection, also after a restart.
-			args = append(args, "--read-only=ON")
-		}
-		s, err := mariadb.Start(ctx, mariadb.Config{
-			Dir:       filepath.Join(b.tmp, fmt.Sprintf("%s-%d-%s", strings.TrimPrefix(p.role, "mysql-"), p.shard, p.region)),
-			ServerID:  serverID(p.shard, p.role, p.k),
-			ExtraArgs: args,
-		})
+		d, err := b.startServer(ctx, plans[i])
 		if err != nil {
-			return fmt.Errorf("shard %d %s in %s: %w", p.shard, p.role, p.region, err)
+			return err
 		}
-		d := &dbServer{shard: p.shard, role: p.role, region: p.region, srv: s, args: args, spare: p.spare}
 		started[i] = d
 		b.mu.Lock()
 		b.servers = append(b.servers, d) // so Stop finds it even if a sibling fails
@@ -133,20 +104,75 @@ func (b *Bed) startMariaDB(ctx context.Context) error {
 			spare = " (spare: not in the shard map)"
 		}
 		b.progress("  shard %d %-7s %-9s mariadbd %s (pid %d)%s", d.shard, strings.TrimPrefix(d.role, "mysql-"), d.region, d.srv.Addr(), d.srv.PID(), spare)
-		if !b.multi() {
+		if err := b.linkServer(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planServers lists the bed's mariadbds in start order, each shard's
+// primary followed by its replicas, and returns how many shards they
+// make. Spares come after every region's shards, so shard numbers do not
+// depend on whether a bed has spares.
+func (b *Bed) planServers() ([]serverPlan, uint32) {
+	var plans []serverPlan
+	shard := uint32(0)
+	for _, spare := range []bool{false, true} {
+		n := map[bool]int{false: b.cfg.ShardsPerRegion, true: b.cfg.SpareShardsPerRegion}[spare]
+		for i, r := range b.cfg.Regions {
+			for range n {
+				shard++
+				plans = append(plans, serverPlan{shard, RolePrimary, r, 0, spare})
+				if b.multi() {
+					for k := 1; k < len(b.cfg.Regions); k++ {
+						plans = append(plans, serverPlan{shard, RoleReplica, b.cfg.Regions[(i+k)%len(b.cfg.Regions)], k, spare})
+					}
+				}
+			}
+		}
+	}
+	return plans, shard
+}
+
+// startServer starts the mariadbd p plans, with the bed's TLS and extra
+// flags, semi-sync settings with several regions, and a replica fenced
+// read-only from its first connection, also after a restart.
+func (b *Bed) startServer(ctx context.Context, p serverPlan) (*dbServer, error) {
+	args := append(b.mysqlTLS.serverArgs(), b.cfg.MariaDBArgs...)
+	if b.multi() {
+		args = append(args, semiSyncArgs()...)
+	}
+	if p.role == RoleReplica {
+		args = append(args, "--read-only=ON")
+	}
+	s, err := mariadb.Start(ctx, mariadb.Config{
+		Dir:       filepath.Join(b.tmp, fmt.Sprintf("%s-%d-%s", strings.TrimPrefix(p.role, "mysql-"), p.shard, p.region)),
+		ServerID:  serverID(p.shard, p.role, p.k),
+		ExtraArgs: args,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("shard %d %s in %s: %w", p.shard, p.role, p.region, err)
+	}
+	return &dbServer{shard: p.shard, role: p.role, region: p.region, srv: s, args: args, spare: p.spare}, nil
+}
+
+// linkServer opens, with several regions, a WAN link from every other
+// region to d and records it as the address that region dials d by.
+func (b *Bed) linkServer(d *dbServer) error {
+	if !b.multi() {
+		return nil
+	}
+	for _, from := range b.cfg.Regions {
+		if from == d.region {
 			continue
 		}
-		for _, from := range b.cfg.Regions {
-			if from == d.region {
-				continue
-			}
-			name := fmt.Sprintf("%s>%s/%s-%d", from, d.region, d.role, d.shard)
-			listen, err := b.net.Link(name, from, d.region, d.srv.Addr(), b.cfg.WANLatency)
-			if err != nil {
-				return err
-			}
-			b.via[from][d.srv.Addr()] = listen
+		name := fmt.Sprintf("%s>%s/%s-%d", from, d.region, d.role, d.shard)
+		listen, err := b.net.Link(name, from, d.region, d.srv.Addr(), b.cfg.WANLatency)
+		if err != nil {
+			return err
 		}
+		b.via[from][d.srv.Addr()] = listen
 	}
 	return nil
 }

@@ -404,75 +404,9 @@ func (b *Bed) Heal(ctx context.Context, f drill.Fault) (string, error) {
 		}
 		return b.startServers(ctx, []container{c}, deposed)
 	case "region-down":
-		// The gateway first, so that the servers can reach their primaries;
-		// the servers and NATS answering before the Triage roles start.
-		var order [4][]container // gateway, MariaDB, NATS, Triage roles
-		for _, c := range cs {
-			if c.Region != f.Region || c.State == "running" {
-				continue
-			}
-			switch c.Role {
-			case "wan":
-				order[0] = append(order[0], c)
-			case "mariadb":
-				order[1] = append(order[1], c)
-			case "nats":
-				order[2] = append(order[2], c)
-			default:
-				order[3] = append(order[3], c)
-			}
-		}
-		if err := b.start(ctx, order[0]); err != nil {
-			return "", err
-		}
-		desc, err := b.startServers(ctx, order[1], deposed)
-		if err != nil {
-			return "", err
-		}
-		parts := []string{desc}
-		for _, group := range order[2:] {
-			if err := b.start(ctx, group); err != nil {
-				return "", err
-			}
-			for _, c := range group {
-				parts = append(parts, c.Service+" started")
-			}
-		}
-		return "region " + f.Region + " back: " + strings.Join(parts, "; "), nil
+		return b.healRegionDown(ctx, f.Region, cs, deposed)
 	case "partition":
-		// The old primary, still running in the cut region, is crashed
-		// before the cut heals: a clean shutdown, or its replicas coming
-		// back, would complete commits no replica acknowledged, and it could
-		// never rejoin. Crash recovery with RejoinArgs drops them.
-		var crashed []container
-		for _, c := range before {
-			if deposed(c) {
-				crashed = append(crashed, c)
-			}
-		}
-		if len(crashed) > 0 {
-			if _, err := kill(ctx, crashed...); err != nil {
-				return "", err
-			}
-		}
-		gw, err := b.service(ctx, gateway(f.Region))
-		if err != nil {
-			return "", err
-		}
-		network, err := b.network(ctx, "wan")
-		if err != nil {
-			return "", err
-		}
-		if _, err := docker(ctx, "network", "connect", "--alias", gw.Service, network, gw.ID); err != nil {
-			return "", err
-		}
-		desc := "no primary to restart"
-		if len(crashed) > 0 {
-			if desc, err = b.startServers(ctx, crashed, deposed); err != nil {
-				return "", err
-			}
-		}
-		return gw.Service + " reconnected to " + b.project + "_wan; " + desc, nil
+		return b.healPartition(ctx, f.Region, before, deposed)
 	case "mariadb-pause", "wan-spike":
 		return b.healMore(ctx, f)
 	case "nats-kill", "dequeuer-kill", "enqueuer-kill":
@@ -486,6 +420,84 @@ func (b *Bed) Heal(ctx context.Context, f drill.Fault) (string, error) {
 		return c.Service + " started again", nil
 	}
 	return "", fmt.Errorf("unknown scenario %q: allowed %s", f.Scenario, strings.Join(drill.Scenarios, ", "))
+}
+
+// healRegionDown starts region's stopped containers of cs in the order
+// they depend on each other: the gateway first, so that the servers can
+// reach their primaries, and the servers and NATS answering before the
+// Triage roles start.
+func (b *Bed) healRegionDown(ctx context.Context, region string, cs []container, deposed func(container) bool) (string, error) {
+	var order [4][]container // gateway, MariaDB, NATS, Triage roles
+	for _, c := range cs {
+		if c.Region != region || c.State == "running" {
+			continue
+		}
+		switch c.Role {
+		case "wan":
+			order[0] = append(order[0], c)
+		case "mariadb":
+			order[1] = append(order[1], c)
+		case "nats":
+			order[2] = append(order[2], c)
+		default:
+			order[3] = append(order[3], c)
+		}
+	}
+	if err := b.start(ctx, order[0]); err != nil {
+		return "", err
+	}
+	desc, err := b.startServers(ctx, order[1], deposed)
+	if err != nil {
+		return "", err
+	}
+	parts := []string{desc}
+	for _, group := range order[2:] {
+		if err := b.start(ctx, group); err != nil {
+			return "", err
+		}
+		for _, c := range group {
+			parts = append(parts, c.Service+" started")
+		}
+	}
+	return "region " + region + " back: " + strings.Join(parts, "; "), nil
+}
+
+// healPartition reconnects region's WAN gateway and restarts the deposed
+// primaries among before to rejoin. They are crashed before the cut
+// heals: an old primary still running in the cut region would, on a
+// clean shutdown or with its replicas coming back, complete commits no
+// replica acknowledged, and could never rejoin. Crash recovery with
+// RejoinArgs drops them.
+func (b *Bed) healPartition(ctx context.Context, region string, before map[uint32]container, deposed func(container) bool) (string, error) {
+	var crashed []container
+	for _, c := range before {
+		if deposed(c) {
+			crashed = append(crashed, c)
+		}
+	}
+	if len(crashed) > 0 {
+		if _, err := kill(ctx, crashed...); err != nil {
+			return "", err
+		}
+	}
+	gw, err := b.service(ctx, gateway(region))
+	if err != nil {
+		return "", err
+	}
+	network, err := b.network(ctx, "wan")
+	if err != nil {
+		return "", err
+	}
+	if _, err := docker(ctx, "network", "connect", "--alias", gw.Service, network, gw.ID); err != nil {
+		return "", err
+	}
+	desc := "no primary to restart"
+	if len(crashed) > 0 {
+		if desc, err = b.startServers(ctx, crashed, deposed); err != nil {
+			return "", err
+		}
+	}
+	return gw.Service + " reconnected to " + b.project + "_wan; " + desc, nil
 }
 
 // startServers starts MariaDB containers: a deposed primary with

@@ -243,119 +243,185 @@ type (
 // directory: docker-compose.yml, every file of config/ and, with spare
 // shards, SpareFile.
 func Generate(t Topology) (map[string][]byte, error) {
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	g := newGeneration(t)
+	smap := genShardMap{Version: 1, Regions: t.Regions, Namespaces: []map[string]string{{"name": "default"}}, Shards: shards(g.inMap)}
+	if err := g.put("config/shardmap.json", smap); err != nil {
+		return nil, err
+	}
+	g.putSecrets()
+	if err := g.putBootstrap(); err != nil {
+		return nil, err
+	}
+	for _, r := range t.Regions {
+		if err := g.putRegion(r); err != nil {
+			return nil, err
+		}
+	}
+	g.files["docker-compose.yml"] = composeFile(t, g.inMap)
+	return g.files, nil
+}
+
+// check refuses a topology the generated files cannot carry: the port
+// scheme has room for 10 regions and maxShard shards.
+func (t Topology) check() error {
 	switch n := max(t.ShardsPerRegion, 1); {
 	case len(t.Regions) < 2 || len(t.Regions) > 10:
-		return nil, fmt.Errorf("compose topology: %d region(s): want 2 to 10", len(t.Regions))
+		return fmt.Errorf("compose topology: %d region(s): want 2 to 10", len(t.Regions))
 	case t.SpareShards < 0:
-		return nil, fmt.Errorf("compose topology: %d spare shards: want 0 or more", t.SpareShards)
+		return fmt.Errorf("compose topology: %d spare shards: want 0 or more", t.SpareShards)
 	case n*len(t.Regions)+t.SpareShards > maxShard:
-		return nil, fmt.Errorf("compose topology: %d shards and %d spares: want at most %d in all", n*len(t.Regions), t.SpareShards, maxShard)
+		return fmt.Errorf("compose topology: %d shards and %d spares: want at most %d in all", n*len(t.Regions), t.SpareShards, maxShard)
 	case t.WANLatency < 0:
-		return nil, fmt.Errorf("compose topology: WAN latency %v: want 0 or more", t.WANLatency)
+		return fmt.Errorf("compose topology: WAN latency %v: want 0 or more", t.WANLatency)
 	}
-	files := map[string][]byte{}
-	put := func(name string, v any) error {
-		data, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		files[name] = append(data, '\n')
-		return nil
-	}
-	// Every config knows the spare shards' servers (gateway ports,
-	// dial_via, replication_via) whether they run or not: a node dials them
-	// only once they are added, and the gateways dial per connection.
-	servers := t.servers()
-	eps := t.endpoints(servers)
-	replVia := map[string]map[string]string{}
-	for _, r := range t.Regions {
-		replVia[r] = via(r, eps[:len(servers)])
-	}
-	inMap := slices.DeleteFunc(slices.Clone(servers), func(s server) bool { return s.spare })
-	spares := servers[len(inMap):]
+	return nil
+}
 
-	smap := genShardMap{Version: 1, Regions: t.Regions, Namespaces: []map[string]string{{"name": "default"}}, Shards: shards(inMap)}
-	if err := put("config/shardmap.json", smap); err != nil {
-		return nil, err
-	}
-	// Passwords are secrets mounted into the containers that need them:
-	// the application account's into every role and the bootstrap (which
-	// has no default for it), the admin's (root) and the replication
-	// account's into the controllers and the bootstrap only.
-	// provision.BedAccounts and the MariaDB image's ROOT_PASSWORD fix
-	// their values.
-	files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
-	files[adminSecret] = []byte(adminPassword + "\n")
-	files[replSecret] = []byte(provision.BedAccounts.Repl.Password + "\n")
-	replAccount := genAccount{provision.BedAccounts.Repl.User, secretPath(replSecret)}
-	// NATS: the Triage login for every role and the bootstrap, over TLS
-	// verified with the bed's CA; its password, the client login's and the
-	// route login's, the CA and the servers' certificate are the bed
-	// directory's (WriteBedDir), new for every bed.
-	natsLogin := genAccount{natsUser, secretPath(bedNATSTriage)}
-	natsTLS := genNATSTLS{secretPath(bedCA)}
-	// MySQL: every server offers TLS with the bed directory's certificate
-	// (mysqlArgs), which names every server and every gateway, so every
-	// connection verifies the server against the host it dials, its own
-	// region's server by name or another region's as the gateway. The
-	// application and replication accounts are REQUIRE SSL (the
-	// bootstrap's mysql_require_ssl and replication_tls), so their logins
-	// over plain TCP are refused; root is not, for the bed's own checks
-	// and fault injection from the Docker host. The CA's path is the same
-	// in every container, MariaDB's included, which reads it for
-	// CHANGE MASTER TO ... MASTER_SSL_CA.
-	mysqlTLS := &genTLS{secretPath(bedCA)}
-	admin := genAdmin{adminUser, secretPath(adminSecret), mysqlTLS}
-	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: admin, ReplicationVia: replVia,
-		NATSAuth: natsLogin, NATSTLS: natsTLS, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, MySQLRequireSSL: true,
-		Replication: replAccount, ReplicationTLS: mysqlTLS, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+// generation is one run of Generate: the files so far and what several
+// of them share.
+type generation struct {
+	t     Topology
+	files map[string][]byte
+	// servers are every MariaDB container, spares included: every config
+	// knows the spare shards' servers (gateway ports, dial_via,
+	// replication_via) whether they run or not, since a node dials them
+	// only once they are added, and the gateways dial per connection.
+	// inMap are those of the bootstrapped map, spares the rest.
+	servers, inMap, spares []server
+	// eps are the gateways' endpoints, and replVia, per region, what its
+	// replicas and controller dial instead of another region's server.
+	eps     []wan.Endpoint
+	replVia map[string]map[string]string
+	// replAccount is the replication account, its password a mounted
+	// secret.
+	replAccount genAccount
+	// natsLogin is the Triage login of NATS for every role and the
+	// bootstrap, natsTLS how they verify the servers: with the bed's CA.
+	// Its password, the client login's and the route login's, the CA and
+	// the servers' certificate are the bed directory's (WriteBedDir), new
+	// for every bed.
+	natsLogin genAccount
+	natsTLS   genNATSTLS
+	// mysqlTLS is every MySQL connection's TLS. Every server offers TLS
+	// with the bed directory's certificate (mysqlArgs), which names every
+	// server and every gateway, so every connection verifies the server
+	// against the host it dials, its own region's server by name or
+	// another region's as the gateway. The application and replication
+	// accounts are REQUIRE SSL (the bootstrap's mysql_require_ssl and
+	// replication_tls), so their logins over plain TCP are refused; root
+	// is not, for the bed's own checks and fault injection from the
+	// Docker host. The CA's path is the same in every container,
+	// MariaDB's included, which reads it for CHANGE MASTER TO ...
+	// MASTER_SSL_CA.
+	mysqlTLS *genTLS
+	// admin is the admin account (root), over mysqlTLS.
+	admin genAdmin
+}
+
+// newGeneration works out what t's files share.
+func newGeneration(t Topology) *generation {
+	g := &generation{t: t, files: map[string][]byte{}, servers: t.servers(), replVia: map[string]map[string]string{}}
+	g.eps = t.endpoints(g.servers)
 	for _, r := range t.Regions {
+		g.replVia[r] = via(r, g.eps[:len(g.servers)])
+	}
+	g.inMap = slices.DeleteFunc(slices.Clone(g.servers), func(s server) bool { return s.spare })
+	g.spares = g.servers[len(g.inMap):]
+	g.replAccount = genAccount{provision.BedAccounts.Repl.User, secretPath(replSecret)}
+	g.natsLogin = genAccount{natsUser, secretPath(bedNATSTriage)}
+	g.natsTLS = genNATSTLS{secretPath(bedCA)}
+	g.mysqlTLS = &genTLS{secretPath(bedCA)}
+	g.admin = genAdmin{adminUser, secretPath(adminSecret), g.mysqlTLS}
+	return g
+}
+
+// put adds the config file name: v as indented JSON.
+func (g *generation) put(name string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	g.files[name] = append(data, '\n')
+	return nil
+}
+
+// putSecrets adds the MySQL password files. They are secrets mounted into
+// the containers that need them: the application account's into every
+// role and the bootstrap (which has no default for it), the admin's
+// (root) and the replication account's into the controllers and the
+// bootstrap only. provision.BedAccounts and the MariaDB image's
+// ROOT_PASSWORD fix their values.
+func (g *generation) putSecrets() {
+	g.files[appSecret] = []byte(provision.BedAccounts.App.Password + "\n")
+	g.files[adminSecret] = []byte(adminPassword + "\n")
+	g.files[replSecret] = []byte(provision.BedAccounts.Repl.Password + "\n")
+}
+
+// putBootstrap adds the bootstrap's config and, with spare shards, the
+// same with the spares (bootstrap-spare.json) and SpareFile.
+func (g *generation) putBootstrap() error {
+	boot := genBootstrap{ShardMapFile: "/etc/triage/shardmap.json", Admin: g.admin, ReplicationVia: g.replVia,
+		NATSAuth: g.natsLogin, NATSTLS: g.natsTLS, MySQL: genAccount{provision.BedAccounts.App.User, secretPath(appSecret)}, MySQLRequireSSL: true,
+		Replication: g.replAccount, ReplicationTLS: g.mysqlTLS, KVReplicas: 3, StreamReplicas: 3, OwnerTTL: ownerTTL}
+	for _, r := range g.t.Regions {
 		boot.NATS = append(boot.NATS, natsURL(r))
 	}
-	if err := put("config/bootstrap.json", boot); err != nil {
-		return nil, err
+	if err := g.put("config/bootstrap.json", boot); err != nil {
+		return err
 	}
-	if len(spares) > 0 {
-		boot.SpareShards = shards(spares)
-		if err := put("config/bootstrap-spare.json", boot); err != nil {
-			return nil, err
-		}
-		files[SpareFile] = spareFile(t, spares)
+	if len(g.spares) == 0 {
+		return nil
 	}
-	latency := wan.Duration(t.WANLatency)
+	boot.SpareShards = shards(g.spares)
+	if err := g.put("config/bootstrap-spare.json", boot); err != nil {
+		return err
+	}
+	g.files[SpareFile] = spareFile(g.t, g.spares)
+	return nil
+}
+
+// putRegion adds region r's configs: its gateway's and one per role.
+func (g *generation) putRegion(r string) error {
+	latency := wan.Duration(g.t.WANLatency)
 	gateways := map[string]string{}
-	for _, r := range t.Regions {
-		gateways[r] = gateway(r)
+	for _, o := range g.t.Regions {
+		gateways[o] = gateway(o)
 	}
-	for _, r := range t.Regions {
-		gw := wan.GatewayConfig{Region: r, Latency: &latency, Gateways: gateways, Endpoints: eps, Health: "127.0.0.1:7070"}
-		if err := put(path.Join("config", r, "wan.json"), gw); err != nil {
-			return nil, err
-		}
-		for _, role := range roles {
-			c := genNode{Region: r, Roles: []string{role}, NATS: natsURL(r), NATSAuth: natsLogin, NATSTLS: natsTLS,
-				MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), TLS: mysqlTLS, DialVia: via(r, eps[:len(servers)])},
-				OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3, Metrics: metricsListen}
-			if role == "router" {
-				// Every interface of the container, published on the
-				// host's loopback only, and API keys on: the bed's one
-				// key (cluster-admin) is the bed directory's, which the
-				// tour, the drills and TestCompose read on the host.
-				c.GRPC, c.HTTP, c.KeysFile = "0.0.0.0:9090", "0.0.0.0:8080", keysPath
-			}
-			if role == "controller" {
-				c.Admin = &admin
-				c.Replication = &replAccount
-				c.ReplicationTLS = mysqlTLS
-				c.ReplicationVia = replVia
-			}
-			if err := put(path.Join("config", r, role+".json"), c); err != nil {
-				return nil, err
-			}
+	gw := wan.GatewayConfig{Region: r, Latency: &latency, Gateways: gateways, Endpoints: g.eps, Health: "127.0.0.1:7070"}
+	if err := g.put(path.Join("config", r, "wan.json"), gw); err != nil {
+		return err
+	}
+	for _, role := range roles {
+		if err := g.put(path.Join("config", r, role+".json"), g.node(r, role)); err != nil {
+			return err
 		}
 	}
-	files["docker-compose.yml"] = composeFile(t, inMap)
-	return files, nil
+	return nil
+}
+
+// node is the config of region r's role container.
+func (g *generation) node(r, role string) genNode {
+	c := genNode{Region: r, Roles: []string{role}, NATS: natsURL(r), NATSAuth: g.natsLogin, NATSTLS: g.natsTLS,
+		MySQL:    genMySQL{User: provision.BedAccounts.App.User, PasswordFile: secretPath(appSecret), TLS: g.mysqlTLS, DialVia: via(r, g.eps[:len(g.servers)])},
+		OwnerTTL: ownerTTL, KVReplicas: 3, StreamReplicas: 3, Metrics: metricsListen}
+	if role == "router" {
+		// Every interface of the container, published on the host's
+		// loopback only, and API keys on: the bed's one key
+		// (cluster-admin) is the bed directory's, which the tour, the
+		// drills and TestCompose read on the host.
+		c.GRPC, c.HTTP, c.KeysFile = "0.0.0.0:9090", "0.0.0.0:8080", keysPath
+	}
+	if role == "controller" {
+		admin, repl := g.admin, g.replAccount
+		c.Admin = &admin
+		c.Replication = &repl
+		c.ReplicationTLS = g.mysqlTLS
+		c.ReplicationVia = g.replVia
+	}
+	return c
 }
 
 // metricsListen is every role container's metrics listener
@@ -515,65 +581,93 @@ func (b *writer) mariadb(s server, i int) {
 // shards'.
 func composeFile(t Topology, servers []server) []byte {
 	var b writer
-	w, labels := b.w, b.labels
 	ex := mysqlPort(1, 1)
-	w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1])
-	w("%s", mariadbAnchor)
-	w("%s", triageAnchor)
-	w("\nservices:\n")
+	b.w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1])
+	b.w("%s", mariadbAnchor)
+	b.w("%s", triageAnchor)
+	b.w("\nservices:\n")
 	region := map[string]int{}
 	for i, r := range t.Regions {
 		region[r] = i
-		w("\n  # %s's WAN gateway (`triage-bed wan`), the region's only container on \"wan\":\n", r)
-		w("  # the region's processes reach other regions' servers through it (delayed),\n")
-		w("  # other regions reach this region's servers through it (as is).\n")
-		w("  %s:\n    image: %s\n", gateway(r), triageImage)
-		w("    entrypoint: [\"/triage-bed\"]\n")
-		w("    command: [\"wan\", \"--config\", \"/etc/triage/wan.json\"]\n")
-		w("%s", probe)
-		w("    volumes:\n      - ./config/%s/wan.json:/etc/triage/wan.json:ro\n", r)
-		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "wan")
-		w("    networks: [%s, wan]\n", r)
+		b.gatewayService(r, i)
 	}
 	for _, s := range servers {
 		b.mariadb(s, region[s.region])
 	}
 	for i, r := range t.Regions {
-		svc := "nats-" + r
-		var routes []string
-		for j, o := range t.Regions {
-			if o != r {
-				routes = append(routes, "nats-route://"+net.JoinHostPort(gateway(r), strconv.Itoa(natsPort(j))))
-			}
-		}
-		w("\n  # NATS of %s, routed to the others through %s; it advertises an address\n", r, gateway(r))
-		w("  # nobody can dial, so gossip opens no route around the gateways.\n")
-		w("  %s:\n    image: %s\n", svc, triageImage)
-		w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
-		// Every interface (the region's network), and the monitoring port
-		// the health check and the drills ask.
-		w("              \"--host\", \"0.0.0.0\", \"--http-port\", \"8222\",\n")
-		w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
-		w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(bedNATSTriage))
-		w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(bedNATSClient))
-		w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\",\n", natsRouteUser, secretPath(bedNATSRoute))
-		// TLS on the client port and on the routes, which dial the
-		// gateways by name: the one certificate carries every server's
-		// and every gateway's name.
-		w("              \"--tls-cert\", \"%s\", \"--tls-key\", \"%s\", \"--tls-ca\", \"%s\", \"--tls-routes\"]\n",
-			secretPath(bedNATSCert), secretPath(bedNATSKey), secretPath(bedCA))
-		// Healthy means JetStream answers and the server has its route to
-		// every other region's: core NATS (the enqueue and dequeue replies)
-		// crosses only direct routes, and a partial mesh still has a
-		// JetStream quorum.
-		w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"--nats-peers\", \"%d\", \"http://127.0.0.1:8222\"]\n", len(t.Regions)-1)
-		w("      interval: 15s\n      timeout: 30s\n      retries: 120\n")
-		w("    volumes:\n      - %s:/data\n", svc)
-		w("%s%s%s", mountBed(bedNATSTriage), mountBed(bedNATSClient), mountBed(bedNATSRoute))
-		w("%s%s%s", mountBed(bedCA), mountBed(bedNATSCert), mountBed(bedNATSKey))
-		labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
-		w("    networks: [%s]\n", r)
+		b.natsService(t, r, i)
 	}
+	b.bootstrapService(t, servers)
+	for i, r := range t.Regions {
+		for _, role := range roles {
+			b.roleService(r, i, role)
+		}
+	}
+	b.networksAndVolumes(t, servers)
+	return b.Bytes()
+}
+
+// gatewayService writes the service of region r's WAN gateway (r is
+// region i).
+func (b *writer) gatewayService(r string, i int) {
+	w := b.w
+	w("\n  # %s's WAN gateway (`triage-bed wan`), the region's only container on \"wan\":\n", r)
+	w("  # the region's processes reach other regions' servers through it (delayed),\n")
+	w("  # other regions reach this region's servers through it (as is).\n")
+	w("  %s:\n    image: %s\n", gateway(r), triageImage)
+	w("    entrypoint: [\"/triage-bed\"]\n")
+	w("    command: [\"wan\", \"--config\", \"/etc/triage/wan.json\"]\n")
+	w("%s", probe)
+	w("    volumes:\n      - ./config/%s/wan.json:/etc/triage/wan.json:ro\n", r)
+	b.labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "wan")
+	w("    networks: [%s, wan]\n", r)
+}
+
+// natsService writes the service of region r's NATS server (r is region
+// i of t), routed to every other region's through the gateways.
+func (b *writer) natsService(t Topology, r string, i int) {
+	w := b.w
+	svc := "nats-" + r
+	var routes []string
+	for j, o := range t.Regions {
+		if o != r {
+			routes = append(routes, "nats-route://"+net.JoinHostPort(gateway(r), strconv.Itoa(natsPort(j))))
+		}
+	}
+	w("\n  # NATS of %s, routed to the others through %s; it advertises an address\n", r, gateway(r))
+	w("  # nobody can dial, so gossip opens no route around the gateways.\n")
+	w("  %s:\n    image: %s\n", svc, triageImage)
+	w("    command: [\"nats\", \"--name\", \"%s\", \"--store\", \"/data/nats\", \"--tags\", \"region:%s\",\n", svc, r)
+	// Every interface (the region's network), and the monitoring port
+	// the health check and the drills ask.
+	w("              \"--host\", \"0.0.0.0\", \"--http-port\", \"8222\",\n")
+	w("              \"--cluster-advertise\", \"127.0.0.1:1\", \"--routes\", \"%s\",\n", strings.Join(routes, ","))
+	w("              \"--triage-user\", \"%s\", \"--triage-password-file\", \"%s\",\n", natsUser, secretPath(bedNATSTriage))
+	w("              \"--client-user\", \"%s\", \"--client-password-file\", \"%s\",\n", natsClientUser, secretPath(bedNATSClient))
+	w("              \"--route-user\", \"%s\", \"--route-password-file\", \"%s\",\n", natsRouteUser, secretPath(bedNATSRoute))
+	// TLS on the client port and on the routes, which dial the
+	// gateways by name: the one certificate carries every server's
+	// and every gateway's name.
+	w("              \"--tls-cert\", \"%s\", \"--tls-key\", \"%s\", \"--tls-ca\", \"%s\", \"--tls-routes\"]\n",
+		secretPath(bedNATSCert), secretPath(bedNATSKey), secretPath(bedCA))
+	// Healthy means JetStream answers and the server has its route to
+	// every other region's: core NATS (the enqueue and dequeue replies)
+	// crosses only direct routes, and a partial mesh still has a
+	// JetStream quorum.
+	w("    healthcheck:\n      test: [\"CMD\", \"/triage\", \"probe\", \"--nats-peers\", \"%d\", \"http://127.0.0.1:8222\"]\n", len(t.Regions)-1)
+	w("      interval: 15s\n      timeout: 30s\n      retries: 120\n")
+	w("    volumes:\n      - %s:/data\n", svc)
+	w("%s%s%s", mountBed(bedNATSTriage), mountBed(bedNATSClient), mountBed(bedNATSRoute))
+	w("%s%s%s", mountBed(bedCA), mountBed(bedNATSCert), mountBed(bedNATSKey))
+	b.labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, "nats")
+	w("    networks: [%s]\n", r)
+}
+
+// bootstrapService writes the one-shot bootstrap's service, which waits
+// for every gateway, MariaDB server of servers and NATS server to be
+// healthy.
+func (b *writer) bootstrapService(t Topology, servers []server) {
+	w := b.w
 	w("\n  # One-shot: accounts, schema, replication, NATS buckets and the shard map\n")
 	w("  # (triage bootstrap, cmd/triage/bootstrap.Run). The roles start after it.\n")
 	w("  # An administrator's job, on every region's network; it exits before\n")
@@ -583,7 +677,7 @@ func composeFile(t Topology, servers []server) []byte {
 	w("    volumes:\n      - ./config/bootstrap.json:/etc/triage/bootstrap.json:ro\n")
 	w("      - ./config/shardmap.json:/etc/triage/shardmap.json:ro\n")
 	w("%s%s%s%s%s", mountSecret(appSecret), mountSecret(adminSecret), mountSecret(replSecret), mountBed(bedNATSTriage), mountBed(bedCA))
-	labels(LabelRole, "bootstrap")
+	b.labels(LabelRole, "bootstrap")
 	w("    networks: [%s]\n    restart: \"no\"\n    depends_on:\n", strings.Join(t.Regions, ", "))
 	for _, r := range t.Regions {
 		w("      %s:\n        condition: service_healthy\n", gateway(r))
@@ -594,26 +688,36 @@ func composeFile(t Topology, servers []server) []byte {
 	for _, r := range t.Regions {
 		w("      nats-%s:\n        condition: service_healthy\n", r)
 	}
-	for i, r := range t.Regions {
-		for _, role := range roles {
-			svc := role + "-" + r
-			w("\n  %s:\n    <<: *triage\n", svc)
-			w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
-			w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
-			w("%s%s%s", mountSecret(appSecret), mountBed(bedNATSTriage), mountBed(bedCA))
-			if role == "controller" {
-				w("%s%s", mountSecret(adminSecret), mountSecret(replSecret))
-			}
-			if role == "router" {
-				w("      - %s/%s:%s:ro\n", bedDirVar, bedKeys, keysPath)
-				env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
-				w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)
-				w("      - \"127.0.0.1:${TRIAGE_GRPC_%s:-%d}:9090\"\n", env, 19090+i)
-			}
-			labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, role)
-			w("    networks: [%s]\n", r)
-		}
+}
+
+// roleService writes the service of region r's (region i's) Triage role
+// container, which uses the file's x-triage anchor; the router's ports
+// are published on the host's loopback.
+func (b *writer) roleService(r string, i int, role string) {
+	w := b.w
+	svc := role + "-" + r
+	w("\n  %s:\n    <<: *triage\n", svc)
+	w("    command: [\"serve\", \"--config\", \"/etc/triage/%s.json\", \"--health\", \"127.0.0.1:7070\"]\n", role)
+	w("    volumes:\n      - ./config/%s/%s.json:/etc/triage/%s.json:ro\n", r, role, role)
+	w("%s%s%s", mountSecret(appSecret), mountBed(bedNATSTriage), mountBed(bedCA))
+	if role == "controller" {
+		w("%s%s", mountSecret(adminSecret), mountSecret(replSecret))
 	}
+	if role == "router" {
+		w("      - %s/%s:%s:ro\n", bedDirVar, bedKeys, keysPath)
+		env := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
+		w("    ports:\n      - \"127.0.0.1:${TRIAGE_HTTP_%s:-%d}:8080\"\n", env, 18080+i)
+		w("      - \"127.0.0.1:${TRIAGE_GRPC_%s:-%d}:9090\"\n", env, 19090+i)
+	}
+	b.labels(LabelRegion, r, LabelRegionIndex, strconv.Itoa(i), LabelRole, role)
+	w("    networks: [%s]\n", r)
+}
+
+// networksAndVolumes writes the file's networks (one per region, and
+// "wan" between the gateways) and volumes (every server of servers' and
+// every NATS server's).
+func (b *writer) networksAndVolumes(t Topology, servers []server) {
+	w := b.w
 	w("\nnetworks:\n")
 	for _, r := range t.Regions {
 		w("  %s:\n", r)
@@ -628,7 +732,6 @@ func composeFile(t Topology, servers []server) []byte {
 	for _, r := range t.Regions {
 		w("  nats-%s:\n", r)
 	}
-	return b.Bytes()
 }
 
 // SpareFile is the override with the spare shards' servers, beside

@@ -141,6 +141,54 @@ type Config struct {
 
 // Run runs one drill and returns its report.
 func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
+	routers, err := drillRouters(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.fill()
+	started := time.Now()
+	clients, admins, closeAll, err := connect(routers)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	d := newDrillRun(cfg, routers, clients, admins)
+	if cfg.Report {
+		r := d.startReporting(started)
+		defer func() { d.finishReporting(ctx, r, rep, err) }()
+	}
+	if err := d.pickShards(ctx); err != nil {
+		return nil, err
+	}
+	ns := "drill-" + cfg.Region
+	if err := confine(ctx, d.admin, admins, ns, cfg.Region, d.regions, d.home); err != nil {
+		return nil, err
+	}
+	w := newWorkload(ns, "drill-"+cfg.Scenario, cfg.Region, cfg.Lease)
+	load := w.launch(ctx, clients, cfg.Producers, cfg.Consumers, 0)
+	defer load.cancel()
+	fmt.Fprintf(d.progress, "drill %s: %d producers and %d consumers on each router (%s), items in region %s (shards %v)\n",
+		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(d.f.routers, ", "), cfg.Region, d.rep.Shards)
+	sleep(ctx, cfg.Warmup)
+	if err := d.injectAndHold(ctx); err != nil {
+		return nil, err
+	}
+	d.heal(ctx)
+	sleep(ctx, 5*time.Second)
+	load.stopProducers()
+	d.phase(PhaseDraining)
+	load.drain(ctx, cfg.Drain, cfg.Lease, d.progress)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d.conclude(ctx, w, clients, ns)
+	return d.rep, nil
+}
+
+// drillRouters checks cfg's scenario and bed and returns the routers the
+// workload runs through: cfg.Via's, or every region's. It fails before
+// the drill touches the bed.
+func drillRouters(ctx context.Context, cfg Config) ([]Router, error) {
 	if !slices.Contains(Scenarios, cfg.Scenario) {
 		return nil, configError("unknown scenario %q: allowed %s", cfg.Scenario, strings.Join(Scenarios, ", "))
 	}
@@ -162,112 +210,149 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if len(routers) == 0 {
 		return nil, configError("no router to run the workload through: via %v, the bed's regions are %v", cfg.Via, names)
 	}
+	return routers, nil
+}
+
+// fill gives the durations and counts cfg leaves zero their defaults.
+func (cfg *Config) fill() {
 	cfg.Warmup = cmp.Or(cfg.Warmup, 5*time.Second)
 	cfg.Hold = cmp.Or(cfg.Hold, 15*time.Second)
 	cfg.Drain = cmp.Or(cfg.Drain, 90*time.Second)
 	cfg.Lease = cmp.Or(cfg.Lease, 5*time.Second)
 	cfg.Producers = cmp.Or(cfg.Producers, 2)
 	cfg.Consumers = cmp.Or(cfg.Consumers, 2)
-	progress := cfg.Progress
-	if progress == nil {
-		progress = io.Discard
+}
+
+// drillRun is one run of Run: its configuration, where it reports, what
+// it knows about the fault, and the report it fills.
+type drillRun struct {
+	cfg Config
+	// progress gets the drill's lines, and phase its phases: the
+	// reporter's when it reports to a router.
+	progress io.Writer
+	phase    func(string)
+	f        facts
+	// admin is the Admin client of the first router that survives the
+	// fault, or of the only router when none does (it is asked while it
+	// answers).
+	admin triagev1.AdminClient
+	// regions are the bed's regions, per the shard map; home the shards
+	// homed in the faulted region, in order, and primaries their
+	// primaries before the fault.
+	regions   []string
+	home      []uint32
+	primaries map[uint32]string
+	fault     Fault
+	rep       *Report
+}
+
+// newDrillRun sets a drill up over routers, dialed as clients and admins
+// (in routers' order).
+func newDrillRun(cfg Config, routers []Router, clients []client, admins []triagev1.AdminClient) *drillRun {
+	d := &drillRun{cfg: cfg, progress: cfg.Progress, phase: noReporter{}.phase,
+		f: facts{shards: map[uint32]bool{}, survivors: map[string]bool{}, published: map[uint32]time.Time{}}}
+	if d.progress == nil {
+		d.progress = io.Discard
 	}
-	started := time.Now()
-	f := facts{shards: map[uint32]bool{}, survivors: map[string]bool{}, published: map[uint32]time.Time{}}
-	clients, admins, closeAll, err := connect(routers)
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll()
-	var admin triagev1.AdminClient
 	for i, r := range routers {
-		f.routers = append(f.routers, r.Region)
+		d.f.routers = append(d.f.routers, r.Region)
 		if survives(cfg.Scenario, cfg.Region, r.Region) {
-			f.survivors[r.Region] = true
-			if admin == nil {
-				admin = admins[i]
+			d.f.survivors[r.Region] = true
+			if d.admin == nil {
+				d.admin = admins[i]
 			}
 		}
 	}
-	if admin == nil {
-		// Only the faulted region's router: ask it, while it answers.
-		admin = admins[0]
-	}
-	rp := noReporter{}.phase
-	if cfg.Report {
-		id := cmp.Or(cfg.ID, cfg.Scenario+"-"+started.UTC().Format("20060102T150405Z"))
-		r := newReporter(admin, id, cfg.Scenario, progress)
-		progress, rp = r, r.phase
-		defer func() {
-			// Flushed whatever the outcome; a context already cancelled
-			// still gets a moment to say so.
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
-			defer cancel()
-			if err != nil {
-				r.finish(fctx, "ERROR: "+err.Error(), nil)
-				return
-			}
-			var buf bytes.Buffer
-			rep.Print(&buf)
-			r.finish(fctx, rep.Verdict(), strings.Split(buf.String(), "\n"))
-		}()
-		rp(PhaseStarting)
+	if d.admin == nil {
+		d.admin = admins[0]
 	}
 	if cfg.Scenario == "partition" {
-		f.isolated = cfg.Region
+		d.f.isolated = cfg.Region
 	}
+	return d
+}
 
-	before, err := getMap(ctx, admin)
+// startReporting sends the drill's lines and phases to ReportDrill of
+// d.admin's router from here on (Config.Report), under cfg.ID or an ID
+// made of the scenario and started.
+func (d *drillRun) startReporting(started time.Time) *reporter {
+	id := cmp.Or(d.cfg.ID, d.cfg.Scenario+"-"+started.UTC().Format("20060102T150405Z"))
+	r := newReporter(d.admin, id, d.cfg.Scenario, d.progress)
+	d.progress, d.phase = r, r.phase
+	d.phase(PhaseStarting)
+	return r
+}
+
+// finishReporting reports the drill's outcome through r: the error it
+// failed with, or rep's verdict and printout. It flushes whatever the
+// outcome; a context already cancelled still gets a moment to say so.
+func (d *drillRun) finishReporting(ctx context.Context, r *reporter, rep *Report, err error) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+	defer cancel()
 	if err != nil {
-		return nil, fmt.Errorf("read the shard map: %w", err)
+		r.finish(fctx, "ERROR: "+err.Error(), nil)
+		return
 	}
-	primaries := map[uint32]string{}
-	var home []uint32
-	for _, s := range before.Shards {
-		if s.HomeRegion == cfg.Region {
+	var buf bytes.Buffer
+	rep.Print(&buf)
+	r.finish(fctx, rep.Verdict(), strings.Split(buf.String(), "\n"))
+}
+
+// pickShards reads the shard map and picks the faulted shards: the one
+// whose primary a primary-kill or mariadb-pause faults (cfg.Shard, by
+// default the region's lowest), every shard homed in the region
+// otherwise. It starts the report with them.
+func (d *drillRun) pickShards(ctx context.Context) error {
+	before, err := getMap(ctx, d.admin)
+	if err != nil {
+		return fmt.Errorf("read the shard map: %w", err)
+	}
+	d.regions = before.Regions
+	d.home, d.primaries = homeShards(before, d.cfg.Region)
+	switch {
+	case len(d.home) == 0:
+		return configError("no shard is homed in region %q", d.cfg.Region)
+	case d.cfg.Shard == 0:
+		d.cfg.Shard = d.home[0]
+	case !slices.Contains(d.home, d.cfg.Shard):
+		return configError("shard %d is not homed in region %q: its shards are %v", d.cfg.Shard, d.cfg.Region, d.home)
+	}
+	for _, id := range d.home {
+		if d.cfg.Scenario != "primary-kill" && d.cfg.Scenario != "mariadb-pause" || id == d.cfg.Shard {
+			d.f.shards[id] = true
+		}
+	}
+	d.fault = Fault{Scenario: d.cfg.Scenario, Region: d.cfg.Region, Shard: d.cfg.Shard}
+	d.rep = &Report{Scenario: d.cfg.Scenario, Routers: d.f.routers, MapBefore: describeMap(before, d.cfg.Region)}
+	for id := range d.f.shards {
+		d.rep.Shards = append(d.rep.Shards, id)
+	}
+	slices.Sort(d.rep.Shards)
+	return nil
+}
+
+// homeShards returns the shards of m homed in region, in order, and
+// their primaries.
+func homeShards(m *triagev1.ShardMap, region string) (home []uint32, primaries map[uint32]string) {
+	primaries = map[uint32]string{}
+	for _, s := range m.Shards {
+		if s.HomeRegion == region {
 			primaries[s.Id] = s.Primary
 			home = append(home, s.Id)
 		}
 	}
 	slices.Sort(home)
-	switch {
-	case len(home) == 0:
-		return nil, configError("no shard is homed in region %q", cfg.Region)
-	case cfg.Shard == 0:
-		cfg.Shard = home[0]
-	case !slices.Contains(home, cfg.Shard):
-		return nil, configError("shard %d is not homed in region %q: its shards are %v", cfg.Shard, cfg.Region, home)
-	}
-	for _, id := range home {
-		if cfg.Scenario != "primary-kill" && cfg.Scenario != "mariadb-pause" || id == cfg.Shard {
-			f.shards[id] = true
-		}
-	}
-	rep = &Report{Scenario: cfg.Scenario, Routers: f.routers, MapBefore: describeMap(before, cfg.Region)}
-	for id := range f.shards {
-		rep.Shards = append(rep.Shards, id)
-	}
-	slices.Sort(rep.Shards)
+	return home, primaries
+}
 
-	ns := "drill-" + cfg.Region
-	if err := confine(ctx, admin, admins, ns, cfg.Region, before.Regions, home); err != nil {
-		return nil, err
-	}
-	w := newWorkload(ns, "drill-"+cfg.Scenario, cfg.Region, cfg.Lease)
-	prodCtx, stopProd := context.WithCancel(ctx)
-	consCtx, stopCons := context.WithCancel(ctx)
-	defer stopProd()
-	defer stopCons()
-	prodWG, consWG := w.start(prodCtx, consCtx, clients, cfg.Producers, cfg.Consumers, 0)
-	fmt.Fprintf(progress, "drill %s: %d producers and %d consumers on each router (%s), items in region %s (shards %v)\n",
-		cfg.Scenario, cfg.Producers, cfg.Consumers, strings.Join(f.routers, ", "), cfg.Region, rep.Shards)
-	sleep(ctx, cfg.Warmup)
-
-	fault := Fault{Scenario: cfg.Scenario, Region: cfg.Region, Shard: cfg.Shard}
-	// The failover is watched from before the injection: the compose bed's
-	// docker CLI can take seconds to return after the fault took effect,
-	// and a watch started only then saw the new primary that much later.
-	// It times what it sees once it knows when the fault took effect.
+// injectAndHold injects the fault, holds it for cfg.Hold and reports
+// when it took effect and when the new primaries were published.
+//
+// The failover is watched from before the injection: the compose bed's
+// docker CLI can take seconds to return after the fault took effect, and
+// a watch started only then saw the new primary that much later. It
+// times what it sees once it knows when the fault took effect.
+func (d *drillRun) injectAndHold(ctx context.Context) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	faultKnown := make(chan struct{})
@@ -277,86 +362,81 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		faultAt := func() (time.Time, bool) {
 			select {
 			case <-faultKnown:
-				return f.faultAt, true
+				return d.f.faultAt, true
 			case <-watchCtx.Done():
 				return time.Time{}, false
 			}
 		}
-		watchFailover(watchCtx, admin, primaries, f.shards, f.published, faultAt, progress)
-		if len(f.published) == len(f.shards) {
-			rp(PhaseFailedOver)
+		watchFailover(watchCtx, d.admin, d.primaries, d.f.shards, d.f.published, faultAt, d.progress)
+		if len(d.f.published) == len(d.f.shards) {
+			d.phase(PhaseFailedOver)
 		}
 	}()
 	injecting := time.Now()
-	inj, err := cfg.Bed.Inject(ctx, fault)
+	inj, err := d.cfg.Bed.Inject(ctx, d.fault)
 	if err != nil {
 		stopWatch()
 		<-watched
-		return nil, fmt.Errorf("inject %s: %w", cfg.Scenario, err)
+		return fmt.Errorf("inject %s: %w", d.cfg.Scenario, err)
 	}
-	// The clocks start when the fault took effect: as the bed recorded it,
-	// or else once Inject returned, when it is certainly in place. A call
-	// sent while the bed was still injecting (the compose bed's docker
-	// CLI takes a second or more) may have been served before the fault
-	// took effect, which would pass for a recovery.
-	injected := time.Now()
-	f.faultAt = injected
-	if at := inj.At; !at.IsZero() && at.After(injecting) && at.Before(injected) {
-		f.faultAt = at
-	}
-	f.cutAt = f.faultAt
-	rep.FaultAt = f.faultAt
-	rep.InjectMS = injected.Sub(injecting).Milliseconds()
-	rep.Fault = inj.Description
-	rp(PhaseFaulted)
-	fmt.Fprintf(progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
-		injected.Sub(f.faultAt).Round(time.Millisecond), inj.Description, cfg.Hold)
+	d.injected(inj, injecting, time.Now())
 	close(faultKnown)
-	sleep(ctx, cfg.Hold)
+	sleep(ctx, d.cfg.Hold)
 	stopWatch()
 	<-watched
-	rep.FailoverMS = -1
-	if len(f.published) == len(f.shards) {
-		for _, t := range f.published {
-			rep.FailoverMS = max(rep.FailoverMS, t.Sub(f.faultAt).Milliseconds())
+	d.rep.FailoverMS = -1
+	if len(d.f.published) == len(d.f.shards) {
+		for _, t := range d.f.published {
+			d.rep.FailoverMS = max(d.rep.FailoverMS, t.Sub(d.f.faultAt).Milliseconds())
 		}
 	}
+	return nil
+}
 
-	f.healAt = time.Now()
-	// A heal that fails still gets a report: the figures up to here are
-	// what the drill is for, and the failure is a violation of its own.
-	if healed, err := cfg.Bed.Heal(ctx, fault); err != nil {
-		rep.HealError = err.Error()
-		fmt.Fprintf(progress, "heal failed: %v; draining anyway (up to %s)\n", err, cfg.Drain)
+// injected records inj, asked for at injecting and returned at injected.
+// The clocks start when the fault took effect: as the bed recorded it, or
+// else once Inject returned, when it is certainly in place. A call sent
+// while the bed was still injecting (the compose bed's docker CLI takes a
+// second or more) may have been served before the fault took effect,
+// which would pass for a recovery.
+func (d *drillRun) injected(inj Injection, injecting, injected time.Time) {
+	d.f.faultAt = injected
+	if at := inj.At; !at.IsZero() && at.After(injecting) && at.Before(injected) {
+		d.f.faultAt = at
+	}
+	d.f.cutAt = d.f.faultAt
+	d.rep.FaultAt = d.f.faultAt
+	d.rep.InjectMS = injected.Sub(injecting).Milliseconds()
+	d.rep.Fault = inj.Description
+	d.phase(PhaseFaulted)
+	fmt.Fprintf(d.progress, "fault injected in %s, in effect %s before that: %s; holding %s\n", injected.Sub(injecting).Round(time.Millisecond),
+		injected.Sub(d.f.faultAt).Round(time.Millisecond), inj.Description, d.cfg.Hold)
+}
+
+// heal heals the fault. A heal that fails still gets a report: the
+// figures up to here are what the drill is for, and the failure is a
+// violation of its own.
+func (d *drillRun) heal(ctx context.Context) {
+	d.f.healAt = time.Now()
+	if healed, err := d.cfg.Bed.Heal(ctx, d.fault); err != nil {
+		d.rep.HealError = err.Error()
+		fmt.Fprintf(d.progress, "heal failed: %v; draining anyway (up to %s)\n", err, d.cfg.Drain)
 	} else {
-		fmt.Fprintf(progress, "healed in %s: %s; producing 5s more, then draining (up to %s)\n",
-			time.Since(f.healAt).Round(time.Millisecond), healed, cfg.Drain)
+		fmt.Fprintf(d.progress, "healed in %s: %s; producing 5s more, then draining (up to %s)\n",
+			time.Since(d.f.healAt).Round(time.Millisecond), healed, d.cfg.Drain)
 	}
-	rp(PhaseHealed)
-	rep.HealedAt = time.Now()
-	sleep(ctx, 5*time.Second)
-	stopProd()
-	prodWG.Wait()
-	rp(PhaseDraining)
-	fmt.Fprintf(progress, "producers stopped; draining %d undelivered items\n", w.undelivered())
-	deadline := time.Now().Add(cfg.Drain)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if w.undelivered() == 0 {
-			break
-		}
-		sleep(ctx, 200*time.Millisecond)
-	}
-	// Let items a crashed consumer held come back once more, so their
-	// redelivery is counted, and let stale copies show up.
-	sleep(ctx, cfg.Lease+time.Second)
-	stopCons()
-	consWG.Wait()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	d.phase(PhaseHealed)
+	d.rep.HealedAt = time.Now()
+}
 
+// conclude fills the report once the workload has stopped: the checks of
+// w's history, what became of lost items (asked through clients, in
+// namespace ns), the shard map after, the controller's failover steps and
+// the old primary's fate.
+func (d *drillRun) conclude(ctx context.Context, w *workload, clients []client, ns string) {
+	rep := d.rep
 	w.mu.Lock()
-	analyze(rep, &w.h, f)
+	analyze(rep, &w.h, d.f)
 	w.mu.Unlock()
 	if len(rep.LostIDs) > 0 {
 		rep.LostState = lostState(ctx, clients, ns, rep.LostIDs)
@@ -364,21 +444,21 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	if rep.HealError != "" {
 		rep.Violations = append(rep.Violations, "the heal failed: "+rep.HealError)
 	}
-	if after, err := getMap(ctx, admin); err == nil {
-		rep.MapAfter = describeMap(after, cfg.Region)
+	if after, err := getMap(ctx, d.admin); err == nil {
+		rep.MapAfter = describeMap(after, d.cfg.Region)
 	} else {
 		rep.MapAfter = "unavailable: " + err.Error()
 	}
-	rep.FailoverSteps, err = failoverSteps(ctx, admin, f.shards, f.faultAt, f.healAt)
+	var err error
+	rep.FailoverSteps, err = failoverSteps(ctx, d.admin, d.f.shards, d.f.faultAt, d.f.healAt)
 	if err != nil {
 		rep.FailoverStepsError = err.Error()
 	}
-	if fate, err := cfg.Bed.Fate(ctx, fault); err == nil {
+	if fate, err := d.cfg.Bed.Fate(ctx, d.fault); err == nil {
 		rep.OldPrimary = fate
 	} else {
 		rep.OldPrimary = "unknown: " + err.Error()
 	}
-	return rep, nil
 }
 
 // connect dials every router and returns, in routers' order, a Queue and

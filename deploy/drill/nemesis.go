@@ -196,10 +196,7 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	if cfg.Duration <= 0 {
 		return nil, configError("the duration must be positive")
 	}
-	cfg.Lease = cmp.Or(cfg.Lease, 5*time.Second)
-	cfg.Producers = cmp.Or(cfg.Producers, 2)
-	cfg.Consumers = cmp.Or(cfg.Consumers, 2)
-	cfg.Drain = cmp.Or(cfg.Drain, 90*time.Second)
+	cfg.fill()
 	progress := cfg.Progress
 	if progress == nil {
 		progress = io.Discard
@@ -224,22 +221,12 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	if !slices.Contains(regions, cfg.Region) {
 		return nil, configError("region %q: the bed's regions are %v", cfg.Region, regions)
 	}
-	before, err := getMap(ctx, admins[0])
+	home, mapRegions, err := nemesisShards(ctx, admins[0], cfg.Region)
 	if err != nil {
-		return nil, fmt.Errorf("read the shard map: %w", err)
+		return nil, err
 	}
-	var home []uint32
-	for _, s := range before.Shards {
-		if s.HomeRegion == cfg.Region {
-			home = append(home, s.Id)
-		}
-	}
-	if len(home) == 0 {
-		return nil, configError("no shard is homed in region %q", cfg.Region)
-	}
-	slices.Sort(home)
 	ns := "nemesis-" + cfg.Region
-	if err := confine(ctx, admins[0], admins, ns, cfg.Region, before.Regions, home); err != nil {
+	if err := confine(ctx, admins[0], admins, ns, cfg.Region, mapRegions, home); err != nil {
 		return nil, err
 	}
 	plan := Schedule(cfg.Seed, cfg.Duration, regions, cfg.Region, home)
@@ -248,40 +235,67 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 		cfg.Seed, len(plan), cfg.Duration, cfg.Region, home, cfg.Producers, cfg.Consumers, strings.Join(regions, ", "))
 
 	w := newWorkload(ns, "nemesis", cfg.Region, cfg.Lease)
-	prodCtx, stopProd := context.WithCancel(ctx)
-	consCtx, stopCons := context.WithCancel(ctx)
-	defer stopProd()
-	defer stopCons()
-	prodWG, consWG := w.start(prodCtx, consCtx, clients, cfg.Producers, cfg.Consumers, cfg.Seed)
+	load := w.launch(ctx, clients, cfg.Producers, cfg.Consumers, cfg.Seed)
+	defer load.cancel()
 	start := time.Now()
-	event := func(action string, f Fault, detail string, err error) {
-		e := NemesisEvent{AtMS: time.Since(start).Milliseconds(), Action: action, Scenario: f.Scenario, Region: f.Region, Shard: f.Shard, Detail: detail}
-		if err != nil {
-			e.Error = err.Error()
-			rep.Violations = append(rep.Violations, fmt.Sprintf("%s %s in %s at %s: %v", action, f.Scenario, f.Region, fmtMS(e.AtMS), err))
-		}
-		rep.Timeline = append(rep.Timeline, e)
-		fmt.Fprintf(progress, "%s %-6s %s %s: %s%s\n", fmtMS(e.AtMS), action, f.Scenario, f.Region, detail, errSuffix(err))
-	}
-	rep.Overlapping = run(ctx, cfg.Bed, plan, start, event, func(f Fault) { rep.Faults[f.Scenario]++ })
+	rep.Overlapping = run(ctx, cfg.Bed, plan, start, rep.recorder(start, progress), func(f Fault) { rep.Faults[f.Scenario]++ })
 	sleep(ctx, 5*time.Second)
-	stopProd()
-	prodWG.Wait()
-	fmt.Fprintf(progress, "producers stopped; draining %d undelivered items\n", w.undelivered())
-	deadline := time.Now().Add(cfg.Drain)
-	for time.Now().Before(deadline) && ctx.Err() == nil && w.undelivered() > 0 {
-		sleep(ctx, 200*time.Millisecond)
-	}
-	sleep(ctx, cfg.Lease+time.Second) // crashed consumers' items come back once more
-	stopCons()
-	consWG.Wait()
+	load.stopProducers()
+	load.drain(ctx, cfg.Drain, cfg.Lease, progress)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	rep.check(ctx, w, clients, ns, regions, home, start)
+	return rep, nil
+}
+
+// fill gives the durations and counts cfg leaves zero their defaults.
+func (cfg *NemesisConfig) fill() {
+	cfg.Lease = cmp.Or(cfg.Lease, 5*time.Second)
+	cfg.Producers = cmp.Or(cfg.Producers, 2)
+	cfg.Consumers = cmp.Or(cfg.Consumers, 2)
+	cfg.Drain = cmp.Or(cfg.Drain, 90*time.Second)
+}
+
+// nemesisShards reads the shard map through admin and returns the shards
+// homed in region, in order, and the map's regions.
+func nemesisShards(ctx context.Context, admin triagev1.AdminClient, region string) (home []uint32, regions []string, err error) {
+	before, err := getMap(ctx, admin)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the shard map: %w", err)
+	}
+	home, _ = homeShards(before, region)
+	if len(home) == 0 {
+		return nil, nil, configError("no shard is homed in region %q", region)
+	}
+	return home, before.Regions, nil
+}
+
+// recorder returns the event callback of run: it adds each injection and
+// heal to the timeline, timed from start, a failed one to the
+// violations, and writes it to progress.
+func (r *NemesisReport) recorder(start time.Time, progress io.Writer) func(string, Fault, string, error) {
+	return func(action string, f Fault, detail string, err error) {
+		e := NemesisEvent{AtMS: time.Since(start).Milliseconds(), Action: action, Scenario: f.Scenario, Region: f.Region, Shard: f.Shard, Detail: detail}
+		if err != nil {
+			e.Error = err.Error()
+			r.Violations = append(r.Violations, fmt.Sprintf("%s %s in %s at %s: %v", action, f.Scenario, f.Region, fmtMS(e.AtMS), err))
+		}
+		r.Timeline = append(r.Timeline, e)
+		fmt.Fprintf(progress, "%s %-6s %s %s: %s%s\n", fmtMS(e.AtMS), action, f.Scenario, f.Region, detail, errSuffix(err))
+	}
+}
+
+// check runs the drill's checks over w's whole history, as if one fault
+// of every home shard had lasted from start until now, seen by every
+// router of regions as a survivor, asks what became of lost items (through
+// clients, in namespace ns), and puts the checks' violations before the
+// bed's.
+func (r *NemesisReport) check(ctx context.Context, w *workload, clients []client, ns string, regions []string, home []uint32, start time.Time) {
 	checks := &Report{Scenario: "nemesis", Routers: regions, Shards: home, FaultAt: start, HealedAt: time.Now()}
 	survivors := map[string]bool{}
-	for _, r := range regions {
-		survivors[r] = true
+	for _, region := range regions {
+		survivors[region] = true
 	}
 	shards := map[uint32]bool{}
 	for _, s := range home {
@@ -291,15 +305,14 @@ func Nemesis(ctx context.Context, cfg NemesisConfig) (*NemesisReport, error) {
 	analyze(checks, &w.h, facts{faultAt: start, cutAt: start, healAt: time.Now(), shards: shards,
 		routers: regions, survivors: survivors, published: map[uint32]time.Time{}})
 	w.mu.Unlock()
-	rep.Checks = checks
+	r.Checks = checks
 	if len(checks.LostIDs) > 0 {
 		checks.LostState = lostState(ctx, clients, ns, checks.LostIDs)
 	}
-	rep.Violations = append(checks.Violations, rep.Violations...)
+	r.Violations = append(checks.Violations, r.Violations...)
 	if checks.Acknowledged == 0 {
-		rep.Violations = append(rep.Violations, "no enqueue was acknowledged: the run checked nothing")
+		r.Violations = append(r.Violations, "no enqueue was acknowledged: the run checked nothing")
 	}
-	return rep, nil
 }
 
 // run injects and heals plan's faults: each at start plus its After, and

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"google.golang.org/grpc/codes"
 )
 
 // Report is what a drill found. Lost, EarlyDeliveries,
@@ -199,35 +201,70 @@ func analyze(r *Report, h *history, f facts) {
 	at := func(t time.Time) string { return fmt.Sprintf("%+.3fs", t.Sub(f.faultAt).Seconds()) }
 	r.Acknowledged = len(h.sent)
 	r.AcksOK, r.NacksOK = len(h.acks), len(h.nacks)
-	byID := map[string][]delivery{}
+	byID, first := deliveriesByID(h)
+	r.Delivered = len(first)
+	redeliveries(r, byID, newSettlements(h), at)
+	lostAndEarly(r, h, first, at)
+	keys(r, h, first, at)
+	r.PriorityInversions = inversions(h, first)
+	r.EnqueueErrors = codeCounts(h.enqErrs)
+	r.DequeueErrors = codeCounts(h.deqErrs)
+	rto(r, h, f)
+	isolated(r, h, f, at)
+	violations(r)
+}
+
+// deliveriesByID groups the history's deliveries by item, each item's in
+// the order they were answered, and returns them with each item's first.
+func deliveriesByID(h *history) (byID map[string][]delivery, first map[string]delivery) {
+	byID = map[string][]delivery{}
 	for _, d := range h.deliveries {
 		byID[d.id] = append(byID[d.id], d)
 	}
 	for _, ds := range byID {
 		sort.SliceStable(ds, func(i, j int) bool { return ds[i].at.Before(ds[j].at) })
 	}
-	first := map[string]delivery{}
+	first = map[string]delivery{}
 	for id, ds := range byID {
 		first[id] = ds[0]
 	}
-	r.Delivered = len(first)
+	return byID, first
+}
 
-	// The first ack of each item answered ok: any delivery asked for after
-	// it was answered is an undone ack.
-	acked := map[string]settle{}
+// settlements are the acks and nacks answered ok, by item: what a later
+// delivery of the item is checked against.
+type settlements struct {
+	// acked is each item's first ack answered ok: any delivery asked for
+	// after it was answered is an undone ack.
+	acked   map[string]settle
+	nacksOf map[string][]settle
+}
+
+func newSettlements(h *history) settlements {
+	s := settlements{acked: map[string]settle{}, nacksOf: map[string][]settle{}}
 	for _, a := range h.acks {
-		if p, ok := acked[a.id]; !ok || a.end.Before(p.end) {
-			acked[a.id] = a
+		if p, ok := s.acked[a.id]; !ok || a.end.Before(p.end) {
+			s.acked[a.id] = a
 		}
 	}
-	nacksOf := map[string][]settle{}
 	for _, n := range h.nacks {
-		nacksOf[n.id] = append(nacksOf[n.id], n)
+		s.nacksOf[n.id] = append(s.nacksOf[n.id], n)
 	}
-	resurrected := func(d delivery) (settle, bool) {
-		a, ok := acked[d.id]
-		return a, ok && d.reqStart.After(a.end)
-	}
+	return s
+}
+
+// resurrected returns the ack d came after, if d was asked for after an
+// ack of its item had been answered ok.
+func (s settlements) resurrected(d delivery) (settle, bool) {
+	a, ok := s.acked[d.id]
+	return a, ok && d.reqStart.After(a.end)
+}
+
+// redeliveries checks every delivery, item by item in ID order, against
+// the item's acks and nacks answered ok before it was asked for (acks
+// undone, nacks undone or not waited out), and counts every delivery
+// after an item's first by its cause.
+func redeliveries(r *Report, byID map[string][]delivery, s settlements, at func(time.Time) string) {
 	ids := make([]string, 0, len(byID))
 	for id := range byID {
 		ids = append(ids, id)
@@ -238,7 +275,7 @@ func analyze(r *Report, h *history, f facts) {
 		ds := byID[id]
 		itemResurrected := false
 		for i, d := range ds {
-			if a, ok := resurrected(d); ok {
+			if a, ok := s.resurrected(d); ok {
 				r.ResurrectedAfterAck++
 				itemResurrected = true
 				if len(r.ResurrectedExamples) < maxExamples {
@@ -247,55 +284,70 @@ func analyze(r *Report, h *history, f facts) {
 						id, a.router, at(a.end), d.router, at(d.at), d.attempts))
 				}
 			}
-			// Nacks answered ok before this delivery was asked for: it must
-			// carry the last one's drill_nack and respect its delay.
-			var last settle
-			for _, n := range nacksOf[id] {
-				if d.reqStart.After(n.end) {
-					if n.nackSeq > last.nackSeq {
-						last = n
-					}
-					// The server set deliver_after to its now + delay, and its
-					// now is after the nack was sent.
-					if ready := n.start.Add(n.delay); d.at.Before(ready.Add(-time.Millisecond)) {
-						r.EarlyDeliveries++
-						if len(r.EarlyExamples) < maxExamples {
-							r.EarlyExamples = append(r.EarlyExamples, fmt.Sprintf(
-								"%s nacked ok via %s with delay %s (ready at %s), delivered via %s at %s (asked at %s)",
-								id, n.router, n.delay, at(ready), d.router, at(d.at), at(d.reqStart)))
-						}
-					}
-				}
+			afterNacks(r, d, s.nacksOf[id], at)
+			if i > 0 {
+				r.Duplicates[duplicateCause(ds[i-1], d, s)]++
 			}
-			if last.nackSeq > 0 && d.nackSeq < last.nackSeq {
-				r.NacksUndone++
-				if len(r.NacksUndoneExamples) < maxExamples {
-					r.NacksUndoneExamples = append(r.NacksUndoneExamples, fmt.Sprintf(
-						"%s nacked ok (drill_nack %d) via %s at %s, delivered via %s at %s with drill_nack %d (attempt %d)",
-						id, last.nackSeq, last.router, at(last.end), d.router, at(d.at), d.nackSeq, d.attempts))
-				}
-			}
-			if i == 0 {
-				continue
-			}
-			prev := ds[i-1]
-			cause := "lease expiry"
-			switch {
-			case func() bool { _, ok := resurrected(d); return ok }():
-				cause = "resurrected after ack"
-			case prev.action == "nack" && !prev.ackErr:
-				cause = "nack"
-			case prev.action == "crash":
-				cause = "lease expiry (consumer crashed holding the lease)"
-			case prev.ackErr:
-				cause = "lease expiry (ack or nack failed during the fault)"
-			}
-			r.Duplicates[cause]++
 		}
 		if itemResurrected {
 			r.ResurrectedItems++
 		}
 	}
+}
+
+// afterNacks checks delivery d against nacks, its item's nacks answered
+// ok: it must carry the drill_nack of the last one answered before it
+// was asked for, and respect the delay of each.
+func afterNacks(r *Report, d delivery, nacks []settle, at func(time.Time) string) {
+	var last settle
+	for _, n := range nacks {
+		if !d.reqStart.After(n.end) {
+			continue
+		}
+		if n.nackSeq > last.nackSeq {
+			last = n
+		}
+		// The server set deliver_after to its now + delay, and its now is
+		// after the nack was sent.
+		if ready := n.start.Add(n.delay); d.at.Before(ready.Add(-time.Millisecond)) {
+			r.EarlyDeliveries++
+			if len(r.EarlyExamples) < maxExamples {
+				r.EarlyExamples = append(r.EarlyExamples, fmt.Sprintf(
+					"%s nacked ok via %s with delay %s (ready at %s), delivered via %s at %s (asked at %s)",
+					d.id, n.router, n.delay, at(ready), d.router, at(d.at), at(d.reqStart)))
+			}
+		}
+	}
+	if last.nackSeq > 0 && d.nackSeq < last.nackSeq {
+		r.NacksUndone++
+		if len(r.NacksUndoneExamples) < maxExamples {
+			r.NacksUndoneExamples = append(r.NacksUndoneExamples, fmt.Sprintf(
+				"%s nacked ok (drill_nack %d) via %s at %s, delivered via %s at %s with drill_nack %d (attempt %d)",
+				d.id, last.nackSeq, last.router, at(last.end), d.router, at(d.at), d.nackSeq, d.attempts))
+		}
+	}
+}
+
+// duplicateCause says why d, a delivery after its item's first, came
+// after prev, the one before it.
+func duplicateCause(prev, d delivery, s settlements) string {
+	switch {
+	case func() bool { _, ok := s.resurrected(d); return ok }():
+		return "resurrected after ack"
+	case prev.action == "nack" && !prev.ackErr:
+		return "nack"
+	case prev.action == "crash":
+		return "lease expiry (consumer crashed holding the lease)"
+	case prev.ackErr:
+		return "lease expiry (ack or nack failed during the fault)"
+	}
+	return "lease expiry"
+}
+
+// lostAndEarly checks every acknowledged enqueue, in ID order, against
+// its item's first delivery: never delivered is lost; delivered before
+// its deliver_after is early.
+func lostAndEarly(r *Report, h *history, first map[string]delivery, at func(time.Time) string) {
 	sentIDs := make([]string, 0, len(h.sent))
 	for id := range h.sent {
 		sentIDs = append(sentIDs, id)
@@ -321,19 +373,19 @@ func analyze(r *Report, h *history, f facts) {
 			}
 		}
 	}
-	keys(r, h, first, at)
-	r.PriorityInversions = inversions(h, first)
-	r.EnqueueErrors = map[string]int{}
-	for c, n := range h.enqErrs {
-		r.EnqueueErrors[c.String()] = n
-	}
-	r.DequeueErrors = map[string]int{}
-	for c, n := range h.deqErrs {
-		r.DequeueErrors[c.String()] = n
-	}
-	rto(r, h, f)
-	isolated(r, h, f, at)
+}
 
+// codeCounts are errs by the gRPC code's name.
+func codeCounts(errs map[codes.Code]int) map[string]int {
+	out := map[string]int{}
+	for c, n := range errs {
+		out[c.String()] = n
+	}
+	return out
+}
+
+// violations lists the invariants the report's counts break.
+func violations(r *Report) {
 	if r.Lost > 0 {
 		r.Violations = append(r.Violations, fmt.Sprintf("%d acknowledged items lost", r.Lost))
 	}
@@ -565,6 +617,23 @@ func (r *Report) Print(w io.Writer) {
 	row("routers with clients", strings.Join(r.Routers, ", "))
 	row("faulted shards", fmt.Sprint(r.Shards))
 	row("fault injected in", fmtMS(r.InjectMS))
+	r.printRecovery(row)
+	r.printChecks(row)
+	r.printIsolated(row)
+	row("early deliveries (must be 0)", r.EarlyDeliveries)
+	printExamples(row, r.EarlyExamples)
+	row("duplicates", fmtCounts(r.Duplicates))
+	row("priority inversions (ready >= 5 ms)", r.PriorityInversions)
+	row("enqueue errors during the fault", fmtCounts(r.EnqueueErrors))
+	row("dequeue errors during the fault", fmtCounts(r.DequeueErrors))
+	r.printFailover(row)
+	row("result", r.Verdict())
+	tw.Flush()
+}
+
+// printRecovery writes when the new primary was published and the RTOs,
+// for the surviving routers and per router.
+func (r *Report) printRecovery(row func(string, any)) {
 	if r.FailoverMS < 0 {
 		row("new primary published", "not during the fault")
 	} else {
@@ -581,6 +650,11 @@ func (r *Report) Print(w io.Writer) {
 		x := r.RTOByRouter[k]
 		row("  via "+k, fmt.Sprintf("dequeue %s (first served %s), enqueue %s", fmtMS(x.DequeueMS), fmtMS(x.ServedMS), fmtMS(x.EnqueueMS)))
 	}
+}
+
+// printChecks writes the counts of the workload's items and the checks
+// of acks, nacks and keys, with their examples.
+func (r *Report) printChecks(row func(string, any)) {
 	row("acknowledged enqueues", r.Acknowledged)
 	row("delivered (distinct)", r.Delivered)
 	row("acks / nacks answered ok", fmt.Sprintf("%d / %d", r.AcksOK, r.NacksOK))
@@ -589,47 +663,39 @@ func (r *Report) Print(w io.Writer) {
 		row("", id+": "+r.LostState[id])
 	}
 	row("resurrected after ack (must be 0)", fmt.Sprintf("%d deliveries of %d items", r.ResurrectedAfterAck, r.ResurrectedItems))
-	for _, e := range r.ResurrectedExamples {
-		row("", e)
-	}
+	printExamples(row, r.ResurrectedExamples)
 	row("keys delivered again after their ack (must be 0)", r.KeysDeliveredAgain)
-	for _, e := range r.KeysDeliveredAgainExamples {
-		row("", e)
-	}
+	printExamples(row, r.KeysDeliveredAgainExamples)
 	row("delivered IDs no enqueue was answered with", r.UnknownIDs)
-	for _, e := range r.UnknownIDExamples {
-		row("", e)
-	}
+	printExamples(row, r.UnknownIDExamples)
 	row("nacks undone (must be 0)", r.NacksUndone)
-	for _, e := range r.NacksUndoneExamples {
-		row("", e)
+	printExamples(row, r.NacksUndoneExamples)
+}
+
+// printIsolated writes, for a partition, the writes the isolated
+// region's router acknowledged.
+func (r *Report) printIsolated(row func(string, any)) {
+	i := r.Isolated
+	if i == nil {
+		return
 	}
-	if i := r.Isolated; i != nil {
-		if i.PublishedMS < 0 {
-			row("writes acked by isolated "+i.Region, "not checked: no new primary was published during the fault")
-		} else {
-			row("writes acked by isolated "+i.Region+" (must be 0)", fmt.Sprintf(
-				"%d (enqueues %d, acks %d, nacks %d) between publication at %s and heal at %s; %d deliveries there",
-				i.Total(), i.Enqueues, i.Acks, i.Nacks, fmtMS(i.PublishedMS), fmtMS(i.HealMS), i.Deliveries))
-		}
-		for _, e := range i.Examples {
-			row("", e)
-		}
-		c := i.SentAfterCut
-		row("writes sent to isolated "+i.Region+" after the cut, acked ok", fmt.Sprintf(
-			"%d (enqueues %d, acks %d, nacks %d): with semi-sync that never falls back to async, 0", c.Total(), c.Enqueues, c.Acks, c.Nacks))
-		for _, e := range i.SentAfterCutExamples {
-			row("", e)
-		}
+	if i.PublishedMS < 0 {
+		row("writes acked by isolated "+i.Region, "not checked: no new primary was published during the fault")
+	} else {
+		row("writes acked by isolated "+i.Region+" (must be 0)", fmt.Sprintf(
+			"%d (enqueues %d, acks %d, nacks %d) between publication at %s and heal at %s; %d deliveries there",
+			i.Total(), i.Enqueues, i.Acks, i.Nacks, fmtMS(i.PublishedMS), fmtMS(i.HealMS), i.Deliveries))
 	}
-	row("early deliveries (must be 0)", r.EarlyDeliveries)
-	for _, e := range r.EarlyExamples {
-		row("", e)
-	}
-	row("duplicates", fmtCounts(r.Duplicates))
-	row("priority inversions (ready >= 5 ms)", r.PriorityInversions)
-	row("enqueue errors during the fault", fmtCounts(r.EnqueueErrors))
-	row("dequeue errors during the fault", fmtCounts(r.DequeueErrors))
+	printExamples(row, i.Examples)
+	c := i.SentAfterCut
+	row("writes sent to isolated "+i.Region+" after the cut, acked ok", fmt.Sprintf(
+		"%d (enqueues %d, acks %d, nacks %d): with semi-sync that never falls back to async, 0", c.Total(), c.Enqueues, c.Acks, c.Nacks))
+	printExamples(row, i.SentAfterCutExamples)
+}
+
+// printFailover writes the shard map before and after, the controller's
+// failover steps, the old primary's fate and a failed heal.
+func (r *Report) printFailover(row func(string, any)) {
 	if r.MapBefore != "" {
 		row("shard map before", r.MapBefore)
 		row("shard map after", r.MapAfter)
@@ -650,8 +716,13 @@ func (r *Report) Print(w io.Writer) {
 	if r.HealError != "" {
 		row("heal", "FAILED: "+r.HealError)
 	}
-	row("result", r.Verdict())
-	tw.Flush()
+}
+
+// printExamples writes examples, one a row, under the row they are of.
+func printExamples(row func(string, any), examples []string) {
+	for _, e := range examples {
+		row("", e)
+	}
 }
 
 // Verdict is "PASS", or "FAIL: " and the violations.

@@ -3,6 +3,7 @@ package drill
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -124,6 +125,52 @@ func (w *workload) start(prodCtx, consCtx context.Context, clients []client, pro
 	return prodWG, consWG
 }
 
+// running is a workload that launch started: its producers and
+// consumers, each side under a context of its own, so that the producers
+// stop first and the consumers drain what is left.
+type running struct {
+	w                  *workload
+	stopProd, stopCons context.CancelFunc
+	prodWG, consWG     *sync.WaitGroup
+}
+
+// launch starts w's producers and consumers on clients (see start), each
+// side under its own context derived from ctx.
+func (w *workload) launch(ctx context.Context, clients []client, producers, consumers int, seed uint64) *running {
+	prodCtx, stopProd := context.WithCancel(ctx)
+	consCtx, stopCons := context.WithCancel(ctx)
+	prodWG, consWG := w.start(prodCtx, consCtx, clients, producers, consumers, seed)
+	return &running{w: w, stopProd: stopProd, stopCons: stopCons, prodWG: prodWG, consWG: consWG}
+}
+
+// cancel cancels both sides without waiting for them, for a run that
+// returns early.
+func (r *running) cancel() {
+	r.stopCons()
+	r.stopProd()
+}
+
+// stopProducers stops the producers and waits until they have.
+func (r *running) stopProducers() {
+	r.stopProd()
+	r.prodWG.Wait()
+}
+
+// drain waits, up to limit, until every acknowledged item was delivered,
+// then a lease and a second more, so that items a crashed consumer held
+// come back once more (their redelivery is counted) and stale copies show
+// up, and stops the consumers and waits until they have.
+func (r *running) drain(ctx context.Context, limit, lease time.Duration, progress io.Writer) {
+	fmt.Fprintf(progress, "producers stopped; draining %d undelivered items\n", r.w.undelivered())
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil && r.w.undelivered() > 0 {
+		sleep(ctx, 200*time.Millisecond)
+	}
+	sleep(ctx, lease+time.Second)
+	r.stopCons()
+	r.consWG.Wait()
+}
+
 // produce enqueues one item at a time with a dedup key and retries the
 // same key until it is acknowledged, as an idempotent producer does.
 func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
@@ -195,65 +242,12 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 			sleep(ctx, 100*time.Millisecond)
 			continue
 		}
-		var acks []*triagev1.LeaseRef
-		var nacks []*triagev1.NackItem
-		nackSeq := map[string]int64{}
-		keyOf := map[string]string{}
-		var ds []delivery
-		for _, it := range resp.Items {
-			seq, _ := strconv.ParseInt(it.Metadata[nackKey], 10, 64)
-			d := delivery{id: it.Id, key: string(it.Payload), router: c.region, reqStart: start, at: now, priority: it.Priority,
-				attempts: it.Attempts, nackSeq: seq, action: "ack"}
-			switch r := rng.IntN(20); {
-			case crashes && r == 0:
-				d.action = "crash"
-			case r <= 2:
-				d.action = "nack"
-				s := w.nack.Add(1)
-				nackSeq[it.Id] = s
-				delay := time.Duration(rng.IntN(1000)) * time.Millisecond
-				nacks = append(nacks, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(delay),
-					Error: "drill nack", Metadata: map[string]string{nackKey: strconv.FormatInt(s, 10)}})
-			default:
-				acks = append(acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
-			}
-			ds = append(ds, d)
-			keyOf[it.Id] = d.key
-		}
+		b := w.decide(resp.Items, c.region, start, now, rng, crashes)
 		failed := map[string]bool{}
-		var settled []settle
-		if len(acks) > 0 {
-			s := time.Now()
-			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := c.q.Ack(actx, &triagev1.AckRequest{Namespace: w.ns, Acks: acks})
-			cancel()
-			e := time.Now()
-			for i, a := range acks {
-				if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
-					failed[a.Id] = true
-					continue
-				}
-				settled = append(settled, settle{id: a.Id, key: keyOf[a.Id], router: c.region, start: s, end: e})
-			}
-		}
-		var nacked []settle
-		if len(nacks) > 0 {
-			s := time.Now()
-			nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			res, err := c.q.Nack(nctx, &triagev1.NackRequest{Namespace: w.ns, Nacks: nacks})
-			cancel()
-			e := time.Now()
-			for i, n := range nacks {
-				if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
-					failed[n.Id] = true
-					continue
-				}
-				nacked = append(nacked, settle{id: n.Id, key: keyOf[n.Id], router: c.region, start: s, end: e,
-					nackSeq: nackSeq[n.Id], delay: n.Delay.AsDuration()})
-			}
-		}
+		settled := w.sendAcks(ctx, c, b, failed)
+		nacked := w.sendNacks(ctx, c, b, failed)
 		w.mu.Lock()
-		for _, d := range ds {
+		for _, d := range b.deliveries {
 			d.ackErr = failed[d.id]
 			w.h.deliveries = append(w.h.deliveries, d)
 		}
@@ -261,6 +255,92 @@ func (w *workload) consume(ctx context.Context, c client, rng *rand.Rand, crashe
 		w.h.nacks = append(w.h.nacks, nacked...)
 		w.mu.Unlock()
 	}
+}
+
+// batch is what a consumer decided for the items of one dequeue: their
+// deliveries, and the acks and nacks to send.
+type batch struct {
+	deliveries []delivery
+	acks       []*triagev1.LeaseRef
+	nacks      []*triagev1.NackItem
+	// nackSeq is the drill_nack each nack sets, keyOf each item's dedup
+	// key, by item ID.
+	nackSeq map[string]int64
+	keyOf   map[string]string
+}
+
+// decide records the delivery of each of items, dequeued through router
+// by a request sent at start and answered at now, and picks what to do
+// with it: crash on one in 20 (when crashes), nack two in 20 with a
+// random delay under a new drill_nack sequence, ack the rest.
+func (w *workload) decide(items []*triagev1.LeasedItem, router string, start, now time.Time, rng *rand.Rand, crashes bool) batch {
+	b := batch{nackSeq: map[string]int64{}, keyOf: map[string]string{}}
+	for _, it := range items {
+		seq, _ := strconv.ParseInt(it.Metadata[nackKey], 10, 64)
+		d := delivery{id: it.Id, key: string(it.Payload), router: router, reqStart: start, at: now, priority: it.Priority,
+			attempts: it.Attempts, nackSeq: seq, action: "ack"}
+		switch r := rng.IntN(20); {
+		case crashes && r == 0:
+			d.action = "crash"
+		case r <= 2:
+			d.action = "nack"
+			s := w.nack.Add(1)
+			b.nackSeq[it.Id] = s
+			delay := time.Duration(rng.IntN(1000)) * time.Millisecond
+			b.nacks = append(b.nacks, &triagev1.NackItem{Id: it.Id, LeaseToken: it.LeaseToken, Delay: durationpb.New(delay),
+				Error: "drill nack", Metadata: map[string]string{nackKey: strconv.FormatInt(s, 10)}})
+		default:
+			b.acks = append(b.acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
+		}
+		b.deliveries = append(b.deliveries, d)
+		b.keyOf[it.Id] = d.key
+	}
+	return b
+}
+
+// sendAcks sends b's acks in one call and returns those answered ok;
+// it marks the others in failed.
+func (w *workload) sendAcks(ctx context.Context, c client, b batch, failed map[string]bool) []settle {
+	if len(b.acks) == 0 {
+		return nil
+	}
+	var settled []settle
+	s := time.Now()
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	res, err := c.q.Ack(actx, &triagev1.AckRequest{Namespace: w.ns, Acks: b.acks})
+	cancel()
+	e := time.Now()
+	for i, a := range b.acks {
+		if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
+			failed[a.Id] = true
+			continue
+		}
+		settled = append(settled, settle{id: a.Id, key: b.keyOf[a.Id], router: c.region, start: s, end: e})
+	}
+	return settled
+}
+
+// sendNacks sends b's nacks in one call and returns those answered ok; it
+// marks the others in failed.
+func (w *workload) sendNacks(ctx context.Context, c client, b batch, failed map[string]bool) []settle {
+	if len(b.nacks) == 0 {
+		return nil
+	}
+	var nacked []settle
+	s := time.Now()
+	nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	res, err := c.q.Nack(nctx, &triagev1.NackRequest{Namespace: w.ns, Nacks: b.nacks})
+	cancel()
+	e := time.Now()
+	for i, n := range b.nacks {
+		if err != nil || i >= len(res.Results) || !res.Results[i].Ok {
+			failed[n.Id] = true
+			continue
+		}
+		nacked = append(nacked, settle{id: n.Id, key: b.keyOf[n.Id], router: c.region, start: s, end: e,
+			nackSeq: b.nackSeq[n.Id], delay: n.Delay.AsDuration()})
+	}
+	return nacked
 }
 
 // undelivered counts acknowledged items not delivered yet.
