@@ -348,7 +348,12 @@ func New(m Map) (*Map, error) {
 	if err := out.addShards(m.Shards); err != nil {
 		return nil, err
 	}
+	named := map[string]bool{}
 	for _, ns := range m.Namespaces {
+		if named[ns.Name] {
+			return nil, fmt.Errorf("shard map: namespace %q listed twice", ns.Name)
+		}
+		named[ns.Name] = true
 		if err := out.addNamespace(ns); err != nil {
 			return nil, err
 		}
@@ -405,9 +410,6 @@ func (out *Map) addShards(shards []Shard) error {
 func (out *Map) addNamespace(ns Namespace) error {
 	if !ValidName(ns.Name) {
 		return fmt.Errorf("shard map: namespace %q: names are 1-128 letters, digits, '_', '.', '-'", ns.Name)
-	}
-	if _, dup := out.namespaces[ns.Name]; dup {
-		return fmt.Errorf("shard map: namespace %q listed twice", ns.Name)
 	}
 	shards := map[string][]uint32{}
 	for region, ids := range ns.Shards {

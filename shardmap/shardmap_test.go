@@ -61,6 +61,7 @@ func TestParseRejects(t *testing.T) {
 		"foreign shard": `{"regions":["a","b"],"shards":[{"id":1,"home_region":"b","primary":"x:1"}],
 			"namespaces":[{"name":"n","shards":{"a":[1]}}]}`,
 		"bad name":        `{"regions":["a"],"namespaces":[{"name":"has space"}]}`,
+		"dup namespace":   `{"regions":["a"],"namespaces":[{"name":"n"},{"name":"n","max_attempts":3}]}`,
 		"bad duration":    `{"regions":["a"],"namespaces":[{"name":"n","default_lease_duration":"soon"}]}`,
 		"lease too short": `{"regions":["a"],"namespaces":[{"name":"n","default_lease_duration":"1ms"}]}`,
 		"not json":        `{`,
