@@ -27,28 +27,28 @@ type MapPublisher interface {
 func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*triagev1.FailoverResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, ok := m.Shard(req.Shard); !ok {
-		return nil, toStatus(errorf(store.ErrNotFound, "shard %d is not in the shard map", req.Shard))
+		return nil, errorf(store.ErrNotFound, "shard %d is not in the shard map", req.Shard)
 	}
 	if req.ToRegion != "" && !m.HasRegion(req.ToRegion) {
-		return nil, toStatus(invalid("to_region %q: allowed %v", req.ToRegion, m.Regions))
+		return nil, invalid("to_region %q: allowed %v", req.ToRegion, m.Regions)
 	}
 	data, _ := json.Marshal(regions.FailoverRequest{Shard: req.Shard, ToRegion: req.ToRegion, Planned: req.Planned})
 	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	msg, err := r.cfg.NC.RequestWithContext(rctx, regions.FailoverSubject, data)
 	if err != nil {
-		return nil, toStatus(errorf(ErrUnavailable, "no failover controller answered: %v", err))
+		return nil, errorf(ErrUnavailable, "no failover controller answered: %v", err)
 	}
 	var res regions.FailoverResult
 	if err := json.Unmarshal(msg.Data, &res); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	out := &triagev1.FailoverResponse{NewPrimary: res.NewPrimary, Epoch: res.Epoch}
 	for _, e := range res.Events {
 		out.Events = append(out.Events, failoverEvent(e))
 	}
 	if res.Error != "" {
-		return out, toStatus(errorf(ErrFailover, "%s", res.Error))
+		return out, errorf(ErrFailover, "%s", res.Error)
 	}
 	return out, nil
 }
@@ -58,18 +58,18 @@ func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*
 // regions.EventsSubject, which only the leader subscribes to).
 func (r *Router) ListFailoverEvents(ctx context.Context, req *triagev1.ListFailoverEventsRequest) (*triagev1.ListFailoverEventsResponse, error) {
 	if req.Limit < 0 || req.Limit > 1000 {
-		return nil, toStatus(invalid("limit %d: allowed 0 (100) to 1000", req.Limit))
+		return nil, invalid("limit %d: allowed 0 (100) to 1000", req.Limit)
 	}
 	data, _ := json.Marshal(regions.EventsRequest{Limit: int(req.Limit)})
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	msg, err := r.cfg.NC.RequestWithContext(rctx, regions.EventsSubject, data)
 	if err != nil {
-		return nil, toStatus(errorf(ErrUnavailable, "no failover controller answered: %v", err))
+		return nil, errorf(ErrUnavailable, "no failover controller answered: %v", err)
 	}
 	var res regions.EventsResult
 	if err := json.Unmarshal(msg.Data, &res); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	out := &triagev1.ListFailoverEventsResponse{Controller: res.Controller}
 	for _, e := range res.Events {

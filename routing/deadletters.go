@@ -92,16 +92,16 @@ func (r *Router) ListDeadLetters(ctx context.Context, req *triagev1.ListDeadLett
 	m := r.cfg.Maps.Current()
 	shards, err := r.topicShards(m, req.Namespace, req.Topic, req.Region)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	size := int(req.PageSize)
 	if size < 0 || size > 1000 {
-		return nil, toStatus(invalid("page_size %d: allowed 1 to 1000, or 0 for 100", size))
+		return nil, invalid("page_size %d: allowed 1 to 1000, or 0 for 100", size)
 	}
 	size = cmp.Or(size, 100)
 	cur, err := parseDeadCursor(req.PageToken)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	var mu sync.Mutex
 	var all []deadRow
@@ -119,7 +119,7 @@ func (r *Router) ListDeadLetters(ctx context.Context, req *triagev1.ListDeadLett
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	slices.SortFunc(all, func(a, b deadRow) int {
 		return cmp.Or(cmp.Compare(a.DiedAt, b.DiedAt), cmp.Compare(a.ID, b.ID))
@@ -151,19 +151,19 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	m := r.cfg.Maps.Current()
 	shards, err := r.topicShards(m, req.Namespace, req.Topic, req.Region)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	byShard := map[uint32][]uint64{}
 	if len(req.Ids) > MaxRefsPerCall {
-		return nil, toStatus(invalid("%d ids in one call; at most %d allowed", len(req.Ids), MaxRefsPerCall))
+		return nil, invalid("%d ids in one call; at most %d allowed", len(req.Ids), MaxRefsPerCall)
 	}
 	for _, s := range req.Ids {
 		id, err := itemid.Parse(s)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		if !slices.Contains(shards, id.Shard) {
-			return nil, toStatus(fmt.Errorf("%w %q: shard %d does not serve namespace %q here", itemid.ErrInvalid, s, id.Shard, req.Namespace))
+			return nil, fmt.Errorf("%w %q: shard %d does not serve namespace %q here", itemid.ErrInvalid, s, id.Shard, req.Namespace)
 		}
 		byShard[id.Shard] = append(byShard[id.Shard], id.Key)
 	}
@@ -190,7 +190,7 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 		return err
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	r.cfg.Metrics.Topic(req.Namespace, req.Topic).Redriven.Add(float64(total))
 	return &triagev1.RedriveDeadLettersResponse{Redriven: total}, nil

@@ -121,8 +121,10 @@
 //
 // # Errors
 //
-// Packages return domain errors; toStatus in errors.go is the one place
-// they become gRPC codes, and the gateway turns those into HTTP statuses.
+// Packages and the Router's handlers return domain errors; toStatus in
+// errors.go is the one place they become gRPC codes, applied by one
+// interceptor next to the handlers (statusUnary) and by the gateway's
+// error handler, which turns the codes into HTTP statuses.
 // Every message says what was wrong and what is allowed, and names no
 // server: toStatus replaces the addresses in a message (a driver's
 // "dial tcp host:port", MariaDB's "user@host", a primary in our own text)

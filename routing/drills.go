@@ -97,11 +97,11 @@ func (r *Router) drills() (jetstream.KeyValue, error) {
 // event (a conflict reads the drill again and retries).
 func (r *Router) ReportDrill(ctx context.Context, req *triagev1.ReportDrillRequest) (*triagev1.Drill, error) {
 	if err := checkReportDrill(req); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	kv, err := r.drills()
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	key := drillKey(req.Id)
 	for range maxDrillUpdateAttempts {
@@ -114,16 +114,16 @@ func (r *Router) ReportDrill(ctx context.Context, req *triagev1.ReportDrillReque
 		switch {
 		case err == nil:
 			if err := proto.Unmarshal(e.Value(), d); err != nil {
-				return nil, toStatus(fmt.Errorf("drill %s: %w", req.Id, err))
+				return nil, fmt.Errorf("drill %s: %w", req.Id, err)
 			}
 			rev = e.Revision()
 		case !errors.Is(err, jetstream.ErrKeyNotFound):
-			return nil, toStatus(errorf(ErrUnavailable, "read drill %s: %v", req.Id, err))
+			return nil, errorf(ErrUnavailable, "read drill %s: %v", req.Id, err)
 		}
 		applyDrillReport(d, req, now)
 		data, err := proto.Marshal(d)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		if rev == 0 {
 			_, err = kv.Create(ctx, key, data)
@@ -136,12 +136,12 @@ func (r *Router) ReportDrill(ctx context.Context, req *triagev1.ReportDrillReque
 		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 			continue // another reporter wrote in between: read again
 		case ctx.Err() != nil:
-			return nil, toStatus(ctx.Err())
+			return nil, ctx.Err()
 		default:
-			return nil, toStatus(errorf(ErrUnavailable, "store drill %s: %v", req.Id, err))
+			return nil, errorf(ErrUnavailable, "store drill %s: %v", req.Id, err)
 		}
 	}
-	return nil, toStatus(errorf(ErrUnavailable, "drill %s: %d concurrent updates in a row; retry", req.Id, maxDrillUpdateAttempts))
+	return nil, errorf(ErrUnavailable, "drill %s: %d concurrent updates in a row; retry", req.Id, maxDrillUpdateAttempts)
 }
 
 func applyDrillReport(d *triagev1.Drill, req *triagev1.ReportDrillRequest, now time.Time) {
@@ -167,14 +167,14 @@ func applyDrillReport(d *triagev1.Drill, req *triagev1.ReportDrillRequest, now t
 func (r *Router) ListDrills(ctx context.Context, _ *triagev1.ListDrillsRequest) (*triagev1.ListDrillsResponse, error) {
 	kv, err := r.drills()
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// One watcher delivers every drill's latest value, then a nil entry
 	// once it has caught up: one consumer for the listing, not a Get per
 	// key after listing the keys.
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, toStatus(errorf(ErrUnavailable, "list drills: %v", err))
+		return nil, errorf(ErrUnavailable, "list drills: %v", err)
 	}
 	defer func() { _ = w.Stop() }()
 	var out []*triagev1.Drill
@@ -192,7 +192,7 @@ func (r *Router) ListDrills(ctx context.Context, _ *triagev1.ListDrillsRequest) 
 			}
 			out = append(out, d)
 		case <-ctx.Done():
-			return nil, toStatus(errorf(ErrUnavailable, "list drills: %v", ctx.Err()))
+			return nil, errorf(ErrUnavailable, "list drills: %v", ctx.Err())
 		}
 	}
 	slices.SortFunc(out, func(a, b *triagev1.Drill) int {

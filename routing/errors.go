@@ -140,6 +140,14 @@ func logWithheldUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
+// statusUnary turns a handler's error into the status its client gets
+// (toStatus). Handlers return their errors as they are; this interceptor,
+// and the gateway's error handler for HTTP, are where they become codes.
+func statusUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	return resp, toStatus(err)
+}
+
 // isMySQLDown reports errors that mean the shard primary cannot take the
 // request now (connection refused or lost, server read-only while fenced).
 func isMySQLDown(err error) bool {

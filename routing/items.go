@@ -93,15 +93,15 @@ func itemProto(row *store.Item, shard uint32, region string, now time.Time) *tri
 func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*triagev1.Item, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	id, db, err := r.itemShard(m, req.Id, false)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	row, err := store.New(db).ItemGet(ctx, store.ItemGetParams{Namespace: req.Namespace, ID: id.Key})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	s, _ := m.Shard(id.Shard)
 	return itemProto(row, id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db)), nil
@@ -113,33 +113,33 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest) (*triagev1.Item, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if req.Priority == nil && req.DeliverAfter == nil && len(req.Metadata) == 0 {
-		return nil, toStatus(invalid("nothing to update: set priority, deliver_after or metadata"))
+		return nil, invalid("nothing to update: set priority, deliver_after or metadata")
 	}
 	if err := checkTimestamp("deliver_after", req.DeliverAfter, r.cfg.Now(), MaxDeliverDelay); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := checkMetadata(req.Metadata); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// Lease state and stamps are in the primary's time (Config.Clock).
 	now := r.cfg.Clock.Now(ctx, db)
 	row, err := store.New(db).ItemUpdate(ctx, store.ItemUpdateParams{Namespace: req.Namespace, ID: id.Key,
 		Update: func(row *store.Item) error { return updateRow(row, req, now) }})
 	if err != nil {
-		return nil, toStatus(writeOutcome(err, id.Shard, retryUpdate))
+		return nil, writeOutcome(err, id.Shard, retryUpdate)
 	}
 	if err := r.afterWrite(id.Shard); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	// A fetch in flight during the first unbuffer may have buffered a
 	// stale copy since; drop it (it could not be served anyway, see
@@ -206,23 +206,23 @@ func updateRow(row *store.Item, req *triagev1.UpdateItemRequest, now time.Time) 
 func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest) (*triagev1.DeleteItemResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := r.unbuffer(ctx, req.Namespace, id); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	ns, _ := m.Namespace(req.Namespace)
 	// The tombstone's window runs on this router's clock, as it always has.
 	if err := store.New(db).ItemDelete(ctx, store.ItemDeleteParams{Namespace: req.Namespace, ID: id.Key,
 		DedupWindow: time.Duration(ns.DedupWindow), Now: time.Now()}); err != nil {
-		return nil, toStatus(writeOutcome(err, id.Shard, retryDelete))
+		return nil, writeOutcome(err, id.Shard, retryDelete)
 	}
 	if err := r.afterWrite(id.Shard); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &triagev1.DeleteItemResponse{}, nil
 }
@@ -233,18 +233,18 @@ func (r *Router) DeleteItem(ctx context.Context, req *triagev1.DeleteItemRequest
 func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsRequest) (*triagev1.TopicStats, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := checkName("topic", req.Topic); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	region, err := r.region(req.Region, m)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	shards, err := m.ShardsFor(req.Namespace, region)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	nowUS := r.cfg.Now().UnixMicro()
 	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic}
@@ -272,7 +272,7 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	stats.Delayed = stats.Total - stats.Ready - stats.Leased
 	for p, n := range byPrio {
@@ -290,22 +290,22 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest) (*triagev1.ListTopicsResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	region, err := r.region(req.Region, m)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	size := int(req.PageSize)
 	if size < 0 || size > 1000 {
-		return nil, toStatus(invalid("page_size %d: allowed 1 to 1000, or 0 for 100", size))
+		return nil, invalid("page_size %d: allowed 1 to 1000, or 0 for 100", size)
 	}
 	if size == 0 {
 		size = 100
 	}
 	shards, err := m.ShardsFor(req.Namespace, region)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	counts := map[string]*triagev1.TopicSummary{}
 	var mu sync.Mutex
@@ -328,7 +328,7 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	names := make([]string, 0, len(counts))
 	for t := range counts {

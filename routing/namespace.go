@@ -28,7 +28,7 @@ const MaxTopicConfigs = 64
 func (r *Router) GetNamespace(_ context.Context, req *triagev1.GetNamespaceRequest) (*triagev1.Namespace, error) {
 	ns, err := r.cfg.Maps.Current().Namespace(req.Namespace)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return namespaceProto(r.cfg.Maps.Current(), ns), nil
 }
@@ -44,33 +44,33 @@ func (r *Router) GetNamespace(_ context.Context, req *triagev1.GetNamespaceReque
 // first, it builds and checks the change again on the new map.
 func (r *Router) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceRequest) (*triagev1.Namespace, error) {
 	if r.cfg.Publisher == nil {
-		return nil, toStatus(errorf(ErrUnavailable, "this router cannot change the shard map"))
+		return nil, errorf(ErrUnavailable, "this router cannot change the shard map")
 	}
 	if err := checkName("namespace", req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	cfg := req.Config
 	if cfg == nil {
 		cfg = &triagev1.Namespace{}
 	}
 	if cfg.Name != "" && cfg.Name != req.Namespace {
-		return nil, toStatus(invalid("body name %q differs from the URL's namespace %q", cfg.Name, req.Namespace))
+		return nil, invalid("body name %q differs from the URL's namespace %q", cfg.Name, req.Namespace)
 	}
 	upd, err := parseMask(req.UpdateMask)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	who := callerOf(ctx)
 	for attempt := 0; ; attempt++ {
 		m := r.cfg.Maps.Current()
 		next, err := namespaceChange(m, req.Namespace, cfg, upd, who)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		// An item must fit one message of the enqueue buffer alone.
 		if after, _ := next.Namespace(req.Namespace); after.MaxPayloadBytes > r.MaxPayloadFor(req.Namespace) {
-			return nil, toStatus(invalid("max_payload_bytes %d: the enqueue buffer (NATS max_payload %d) carries payloads of at most %d bytes beside full metadata; lower it or raise NATS max_payload",
-				after.MaxPayloadBytes, r.maxMsg(), r.MaxPayloadFor(req.Namespace)))
+			return nil, invalid("max_payload_bytes %d: the enqueue buffer (NATS max_payload %d) carries payloads of at most %d bytes beside full metadata; lower it or raise NATS max_payload",
+				after.MaxPayloadBytes, r.maxMsg(), r.MaxPayloadFor(req.Namespace))
 		}
 		err = r.cfg.Publisher.PublishMap(ctx, m, next)
 		if err == nil {
@@ -78,12 +78,12 @@ func (r *Router) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceReq
 			return namespaceProto(next, stored), nil
 		}
 		if !errors.Is(err, shardmap.ErrConflict) || attempt == 4 {
-			return nil, toStatus(errorf(ErrUnavailable, "publish shard map: %v", err))
+			return nil, errorf(ErrUnavailable, "publish shard map: %v", err)
 		}
 		// Someone else published; wait for our watcher to see it.
 		select {
 		case <-ctx.Done():
-			return nil, toStatus(ctx.Err())
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

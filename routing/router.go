@@ -234,13 +234,13 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 		if r.admit.gate.holding() {
 			// Bad input is refused before it waits its turn.
 			if _, _, _, _, err := r.checkEnqueue(req); err != nil {
-				return nil, toStatus(err)
+				return nil, err
 			}
 		}
 		held, err := r.admit.gate.acquire(ctx)
 		if err != nil {
-			return nil, toStatus(errorf(err, "enqueue not started: it waited for one of the %d enqueues this router runs at once while its CPU is saturated and consumers are being served; nothing was done, retry",
-				r.admit.cap))
+			return nil, errorf(err, "enqueue not started: it waited for one of the %d enqueues this router runs at once while its CPU is saturated and consumers are being served; nothing was done, retry",
+				r.admit.cap)
 		}
 		if held {
 			defer r.admit.gate.release()
@@ -255,7 +255,7 @@ func (r *Router) Enqueue(ctx context.Context, req *triagev1.EnqueueRequest) (*tr
 			nm.EnqueueCommitted.Observe(time.Since(start).Seconds())
 		}
 	}
-	return resp, toStatus(err)
+	return resp, err
 }
 
 // checkEnqueue checks the request against the current map: its
@@ -596,7 +596,7 @@ func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*tr
 		if len(items) > 0 {
 			r.late(req.Namespace, items)
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	r.cfg.Metrics.Namespace(req.Namespace).Dequeue.Observe(time.Since(start).Seconds())
 	return &triagev1.DequeueResponse{Items: items}, nil
@@ -936,7 +936,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	m := r.cfg.Maps.Current()
 	ns, err := m.Namespace(req.Namespace)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	ids := make([]string, len(req.Acks))
 	for i, a := range req.Acks {
@@ -944,12 +944,12 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	}
 	groups, parsed, err := byShard(m, ids)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	tokens := make([]uint64, len(req.Acks))
 	for i, a := range req.Acks {
 		if tokens[i], err = store.ParseToken(a.LeaseToken); err != nil {
-			return nil, toStatus(fmt.Errorf("acks[%d]: %w", i, err))
+			return nil, fmt.Errorf("acks[%d]: %w", i, err)
 		}
 	}
 	errs := make([]error, len(ids))
@@ -978,7 +978,7 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 		return nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	nm := r.cfg.Metrics.Namespace(req.Namespace)
 	countResults(errs, nm.AckOK, nm.AckRefused)
@@ -1002,7 +1002,7 @@ func countResults(errs []error, ok, refused prometheus.Counter) {
 func (r *Router) Nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
 	r.draining()
 	resp, err := r.nack(ctx, req)
-	return resp, toStatus(err)
+	return resp, err
 }
 
 func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1.NackResponse, error) {
@@ -1143,18 +1143,18 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 	r.draining()
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	id, db, err := r.itemShard(m, req.Id, true)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	tok, err := store.ParseToken(req.LeaseToken)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := checkLease("lease_duration", req.LeaseDuration, true); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	until, err := store.New(db).ItemExtend(ctx, store.ItemExtendParams{Namespace: req.Namespace, Ref: store.LeaseRef{Key: id.Key, Token: tok},
 		Lease: req.LeaseDuration.AsDuration(), Now: r.cfg.Clock.Now(ctx, db)})
@@ -1162,7 +1162,7 @@ func (r *Router) ExtendLease(ctx context.Context, req *triagev1.ExtendLeaseReque
 		err = r.afterWrite(id.Shard)
 	}
 	if err != nil {
-		return nil, toStatus(writeOutcome(err, id.Shard, retryExtend))
+		return nil, writeOutcome(err, id.Shard, retryExtend)
 	}
 	return &triagev1.ExtendLeaseResponse{LeaseExpiresAt: timestamppb.New(until)}, nil
 }

@@ -34,8 +34,7 @@ const MaxRequestBytes = 64 << 20
 // health service whose status the caller keeps (see cmd/triage/node's
 // readiness); nil serves a constant SERVING.
 func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers),
-		grpc.ChainUnaryInterceptor(logWithheldUnary(r.log))}, opts...)...)
+	s := grpc.NewServer(serverOptions(r, []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers)}, opts)...)
 	triagev1.RegisterQueueServer(s, r)
 	triagev1.RegisterAdminServer(s, r)
 	if h == nil {
@@ -51,7 +50,7 @@ func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc
 // NewAdminGRPCServer returns a gRPC server with only the Admin service
 // (and health and reflection), for a node's admin listener.
 func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
-	s := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.ChainUnaryInterceptor(logWithheldUnary(r.log))}, opts...)...)
+	s := grpc.NewServer(serverOptions(r, []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts)...)
 	triagev1.RegisterAdminServer(s, r)
 	if h == nil {
 		h = health.NewServer()
@@ -60,6 +59,16 @@ func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) 
 	healthpb.RegisterHealthServer(s, h)
 	reflection.Register(s)
 	return s
+}
+
+// serverOptions are defaults, then the caller's options (a later
+// grpc.MaxRecvMsgSize wins), then the interceptors closest to the
+// handlers: errors become status codes there (statusUnary), so the
+// caller's interceptors (authorization, metrics, logs) see the code the
+// client gets.
+func serverOptions(r *Router, defaults, opts []grpc.ServerOption) []grpc.ServerOption {
+	out := append(defaults, opts...)
+	return append(out, grpc.ChainUnaryInterceptor(logWithheldUnary(r.log), statusUnary))
 }
 
 // StreamWorkers is how many goroutines the queue server keeps to run
@@ -148,6 +157,7 @@ func NewGatewayFor(ctx context.Context, q triagev1.QueueServer, a triagev1.Admin
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}}),
 		runtime.WithErrorHandler(func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+			err = toStatus(err) // as statusUnary does for gRPC
 			logWithheld(cfg.log, r.Method+" "+r.URL.Path, err)
 			runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 		}),

@@ -87,31 +87,31 @@ func (r *Router) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*
 	p := req.GetShard()
 	switch {
 	case p == nil:
-		return nil, toStatus(invalid("shard is required: {\"id\":N,\"home_region\":R,\"primary\":\"host:port\"}"))
+		return nil, invalid("shard is required: {\"id\":N,\"home_region\":R,\"primary\":\"host:port\"}")
 	case p.Id == 0:
-		return nil, toStatus(invalid("shard.id is required: a positive number not used by any shard, present or retired"))
+		return nil, invalid("shard.id is required: a positive number not used by any shard, present or retired")
 	case p.Primary == "":
-		return nil, toStatus(invalid("shard.primary is required: the primary's host:port"))
+		return nil, invalid("shard.primary is required: the primary's host:port")
 	case p.Epoch != 0 || p.Fenced || p.Draining || p.DrainedAt != nil || (p.PrimaryRegion != "" && p.PrimaryRegion != p.HomeRegion):
-		return nil, toStatus(invalid("a new shard starts at epoch 0, unfenced, not draining, with its primary in its home region: leave epoch, fenced, draining, drained_at and primary_region out"))
+		return nil, invalid("a new shard starts at epoch 0, unfenced, not draining, with its primary in its home region: leave epoch, fenced, draining, drained_at and primary_region out")
 	case p.Weight > shardmap.MaxWeight:
-		return nil, toStatus(invalid("shard.weight %d: allowed 1 to %d (0 means 1)", p.Weight, shardmap.MaxWeight))
+		return nil, invalid("shard.weight %d: allowed 1 to %d (0 means 1)", p.Weight, shardmap.MaxWeight)
 	}
 	if m := r.cfg.Maps.Current(); !m.HasRegion(p.HomeRegion) {
-		return nil, toStatus(invalid("shard.home_region %q: allowed %v", p.HomeRegion, m.Regions))
+		return nil, invalid("shard.home_region %q: allowed %v", p.HomeRegion, m.Regions)
 	}
 	s := shardmap.Shard{ID: p.Id, HomeRegion: p.HomeRegion, Primary: p.Primary, Database: p.Database,
 		Replicas: p.Replicas, ReplicaRegions: p.ReplicaRegions, Weight: p.Weight}
 	with, err := r.cfg.Maps.Current().WithNewShard(s)
 	if err != nil {
-		return nil, toStatus(mapChangeError(err))
+		return nil, mapChangeError(err)
 	}
 	if err := MigrateShard(ctx, r.cfg.Pool, cmp.Or(r.cfg.Migrator, r.cfg.Pool), with, s.ID); err != nil {
 		return nil, r.unusableShard(s, err)
 	}
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) { return m.WithNewShard(s) })
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	r.log.Info("shard added", "shard", s.ID, "home_region", s.HomeRegion, "primary", s.Primary, "version", next.Version)
 	return changed(next, s.ID), nil
@@ -179,16 +179,16 @@ func (e *accountError) Unwrap() error { return e.err }
 // AddNamespaceShard implements triagev1.AdminServer.
 func (r *Router) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespaceShardRequest) (*triagev1.ShardChange, error) {
 	if err := checkName("namespace", req.Namespace); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if m := r.cfg.Maps.Current(); !m.HasRegion(req.Region) {
-		return nil, toStatus(invalid("region %q: allowed %v (the shard's home region)", req.Region, m.Regions))
+		return nil, invalid("region %q: allowed %v (the shard's home region)", req.Region, m.Regions)
 	}
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) {
 		return m.WithNamespaceShard(req.Namespace, req.Region, req.Shard)
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return changed(next, req.Shard), nil
 }
@@ -196,11 +196,11 @@ func (r *Router) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespa
 // SetShardWeight implements triagev1.AdminServer.
 func (r *Router) SetShardWeight(ctx context.Context, req *triagev1.SetShardWeightRequest) (*triagev1.ShardChange, error) {
 	if req.Weight < 1 || req.Weight > shardmap.MaxWeight {
-		return nil, toStatus(invalid("weight %d: allowed 1 to %d", req.Weight, shardmap.MaxWeight))
+		return nil, invalid("weight %d: allowed 1 to %d", req.Weight, shardmap.MaxWeight)
 	}
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) { return m.WithWeight(req.Shard, req.Weight) })
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return changed(next, req.Shard), nil
 }
@@ -209,7 +209,7 @@ func (r *Router) SetShardWeight(ctx context.Context, req *triagev1.SetShardWeigh
 func (r *Router) DrainShard(ctx context.Context, req *triagev1.DrainShardRequest) (*triagev1.ShardChange, error) {
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) { return m.WithDrain(req.Shard, time.Now()) })
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	r.log.Info("shard draining", "shard", req.Shard, "version", next.Version)
 	return changed(next, req.Shard), nil
@@ -257,7 +257,7 @@ func (r *Router) RetireShard(ctx context.Context, req *triagev1.RetireShardReque
 		return m.WithoutShard(s.ID)
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	r.log.Info("shard retired", "shard", req.Shard, "version", next.Version)
 	return changed(next, req.Shard), nil
