@@ -21,10 +21,24 @@ type MapPublisher interface {
 	PublishMap(ctx context.Context, prev, next *shardmap.Map) error
 }
 
+// Admin implements the Admin service (triagev1.AdminServer): shard map,
+// namespaces, shards, failovers and drill reports. It is its own type so
+// that the Queue and Admin APIs, which authorization and the node's
+// listeners treat apart, are apart in the code too; it shares its
+// Router's state.
+type Admin struct {
+	triagev1.UnimplementedAdminServer
+	r *Router
+}
+
+// Admin returns the Admin service of r.
+func (r *Router) Admin() *Admin { return &Admin{r: r} }
+
 // Failover implements triagev1.AdminServer by asking the controller
 // leader (NATS request on regions.FailoverSubject, which only the leader
 // subscribes to).
-func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*triagev1.FailoverResponse, error) {
+func (a *Admin) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*triagev1.FailoverResponse, error) {
+	r := a.r
 	m := r.cfg.Maps.Current()
 	if _, ok := m.Shard(req.Shard); !ok {
 		return nil, errorf(store.ErrNotFound, "shard %d is not in the shard map", req.Shard)
@@ -56,7 +70,8 @@ func (r *Router) Failover(ctx context.Context, req *triagev1.FailoverRequest) (*
 // ListFailoverEvents implements triagev1.AdminServer by asking the
 // controller leader for its recent failover steps (NATS request on
 // regions.EventsSubject, which only the leader subscribes to).
-func (r *Router) ListFailoverEvents(ctx context.Context, req *triagev1.ListFailoverEventsRequest) (*triagev1.ListFailoverEventsResponse, error) {
+func (a *Admin) ListFailoverEvents(ctx context.Context, req *triagev1.ListFailoverEventsRequest) (*triagev1.ListFailoverEventsResponse, error) {
+	r := a.r
 	if req.Limit < 0 || req.Limit > 1000 {
 		return nil, invalid("limit %d: allowed 0 (100) to 1000", req.Limit)
 	}

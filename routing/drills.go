@@ -95,7 +95,8 @@ func (r *Router) drills() (jetstream.KeyValue, error) {
 // drill in peer.DrillsBucket, appending the request's events, with the
 // key's revision as the condition so that concurrent reporters lose no
 // event (a conflict reads the drill again and retries).
-func (r *Router) ReportDrill(ctx context.Context, req *triagev1.ReportDrillRequest) (*triagev1.Drill, error) {
+func (a *Admin) ReportDrill(ctx context.Context, req *triagev1.ReportDrillRequest) (*triagev1.Drill, error) {
+	r := a.r
 	if err := checkReportDrill(req); err != nil {
 		return nil, err
 	}
@@ -164,7 +165,8 @@ func applyDrillReport(d *triagev1.Drill, req *triagev1.ReportDrillRequest, now t
 
 // ListDrills implements triagev1.AdminServer: the drills in
 // peer.DrillsBucket, newest first.
-func (r *Router) ListDrills(ctx context.Context, _ *triagev1.ListDrillsRequest) (*triagev1.ListDrillsResponse, error) {
+func (a *Admin) ListDrills(ctx context.Context, _ *triagev1.ListDrillsRequest) (*triagev1.ListDrillsResponse, error) {
+	r := a.r
 	kv, err := r.drills()
 	if err != nil {
 		return nil, err

@@ -347,7 +347,8 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 }
 
 // GetShardMap implements triagev1.AdminServer.
-func (r *Router) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*triagev1.ShardMap, error) {
+func (a *Admin) GetShardMap(context.Context, *triagev1.GetShardMapRequest) (*triagev1.ShardMap, error) {
+	r := a.r
 	m := r.cfg.Maps.Current()
 	out := &triagev1.ShardMap{Version: m.Version, Regions: m.Regions}
 	for _, s := range m.Shards {

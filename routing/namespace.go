@@ -25,7 +25,8 @@ import (
 const MaxTopicConfigs = 64
 
 // GetNamespace implements triagev1.AdminServer.
-func (r *Router) GetNamespace(_ context.Context, req *triagev1.GetNamespaceRequest) (*triagev1.Namespace, error) {
+func (a *Admin) GetNamespace(_ context.Context, req *triagev1.GetNamespaceRequest) (*triagev1.Namespace, error) {
+	r := a.r
 	ns, err := r.cfg.Maps.Current().Namespace(req.Namespace)
 	if err != nil {
 		return nil, err
@@ -42,7 +43,8 @@ func (r *Router) GetNamespace(_ context.Context, req *triagev1.GetNamespaceReque
 // change is built on, and publishing is a compare-and-set on that map, so
 // no concurrent change slips past it; when another writer published
 // first, it builds and checks the change again on the new map.
-func (r *Router) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceRequest) (*triagev1.Namespace, error) {
+func (a *Admin) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceRequest) (*triagev1.Namespace, error) {
+	r := a.r
 	if r.cfg.Publisher == nil {
 		return nil, errorf(ErrUnavailable, "this router cannot change the shard map")
 	}

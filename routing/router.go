@@ -109,10 +109,10 @@ type Config struct {
 	Metrics *metrics.Set
 }
 
-// Router implements the Queue and Admin services.
+// Router implements the Queue service; its Admin serves the Admin service
+// on the same state (the shard map, pools and controller requests).
 type Router struct {
 	triagev1.UnimplementedQueueServer
-	triagev1.UnimplementedAdminServer
 
 	cfg    Config
 	log    *slog.Logger

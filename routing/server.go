@@ -36,7 +36,7 @@ const MaxRequestBytes = 64 << 20
 func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
 	s := grpc.NewServer(serverOptions(r, []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes), grpc.NumStreamWorkers(StreamWorkers)}, opts)...)
 	triagev1.RegisterQueueServer(s, r)
-	triagev1.RegisterAdminServer(s, r)
+	triagev1.RegisterAdminServer(s, r.Admin())
 	if h == nil {
 		h = health.NewServer()
 		h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -51,7 +51,7 @@ func NewGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc
 // (and health and reflection), for a node's admin listener.
 func NewAdminGRPCServer(r *Router, h *health.Server, opts ...grpc.ServerOption) *grpc.Server {
 	s := grpc.NewServer(serverOptions(r, []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRequestBytes)}, opts)...)
-	triagev1.RegisterAdminServer(s, r)
+	triagev1.RegisterAdminServer(s, r.Admin())
 	if h == nil {
 		h = health.NewServer()
 		h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -91,7 +91,7 @@ const QueueService = "triage.v1.Queue"
 // extra, when set, serves the paths it is given (the node's /metrics,
 // /readyz, /livez) beside the API.
 func NewGateway(ctx context.Context, r *Router, extra map[string]http.Handler) (http.Handler, error) {
-	return NewGatewayFor(ctx, r, r, extra, WithLogger(r.log))
+	return NewGatewayFor(ctx, r, r.Admin(), extra, WithLogger(r.log))
 }
 
 // GatewayOption configures NewGatewayFor.

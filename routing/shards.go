@@ -83,7 +83,8 @@ func changed(m *shardmap.Map, id uint32) *triagev1.ShardChange {
 // AddShard implements triagev1.AdminServer. The new primary's schema is
 // migrated before the map names it, so no enqueuer ever writes to a shard
 // without tables.
-func (r *Router) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*triagev1.ShardChange, error) {
+func (a *Admin) AddShard(ctx context.Context, req *triagev1.AddShardRequest) (*triagev1.ShardChange, error) {
+	r := a.r
 	p := req.GetShard()
 	switch {
 	case p == nil:
@@ -177,7 +178,8 @@ func (e *accountError) Error() string { return e.err.Error() }
 func (e *accountError) Unwrap() error { return e.err }
 
 // AddNamespaceShard implements triagev1.AdminServer.
-func (r *Router) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespaceShardRequest) (*triagev1.ShardChange, error) {
+func (a *Admin) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespaceShardRequest) (*triagev1.ShardChange, error) {
+	r := a.r
 	if err := checkName("namespace", req.Namespace); err != nil {
 		return nil, err
 	}
@@ -194,7 +196,8 @@ func (r *Router) AddNamespaceShard(ctx context.Context, req *triagev1.AddNamespa
 }
 
 // SetShardWeight implements triagev1.AdminServer.
-func (r *Router) SetShardWeight(ctx context.Context, req *triagev1.SetShardWeightRequest) (*triagev1.ShardChange, error) {
+func (a *Admin) SetShardWeight(ctx context.Context, req *triagev1.SetShardWeightRequest) (*triagev1.ShardChange, error) {
+	r := a.r
 	if req.Weight < 1 || req.Weight > shardmap.MaxWeight {
 		return nil, invalid("weight %d: allowed 1 to %d", req.Weight, shardmap.MaxWeight)
 	}
@@ -206,7 +209,8 @@ func (r *Router) SetShardWeight(ctx context.Context, req *triagev1.SetShardWeigh
 }
 
 // DrainShard implements triagev1.AdminServer (see shardmap.Map.WithDrain).
-func (r *Router) DrainShard(ctx context.Context, req *triagev1.DrainShardRequest) (*triagev1.ShardChange, error) {
+func (a *Admin) DrainShard(ctx context.Context, req *triagev1.DrainShardRequest) (*triagev1.ShardChange, error) {
+	r := a.r
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) { return m.WithDrain(req.Shard, time.Now()) })
 	if err != nil {
 		return nil, err
@@ -222,7 +226,8 @@ func (r *Router) DrainShard(ctx context.Context, req *triagev1.DrainShardRequest
 // work queue, a message leaves it when its insert committed), and no
 // items, dead letters, live dedup tombstones or refused items on it. The
 // checks run again on the map the change is applied to.
-func (r *Router) RetireShard(ctx context.Context, req *triagev1.RetireShardRequest) (*triagev1.ShardChange, error) {
+func (a *Admin) RetireShard(ctx context.Context, req *triagev1.RetireShardRequest) (*triagev1.ShardChange, error) {
+	r := a.r
 	next, err := r.changeMap(ctx, func(m *shardmap.Map) (*shardmap.Map, error) {
 		s, ok := m.Shard(req.Shard)
 		if !ok {

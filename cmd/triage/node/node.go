@@ -661,9 +661,9 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	}
 	n.obs.set.RegisterDepth(metrics.DepthConfig{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Clock: n.clock, MinInterval: depthEvery})
 	var q triagev1.QueueServer = n.router
-	var a triagev1.AdminServer = n.router
+	var a triagev1.AdminServer = n.router.Admin()
 	if sec.public != nil {
-		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router, sec.public)
+		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router.Admin(), sec.public)
 	}
 	extra := n.obs.probes(false) // no /metrics: see Config.Metrics
 	if !n.cfg.DisableConsole {

@@ -103,7 +103,7 @@ func (n *Node) startAdmin(ctx context.Context, sec *security) error {
 		go func() { _ = n.adminGRPC.Serve(l) }()
 	}
 	if n.cfg.AdminHTTP != "" {
-		gw, err := routing.NewGatewayFor(ctx, nil, auth.GuardAdmin(n.router, sec.admin), nil, sec.gatewayOptions(sec.admin)...)
+		gw, err := routing.NewGatewayFor(ctx, nil, auth.GuardAdmin(n.router.Admin(), sec.admin), nil, sec.gatewayOptions(sec.admin)...)
 		if err != nil {
 			return err
 		}
