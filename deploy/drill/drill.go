@@ -440,6 +440,13 @@ func (d *drillRun) conclude(ctx context.Context, w *workload, clients []client, 
 	w.mu.Unlock()
 	if len(rep.LostIDs) > 0 {
 		rep.LostState = lostState(ctx, clients, ns, rep.LostIDs)
+		w.mu.Lock()
+		for _, id := range rep.LostIDs {
+			if story := keyStory(&w.h, id, d.f.faultAt); story != "" {
+				rep.LostState[id] += "; " + story
+			}
+		}
+		w.mu.Unlock()
 	}
 	if rep.HealError != "" {
 		rep.Violations = append(rep.Violations, "the heal failed: "+rep.HealError)

@@ -308,6 +308,13 @@ func (r *NemesisReport) check(ctx context.Context, w *workload, clients []client
 	r.Checks = checks
 	if len(checks.LostIDs) > 0 {
 		checks.LostState = lostState(ctx, clients, ns, checks.LostIDs)
+		w.mu.Lock()
+		for _, id := range checks.LostIDs {
+			if story := keyStory(&w.h, id, start); story != "" {
+				checks.LostState[id] += "; " + story
+			}
+		}
+		w.mu.Unlock()
 	}
 	r.Violations = append(checks.Violations, r.Violations...)
 	if checks.Acknowledged == 0 {
@@ -367,6 +374,37 @@ func run(ctx context.Context, bed Bed, plan []ScheduledFault, start time.Time, e
 		inEffect--
 	}
 	return overlapping
+}
+
+// keyStory tells, for the report of a lost item, every enqueue attempt of
+// its dedup key and every delivery of it, timed from from: what the
+// producer was told and what the consumers saw.
+func keyStory(h *history, id string, from time.Time) string {
+	s, ok := h.sent[id]
+	if !ok {
+		return ""
+	}
+	at := func(t time.Time) string { return fmt.Sprintf("%+.3fs", t.Sub(from).Seconds()) }
+	var parts []string
+	for _, c := range h.enqueues {
+		if c.key != s.key {
+			continue
+		}
+		what := c.code.String()
+		if c.ok {
+			what = "ok " + c.id
+			if c.dup {
+				what += " (duplicate)"
+			}
+		}
+		parts = append(parts, fmt.Sprintf("enqueue via %s %s..%s: %s", c.router, at(c.start), at(c.end), what))
+	}
+	for _, d := range h.deliveries {
+		if d.key == s.key {
+			parts = append(parts, fmt.Sprintf("delivered %s via %s at %s (attempt %d, %s)", d.id, d.router, at(d.at), d.attempts, d.action))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // lostState asks the routers, in turn, what became of each lost item.

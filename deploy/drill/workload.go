@@ -42,6 +42,9 @@ type call struct {
 	start, end time.Time
 	ok         bool
 	id         string // the item's ID when ok
+	key        string // the dedup key it carried
+	dup        bool   // answered as a duplicate of the item id
+	code       codes.Code
 }
 
 // delivery is one dequeue of an item.
@@ -200,7 +203,7 @@ func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
 					return // cancelled by the drill, not answered by Triage
 				}
 				w.mu.Lock()
-				w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end})
+				w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end, key: key, code: status.Code(err)})
 				w.h.enqErrs[status.Code(err)]++
 				w.mu.Unlock()
 				sleep(ctx, 100*time.Millisecond)
@@ -208,7 +211,7 @@ func (w *workload) produce(ctx context.Context, c client, rng *rand.Rand) {
 			}
 			r := resp.Results[0]
 			w.mu.Lock()
-			w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end, ok: true, id: r.Id})
+			w.h.enqueues = append(w.h.enqueues, call{router: c.region, start: start, end: end, ok: true, id: r.Id, key: key, dup: r.Duplicate})
 			if _, dup := w.h.sent[r.Id]; !dup {
 				w.h.sent[r.Id] = &sent{id: r.Id, key: key, priority: prio, router: c.region, readyAt: ready, ackedAt: end}
 			}
