@@ -411,24 +411,24 @@ func keyStory(h *history, id string, from time.Time) string {
 func lostState(ctx context.Context, clients []client, ns string, ids []string) map[string]string {
 	out := map[string]string{}
 	for _, id := range ids {
-		var last error
+		// Every router is asked: one whose map is stale reads another
+		// server, and their answers differing is a finding of its own.
+		var answers []string
 		for _, c := range clients {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			it, err := c.q.GetItem(rctx, &triagev1.GetItemRequest{Namespace: ns, Id: id})
 			cancel()
-			if err == nil {
-				out[id] = fmt.Sprintf("still stored: %s, %d attempts (via %s)", it.State, it.Attempts, c.region)
-				break
+			switch {
+			case err == nil:
+				answers = append(answers, fmt.Sprintf("still stored: %s, %d attempts, deliver after %s (via %s)",
+					it.State, it.Attempts, it.GetDeliverAfter().AsTime().Format(time.RFC3339Nano), c.region))
+			case status.Code(err) == codes.NotFound:
+				answers = append(answers, "not found (via "+c.region+")")
+			default:
+				answers = append(answers, fmt.Sprintf("unknown (via %s): %v", c.region, err))
 			}
-			if status.Code(err) == codes.NotFound {
-				out[id] = "not found (via " + c.region + ")"
-				break
-			}
-			last = err
 		}
-		if _, ok := out[id]; !ok {
-			out[id] = fmt.Sprintf("unknown: no router answered: %v", last)
-		}
+		out[id] = strings.Join(answers, "; ")
 	}
 	return out
 }
