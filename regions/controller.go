@@ -707,6 +707,12 @@ func (c *Controller) unfence(ctx context.Context, s shardmap.Shard, cause error)
 // the current primary: a deposed primary coming back. Replicas are looked
 // at in parallel (one cut off costs its connect timeout, not everyone's).
 func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
+	// One proof that the stored map is current serves the whole tick:
+	// LoadCurrent rewrites the map at the revision it read, so replicas
+	// proving it each for themselves, in parallel, conflict with one
+	// another and all but one skip their rejoin, tick after tick, while
+	// the primary waits for a replica to acknowledge its commits.
+	current := sync.OnceValues(func() (*shardmap.Map, error) { return shardmap.LoadCurrent(ctx, c.cfg.MapKV) })
 	var wg sync.WaitGroup
 	for _, s := range m.Shards {
 		c.mu.Lock()
@@ -720,7 +726,7 @@ func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
 			if j < len(s.ReplicaRegions) {
 				region = s.ReplicaRegions[j]
 			}
-			wg.Go(func() { c.rejoinOne(ctx, s, r, c.via(region, s.Primary)) })
+			wg.Go(func() { c.rejoinOne(ctx, s, r, c.via(region, s.Primary), current) })
 		}
 	}
 	wg.Wait()
@@ -750,7 +756,7 @@ const rejoinTimeout = 10 * time.Second
 // connected; SQL "Yes"); a replica whose IO thread stopped on an error
 // against the current primary (diverged: error 1236) is left alone and
 // reported: it needs a rebuild.
-func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want string) {
+func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want string, current func() (*shardmap.Map, error)) {
 	a, err := c.admin(r)
 	if err != nil {
 		return
@@ -768,7 +774,7 @@ func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want st
 			"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
 		return
 	}
-	if !c.mayRejoin(ctx, s, r) {
+	if !c.mayRejoin(ctx, s, r, current) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
@@ -806,12 +812,12 @@ func (c *Controller) alarmOnce(r, msg string, args ...any) {
 // had, and its own NATS server's copy of the bucket may be stale too).
 // So act only as the leader now, and only if the bucket still names
 // s.Primary at s's epoch, read so that a lagging replica cannot answer
-// (LoadCurrent).
-func (c *Controller) mayRejoin(ctx context.Context, s shardmap.Shard, r string) bool {
+// (current: LoadCurrent, once per rejoin tick).
+func (c *Controller) mayRejoin(ctx context.Context, s shardmap.Shard, r string, current func() (*shardmap.Map, error)) bool {
 	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
 		return false
 	}
-	m, err := shardmap.LoadCurrent(ctx, c.cfg.MapKV)
+	m, err := current()
 	if err != nil {
 		c.log.Warn("rejoin skipped: the stored shard map could not be proven current", "shard", s.ID, "server", r, "err", err)
 		return false
