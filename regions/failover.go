@@ -338,8 +338,12 @@ func (f *failover) chooseCaughtUp(ctx context.Context) error {
 		f.newPrimary = r
 		return nil
 	}
+	why := errors.Join(errs...)
+	if why == nil {
+		why = errors.New("no candidate replicates (deposed primaries not rejoined yet)")
+	}
 	f.c.log.Error("ALARM: failover refused: no candidate caught up with the old primary; it serves again",
-		"shard", f.s.ID, "old_primary", f.old, "position", f.oldPos.String(), "err", errors.Join(errs...))
+		"shard", f.s.ID, "old_primary", f.old, "position", f.oldPos.String(), "err", why)
 	if a, err := f.c.admin(f.old); err == nil {
 		err = a.SetReadOnly(ctx, false)
 		a.Close()
@@ -348,7 +352,7 @@ func (f *failover) chooseCaughtUp(ctx context.Context) error {
 		}
 	}
 	return f.c.unfence(ctx, f.s, fmt.Errorf("shard %d: no candidate applied the old primary's position %s in time; refused: %w",
-		f.s.ID, f.oldPos, errors.Join(errs...)))
+		f.s.ID, f.oldPos, why))
 }
 
 // chooseMostAdvanced, the old primary being unreachable, takes the
