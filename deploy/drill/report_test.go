@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 )
 
 // clock gives the tests times in milliseconds from a fixed fault.
@@ -317,4 +318,24 @@ func TestAnalyzeKeysDeliveredAgain(t *testing.T) {
 	require.Equal(t, 2, r.UnknownIDs)
 	require.Zero(t, r.ResurrectedAfterAck, "each ID was delivered once")
 	require.Contains(t, r.Verdict(), "under another ID after its item was acked")
+}
+
+// TestKeyStoryTellsEveryAttemptAndDelivery: a lost item's report lists
+// each enqueue attempt of its key, with what it was answered, and each
+// delivery of the key under any ID, timed from the fault.
+func TestKeyStoryTellsEveryAttemptAndDelivery(t *testing.T) {
+	t.Parallel()
+	fault := time.Unix(1000, 0)
+	h := newHistory()
+	h.sent["1-b"] = &sent{id: "1-b", key: "k", router: "ap-south"}
+	h.enqueues = []call{
+		{router: "ap-south", start: fault, end: fault.Add(5 * time.Second), key: "k", code: codes.DeadlineExceeded},
+		{router: "ap-south", start: fault.Add(5100 * time.Millisecond), end: fault.Add(6 * time.Second), ok: true, id: "1-b", key: "k"},
+		{router: "eu-west", start: fault, end: fault.Add(time.Second), ok: true, id: "1-c", key: "other"},
+	}
+	h.deliveries = []delivery{{id: "1-a", key: "k", router: "eu-west", at: fault.Add(6080 * time.Millisecond), attempts: 1, action: "ack"}}
+	story := keyStory(&h, "1-b", fault)
+	require.Equal(t, "enqueue via ap-south +0.000s..+5.000s: DeadlineExceeded; enqueue via ap-south +5.100s..+6.000s: ok 1-b; "+
+		"delivered 1-a via eu-west at +6.080s (attempt 1, ack)", story)
+	require.Empty(t, keyStory(&h, "1-unknown", fault), "an ID no enqueue was answered with has no story")
 }
