@@ -69,15 +69,23 @@
 //     5 s, 30 s when planned), else the failover is refused, the old
 //     primary made writable again and the shard unfenced (alarm). With an
 //     unreachable one: the most advanced replica (replication.MostAdvanced
-//     over all replicas), or a ToRegion replica that covers it.
+//     over the replicas), or a ToRegion replica that covers it. Only a
+//     server that replicates is a candidate: a listed one that replicates
+//     from nobody is a deposed primary not rejoined yet, which lacks what
+//     was written since and would fork the shard's history; the exception
+//     is the server this epoch's failover already claimed and detached,
+//     whose promotion is finished (replication.Admin.FinishPromotion).
 //  4. Claim the promotion: the key promotion.s<shard>.e<epoch> in the
 //     shard-map bucket is created once; a controller resuming the same
 //     epoch promotes the claimed server or none, so each epoch has one
 //     promotion.
 //  5. Promote (the relay log applied first; semi-sync as a primary before
-//     read_only=0) while the other replicas are repointed to the candidate
-//     (it holds all they have; attached before its first commit, they
-//     acknowledge it at once). The epoch goes into the candidate's
+//     read_only=0). The other replicas are repointed to the candidate once
+//     it has applied what it received (Promote's prepare; earlier, one that
+//     received more than the candidate had applied would ask for a
+//     position missing from its binary log and stop on error 1236), and a
+//     deposed primary among them rejoins; attached before the candidate's
+//     first commit, they acknowledge it at once. The epoch goes into the candidate's
 //     shard_meta table (shardmap.StoreEpoch; a writer with an older map
 //     refuses that server) once it is detached and while it is still
 //     read-only, before semi-sync as a primary is on (Promote's prepare):
@@ -106,13 +114,18 @@
 // no replica acknowledged) is made read-only and rejoined as a replica
 // (MASTER_DEMOTE_TO_SLAVE); "rejoined" is reported once its IO and SQL
 // threads both run, and a replica stopped on an error against the current
-// primary (1236: diverged) raises an alarm: it must be rebuilt. It never serves as a second primary: the map
-// names one primary, and the old one is read-only before it is repointed.
+// primary (1236, or an SQL error: diverged) raises an alarm: it must be
+// rebuilt. A deposed primary woken after its failover with a commit waiting
+// for an acknowledgement cannot be fenced (read_only=1 waits for it; the
+// fence gives up after 2 s) and raises an alarm too: restarted with
+// RejoinArgs it rolls that commit back and rejoins. It never serves as a
+// second primary: the map names one primary, and the old one is read-only
+// before it is repointed.
 // Rejoining is irreversible and a demotion of the real primary if the map
 // it acts on is stale, so it acts only as the leader, only while its map
 // is confirmed, and only once shardmap.LoadCurrent (a compare-and-set the
-// bucket's leader commits) proves the stored map still names that primary
-// at that epoch. A direct get is not enough: a controller back from a
+// bucket's leader commits, once per tick for all the tick's rejoins)
+// proves the stored map still names that primary at that epoch. A direct get is not enough: a controller back from a
 // partition read its own NATS server's lagging copy, which agreed with its
 // stale map, and demoted the new primary.
 //
