@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -69,17 +68,7 @@ func nemesisCommand() *cobra.Command {
 				}
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				_ = enc.Encode(rep)
-			} else {
-				rep.Print(stdout)
-			}
-			if len(rep.Violations) > 0 {
-				return cli.Exit(1)
-			}
-			return nil
+			return printReport(stdout, rep, asJSON, len(rep.Violations))
 		},
 	}
 	f := cmd.Flags()

@@ -232,17 +232,7 @@ func drillCommand() *cobra.Command {
 				}
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				_ = enc.Encode(rep)
-			} else {
-				rep.Print(stdout)
-			}
-			if len(rep.Violations) > 0 {
-				return cli.Exit(1)
-			}
-			return nil
+			return printReport(stdout, rep, asJSON, len(rep.Violations))
 		},
 	}
 	f := cmd.Flags()
@@ -261,4 +251,20 @@ func drillCommand() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON (progress goes to stderr)")
 	f.BoolVar(&noReport, "no-report", false, "do not report the drill's progress to the routers (ReportDrill; the console's Drills view)")
 	return cmd
+}
+
+// printReport writes a drill's or the nemesis's report, as indented JSON
+// or for a reader, and exits 1 when it found violations.
+func printReport(w io.Writer, rep interface{ Print(io.Writer) }, asJSON bool, violations int) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		rep.Print(w)
+	}
+	if violations > 0 {
+		return cli.Exit(1)
+	}
+	return nil
 }
