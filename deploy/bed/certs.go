@@ -1,57 +1,29 @@
 package bed
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/deploy/certs"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// certLifetime is how long the bed's throwaway certificates are valid: a
-// bed is brought up afresh far more often than that.
-const certLifetime = 90 * 24 * time.Hour
-
-// bedCA is the bed's throwaway CA. Its certificate is ca.crt in the bed's
-// directory; its private key lives in memory only while the bed starts,
-// so nothing but the certificates the bed issues then is ever signed
-// with it.
+// bedCA is the bed's throwaway CA (certs.CA). Its certificate is ca.crt in
+// the bed's directory; its private key lives in memory only while the bed
+// starts, so nothing but the certificates the bed issues then is ever
+// signed with it.
 type bedCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+	ca   *certs.CA
 	dir  string // the bed's directory, absolute
 	file string // ca.crt
 }
 
-// newCA makes the bed's CA and writes its certificate, ca.crt, into the
-// bed's directory.
+// newCA makes the bed's CA and writes its certificate, ca.crt (0600), into
+// the bed's directory.
 func (b *Bed) newCA() (*bedCA, error) {
-	now := time.Now()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: "triage bed CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(certLifetime),
-		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
+	ca, err := certs.NewCA("triage bed CA")
 	if err != nil {
 		return nil, err
 	}
@@ -59,40 +31,23 @@ func (b *Bed) newCA() (*bedCA, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca := &bedCA{cert: cert, key: key, dir: dir, file: filepath.Join(dir, "ca.crt")}
-	return ca, writePEM(ca.file, "CERTIFICATE", der)
+	bca := &bedCA{ca: ca, dir: dir, file: filepath.Join(dir, "ca.crt")}
+	return bca, os.WriteFile(bca.file, ca.PEM(), 0o600)
 }
 
 // issue makes a certificate for the bed's servers (127.0.0.1 and
-// localhost, good for server and client authentication, so that NATS
-// routes can use it both ways) and writes it and its key as name.crt and
-// name.key (0600) into the bed's directory.
+// localhost, which every process of the bed dials) and writes it and its
+// key as name.crt and name.key (0600) into the bed's directory.
 func (ca *bedCA) issue(name, commonName string) (certFile, keyFile string, err error) {
-	now := time.Now()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", "", err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: commonName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(certLifetime),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		return "", "", err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	cert, key, err := ca.ca.Issue(commonName, "127.0.0.1", "localhost")
 	if err != nil {
 		return "", "", err
 	}
 	certFile, keyFile = filepath.Join(ca.dir, name+".crt"), filepath.Join(ca.dir, name+".key")
-	if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
 		return "", "", err
 	}
-	return certFile, keyFile, writePEM(keyFile, "EC PRIVATE KEY", keyDER)
+	return certFile, keyFile, os.WriteFile(keyFile, key, 0o600)
 }
 
 // writeNATSCerts issues the NATS servers' one certificate with ca
@@ -150,17 +105,4 @@ func (t *mysqlTLS) replication() *replication.TLS {
 		return nil
 	}
 	return &replication.TLS{CAFile: t.CAFile}
-}
-
-func writePEM(path, typ string, der []byte) error {
-	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
-}
-
-// serial is a random certificate serial number.
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		panic(err) // crypto/rand does not fail
-	}
-	return n
 }

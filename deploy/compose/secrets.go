@@ -2,22 +2,16 @@ package compose
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
+	"github.com/triage-queue/triage/deploy/certs"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -63,11 +57,6 @@ const bedDirVar = "${TRIAGE_BED_DIR:?made by up.sh}"
 // keysPath is where the routers see the keys file (node.Config.KeysFile).
 const keysPath = "/etc/triage/keys.json"
 
-// bedCertLifetime is how long the bed's throwaway certificates are valid: a
-// bed is brought up afresh far more often than that (up.sh reuses a
-// directory only while the bed it was made for runs).
-const bedCertLifetime = 90 * 24 * time.Hour
-
 // WriteBedDir makes dir a bed directory for t, unless it is one already
 // (it holds every file of one): a new cluster-admin API key and the keys
 // file with its hash, random NATS passwords, and a throwaway CA with the
@@ -99,23 +88,7 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var natsNames, mysqlNames []string
-	for _, r := range t.Regions {
-		natsNames = append(natsNames, "nats-"+r, gateway(r))
-		mysqlNames = append(mysqlNames, gateway(r))
-	}
-	for _, s := range t.servers() {
-		mysqlNames = append(mysqlNames, s.service)
-	}
-	ca, err := newCA()
-	if err != nil {
-		return false, err
-	}
-	natsCert, natsKey, err := ca.issue("triage compose bed NATS", natsNames)
-	if err != nil {
-		return false, err
-	}
-	mysqlCert, mysqlKey, err := ca.issue("triage compose bed MariaDB", mysqlNames)
+	c, err := issueBedCerts(t)
 	if err != nil {
 		return false, err
 	}
@@ -125,11 +98,11 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 		perm os.FileMode
 	}{
 		{bedKeys, append(keys, '\n'), 0o644},
-		{bedCA, ca.pem, 0o644},
-		{bedNATSCert, natsCert, 0o600},
-		{bedNATSKey, natsKey, 0o600},
-		{bedMySQLCert, mysqlCert, 0o600},
-		{bedMySQLKey, mysqlKey, 0o600},
+		{bedCA, c.ca, 0o644},
+		{bedNATSCert, c.natsCert, 0o600},
+		{bedNATSKey, c.natsKey, 0o600},
+		{bedMySQLCert, c.mysqlCert, 0o600},
+		{bedMySQLKey, c.mysqlKey, 0o600},
 		{bedNATSTriage, []byte(rand.Text() + "\n"), 0o600},
 		{bedNATSClient, []byte(rand.Text() + "\n"), 0o600},
 		{bedNATSRoute, []byte(rand.Text() + "\n"), 0o600},
@@ -148,73 +121,40 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 	return true, nil
 }
 
-// throwawayCA is the bed's CA while WriteBedDir runs: its key is dropped
-// with it, so nothing but the bed's two server certificates is ever signed
-// with it.
-type throwawayCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte // the certificate
+// bedCerts are the compose bed's certificates, PEM-encoded: the CA's and
+// the NATS and MariaDB servers' certificates and keys.
+type bedCerts struct {
+	ca, natsCert, natsKey, mysqlCert, mysqlKey []byte
 }
 
-func newCA() (*throwawayCA, error) {
-	now := time.Now()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// issueBedCerts makes a throwaway CA and issues with it the NATS servers'
+// certificate for every NATS server's and every gateway's name and the
+// MariaDB servers' for every MariaDB server's and every gateway's name,
+// both for localhost and 127.0.0.1 too, as the process bed's are. The
+// CA's key is dropped when it returns: nothing but these two certificates
+// is ever signed with it.
+func issueBedCerts(t Topology) (*bedCerts, error) {
+	natsNames := []string{"localhost", "127.0.0.1"}
+	mysqlNames := []string{"localhost", "127.0.0.1"}
+	for _, r := range t.Regions {
+		natsNames = append(natsNames, "nats-"+r, gateway(r))
+		mysqlNames = append(mysqlNames, gateway(r))
+	}
+	for _, s := range t.servers() {
+		mysqlNames = append(mysqlNames, s.service)
+	}
+	ca, err := certs.NewCA("triage compose bed CA")
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: "triage compose bed CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
-		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
+	c := &bedCerts{ca: ca.PEM()}
+	if c.natsCert, c.natsKey, err = ca.Issue("triage compose bed NATS", natsNames...); err != nil {
 		return nil, err
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
+	if c.mysqlCert, c.mysqlKey, err = ca.Issue("triage compose bed MariaDB", mysqlNames...); err != nil {
 		return nil, err
 	}
-	return &throwawayCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
-}
-
-// issue makes a certificate and key (PEM) for names (and localhost), good
-// for server and client authentication: a NATS route is a client of its
-// peer.
-func (ca *throwawayCA) issue(commonName string, names []string) (cert, key []byte, err error) {
-	now := time.Now()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serialNumber(), Subject: pkix.Name{CommonName: commonName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(bedCertLifetime),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:    append([]string{"localhost"}, names...), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
-}
-
-// serialNumber is a random certificate serial number.
-func serialNumber() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		panic(err) // crypto/rand does not fail
-	}
-	return n
+	return c, nil
 }
 
 // bedDirOf finds the bed directory of a running bed on the host: the

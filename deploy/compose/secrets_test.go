@@ -18,9 +18,9 @@ import (
 // verifies the NATS servers' one certificate for every NATS server's and
 // gateway's name, as a server and as a client (the routes), and the
 // MariaDB servers' for every MariaDB server's and gateway's name (another
-// region's server is dialed as the gateway); the secrets are 0600 and the
-// CA's key is nowhere. A complete directory is kept, an
-// incomplete one made again.
+// region's server is dialed as the gateway), both for localhost and
+// 127.0.0.1 too; the secrets are 0600 and the CA's key is nowhere. A
+// complete directory is kept, an incomplete one made again.
 func TestWriteBedDir(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "bed")
@@ -93,6 +93,12 @@ func TestWriteBedDir(t *testing.T) {
 	for _, s := range top.servers() {
 		_, err := mysqlCert.Verify(x509.VerifyOptions{DNSName: s.service, Roots: pool})
 		require.NoError(t, err, s.service)
+	}
+	for _, name := range []string{"localhost", "127.0.0.1"} {
+		for _, cert := range []*x509.Certificate{natsCert, mysqlCert} {
+			_, err := cert.Verify(x509.VerifyOptions{DNSName: name, Roots: pool})
+			require.NoError(t, err, "%s for %s", cert.Subject.CommonName, name)
+		}
 	}
 	_, err = natsCert.Verify(x509.VerifyOptions{DNSName: "nats.example.com", Roots: pool})
 	require.Error(t, err, "a name the bed does not have")
