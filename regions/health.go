@@ -210,12 +210,17 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 	var semi [2]int // semi-sync status, clients; -1 unknown
 	semi[0], semi[1] = -1, -1
 	if err == nil && len(s.Replicas) > 0 {
-		var status, clients int
+		// A read-only server commits nothing: it is a deposed primary
+		// that an observer with a stale map still calls primary (the
+		// failover fenced it and turned its semi-sync off), and neither
+		// alarm applies to it.
+		var status, clients, readOnly int
 		if qerr := o.db(s.Primary).QueryRowContext(pctx, `SELECT
 			SUM(variable_name = 'RPL_SEMI_SYNC_MASTER_STATUS' AND variable_value = 'ON'),
-			SUM(IF(variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS', variable_value, 0))
+			SUM(IF(variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS', variable_value, 0)),
+			MAX(@@global.read_only) -- bare, MariaDB answers 0 beside SUM
 			FROM information_schema.global_status
-			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients); qerr == nil {
+			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients, &readOnly); qerr == nil && readOnly == 0 {
 			r.SemiSyncOff = status == 0
 			semi[0], semi[1] = status, clients
 			r.NoReplicas = !r.SemiSyncOff && clients == 0

@@ -1,12 +1,16 @@
 package regions
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
+	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -161,4 +166,55 @@ func TestDownSince(t *testing.T) {
 	require.Zero(t, h.downSince(shardmap.Shard{ID: 3, Primary: "q:1"}, now, 10*time.Second), "reports of another primary")
 	put(Report{Region: "c", Shard: 3, Primary: "q:1", At: at(4 * time.Second)})
 	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "c reports another primary")
+}
+
+// TestSemiSyncAlarmOnlyForAWritablePrimary: the observer raises "semi-sync
+// is off" for a primary that can commit without a replica's
+// acknowledgement, and not for a read-only server a stale map still
+// names primary (a deposed primary, fenced and with semi-sync off, seen
+// by an observer cut off from the new map).
+func TestSemiSyncAlarmOnlyForAWritablePrimary(t *testing.T) {
+	t.Parallel()
+	srv := mariadbtest.NewServer(t, "--read-only=ON")
+	c, err := mysql.ParseDSN(srv.DSN(""))
+	require.NoError(t, err)
+	var logs lockedBuffer
+	o := &Observer{Region: "b", Dial: func(a string) string { return a }, Cred: shardmap.Credentials{User: c.User, Password: c.Passwd},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), dbs: map[string]*sql.DB{}, async: map[uint32]bool{}, blocked: map[uint32]bool{}, stored: map[uint32]Report{}}
+	t.Cleanup(func() {
+		for _, db := range o.dbs {
+			db.Close()
+		}
+	})
+	s := shardmap.Shard{ID: 1, HomeRegion: "a", Primary: srv.Addr(), Database: "d", Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}}
+
+	o.observe(t.Context(), s)
+	require.NotContains(t, logs.String(), "semi-sync is off", "a read-only server commits nothing: %s", logs.String())
+
+	db, err := sql.Open("mysql", srv.DSN(""))
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	_, err = db.ExecContext(t.Context(), "SET GLOBAL read_only = OFF")
+	require.NoError(t, err)
+	o.observe(t.Context(), s)
+	require.Contains(t, logs.String(), "ALARM: semi-sync is off on a primary with replicas")
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's writes and a test's
+// reads from other goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
