@@ -88,8 +88,8 @@ test: test-deps ## Run every test (unit, integration on real MariaDB + NATS, e2e
 	GO=$(GO) .ci/gotest -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test/e2e
-test/e2e: deps ## Run only the end-to-end tests against the built binary.
-	$(GO) test -race -count=1 -timeout 15m ./e2e/...
+test/e2e: test-deps ## Run only the end-to-end tests: the whole-queue suite, killed processes, drills, the compose bed.
+	$(GO) test -race -count=1 -timeout 30m ./e2e/...
 
 .PHONY: lint
 lint: ## gofmt, go vet, staticcheck (default checks), a doc.go with a package comment in every package, the serve binary without the bed, and no function over 80 lines.

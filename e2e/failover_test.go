@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/triage-queue/triage/deploy/bed"
+	localbed "github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/drill"
 )
 
@@ -63,6 +63,7 @@ const logTail = 150
 // a failing test prints its tail.
 func multiBed(t *testing.T) string {
 	t.Helper()
+	_, bedBinary := binaries(t)
 	dir := t.TempDir()
 	logPath := filepath.Join(t.ArtifactDir(), "bed.log")
 	logf, err := os.Create(logPath)
@@ -88,7 +89,7 @@ func multiBed(t *testing.T) string {
 	})
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if _, err := bed.ReadLayout(dir); err == nil {
+		if _, err := localbed.ReadLayout(dir); err == nil {
 			return dir
 		}
 		select {
@@ -135,6 +136,7 @@ func tail(path string, n int) string {
 // printed.
 func runDrill(t *testing.T, scenario string, hold time.Duration, bed ...string) *drill.Report {
 	t.Helper()
+	_, bedBinary := binaries(t)
 	limit := time.Now().Add(4 * time.Minute)
 	if d, ok := t.Deadline(); ok && d.Add(-time.Minute).Before(limit) {
 		limit = d.Add(-time.Minute)

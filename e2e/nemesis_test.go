@@ -34,6 +34,7 @@ func TestNemesis(t *testing.T) {
 	dir := multiBed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
+	_, bedBinary := binaries(t)
 	cmd := exec.CommandContext(ctx, bedBinary, "nemesis", "--dir", dir, "--region", "us-east", "--duration", "100s",
 		"--seed", fmt.Sprint(nemesisSeed), "--drain", "60s", "--json")
 	var stdout, stderr bytes.Buffer

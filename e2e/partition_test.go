@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/triage-queue/triage/deploy/bed"
+	localbed "github.com/triage-queue/triage/deploy/bed"
 	"github.com/triage-queue/triage/deploy/drill"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
@@ -29,7 +29,7 @@ import (
 func TestPartitionedOldPrimaryAcceptsNoWriteAfterFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	b, err := bed.Start(ctx, bed.Config{Dir: t.TempDir(), Regions: bed.DefaultRegions, NATSPort: -1,
+	b, err := localbed.Start(ctx, localbed.Config{Dir: t.TempDir(), Regions: localbed.DefaultRegions, NATSPort: -1,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	defer b.Stop()

@@ -358,12 +358,6 @@ func TestShardsOnline(t *testing.T) {
 	require.Greater(t, on3, 0)
 }
 
-func mustRead(t *testing.T, path string) []byte {
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	return data
-}
-
 func (c *cluster) admin(p *proc) triagev1.AdminClient {
 	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(c.t, err)

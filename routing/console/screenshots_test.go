@@ -37,7 +37,7 @@ var screenshots = flag.String("screenshots", "", "TestConsoleScreenshots writes 
 //	go test ./routing/console -run TestConsoleScreenshots -screenshots screenshots
 //
 // Without -screenshots it does nothing: TestConsoleInBrowser
-// (cmd/triage/node) is the console's test.
+// (e2e) is the console's test.
 func TestConsoleScreenshots(t *testing.T) {
 	if *screenshots == "" {
 		t.Skip("a generator, not a test: -screenshots DIR writes the README's screenshots")

@@ -2,8 +2,8 @@
 // controller) into one process from a config file: it is the production
 // composition root, and lives next to the binary that runs it. `triage
 // serve` runs one node; the local bed (deploy/bed) runs one per region in
-// its own process; e2e tests start nodes as separate `triage serve`
-// processes to kill them.
+// its own process; the e2e tests start nodes in their own process, and as
+// separate `triage serve` processes to kill them.
 //
 // It sits under cmd/triage rather than in deploy/ because it is what the
 // production binary is made of, while deploy/ holds what deploys and tests
@@ -34,7 +34,7 @@
 // node (schema/tracing), handed to the router and enqueuer and to the
 // gRPC servers' otelgrpc stats handler; the JSON gateway gets a server
 // span per /v1/ request from traceHTTP. Tests give the provider through
-// an unexported Config field, with an in-memory exporter.
+// Config.Seams, with an in-memory exporter.
 //
 // The router's HTTP listener also serves the web console
 // (routing/console) at /console unless Config.DisableConsole; it calls
@@ -51,8 +51,8 @@
 // then do everything, Config.fill refuses a router without keys_file whose
 // listeners bind anything but loopback unless Config.Insecure. TLS configs are
 // cloned per listener (net/http writes HTTP/2 settings into its copy) and
-// share one certificate reloader. auth_test.go is the table of every RPC
-// × credentials over gRPC and HTTPS.
+// share one certificate reloader. e2e's auth_test.go is the table of every
+// RPC × credentials over gRPC and HTTPS.
 //
 // Behind the router, the node keeps two MySQL pools: Config.MySQL, the
 // application account the roles use (DML only), and Config.Admin, used
@@ -70,12 +70,17 @@
 // NATS Triage login (cmd/triage/natsserver.Auth) and Config.NATSTLS how the
 // node verifies the NATS servers (their CA) and, when they ask, proves
 // itself (its certificate): with it the connection, and so every envelope
-// and login, is encrypted. privilege_test.go checks the accounts against a
-// real MariaDB and an embedded NATS server with logins; natstls_test.go
-// runs a node end to end against a NATS server requiring mTLS.
+// and login, is encrypted. e2e's privilege_test.go checks the accounts
+// against a real MariaDB and an embedded NATS server with logins;
+// natstls_test.go there runs a node end to end against a NATS server
+// requiring mTLS.
 //
-// Its tests are the integration tests of the whole queue: a real node
-// against a spawned mariadbd and an embedded NATS server, driven through
-// the gRPC and JSON APIs, including the model-based test against
-// deploy/queuemodel.
+// # Tests
+//
+// The package's own tests are unit tests of Config (config_test.go). The
+// integration tests of the whole queue, which start nodes against a
+// spawned mariadbd and an embedded NATS server and drive them through the
+// gRPC and JSON APIs, are in e2e. Besides the config and the APIs they
+// use Config.Seams (skewed clocks, a tracer provider, a hook into the
+// dequeuer's fetches), Node.Dequeuer and Node.ShardOwner.
 package node

@@ -180,16 +180,31 @@ type Config struct {
 	// of its answer. Default 2m, above the longest dequeue wait (20s).
 	HTTPWriteTimeout shardmap.Duration `json:"http_write_timeout,omitempty"`
 
-	// routerNow and dequeuerNow, for tests, are the roles' local clocks
-	// (default time.Now): a seam to give one process two skewed hosts.
-	routerNow, dequeuerNow func() time.Time
-	// tracerProvider, for tests, turns tracing on with this provider
-	// (an in-memory exporter's) instead of Tracing's exporter.
+	// Seams are hooks for tests that start nodes in-process; a config
+	// file cannot set them.
+	Seams Seams `json:"-"`
+
+	// tracerProvider is the node's tracer provider: Seams' or the one
+	// startTracing makes for Tracing.
 	tracerProvider trace.TracerProvider
 	// adminGiven: the config names an admin account (fill defaults it).
 	adminGiven bool
 	// repl is Replication with its password read (fill).
 	repl replication.Credentials
+}
+
+// Seams are what a test starting a node in-process (e2e) may replace or
+// watch inside it. Production leaves them zero.
+type Seams struct {
+	// RouterNow and DequeuerNow are the roles' local clocks (default
+	// time.Now): one process with two skewed hosts.
+	RouterNow, DequeuerNow func() time.Time
+	// TracerProvider turns tracing on with this provider (an in-memory
+	// exporter's) instead of Tracing's exporter.
+	TracerProvider trace.TracerProvider
+	// BeforeBuffer is the dequeuer's hook between a fetch's read and its
+	// buffering (dequeuer.Config.BeforeBuffer), to widen race windows.
+	BeforeBuffer func(shard uint32, keys []uint64)
 }
 
 func (c *Config) fill() error {
@@ -401,9 +416,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	return n, nil
 }
 
-// startTracing starts the node's tracer provider when the config asks
-// for tracing and gives none of its own.
+// startTracing sets the node's tracer provider: the one Seams gives, or
+// else, when the config asks for tracing, one of its own.
 func (n *Node) startTracing(ctx context.Context) error {
+	n.cfg.tracerProvider = n.cfg.Seams.TracerProvider
 	if n.cfg.Tracing != nil && n.cfg.tracerProvider == nil {
 		tp, err := tracing.New(ctx, *n.cfg.Tracing, "triage", n.cfg.Region)
 		if err != nil {
@@ -540,7 +556,8 @@ func (n *Node) startRoles(ctx, runCtx context.Context, js jetstream.JetStream) e
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: n.maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: n.log, Now: cfg.dequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider}
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: n.log, Now: cfg.Seams.DequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider,
+			BeforeBuffer: cfg.Seams.BeforeBuffer}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
 			return err
@@ -626,7 +643,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	}
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Drills: drills, Logger: n.log,
 		FastCopies: n.cfg.StreamReplicas > 1,
-		Publisher:  kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.routerNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
+		Publisher:  kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.Seams.RouterNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}
@@ -808,3 +825,12 @@ func (n *Node) RestartDequeuer(ctx context.Context) error {
 
 // ShardMap returns the node's current shard map.
 func (n *Node) ShardMap() *shardmap.Map { return n.maps.Current() }
+
+// Dequeuer returns the dequeuer the node runs now, nil without the
+// dequeuer role; RestartDequeuer replaces it.
+func (n *Node) Dequeuer() *dequeuer.Service { return n.deq }
+
+// ShardOwner returns the ID of the dequeuer the node's router sees owning
+// shard, and false while it sees none (dequeues of the shard are then
+// UNAVAILABLE). Router role only.
+func (n *Node) ShardOwner(shard uint32) (string, bool) { return n.router.Owner(shard) }

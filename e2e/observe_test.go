@@ -1,9 +1,8 @@
-package node
+package e2e
 
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -24,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -107,7 +105,7 @@ func lbl(kv ...string) map[string]string {
 func TestMetricsAfterWorkload(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{maxAttempts: 2, noNode: true})
-	b.startNode(Config{DepthEvery: shardmap.Duration(time.Nanosecond)})
+	b.startNode(node.Config{DepthEvery: shardmap.Duration(time.Nanosecond)})
 	ctx := b.ctx()
 	enq := func(topic string, items ...*triagev1.NewItem) []string {
 		resp, err := b.queue.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: "default", Topic: topic, Items: items})
@@ -251,7 +249,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	}
 	// The Grafana dashboard asks only for metrics that exist: those this
 	// one-region bed without replicas or failovers cannot show are listed.
-	dash, err := os.ReadFile("../../../deploy/grafana/triage.json")
+	dash, err := os.ReadFile("../deploy/grafana/triage.json")
 	require.NoError(t, err)
 	absent := map[string]bool{"triage_shard_replication_lag_seconds": true, "triage_shard_semisync_on": true,
 		"triage_shard_semisync_clients": true, "triage_failovers_total": true, "triage_failover_phase_duration_seconds": true}
@@ -314,7 +312,7 @@ func TestMetricsOnlyOnTheMetricsListener(t *testing.T) {
 func TestTopicLabelsAreCapped(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
-	b.startNode(Config{MaxTopicLabels: 2})
+	b.startNode(node.Config{MaxTopicLabels: 2})
 	for i := range 4 {
 		_, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "default", Topic: fmt.Sprintf("t%d", i),
 			Items: []*triagev1.NewItem{{Payload: []byte("x")}}})
@@ -336,30 +334,13 @@ func TestTopicLabelsAreCapped(t *testing.T) {
 // once it is back; /livez stays ok throughout.
 func TestReadinessFollowsDependencies(t *testing.T) {
 	t.Parallel()
-	b := &bed{t: t}
-	var err error
-	natsCfg := natsserver.Config{StoreDir: t.TempDir()}
-	b.ns, err = natsserver.Start(natsCfg)
-	require.NoError(t, err)
-	natsCfg.Port = b.ns.Addr().(*net.TCPAddr).Port
-	t.Cleanup(func() { b.ns.Shutdown() })
-	b.natsURL = b.ns.ClientURL()
 	// Shard 1 on the package's server, shard 2 on a server of its own,
 	// which the test stops.
 	own := mariadbtest.NewServer(t)
 	require.NoError(t, own.CreateDatabase(t.Context(), "triage"))
-	c, err := mysql.ParseDSN(mariadbtest.Database(t))
-	require.NoError(t, err)
-	m := shardmap.Map{Version: 1, Regions: []string{"us-east"}, Namespaces: []shardmap.Namespace{{Name: "default"}},
-		Shards: []shardmap.Shard{{ID: 1, HomeRegion: "us-east", Primary: c.Addr, Database: c.DBName},
-			{ID: 2, HomeRegion: "us-east", Primary: own.Addr(), Database: "triage"}}}
-	sm, err := shardmap.New(m)
-	require.NoError(t, err)
-	data, err := sm.Marshal()
-	require.NoError(t, err)
-	b.mapFile = t.TempDir() + "/shardmap.json"
-	require.NoError(t, os.WriteFile(b.mapFile, data, 0o644))
-	n := b.startNode(Config{})
+	b := &bed{region: newRegion(t, regionOpts{shards: 1, namespaces: []shardmap.Namespace{{Name: "default"}},
+		more: []shardmap.Shard{{ID: 2, HomeRegion: "us-east", Primary: own.Addr(), Database: "triage"}}})}
+	n := b.startNode(node.Config{})
 
 	conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -413,10 +394,8 @@ func TestReadinessFollowsDependencies(t *testing.T) {
 	ready(true)
 
 	// NATS stops, then comes back on the same port and store.
-	b.ns.Shutdown()
-	b.ns.WaitForShutdown()
+	b.stopNATS()
 	ready(false)
-	b.ns, err = natsserver.Start(natsCfg)
-	require.NoError(t, err)
+	b.startNATS()
 	ready(true)
 }

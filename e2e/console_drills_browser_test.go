@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/routing/auth/authtest"
@@ -50,7 +51,7 @@ func TestConsoleDrillsInBrowser(t *testing.T) {
 	}
 	keysFile := filepath.Join(t.TempDir(), "keys.json")
 	tokens := authtest.Keys(t, keysFile, keys...)
-	b.startNode(Config{KeysFile: keysFile})
+	b.startNode(node.Config{KeysFile: keysFile})
 	ctx := func() context.Context {
 		return metadata.AppendToOutgoingContext(b.ctx(), "authorization", "Bearer "+tokens["ops"])
 	}

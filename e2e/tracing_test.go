@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"net/http"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/tracing"
 )
@@ -28,7 +29,7 @@ func TestTraceEnqueueToInsert(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
 	exp := tracetest.NewInMemoryExporter()
-	b.startNode(Config{tracerProvider: tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)})
+	b.startNode(node.Config{Seams: node.Seams{TracerProvider: tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)}})
 
 	find := func(name string, traceID trace.TraceID) (tracetest.SpanStub, bool) {
 		for _, s := range exp.GetSpans() {
@@ -112,9 +113,9 @@ func TestTraceDequeueAcrossNATS(t *testing.T) {
 		return tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), 1, nil)
 	}
 	// The dequeuer first: the router's start waits until the shards are owned.
-	b.startNode(Config{Roles: []string{RoleDequeuer}, tracerProvider: provider(dequeuerSpans)})
-	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}, tracerProvider: provider(routerSpans)})
-	require.Nil(t, b.node.deq, "the router's node runs no dequeuer: the dequeue crosses NATS")
+	b.startNode(node.Config{Roles: []string{node.RoleDequeuer}, Seams: node.Seams{TracerProvider: provider(dequeuerSpans)}})
+	b.startNode(node.Config{Roles: []string{node.RoleRouter, node.RoleEnqueuer}, Seams: node.Seams{TracerProvider: provider(routerSpans)}})
+	require.Nil(t, b.node.Dequeuer(), "the router's node runs no dequeuer: the dequeue crosses NATS")
 
 	id := enqueue(t, b, "hop", &triagev1.NewItem{Payload: []byte("x")})[0].Id
 	var got []*triagev1.LeasedItem

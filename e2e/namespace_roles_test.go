@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func (b *nsBed) waitFor(t *testing.T, ok func(*shardmap.Namespace) bool) *shardm
 	var ns *shardmap.Namespace
 	require.Eventually(t, func() bool {
 		var err error
-		ns, err = b.node.maps.Current().Namespace("default")
+		ns, err = b.node.ShardMap().Namespace("default")
 		return err == nil && ok(ns)
 	}, 10*time.Second, 10*time.Millisecond)
 	return ns

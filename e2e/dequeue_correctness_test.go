@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -132,18 +133,12 @@ func TestLeaseTokenIsPerDelivery(t *testing.T) {
 	}
 }
 
-// hookDequeuer restarts b's dequeuer with a BeforeBuffer hook.
+// hookDequeuer starts the node of b, a bed set up without one, with hook
+// as its dequeuer's BeforeBuffer (node.Seams).
 func hookDequeuer(t *testing.T, b *bed, hook func(shard uint32, keys []uint64)) {
 	t.Helper()
-	b.node.deq.Stop()
-	b.node.deqCfg.BeforeBuffer = hook
-	require.NoError(t, b.node.RestartDequeuer(b.ctx()))
-	t.Cleanup(b.node.deq.Stop)
-	b.waitOwned()
-	require.Eventually(t, func() bool {
-		o, ok := b.node.router.Owner(1)
-		return ok && o == b.node.deq.ID()
-	}, 20*time.Second, 10*time.Millisecond)
+	require.Nil(t, b.node, "the bed was set up with noNode")
+	b.startNode(node.Config{Seams: node.Seams{BeforeBuffer: hook}})
 }
 
 // TestDeleteAndUpdateDuringFetch: an item deleted, or updated, while a
@@ -151,7 +146,7 @@ func hookDequeuer(t *testing.T, b *bed, hook func(shard uint32, keys []uint64)) 
 // rows enter the buffer) is never delivered deleted or stale.
 func TestDeleteAndUpdateDuringFetch(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bedOpts{shards: 1})
+	b := setup(t, bedOpts{shards: 1, noNode: true})
 	var mu sync.Mutex
 	var target uint64
 	var during func()
@@ -227,8 +222,7 @@ func dequeueUpdated(t *testing.T, b *bed, topic string) []*triagev1.LeasedItem {
 // bench's consumers waited for about ten fetches per Dequeue).
 func TestWaitingTakesShareALaterFetch(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bedOpts{shards: 1})
-	enqueue(t, b, "convoy", copies(10, &triagev1.NewItem{Payload: []byte("x"), Priority: 5})...)
+	b := setup(t, bedOpts{shards: 1, noNode: true})
 	var fetches atomic.Int32
 	entered, release := make(chan struct{}), make(chan struct{})
 	hookDequeuer(t, b, func(shard uint32, _ []uint64) {
@@ -238,8 +232,11 @@ func TestWaitingTakesShareALaterFetch(t *testing.T) {
 		}
 		// A more urgent item announced while the fetch runs, as under a
 		// flood of enqueues: the queue is dirty when the fetch ends.
-		b.node.deq.Ready(&peerv1.ItemsReady{Namespace: "default", Topic: "convoy", Shard: shard, MinPriority: 0, Count: 1})
+		b.node.Dequeuer().Ready(&peerv1.ItemsReady{Namespace: "default", Topic: "convoy", Shard: shard, MinPriority: 0, Count: 1})
 	})
+	// Enqueued now: the topic has no buffer yet, so their notices cause no
+	// fetch (dequeuer.Service.Ready).
+	enqueue(t, b, "convoy", copies(10, &triagev1.NewItem{Payload: []byte("x"), Priority: 5})...)
 	const takes = 8
 	got := make(chan []*triagev1.LeasedItem, takes)
 	go func() { got <- dequeue(t, b, "convoy", 1, 0) }()
@@ -251,7 +248,7 @@ func TestWaitingTakesShareALaterFetch(t *testing.T) {
 	// loaded machine can take longer than any fixed sleep to get a
 	// goroutine's request there, and a take that arrives after the second
 	// fetch began rightly needs a third (a CI run failed on that).
-	require.Eventually(t, func() bool { return b.node.deq.Serving() == takes }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return b.node.Dequeuer().Serving() == takes }, 10*time.Second, time.Millisecond)
 	// From Dequeue's entry to parking behind the fetch is memory work only.
 	time.Sleep(100 * time.Millisecond)
 	close(release)
@@ -306,8 +303,8 @@ func priorities(items []*triagev1.LeasedItem) []int32 {
 func TestDequeueReplyOverNATSMaxPayload(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
-	b.startNode(Config{Roles: []string{RoleDequeuer}})
-	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}})
+	b.startNode(node.Config{Roles: []string{node.RoleDequeuer}})
+	b.startNode(node.Config{Roles: []string{node.RoleRouter, node.RoleEnqueuer}})
 	big := bytes.Repeat([]byte("p"), 240<<10)
 	const n = 40 // 9.6 MiB, over the bed's 8 MiB NATS max payload
 	for range n {
@@ -341,8 +338,8 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 	b := setup(t, bedOpts{noNode: true})
 	// Two dequeuers of one region; each must own one of its two shards, so
 	// a dequeue is served by both and the router keeps the most urgent.
-	b.startNode(Config{Roles: []string{RoleDequeuer}, OwnerTTL: shardmap.Duration(2 * time.Second)})
-	b.startNode(Config{OwnerTTL: shardmap.Duration(2 * time.Second)})
+	b.startNode(node.Config{Roles: []string{node.RoleDequeuer}, OwnerTTL: shardmap.Duration(2 * time.Second)})
+	b.startNode(node.Config{OwnerTTL: shardmap.Duration(2 * time.Second)})
 	nc, err := nats.Connect(b.natsURL)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
@@ -353,8 +350,8 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 	// Whoever claimed both at start, free shard 2 until the other one
 	// takes it: each claim round gives either dequeuer an even chance.
 	require.Eventually(t, func() bool {
-		o1, ok1 := b.node.router.Owner(1)
-		o2, ok2 := b.node.router.Owner(2)
+		o1, ok1 := b.node.ShardOwner(1)
+		o2, ok2 := b.node.ShardOwner(2)
 		if ok1 && ok2 && o1 != o2 {
 			return true
 		}
@@ -459,8 +456,8 @@ func TestDedupKeyHeldWhenItemsLeave(t *testing.T) {
 func TestReadyNoticeForDottedNamespace(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
-	b.startNode(Config{Roles: []string{RoleDequeuer}})
-	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}})
+	b.startNode(node.Config{Roles: []string{node.RoleDequeuer}})
+	b.startNode(node.Config{Roles: []string{node.RoleRouter, node.RoleEnqueuer}})
 	putNamespace(t, b, &triagev1.Namespace{Name: "team.a"})
 	nc, err := nats.Connect(b.natsURL)
 	require.NoError(t, err)
@@ -648,8 +645,8 @@ func TestStatsCountBufferedItemsAsReady(t *testing.T) {
 func TestItemsServedAfterTheCallerLeftGoBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
-	dq := b.startNode(Config{Roles: []string{RoleDequeuer}, Metrics: "127.0.0.1:0"})
-	b.startNode(Config{Roles: []string{RoleRouter, RoleEnqueuer}})
+	dq := b.startNode(node.Config{Roles: []string{node.RoleDequeuer}, Metrics: "127.0.0.1:0"})
+	b.startNode(node.Config{Roles: []string{node.RoleRouter, node.RoleEnqueuer}})
 	served := func() float64 {
 		return sum(scrape(t, "http://"+dq.MetricsAddr), "triage_dequeued_items_total", map[string]string{"topic": "gone"})
 	}
@@ -684,7 +681,7 @@ func TestItemsServedAfterTheCallerLeftGoBack(t *testing.T) {
 // read had buffered.
 func TestHandedRowsChangedBeforeTheirDequeue(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bedOpts{shards: 1})
+	b := setup(t, bedOpts{shards: 1, noNode: true})
 	var mu sync.Mutex
 	read := map[uint64]bool{}
 	hookDequeuer(t, b, func(_ uint32, keys []uint64) {

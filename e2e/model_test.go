@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -75,7 +75,7 @@ func TestModelBased(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("TestModelBased seed %d (replay: go test -run TestModelBased ./cmd/triage/node/ -model.seed=%d)", seed, seed)
+	t.Logf("TestModelBased seed %d (replay: go test -run TestModelBased ./e2e/ -model.seed=%d)", seed, seed)
 	known := map[string]bool{}
 	for _, k := range strings.Split(*modelKnown, ",") {
 		if k = strings.TrimSpace(k); k != "" {

@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -19,11 +19,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/routing/auth/authtest"
@@ -34,7 +36,7 @@ import (
 // (namespace, role) to call it with.
 type secureBed struct {
 	*bed
-	node   *Node
+	node   *node.Node
 	tokens map[string]string // key name → key
 	ca     *authtest.CA
 	client *tls.Config
@@ -59,7 +61,7 @@ func setupSecure(t *testing.T) *secureBed {
 	keysFile := filepath.Join(dir, "keys.json")
 	s := &secureBed{bed: b, tokens: authtest.Keys(t, keysFile, keys...), ca: ca}
 	tlsFiles := ca.ServerFiles(t, dir, auth.ClientAuthVerifyIfGiven)
-	s.node = b.startNode(Config{KeysFile: keysFile, TLS: &tlsFiles, AdminGRPC: "127.0.0.1:0", AdminHTTP: "127.0.0.1:0"})
+	s.node = b.startNode(node.Config{KeysFile: keysFile, TLS: &tlsFiles, AdminGRPC: "127.0.0.1:0", AdminHTTP: "127.0.0.1:0"})
 	s.client = &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	return s
 }
@@ -127,33 +129,57 @@ func (c rpcCase) httpRequest(ns string) (method, path, body string) {
 	return method, path, body
 }
 
-// rpcCases lists every method of the services s serves with the role the
-// table gives it; a method missing from the table fails t.
-func rpcCases(t *testing.T, srv *grpc.Server) []rpcCase {
+// rpcCases lists every method of the services the gRPC listener conn
+// reaches serves, as its reflection service names them, with the role
+// the table gives it; a method missing from the table fails t.
+func rpcCases(t *testing.T, conn *grpc.ClientConn) []rpcCase {
 	var out []rpcCase
-	for svc, info := range srv.GetServiceInfo() {
-		for _, m := range info.Methods {
-			full := "/" + svc + "/" + m.Name
+	for _, svc := range listServices(t, conn) {
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+		require.NoError(t, err)
+		methods := d.(protoreflect.ServiceDescriptor).Methods()
+		for i := range methods.Len() {
+			md := methods.Get(i)
+			full := "/" + svc + "/" + string(md.Name())
 			role, ok := auth.MethodRole(full)
 			require.True(t, ok, "%s has no entry in routing/auth's methodRoles", full)
 			if role == "" || !strings.HasPrefix(svc, "triage.") {
 				continue // public: health, reflection
 			}
-			d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-			require.NoError(t, err)
-			md := d.(protoreflect.ServiceDescriptor).Methods().ByName(protoreflect.Name(m.Name))
 			in, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
 			require.NoError(t, err)
 			outT, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
 			require.NoError(t, err)
 			rule, _ := proto.GetExtension(md.Options(), annotations.E_Http).(*annotations.HttpRule)
 			require.NotNil(t, rule, "%s has no HTTP route", full)
-			require.Equal(t, specRoles[m.Name], role, "%s: role in routing/auth's table", full)
+			require.Equal(t, specRoles[string(md.Name())], role, "%s: role in routing/auth's table", full)
 			out = append(out, rpcCase{method: full, role: role, in: in, out: outT, rule: rule})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].method < out[j].method })
 	return out
+}
+
+// listServices asks the server behind conn for the services it serves
+// (gRPC server reflection, which it answers without credentials).
+func listServices(t *testing.T, conn *grpc.ClientConn) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}))
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	require.NoError(t, stream.CloseSend())
+	list := resp.GetListServicesResponse()
+	require.NotNil(t, list, "%v", resp)
+	var names []string
+	for _, s := range list.Service {
+		names = append(names, s.Name)
+	}
+	return names
 }
 
 // specRoles is the table of roles, written out again so that a
@@ -188,8 +214,8 @@ func TestAuthTable(t *testing.T) {
 	adm := s.conn(t, s.node.AdminGRPCAddr, s.client)
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: s.client}}
 
-	cases := rpcCases(t, s.node.grpc)
-	adminCases := rpcCases(t, s.node.adminGRPC)
+	cases := rpcCases(t, pub)
+	adminCases := rpcCases(t, adm)
 	require.Len(t, cases, 24, "Queue (12) and Admin (12) RPCs on the public listener")
 	require.Len(t, adminCases, 12)
 
@@ -289,7 +315,10 @@ func TestAuthTable(t *testing.T) {
 	require.Equal(t, http.StatusOK, putHTTP("admin", "default"))
 	require.Equal(t, codes.OK, put("ops", "brand-new"))
 	require.Equal(t, http.StatusOK, putHTTP("ops", "brand-new-http"))
-	require.Eventually(t, func() bool { return s.node.namespaceExists("brand-new") }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, err := s.node.ShardMap().Namespace("brand-new")
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, codes.OK, put("admin-all", "brand-new"), "it exists now")
 
 	// A key's rate limit (burst 2, then one per 100 s) holds over gRPC and

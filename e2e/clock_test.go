@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -24,7 +25,7 @@ func TestNackAndExtendUnderClockSkew(t *testing.T) {
 		t.Run(fmt.Sprint(skew), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, bedOpts{shards: 1, noNode: true})
-			b.startNode(Config{routerNow: func() time.Time { return time.Now().Add(skew) }, dequeuerNow: time.Now})
+			b.startNode(node.Config{Seams: node.Seams{RouterNow: func() time.Time { return time.Now().Add(skew) }, DequeuerNow: time.Now}})
 			// An explicit deliver_after in the past: the default (the
 			// router's "now") is not what this test is about.
 			enqueue(t, b, "jobs", &triagev1.NewItem{Payload: []byte("x"), DeliverAfter: timestamppb.New(time.Now().Add(-time.Minute))})

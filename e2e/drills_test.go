@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"encoding/json"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -165,7 +166,7 @@ func TestDrills(t *testing.T) {
 	})
 
 	t.Run("another router sees the same drills", func(t *testing.T) {
-		other := b.startNode(Config{Roles: []string{RoleRouter}})
+		other := b.startNode(node.Config{Roles: []string{node.RoleRouter}})
 		conn, err := grpc.NewClient(other.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })

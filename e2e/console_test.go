@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
@@ -68,7 +69,7 @@ func TestConsole(t *testing.T) {
 	// Every route the script calls is a route of the API.
 	routes := consoleRoutes(t, js)
 	require.Len(t, routes, 8)
-	data, err := os.ReadFile("../../../proto/triage/v1/triage.swagger.json")
+	data, err := os.ReadFile("../proto/triage/v1/triage.swagger.json")
 	require.NoError(t, err)
 	var doc struct {
 		Paths map[string]map[string]json.RawMessage `json:"paths"`
@@ -199,7 +200,7 @@ func TestConsole(t *testing.T) {
 	code, out = call("failovers", nil, url.Values{"limit": {"200"}}, nil)
 	require.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
 	require.Contains(t, out["message"], "no failover controller answered")
-	ctl := b.startNode(Config{Roles: []string{RoleController}})
+	ctl := b.startNode(node.Config{Roles: []string{node.RoleController}})
 	require.Eventually(t, func() bool {
 		code, out = call("failovers", nil, url.Values{"limit": {"200"}}, nil)
 		return code == http.StatusOK

@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/routing/auth/authtest"
@@ -64,7 +65,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	keysFile := filepath.Join(t.TempDir(), "keys.json")
 	tokens := authtest.Keys(t, keysFile, keys...)
-	b.startNode(Config{KeysFile: keysFile})
+	b.startNode(node.Config{KeysFile: keysFile})
 	ctx := func(key string) context.Context {
 		return metadata.AppendToOutgoingContext(b.ctx(), "authorization", "Bearer "+tokens[key])
 	}

@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/routing/auth/authtest"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -51,7 +53,7 @@ func TestNATSTLS(t *testing.T) {
 		{"another ca", &shardmap.NATSTLS{CAFile: otherCA, CertFile: certFile, KeyFile: keyFile}, []string{"certificate signed by unknown authority"}},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		n, err := Start(ctx, b.config(Config{NATSAuth: login, NATSTLS: tc.tls}), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		n, err := node.Start(ctx, b.config(node.Config{NATSAuth: login, NATSTLS: tc.tls}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 		cancel()
 		if err == nil {
 			n.Stop()
@@ -60,9 +62,21 @@ func TestNATSTLS(t *testing.T) {
 		require.True(t, slices.ContainsFunc(tc.want, func(w string) bool { return strings.Contains(err.Error(), w) }), "%s: %v", tc.name, err)
 	}
 
-	n := b.startNode(Config{NATSAuth: login, NATSTLS: &shardmap.NATSTLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
-	state, err := n.nc.TLSConnectionState()
+	b.startNode(node.Config{NATSAuth: login, NATSTLS: &shardmap.NATSTLS{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
+	// The server completed a TLS handshake with the node's connection,
+	// which showed the node's certificate.
+	connz, err := b.nats.Connz(&server.ConnzOptions{Username: true})
 	require.NoError(t, err)
-	require.True(t, state.HandshakeComplete)
+	var tlsConns int
+	for _, c := range connz.Conns {
+		if c.Name != "triage-us-east" {
+			continue
+		}
+		require.NotEmpty(t, c.TLSVersion, "the node's NATS connection is not TLS")
+		require.NotEmpty(t, c.TLSPeerCerts)
+		require.Contains(t, c.TLSPeerCerts[0].Subject, "CN=triage-node")
+		tlsConns++
+	}
+	require.Positive(t, tlsConns, "no connection of the node: %+v", connz.Conns)
 	requireRoundTrip(t, b)
 }

@@ -1,11 +1,10 @@
-package node
+package e2e
 
 import (
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/cmd/triage/provision"
 	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
@@ -87,7 +87,7 @@ func TestLeastPrivilegeAccount(t *testing.T) {
 	pwFile := filepath.Join(t.TempDir(), "mysql-app.password")
 	require.NoError(t, os.WriteFile(pwFile, []byte(app.Password+"\n"), 0o600))
 
-	b.startNode(Config{MySQL: shardmap.Credentials{User: app.User, PasswordFile: pwFile},
+	b.startNode(node.Config{MySQL: shardmap.Credentials{User: app.User, PasswordFile: pwFile},
 		NATSAuth: &shardmap.NATSLogin{User: "triage", PasswordEnv: "TRIAGE_TEST_NATS_PASSWORD"}})
 	requireRoundTrip(t, b)
 
@@ -192,41 +192,6 @@ func TestMigrateShardNeedsAdminOnlyWhenBehind(t *testing.T) {
 	}
 }
 
-// TestCredentialsResolve: a password from a file (trailing newline
-// dropped) or a variable; none of them silently empty.
-func TestCredentialsResolve(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "pw")
-	require.NoError(t, os.WriteFile(file, []byte("s3cret\n"), 0o600))
-	c, err := shardmap.Credentials{User: "app", PasswordFile: file}.Resolve()
-	require.NoError(t, err)
-	require.Equal(t, "s3cret", c.Password)
-	t.Setenv("TRIAGE_TEST_MYSQL_PASSWORD", "from-env")
-	c, err = shardmap.Credentials{User: "app", PasswordEnv: "TRIAGE_TEST_MYSQL_PASSWORD"}.Resolve()
-	require.NoError(t, err)
-	require.Equal(t, "from-env", c.Password)
-	for _, bad := range []shardmap.Credentials{
-		{User: "app", PasswordFile: file + ".missing"},
-		{User: "app", PasswordEnv: "TRIAGE_TEST_UNSET_VARIABLE"},
-		{User: "app", Password: "x", PasswordFile: file},
-		{User: "app", TLS: &shardmap.MySQLTLS{CAFile: file}}, // no PEM in it
-		{User: "app", TLS: &shardmap.MySQLTLS{}},
-	} {
-		_, err := bad.Resolve()
-		require.Error(t, err, "%+v", bad)
-	}
-	var cfg Config
-	cfg.Region, cfg.NATS = "us-east", "nats://127.0.0.1:1"
-	cfg.MySQL = shardmap.Credentials{User: "app", PasswordEnv: "TRIAGE_TEST_UNSET_VARIABLE"}
-	require.ErrorContains(t, cfg.fill(), "TRIAGE_TEST_UNSET_VARIABLE")
-}
-
-func mustRead(t *testing.T, path string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	return data
-}
-
 // TestMySQLTLS: with mysql.tls the application pool verifies the server's
 // certificate against ca_file and the session is encrypted, so an account
 // that REQUIREs SSL logs in; a CA that did not sign the server's
@@ -292,66 +257,6 @@ func TestMySQLTLS(t *testing.T) {
 	require.ErrorContains(t, err, "cert_file and key_file go together")
 }
 
-// TestReplicationAccount: the replication account the controller names in
-// CHANGE MASTER TO takes its password from a file or a variable like the
-// other accounts; a config in the old form ({"User", "Password"}) still
-// reads; a missing file or variable, or two sources, stop the node.
-func TestReplicationAccount(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "mysql-repl")
-	require.NoError(t, os.WriteFile(file, []byte("r3pl\n"), 0o600))
-	t.Setenv("TRIAGE_TEST_REPL_PASSWORD", "from-env")
-	for _, tc := range []struct {
-		name, json string
-		want       replication.Credentials
-		err        string
-	}{
-		{"file", `{"user": "repl", "password_file": "` + file + `"}`, replication.Credentials{User: "repl", Password: "r3pl"}, ""},
-		{"env", `{"user": "repl", "password_env": "TRIAGE_TEST_REPL_PASSWORD"}`, replication.Credentials{User: "repl", Password: "from-env"}, ""},
-		{"old form", `{"User": "repl", "Password": "inline"}`, replication.Credentials{User: "repl", Password: "inline"}, ""},
-		{"none", `{}`, replication.Credentials{}, ""},
-		{"missing file", `{"user": "repl", "password_file": "` + file + `.gone"}`, replication.Credentials{}, "password_file"},
-		{"unset variable", `{"user": "repl", "password_env": "TRIAGE_TEST_UNSET_VARIABLE"}`, replication.Credentials{}, "TRIAGE_TEST_UNSET_VARIABLE"},
-		{"two sources", `{"user": "repl", "password": "x", "password_file": "` + file + `"}`, replication.Credentials{}, "give one of"},
-	} {
-		var cfg Config
-		require.NoError(t, json.Unmarshal([]byte(`{"region": "us-east", "nats": "nats://127.0.0.1:1", "mysql": {"user": "app"}, "replication": `+tc.json+`}`), &cfg), tc.name)
-		err := cfg.fill()
-		if tc.err != "" {
-			require.ErrorContains(t, err, tc.err, tc.name)
-			require.ErrorContains(t, err, "node config replication", tc.name)
-			continue
-		}
-		require.NoError(t, err, tc.name)
-		require.Equal(t, tc.want, cfg.repl, tc.name)
-	}
-}
-
-// TestReplicationTLSConfig: replication_tls reaches the replication
-// account the controller points replicas with (verifying the primary's
-// name unless told not to); without a CA, or without the account it
-// belongs to, the node does not start.
-func TestReplicationTLSConfig(t *testing.T) {
-	base := `{"region": "us-east", "nats": "nats://127.0.0.1:1", "mysql": {"user": "app"}`
-	parse := func(rest string) (Config, error) {
-		var cfg Config
-		require.NoError(t, json.Unmarshal([]byte(base+rest+`}`), &cfg))
-		return cfg, cfg.fill()
-	}
-	cfg, err := parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {"ca_file": "/etc/mysql/ca.crt"}`)
-	require.NoError(t, err)
-	require.Equal(t, &replication.TLS{CAFile: "/etc/mysql/ca.crt"}, cfg.repl.TLS)
-	cfg, err = parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {"ca_file": "/ca.crt", "verify_server_cert": false}`)
-	require.NoError(t, err)
-	require.False(t, *cfg.repl.TLS.VerifyServerCert)
-	cfg, err = parse(`, "replication": {"user": "repl", "password": "r"}`)
-	require.NoError(t, err)
-	require.Nil(t, cfg.repl.TLS, "plain TCP by default")
-	_, err = parse(`, "replication": {"user": "repl", "password": "r"}, "replication_tls": {}`)
-	require.ErrorContains(t, err, "ca_file is required")
-	_, err = parse(`, "replication_tls": {"ca_file": "/ca.crt"}`)
-	require.ErrorContains(t, err, "replication_tls needs replication")
-}
-
 // requireRoundTrip enqueues two items, dequeues them most urgent first and
 // acks them, leaving no row behind: the node works with whatever logins
 // and transport the test gave it.
@@ -392,9 +297,9 @@ func TestNodeRefusesAccountsThatWriteThroughReadOnly(t *testing.T) {
 	start := func(cred shardmap.Credentials) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		cfg := b.config(Config{})
+		cfg := b.config(node.Config{})
 		cfg.MySQL = cred
-		n, err := Start(ctx, cfg, testLogger(t))
+		n, err := node.Start(ctx, cfg, testLogger(t))
 		if err == nil {
 			n.Stop()
 		}

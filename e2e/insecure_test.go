@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -14,36 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/routing/auth"
 	"github.com/triage-queue/triage/routing/auth/authtest"
 )
-
-// TestLoopbackAddresses: only 127.0.0.0/8, ::1 and localhost count as
-// loopback; an empty host, the unspecified addresses, other IPs and other
-// names do not.
-func TestLoopbackAddresses(t *testing.T) {
-	t.Parallel()
-	for addr, want := range map[string]bool{
-		"127.0.0.1:9090": true, "127.3.4.5:1": true, "[::1]:8080": true, "localhost:0": true, "LocalHost:1": true,
-		"0.0.0.0:9090": false, ":9090": false, "[::]:0": false, "10.0.0.1:80": false, "192.0.2.7:0": false,
-		"example.com:80": false, "localhost.example.com:1": false,
-	} {
-		require.Equal(t, want, loopback(addr), addr)
-	}
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-		want []string
-	}{
-		{"router on loopback", Config{Roles: []string{RoleRouter}, GRPC: "127.0.0.1:9090", HTTP: "localhost:8080"}, nil},
-		{"router open", Config{Roles: []string{RoleRouter}, GRPC: "0.0.0.0:9090", HTTP: "127.0.0.1:8080", AdminHTTP: ":9443"},
-			[]string{"grpc 0.0.0.0:9090", "admin_http :9443"}},
-		{"router open with keys", Config{Roles: []string{RoleRouter}, GRPC: "0.0.0.0:9090", KeysFile: "keys.json"}, nil},
-		{"no router: no listeners", Config{Roles: []string{RoleEnqueuer, RoleDequeuer}, GRPC: "0.0.0.0:9090"}, nil},
-	} {
-		require.Equal(t, tc.want, tc.cfg.openListeners(), tc.name)
-	}
-}
 
 // TestOpenListenerNeedsKeysOrInsecure: a router without a keys file
 // refuses to start on any listener address other than loopback, naming the
@@ -56,16 +30,16 @@ func TestOpenListenerNeedsKeysOrInsecure(t *testing.T) {
 	defer cancel()
 	for _, tc := range []struct {
 		name string
-		cfg  Config
+		cfg  node.Config
 		want string
 	}{
-		{"grpc on every interface", Config{GRPC: "0.0.0.0:0"}, "grpc 0.0.0.0:0"},
-		{"http without a host", Config{HTTP: ":0"}, "http :0"},
-		{"http on IPv6's any", Config{HTTP: "[::]:0"}, "http [::]:0"},
-		{"admin grpc", Config{AdminGRPC: "0.0.0.0:0"}, "admin_grpc 0.0.0.0:0"},
-		{"admin http by name", Config{AdminHTTP: "example.com:0"}, "admin_http example.com:0"},
+		{"grpc on every interface", node.Config{GRPC: "0.0.0.0:0"}, "grpc 0.0.0.0:0"},
+		{"http without a host", node.Config{HTTP: ":0"}, "http :0"},
+		{"http on IPv6's any", node.Config{HTTP: "[::]:0"}, "http [::]:0"},
+		{"admin grpc", node.Config{AdminGRPC: "0.0.0.0:0"}, "admin_grpc 0.0.0.0:0"},
+		{"admin http by name", node.Config{AdminHTTP: "example.com:0"}, "admin_http example.com:0"},
 	} {
-		n, err := Start(ctx, b.config(tc.cfg), testLogger(t))
+		n, err := node.Start(ctx, b.config(tc.cfg), testLogger(t))
 		if n != nil {
 			n.Stop()
 		}
@@ -94,7 +68,7 @@ func TestOpenListenerNeedsKeysOrInsecure(t *testing.T) {
 	}
 
 	var logs lockedBuffer
-	n, err := Start(ctx, b.config(Config{GRPC: "0.0.0.0:0", HTTP: "0.0.0.0:0", Insecure: true}), slog.New(slog.NewTextHandler(&logs, nil)))
+	n, err := node.Start(ctx, b.config(node.Config{GRPC: "0.0.0.0:0", HTTP: "0.0.0.0:0", Insecure: true}), slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err, "insecure")
 	t.Cleanup(n.Stop)
 	require.Equal(t, http.StatusOK, get(local(n.HTTPAddr)+"/v1/shardmap", ""), "open to everyone, as asked")
@@ -103,7 +77,7 @@ func TestOpenListenerNeedsKeysOrInsecure(t *testing.T) {
 
 	keysFile := filepath.Join(t.TempDir(), "keys.json")
 	tokens := authtest.Keys(t, keysFile, auth.Key{Name: "ops", ClusterAdmin: true})
-	k, err := Start(ctx, b.config(Config{GRPC: "0.0.0.0:0", HTTP: "0.0.0.0:0", KeysFile: keysFile}), testLogger(t))
+	k, err := node.Start(ctx, b.config(node.Config{GRPC: "0.0.0.0:0", HTTP: "0.0.0.0:0", KeysFile: keysFile}), testLogger(t))
 	require.NoError(t, err, "with a keys file")
 	t.Cleanup(k.Stop)
 	require.Equal(t, http.StatusUnauthorized, get(local(k.HTTPAddr)+"/v1/shardmap", ""))

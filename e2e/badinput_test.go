@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/store"
 )
@@ -423,7 +424,7 @@ func TestAddShardUnusablePrimaryNamesNoAddress(t *testing.T) {
 			c.Close()
 		}
 	}()
-	v0 := b.node.maps.Current().Version
+	v0 := b.node.ShardMap().Version
 	for _, c := range []struct{ name, primary string }{
 		{"nothing listening", closedAddr},
 		{"no such host", "db-secret-7f3a.invalid:3306"},
@@ -440,7 +441,7 @@ func TestAddShardUnusablePrimaryNamesNoAddress(t *testing.T) {
 			}
 		})
 	}
-	require.Equal(t, v0, b.node.maps.Current().Version, "refused changes publish nothing")
+	require.Equal(t, v0, b.node.ShardMap().Version, "refused changes publish nothing")
 }
 
 // TestMaxBodyBytes: the node's max_body_bytes bounds an HTTP body (413,
@@ -448,7 +449,7 @@ func TestAddShardUnusablePrimaryNamesNoAddress(t *testing.T) {
 func TestMaxBodyBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bedOpts{noNode: true})
-	b.startNode(Config{MaxBodyBytes: 1 << 20})
+	b.startNode(node.Config{MaxBodyBytes: 1 << 20})
 	body := `{"items":[{"payload":"` + base64.StdEncoding.EncodeToString(make([]byte, 1<<20)) + `"}]}`
 	code, out := httpJSON(t, http.MethodPost, b.http+"/v1/namespaces/default/topics/t/items", body)
 	require.Equal(t, http.StatusRequestEntityTooLarge, code, "%v", out)

@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/itemid"
@@ -88,7 +89,7 @@ func TestPutNamespaceRefusesForeignShard(t *testing.T) {
 		Shards: append(slices.Clone(prev.Shards), shardmap.Shard{ID: 9, HomeRegion: "eu-west", Primary: prev.Shards[0].Primary, Database: prev.Shards[0].Database})}
 	nm, err := shardmap.New(next)
 	require.NoError(t, err)
-	require.NoError(t, kvPublisher{kv: b.node.kv, maps: b.node.maps}.PublishMap(b.ctx(), prev, nm))
+	b.publishMap(prev, nm)
 
 	_, err = b.admin.PutNamespace(b.ctx(), &triagev1.PutNamespaceRequest{Namespace: "pinned", Config: &triagev1.Namespace{
 		Shards: []*triagev1.NamespaceShards{{Region: "us-east", Shards: []uint32{1, 9}}}}})
@@ -137,7 +138,7 @@ func TestLargeEnqueueIsSplitToFitMessages(t *testing.T) {
 	prev := b.node.ShardMap()
 	nm, err := prev.WithNamespace(shardmap.Namespace{Name: "huge", MaxPayloadBytes: 8 << 20})
 	require.NoError(t, err)
-	require.NoError(t, kvPublisher{kv: b.node.kv, maps: b.node.maps}.PublishMap(b.ctx(), prev, nm))
+	b.publishMap(prev, nm)
 	before := b.rowCount("items")
 	_, err = b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "huge", Topic: "t", Durability: triagev1.Durability_BUFFERED,
 		Items: []*triagev1.NewItem{{Payload: make([]byte, 8<<20)}}})
@@ -222,15 +223,15 @@ func TestDedupKeyStaysInTheRequestedRegion(t *testing.T) {
 	nm, err := shardmap.New(shardmap.Map{Version: prev.Version + 1, Regions: []string{"us-east", "eu-west"}, Namespaces: prev.Namespaces,
 		Shards: append(slices.Clone(prev.Shards), shardmap.Shard{ID: 3, HomeRegion: "eu-west", Primary: c.Addr, Database: c.DBName})})
 	require.NoError(t, err)
-	require.NoError(t, kvPublisher{kv: b.node.kv, maps: b.node.maps}.PublishMap(b.ctx(), prev, nm))
+	b.publishMap(prev, nm)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, b.appAccount().Grant(b.ctx(), c.Addr, c.DBName))
-	eu, err := Start(ctx, Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{RoleEnqueuer, RoleDequeuer}, MySQL: b.appAccount().Credentials()}, testLogger(t))
+	eu, err := node.Start(ctx, node.Config{Region: "eu-west", NATS: b.natsURL, Roles: []string{node.RoleEnqueuer, node.RoleDequeuer}, MySQL: b.appAccount().Credentials()}, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(eu.Stop)
 	require.Eventually(t, func() bool {
-		_, owned := b.node.router.Owner(3)
+		_, owned := b.node.ShardOwner(3)
 		return b.node.ShardMap().HasRegion("eu-west") && owned
 	}, 20*time.Second, 20*time.Millisecond)
 

@@ -1,4 +1,4 @@
-package node
+package e2e
 
 import (
 	"os"
@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/store/cuttest"
 	"github.com/triage-queue/triage/shardmap"
@@ -35,7 +36,7 @@ func TestLostAnswersOverTheAPI(t *testing.T) {
 	data, err := sm.Marshal()
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(b.mapFile, data, 0o644))
-	b.startNode(Config{})
+	b.startNode(node.Config{})
 
 	enqueue(t, b, "lost", &triagev1.NewItem{Payload: []byte("a")}, &triagev1.NewItem{Payload: []byte("b")}, &triagev1.NewItem{Payload: []byte("c")})
 	got := dequeue(t, b, "lost", 3, 0)
