@@ -639,6 +639,11 @@ type AdminClient interface {
 	// took since it started (most recent last; read-only). UNAVAILABLE when
 	// no controller answers.
 	ListFailoverEvents(ctx context.Context, in *ListFailoverEventsRequest, opts ...grpc.CallOption) (*ListFailoverEventsResponse, error)
+	// ReportDrill and ListDrills serve the failover drills of the test beds
+	// (triage-bed drill, nemesis), not applications: the drill runner
+	// reports its progress here so that the console of every region shows
+	// it. Cluster admins only.
+	//
 	// ReportDrill creates or updates a failover drill's progress (kept 24 h
 	// in a replicated NATS KV bucket, so every router of every region
 	// serves the same drills): the phase, done and verdict given replace
@@ -820,6 +825,11 @@ type AdminServer interface {
 	// took since it started (most recent last; read-only). UNAVAILABLE when
 	// no controller answers.
 	ListFailoverEvents(context.Context, *ListFailoverEventsRequest) (*ListFailoverEventsResponse, error)
+	// ReportDrill and ListDrills serve the failover drills of the test beds
+	// (triage-bed drill, nemesis), not applications: the drill runner
+	// reports its progress here so that the console of every region shows
+	// it. Cluster admins only.
+	//
 	// ReportDrill creates or updates a failover drill's progress (kept 24 h
 	// in a replicated NATS KV bucket, so every router of every region
 	// serves the same drills): the phase, done and verdict given replace
