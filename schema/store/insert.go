@@ -409,7 +409,8 @@ func (t tombstone) takes(enqueuedAtUS, nowUS int64, retry time.Duration) bool {
 //     holds its dedup key.
 //   - An item inserted whose key a gone item still holds (a tombstone within
 //     the namespace's window) is deleted again and reported as a duplicate of
-//     that item.
+//     that item; so is one that lost its insert to such an item of the
+//     same group (two retries of a key), not the undone item.
 //
 // The tombstones are read after the insert and with a locking read, which
 // is what closes the race with a concurrent ack: the ack deletes the live
@@ -442,6 +443,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 		return err
 	}
 	var undo []uint64
+	undoneTo := map[uint64]uint64{} // an undone item -> the gone item it duplicates
 	for _, i := range fresh {
 		b := batches[i]
 		for j, it := range b.Items {
@@ -454,6 +456,7 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 			switch {
 			case present[it.Key] && tomb:
 				undo = append(undo, it.Key)
+				undoneTo[it.Key] = orig
 				out[i].DuplicateOf[j] = orig // its key's item is gone but still within the window
 			case present[it.Key]:
 			default:
@@ -469,6 +472,15 @@ func settleDedup(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatc
 					live = orig
 				}
 				out[i].DuplicateOf[j] = live
+			}
+		}
+	}
+	// An item that lost its insert to one this transaction undoes (two
+	// retries of a key in one group) duplicates what that one does.
+	for _, i := range fresh {
+		for j, d := range out[i].DuplicateOf {
+			if to, ok := undoneTo[d]; ok {
+				out[i].DuplicateOf[j] = to
 			}
 		}
 	}

@@ -678,3 +678,29 @@ func TestReadAfterStartsAtTheTail(t *testing.T) {
 	require.Equal(t, ids(all[450:550]), ids(got))
 	require.Greater(t, readNext()-n0, 450, "the excluding read walks the rows it leaves out")
 }
+
+// TestRetriesInOneGroupAllAnswerTheGoneItem: two envelopes of one dedup
+// key land in one insert group after the key's item was acked (a primary
+// that came back after a pause, with a producer's retries queued behind
+// it). The first is inserted and undone again for the tombstone; the
+// second, which lost its insert to the first, must be answered with the
+// item the tombstone names too, not with the first's, which the same
+// transaction deletes: a producer told that ID finds nothing.
+func TestRetriesInOneGroupAllAnswerTheGoneItem(t *testing.T) {
+	f := newFixture(t)
+	first := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 1, EnqueuedAtUs: f.nowUS - 10, Items: []*peerv1.BufferedItem{{Key: 1, DedupKey: "k"}}}
+	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{first}, NowUS: f.nowUS})
+	require.NoError(t, err)
+	require.NoError(t, f.s.ItemDelete(f.ctx, ItemDeleteParams{Namespace: ns, ID: 1, Now: f.now}))
+
+	retries := []*peerv1.EnqueueBatch{
+		{Namespace: ns, Topic: topic, BatchId: 2, EnqueuedAtUs: f.nowUS - 8, Items: []*peerv1.BufferedItem{{Key: 2, DedupKey: "k"}}},
+		{Namespace: ns, Topic: topic, BatchId: 3, EnqueuedAtUs: f.nowUS - 6, Items: []*peerv1.BufferedItem{{Key: 3, DedupKey: "k"}}},
+	}
+	out, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: retries, NowUS: f.nowUS + 1,
+		RetryWindow: func(string) time.Duration { return time.Minute }})
+	require.NoError(t, err)
+	require.Equal(t, []uint64{1}, out[0].DuplicateOf, "the first retry is a duplicate of the acked item")
+	require.Equal(t, []uint64{1}, out[1].DuplicateOf, "so is the second, which lost its insert to the first")
+	require.Zero(t, f.count("SELECT COUNT(*) FROM items"))
+}
