@@ -64,8 +64,13 @@ type NemesisReport struct {
 	Timeline    []NemesisEvent `json:"timeline"`
 	Checks      *Report        `json:"checks"`
 	// Violations are the checks' and the bed's: a fault that could not be
-	// injected or healed leaves the run's figures meaning less.
+	// healed leaves the bed broken behind the run.
 	Violations []string `json:"violations"`
+	// NotInjected are the faults the bed could not inject (a process
+	// that cannot start while another fault holds NATS without a quorum,
+	// say): they tested nothing and are not in Faults, but the queue
+	// broke no promise either.
+	NotInjected []string `json:"not_injected,omitempty"`
 }
 
 // nemesisScenarios are the faults the schedule draws from, with weights.
@@ -272,14 +277,20 @@ func nemesisShards(ctx context.Context, admin triagev1.AdminClient, region strin
 }
 
 // recorder returns the event callback of run: it adds each injection and
-// heal to the timeline, timed from start, a failed one to the
-// violations, and writes it to progress.
+// heal to the timeline, timed from start, a failed heal to the
+// violations and a failed injection to NotInjected, and writes it to
+// progress.
 func (r *NemesisReport) recorder(start time.Time, progress io.Writer) func(string, Fault, string, error) {
 	return func(action string, f Fault, detail string, err error) {
 		e := NemesisEvent{AtMS: time.Since(start).Milliseconds(), Action: action, Scenario: f.Scenario, Region: f.Region, Shard: f.Shard, Detail: detail}
 		if err != nil {
 			e.Error = err.Error()
-			r.Violations = append(r.Violations, fmt.Sprintf("%s %s in %s at %s: %v", action, f.Scenario, f.Region, fmtMS(e.AtMS), err))
+			what := fmt.Sprintf("%s %s in %s at %s: %v", action, f.Scenario, f.Region, fmtMS(e.AtMS), err)
+			if action == "inject" {
+				r.NotInjected = append(r.NotInjected, what)
+			} else {
+				r.Violations = append(r.Violations, what)
+			}
 		}
 		r.Timeline = append(r.Timeline, e)
 		fmt.Fprintf(progress, "%s %-6s %s %s: %s%s\n", fmtMS(e.AtMS), action, f.Scenario, f.Region, detail, errSuffix(err))
@@ -459,6 +470,9 @@ func (r *NemesisReport) Print(w io.Writer) {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.Faults[k]))
 	}
 	fmt.Fprintf(tw, "  faults injected\t%s (%d while another was in effect)\n", strings.Join(parts, ", "), r.Overlapping)
+	for _, n := range r.NotInjected {
+		fmt.Fprintf(tw, "  not injected\t%s\n", n)
+	}
 	if c := r.Checks; c != nil {
 		fmt.Fprintf(tw, "  acknowledged enqueues\t%d\n", c.Acknowledged)
 		fmt.Fprintf(tw, "  delivered (distinct)\t%d\n", c.Delivered)

@@ -2,6 +2,8 @@ package drill
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,4 +86,22 @@ func TestNemesisReportPrintsTheSeedOnFailure(t *testing.T) {
 	require.Contains(t, out.String(), "replay: --seed 42")
 	require.Contains(t, out.String(), "partition us-east")
 	require.Contains(t, out.String(), "1-00000000000000ff: still stored: READY", "a lost item says where it is")
+}
+
+// TestRecorderTellsNotInjectedFromHealFailures: a fault the bed could not
+// inject tested nothing but broke no promise; one it could not heal left
+// the bed broken, which fails the run.
+func TestRecorderTellsNotInjectedFromHealFailures(t *testing.T) {
+	r := &NemesisReport{}
+	var progress strings.Builder
+	rec := r.recorder(time.Now(), &progress)
+	f := Fault{Scenario: "enqueuer-kill", Region: "ap-south"}
+	rec("inject", f, "", errors.New("bootstrap shard map: nats: no response from stream"))
+	require.Len(t, r.NotInjected, 1)
+	require.Empty(t, r.Violations, "a fault not injected is no violation")
+	rec("heal", Fault{Scenario: "partition", Region: "us-east"}, "", errors.New("restart: refused"))
+	require.Len(t, r.Violations, 1)
+	require.Contains(t, r.Violations[0], "heal partition in us-east")
+	require.Len(t, r.Timeline, 2)
+	require.Contains(t, progress.String(), "FAILED: bootstrap shard map")
 }
