@@ -2,20 +2,81 @@ package main
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/triage-queue/triage/cmd/internal/cli"
 	"github.com/triage-queue/triage/cmd/triage/node"
 )
 
-// nodeStartTimeout bounds a node's start: connecting to NATS, loading the
-// shard map, migrating the shards.
+// nodeStartTimeout bounds one attempt at a node's start: connecting to
+// NATS, loading the shard map, migrating the shards.
 const nodeStartTimeout = time.Minute
+
+// startRetryMax caps the wait between start attempts.
+const startRetryMax = 10 * time.Second
+
+// startNode starts the node, again and again while the start fails for a
+// reason that passes (NATS, its JetStream or a shard primary not
+// answering yet), until ctx ends: a process restarted while another fault
+// holds the KV buckets without a quorum, or started before its NATS
+// server, waits for them instead of exiting, which under a supervisor
+// that does not restart it would leave the role down for good. A config
+// error ends it at once.
+func startNode(ctx context.Context, cfg node.Config, log *slog.Logger) (*node.Node, error) {
+	wait := time.Second
+	for {
+		startCtx, cancel := context.WithTimeout(ctx, nodeStartTimeout)
+		n, err := node.Start(startCtx, cfg, log)
+		cancel()
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return n, err
+		}
+		log.Warn("node did not start; retrying", "in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, startRetryMax)
+	}
+}
+
+// transient reports whether a start failed on something that passes: a
+// timeout, NATS or JetStream not answering, a network error, a MySQL
+// connection lost.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	var netErr net.Error
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "listen":
+		return false // an address in use or not ours: the config's
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoServers), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoStreamResponse),
+		errors.Is(err, mysql.ErrInvalidConn), errors.Is(err, driver.ErrBadConn):
+		return true
+	case errors.As(err, &apiErr):
+		// 503: JetStream or a stream without a leader; 408 and 504:
+		// timeouts inside the cluster.
+		return apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 504
+	case errors.As(err, &netErr):
+		return true
+	}
+	return false
+}
 
 func serveCommand() *cobra.Command {
 	var health string
@@ -34,9 +95,7 @@ func serveCommand() *cobra.Command {
 			}
 			cfg.Insecure = cfg.Insecure || insecure
 			ctx := c.Context()
-			startCtx, cancel := context.WithTimeout(ctx, nodeStartTimeout)
-			n, err := node.Start(startCtx, cfg, log)
-			cancel()
+			n, err := startNode(ctx, cfg, log)
 			if err != nil {
 				return err
 			}
