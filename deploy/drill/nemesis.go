@@ -364,6 +364,17 @@ func run(ctx context.Context, bed Bed, plan []ScheduledFault, start time.Time, e
 			if ctx.Err() != nil {
 				continue // cancelled: inject nothing more, heal what is in effect
 			}
+			// A step that ran long (a slow heal) makes this injection
+			// late, and its heal is timed from when it lands: the
+			// injections after it move by as much, or the next could
+			// land before this one's heal, two heavy faults at once.
+			if late := time.Since(st.at); late > 0 {
+				for j := range steps {
+					if !steps[j].heal {
+						steps[j].at = steps[j].at.Add(late)
+					}
+				}
+			}
 			inj, err := bed.Inject(ctx, st.sf.Fault)
 			event("inject", st.sf.Fault, inj.Description, err)
 			if err != nil {

@@ -2,8 +2,10 @@ package drill
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,4 +106,50 @@ func TestRecorderTellsNotInjectedFromHealFailures(t *testing.T) {
 	require.Contains(t, r.Violations[0], "heal partition in us-east")
 	require.Len(t, r.Timeline, 2)
 	require.Contains(t, progress.String(), "FAILED: bootstrap shard map")
+}
+
+// slowBed records when faults are injected and healed; healing the
+// first fault takes healFor.
+type slowBed struct {
+	mu      sync.Mutex
+	healFor time.Duration
+	log     []string
+}
+
+func (b *slowBed) Routers(context.Context) ([]Router, error)   { return nil, nil }
+func (b *slowBed) Fate(context.Context, Fault) (string, error) { return "", nil }
+func (b *slowBed) Inject(_ context.Context, f Fault) (Injection, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.log = append(b.log, "inject "+f.Scenario)
+	return Injection{}, nil
+}
+func (b *slowBed) Heal(_ context.Context, f Fault) (string, error) {
+	b.mu.Lock()
+	first := len(b.log) == 1
+	b.mu.Unlock()
+	if first {
+		time.Sleep(b.healFor)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.log = append(b.log, "heal "+f.Scenario)
+	return "", nil
+}
+
+// TestRunKeepsHeavyFaultsApartWhenAStepRunsLate: a heal that runs long
+// makes the next injection late; the injections after it move by as
+// much, so the one after that still lands after the late one's heal,
+// never while it is in effect.
+func TestRunKeepsHeavyFaultsApartWhenAStepRunsLate(t *testing.T) {
+	t.Parallel()
+	plan := []ScheduledFault{
+		{Fault: Fault{Scenario: "partition"}, After: 0, Hold: 10 * time.Millisecond},
+		{Fault: Fault{Scenario: "mariadb-pause"}, After: 50 * time.Millisecond, Hold: 300 * time.Millisecond},
+		{Fault: Fault{Scenario: "primary-kill"}, After: 400 * time.Millisecond, Hold: 10 * time.Millisecond},
+	}
+	bed := &slowBed{healFor: 500 * time.Millisecond}
+	run(t.Context(), bed, plan, time.Now(), func(string, Fault, string, error) {}, func(Fault) {})
+	require.Equal(t, []string{"inject partition", "heal partition", "inject mariadb-pause", "heal mariadb-pause",
+		"inject primary-kill", "heal primary-kill"}, bed.log)
 }
