@@ -1,12 +1,14 @@
 package bed
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -137,11 +139,13 @@ func (b *Bed) injectFault(ctx context.Context, scenario string, r *region, shard
 	case "primary-kill":
 		return b.killPrimary(shard)
 	case "region-down":
+		b.rememberPrimaries(r.name)
 		if err := b.KillRegion(r.name); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("region %s down: its mariadbds killed -9, its NATS server and node stopped, its links cut", r.name), nil
 	case "partition":
+		b.rememberPrimaries(r.name)
 		if err := b.Cut(r.name); err != nil {
 			return "", err
 		}
@@ -243,41 +247,88 @@ func (b *Bed) healKilledPrimary(ctx context.Context, shard uint32) (string, erro
 	return b.restartKilled(ctx, d)
 }
 
-// healRegionDown heals r's links, restarts its replicas and its original
-// primaries; its NATS server and node stay down.
+// healRegionDown heals r's links and restarts its mariadbds: those that
+// were shard primaries when it went down as restartKilled does (to rejoin
+// when their shard failed over, as the primary otherwise), the others as
+// the replicas they were. Its NATS server and node stay down.
 func (b *Bed) healRegionDown(ctx context.Context, r *region) (string, error) {
 	if err := b.Heal(r.name); err != nil {
 		return "", err
 	}
-	var shards []uint32
+	primaries := b.takePrimaries(r.name)
+	var parts []string
 	for _, d := range b.serverList() {
-		if d.region == r.name && d.role == RoleReplica {
-			if _, err := b.restart(ctx, d); err != nil {
-				return "", err
-			}
+		if d.region != r.name {
+			continue
 		}
-		if d.region == r.name && d.role == RolePrimary {
-			shards = append(shards, d.shard)
+		if slices.Contains(primaries, d) {
+			desc, err := b.restartKilled(ctx, d)
+			if err != nil {
+				return strings.Join(parts, "; "), err
+			}
+			parts = append(parts, desc)
+			continue
+		}
+		if _, err := b.restart(ctx, d); err != nil {
+			return strings.Join(parts, "; "), err
 		}
 	}
-	desc, err := b.restartOldPrimaries(ctx, shards)
-	return "links healed; " + desc + " (the region's NATS server and node stay down until the bed restarts)", err
+	return "links healed; " + cmp.Or(strings.Join(parts, "; "), "no primary to restart") +
+		" (the region's NATS server and node stay down until the bed restarts)", nil
 }
 
-// healPartition heals r's links and restarts those of its original
-// primaries whose shards failed over while it was cut off, so they rejoin.
+// healPartition heals r's links, then crashes and restarts, to rejoin as
+// replicas, the servers that were shard primaries when r was cut off and
+// whose shards failed over meanwhile: crashed, not stopped, because a
+// deposed primary may hold commits waiting for an acknowledgement no
+// replica will send, which a clean shutdown would complete, forking the
+// shard's history. Crash recovery with replication.RejoinArgs drops them.
 func (b *Bed) healPartition(ctx context.Context, r *region) (string, error) {
 	if err := b.Heal(r.name); err != nil {
 		return "", err
 	}
-	var shards []uint32
+	var parts []string
+	for _, d := range b.takePrimaries(r.name) {
+		if b.currentPrimary(d.shard) == d {
+			continue
+		}
+		if err := d.srv.Kill(); err != nil {
+			return strings.Join(parts, "; "), err
+		}
+		desc, err := b.restartKilled(ctx, d)
+		if err != nil {
+			return strings.Join(parts, "; "), err
+		}
+		parts = append(parts, strings.Replace(desc, "killed primary", "old primary", 1))
+	}
+	return "links healed; " + cmp.Or(strings.Join(parts, "; "), "no primary to restart"), nil
+}
+
+// rememberPrimaries records the servers of region that the live shard
+// map names primary, before a partition or region-down of it: whichever
+// the bed started them as, those are what the fault may depose.
+func (b *Bed) rememberPrimaries(region string) {
+	var ds []*dbServer
 	for _, d := range b.serverList() {
-		if d.region == r.name && d.role == RolePrimary && b.failedOver(d.shard) {
-			shards = append(shards, d.shard)
+		if d.region == region && b.currentPrimary(d.shard) == d {
+			ds = append(ds, d)
 		}
 	}
-	desc, err := b.restartOldPrimaries(ctx, shards)
-	return "links healed; " + desc, err
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cutOff == nil {
+		b.cutOff = map[string][]*dbServer{}
+	}
+	b.cutOff[region] = ds
+}
+
+// takePrimaries returns and forgets what rememberPrimaries recorded.
+func (b *Bed) takePrimaries(region string) []*dbServer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ds := b.cutOff[region]
+	delete(b.cutOff, region)
+	return ds
 }
 
 // currentPrimary is the server of the bed that the live shard map names
