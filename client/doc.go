@@ -12,7 +12,7 @@
 //	w, err := client.NewWorker(c, client.WorkerConfig{Namespace: "default"})
 //	w.Handle("emails", func(ctx context.Context, it *client.Item) error {
 //		return send(ctx, it.Payload) // nil acks, an error nacks
-//	}, client.Concurrency(8))
+//	}, client.TopicOptions{Concurrency: 8}) // TopicOptions{} for the defaults
 //	err = w.Run(ctx) // until ctx is done, then a graceful stop
 //
 // # The worker
@@ -36,6 +36,9 @@
 // would have lapsed by the local clock, counted from when the last
 // successful call was sent (so never later than the server's expiry).
 //
+// Handlers are registered per topic with TopicOptions, one struct with
+// every option and its default: Concurrency, Prefetch and Timeout.
+//
 // The handler's result decides the item's fate:
 //
 //   - nil: ack (the item is deleted).
@@ -49,6 +52,8 @@
 //     d with this delivery not counted, and a snooze never dead-letters.
 //   - a panic: recovered, turned into a *PanicError carrying the stack,
 //     and nacked like an error, so last_error shows where it happened.
+//   - no result within the topic's timeout: nacked like an error, with
+//     "handler timed out after <Timeout>" (see Handler timeout).
 //
 // Dead-lettering and not counting a delivery are server operations (the
 // Nack fields dead_letter and release) rather than client tricks such as
@@ -65,6 +70,27 @@
 // handler; the first added is outermost. It sees panics as *PanicError,
 // so logging, metrics and tracing hooks see every outcome.
 //
+// # Handler timeout
+//
+// Every handler call has a timeout, TopicOptions.Timeout, counted from
+// when the handler starts: one minute by default (DefaultHandlerTimeout),
+// as River's job timeout; set it per topic, or to NoTimeout (any negative
+// value) for none. The heartbeat only says that the process is alive, not
+// that the handler makes progress: without a limit, a handler stuck on a
+// dead socket holds its item leased until the process dies.
+//
+// When the timeout passes, the handler's context is cancelled with cause
+// ErrHandlerTimeout (its Deadline says when from the start, so the calls
+// it makes with it give up too), the worker stops extending the item's
+// lease and nacks the item without a delay: the server's backoff applies,
+// the attempt counts towards max_attempts and last_error reads "handler
+// timed out after 1m0s". A handler that returns an error once its context
+// has timed out counts as timed out as well. The worker does not wait for
+// the handler: the topic's slot takes the next item at once and whatever
+// the handler returns later is ignored, so the item is settled once. A
+// handler that ignores its context keeps running on its own goroutine,
+// outside the topic's Concurrency and holding no lease, until it returns.
+//
 // # Shutdown
 //
 // Stop (and Run, when its context ends) first stops dequeuing, cancelling
@@ -72,10 +98,11 @@
 // reply it could not send). Items prefetched but not started are handed
 // back at once with a release nack: ready immediately, no attempt counted,
 // so another worker takes them without waiting out a lease. Running
-// handlers finish within Stop's context, and their acks and nacks are
-// sent before Stop returns. If the context ends first, the handlers'
-// contexts are cancelled with cause ErrWorkerStopped; those that ignore it
-// are abandoned, their leases no longer extended, so their items come back
+// handlers finish within Stop's context (or are abandoned at their
+// timeout, their items nacked), and their acks and nacks are sent before
+// Stop returns. If the context ends first, the handlers' contexts are
+// cancelled with cause ErrWorkerStopped; those that ignore it are
+// abandoned, their leases no longer extended, so their items come back
 // when the lease lapses: at-least-once, never lost.
 //
 // # Endpoints, failover and retries

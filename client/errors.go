@@ -35,6 +35,10 @@ var (
 	// ErrWorkerStopped is the cause of a handler context cancelled by a
 	// hard stop: the shutdown deadline passed while it ran.
 	ErrWorkerStopped = errors.New("triage: worker stopped")
+	// ErrHandlerTimeout is the cause of a handler context cancelled
+	// because the topic's TopicOptions.Timeout passed: the worker has
+	// nacked the item and ignores the handler's result.
+	ErrHandlerTimeout = errors.New("triage: handler timed out")
 )
 
 // Error is a failed RPC: the method, the router that answered last, and

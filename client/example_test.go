@@ -53,7 +53,7 @@ func Example_worker() {
 		fmt.Println("welcome,", m.Name)
 		done <- struct{}{}
 		return nil
-	})
+	}, client.TopicOptions{})
 	if err := w.Start(ctx); err != nil {
 		panic(err)
 	}
@@ -100,7 +100,7 @@ func ExampleWorker_Use() {
 			return err
 		}
 	})
-	w.Handle("resize", func(ctx context.Context, it *client.Item) error { return nil })
+	w.Handle("resize", func(ctx context.Context, it *client.Item) error { return nil }, client.TopicOptions{})
 	if err := w.Start(ctx); err != nil {
 		panic(err)
 	}
@@ -133,7 +133,7 @@ func ExamplePermanent() {
 	}
 	w.Handle("charge", func(ctx context.Context, it *client.Item) error {
 		return client.Permanent(errors.New("card expired; retrying will not help"))
-	})
+	}, client.TopicOptions{})
 	if err := w.Start(ctx); err != nil {
 		panic(err)
 	}
@@ -169,3 +169,40 @@ func ExampleDialEndpoints() {
 	defer c.Close()
 	// Use c as usual: eu-west's router first, then the us-east ones.
 }
+
+// Options per topic: thumbnails eight at a time with two minutes each,
+// exports without a timeout (they report their own progress), emails with
+// the defaults (one at a time, one minute). A handler past its timeout
+// sees its context cancelled with cause ErrHandlerTimeout, and its item
+// is nacked with the server's backoff.
+func ExampleTopicOptions() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "127.0.0.1:9090")
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	w, err := client.NewWorker(c, client.WorkerConfig{Namespace: "default"})
+	if err != nil {
+		panic(err)
+	}
+	w.Handle("thumbnails", func(ctx context.Context, it *client.Item) error {
+		return nil // resize it.Payload
+	}, client.TopicOptions{Concurrency: 8, Timeout: 2 * time.Minute})
+	w.Handle("exports", func(ctx context.Context, it *client.Item) error {
+		return nil // a long export, watched by its own progress reports
+	}, client.TopicOptions{Timeout: client.NoTimeout})
+	w.Handle("emails", func(ctx context.Context, it *client.Item) error {
+		err := sendMail(ctx, it.Payload)
+		if errors.Is(context.Cause(ctx), client.ErrHandlerTimeout) {
+			// Too late: the worker has nacked the item already and
+			// ignores what this returns.
+			slog.Warn("mail server too slow", "id", it.ID)
+		}
+		return err
+	}, client.TopicOptions{})
+	_ = w.Run(ctx) // until ctx is done
+}
+
+// sendMail stands in for a call that honours its context.
+func sendMail(ctx context.Context, _ []byte) error { return ctx.Err() }

@@ -99,7 +99,7 @@ func TestWorkerSurvivesRouterKill(t *testing.T) {
 		handled.Add(1)
 		time.Sleep(20 * time.Millisecond)
 		return nil
-	}, client.Concurrency(4))
+	}, client.TopicOptions{Concurrency: 4})
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
 

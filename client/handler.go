@@ -51,8 +51,9 @@ func (it *Item) LeaseToken() string { return it.token }
 // namespace's max attempts send it to the dead letters. Return
 // Permanent(err) to dead-letter it at once, Snooze(d) to see it again
 // after d without counting a failure. ctx is cancelled when the lease is
-// lost (context.Cause is ErrLeaseLost) or the worker is stopped hard
-// (ErrWorkerStopped).
+// lost (context.Cause is ErrLeaseLost), the topic's timeout passes
+// (ErrHandlerTimeout; see TopicOptions.Timeout) or the worker is stopped
+// hard (ErrWorkerStopped).
 type Handler func(ctx context.Context, it *Item) error
 
 // Middleware wraps a Handler: logging, metrics and tracing hooks see
@@ -116,38 +117,81 @@ func recoverHandler(h Handler) Handler {
 }
 
 // HandleJSON registers a handler for topic whose payloads are JSON
-// values of T. A payload that does not decode is a permanent error: it
-// will not decode on the next attempt either.
-func HandleJSON[T any](w *Worker, topic string, h func(ctx context.Context, it *Item, v T) error, opts ...HandleOption) {
+// values of T, with the topic's options as Handle takes them. A payload
+// that does not decode is a permanent error: it will not decode on the
+// next attempt either.
+func HandleJSON[T any](w *Worker, topic string, h func(ctx context.Context, it *Item, v T) error, opts TopicOptions) {
 	w.Handle(topic, func(ctx context.Context, it *Item) error {
 		var v T
 		if err := json.Unmarshal(it.Payload, &v); err != nil {
 			return Permanent(fmt.Errorf("decode %T payload: %w", v, err))
 		}
 		return h(ctx, it, v)
-	}, opts...)
+	}, opts)
 }
 
-// HandleOption configures one topic's handler.
-type HandleOption func(*topicConfig)
+// DefaultHandlerTimeout is the handler timeout of a topic whose
+// TopicOptions leave Timeout zero: one minute, as River's job timeout.
+const DefaultHandlerTimeout = time.Minute
 
-type topicConfig struct {
-	concurrency, prefetch int
+// NoTimeout, as TopicOptions.Timeout, lets a topic's handlers run without
+// a limit: the worker extends their leases until they return, as long as
+// the process lives.
+const NoTimeout time.Duration = -1
+
+// TopicOptions configure one topic's handler, given to Handle (and
+// HandleJSON). Zero fields take the defaults given, so TopicOptions{} is
+// a topic with the defaults.
+//
+// The options are one struct, as River's worker options are, rather than
+// the functional options (Concurrency(n), Prefetch(n)) the package had
+// before: the package is pre-1.0 and had only those two, and a struct
+// shows every option and its default in one place, in the same style as
+// WorkerConfig.
+type TopicOptions struct {
+	// Concurrency is how many items of the topic are handled at once.
+	// Default 1.
+	Concurrency int
+	// Prefetch is how many items of the topic the worker leases ahead of
+	// its handlers, so a handler that finishes finds the next item without
+	// a round trip. Default (0): as many as Concurrency; a negative value
+	// prefetches none. Prefetched items hold leases (the worker extends
+	// them) that no other consumer can take; Stop hands them back at once.
+	Prefetch int
+	// Timeout bounds each handler call, counted from when the handler
+	// starts (time spent prefetched does not count). Default (0):
+	// DefaultHandlerTimeout; NoTimeout (any negative value) for none.
+	//
+	// When it passes, the handler's context is cancelled with cause
+	// ErrHandlerTimeout (its Deadline reports the limit from the start),
+	// the worker stops extending the item's lease and nacks the item
+	// without a delay, so the server's backoff applies, the attempt
+	// counts and last_error reads "handler timed out after <Timeout>". The
+	// worker does not wait for the handler: a result it returns later is
+	// ignored, and its slot goes to the next item at once, so a handler
+	// that ignores its context keeps running on its own goroutine, outside
+	// Concurrency, until it returns. A handler that returns an error once
+	// its context has timed out counts as timed out too. Without a
+	// timeout, a handler stuck on a dead socket holds its item leased
+	// until the process dies.
+	Timeout time.Duration
 }
 
-// Concurrency sets how many items of the topic are handled at once.
-// Default 1.
-func Concurrency(n int) HandleOption {
-	return func(c *topicConfig) { c.concurrency = n }
-}
-
-// Prefetch sets how many items of the topic the worker leases ahead of
-// its handlers, so a handler that finishes finds the next item without a
-// round trip. Default: the concurrency. Prefetched items hold leases (the
-// worker extends them) that no other consumer can take; Stop hands them
-// back at once.
-func Prefetch(n int) HandleOption {
-	return func(c *topicConfig) { c.prefetch = max(n, 0) }
+func (o TopicOptions) withDefaults() TopicOptions {
+	o.Concurrency = max(o.Concurrency, 1)
+	switch {
+	case o.Prefetch == 0:
+		o.Prefetch = o.Concurrency
+	case o.Prefetch < 0:
+		o.Prefetch = 0
+	}
+	switch {
+	case o.Timeout == 0:
+		o.Timeout = DefaultHandlerTimeout
+	case o.Timeout < 0:
+		o.Timeout = NoTimeout
+	}
+	return o
 }
 
 // maxErrorBytes is the router's limit on a nack's error

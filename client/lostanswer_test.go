@@ -64,7 +64,7 @@ func TestWorkerAckWhoseAnswerIsLost(t *testing.T) {
 	w.Handle("lost", func(_ context.Context, it *client.Item) error {
 		calls.add(it.ID)
 		return nil
-	})
+	}, client.TopicOptions{})
 	ids := enqueue(t, c, "lost", "x")
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)

@@ -25,10 +25,10 @@ type WorkerConfig struct {
 	Region string
 	// Lease asked for on every dequeue and extension. Default 30s. The
 	// worker extends a held item's lease every Lease/3, so a handler may
-	// run far longer than Lease while a crashed worker's items come back
-	// within Lease. The worker asks for it explicitly rather than trusting
-	// each item's own lease so the heartbeat needs no clock shared with
-	// the server.
+	// run far longer than Lease (up to its topic's TopicOptions.Timeout)
+	// while a crashed worker's items come back within Lease. The worker
+	// asks for it explicitly rather than trusting each item's own lease
+	// so the heartbeat needs no clock shared with the server.
 	Lease time.Duration
 	// Wait is the long poll of each dequeue. Default 5s.
 	Wait time.Duration
@@ -97,7 +97,7 @@ type Worker struct {
 type topic struct {
 	name    string
 	handler Handler
-	cfg     topicConfig
+	cfg     TopicOptions // with defaults applied
 	queue   chan *delivery
 	held    int // guarded by Worker.mu
 }
@@ -127,24 +127,17 @@ func NewWorker(c *Client, cfg WorkerConfig) (*Worker, error) {
 	return &Worker{c: c, cfg: cfg, log: cfg.Logger.With("namespace", cfg.Namespace), topics: map[string]*topic{}}, nil
 }
 
-// Handle registers h for topic. Registering a topic twice replaces its
-// handler. It panics after Start: the set of topics is what the worker
-// dequeues.
-func (w *Worker) Handle(topicName string, h Handler, opts ...HandleOption) {
+// Handle registers h for topic with its options (TopicOptions{} for the
+// defaults: one handler at a time, a one-minute timeout). Registering a
+// topic twice replaces its handler. It panics after Start: the set of
+// topics is what the worker dequeues.
+func (w *Worker) Handle(topicName string, h Handler, opts TopicOptions) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.started {
 		panic("client: Worker.Handle after Start")
 	}
-	tc := topicConfig{concurrency: 1, prefetch: -1}
-	for _, o := range opts {
-		o(&tc)
-	}
-	tc.concurrency = max(tc.concurrency, 1)
-	if tc.prefetch < 0 {
-		tc.prefetch = tc.concurrency
-	}
-	w.topics[topicName] = &topic{name: topicName, handler: h, cfg: tc}
+	w.topics[topicName] = &topic{name: topicName, handler: h, cfg: opts.withDefaults()}
 }
 
 // Use adds middleware around every handler; the first is outermost.
@@ -179,8 +172,8 @@ func (w *Worker) Start(ctx context.Context) error {
 			h = w.mws[i](h)
 		}
 		t.handler = h
-		t.queue = make(chan *delivery, t.cfg.concurrency+t.cfg.prefetch)
-		capacity += t.cfg.concurrency + t.cfg.prefetch
+		t.queue = make(chan *delivery, t.cfg.Concurrency+t.cfg.Prefetch)
+		capacity += t.cfg.Concurrency + t.cfg.Prefetch
 	}
 	w.inflight = map[*delivery]struct{}{}
 	w.slotFree = make(chan struct{}, 1)
@@ -201,7 +194,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	go w.settleAcks()
 	go w.settleNacks()
 	for _, t := range w.topics {
-		for range t.cfg.concurrency {
+		for range t.cfg.Concurrency {
 			w.runners.Add(1)
 			go w.run(t)
 		}
@@ -228,7 +221,9 @@ func (w *Worker) Run(ctx context.Context) error {
 // their acks and nacks. If ctx ends first, the handlers' contexts are
 // cancelled with ErrWorkerStopped and Stop returns ctx's error without
 // waiting for handlers that ignore it; their leases are no longer
-// extended, so their items come back when the lease lapses.
+// extended, so their items come back when the lease lapses. Handlers
+// abandoned at their topic's timeout are not waited for: their items are
+// nacked already.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if !w.started || w.stopped {
@@ -312,7 +307,7 @@ func (w *Worker) wants() []*triagev1.TopicCount {
 	defer w.mu.Unlock()
 	var out []*triagev1.TopicCount
 	for _, t := range w.topics {
-		if free := t.cfg.concurrency + t.cfg.prefetch - t.held; free > 0 {
+		if free := t.cfg.Concurrency + t.cfg.Prefetch - t.held; free > 0 {
 			out = append(out, &triagev1.TopicCount{Topic: t.name, Count: int32(free)})
 		}
 	}
@@ -400,31 +395,82 @@ func (w *Worker) run(t *topic) {
 	}
 }
 
-// handle runs the handler on d and settles the item from its result.
+// handle runs the handler on d and settles the item from its result, or
+// at the topic's timeout. The handler runs on its own goroutine so that
+// the runner can give up on it at the timeout: a handler that ignores its
+// context must not hold the item's lease, nor the topic's slot, forever.
 func (w *Worker) handle(d *delivery) {
 	ctx, cancel := context.WithCancelCause(w.handlerBG)
 	defer cancel(nil)
+	if !w.begin(d, cancel) {
+		return
+	}
+	var expired <-chan time.Time
+	if to := d.t.cfg.Timeout; to > 0 {
+		// The context's deadline tells the handler (and the calls it
+		// makes) its limit; the timer is the runner's own, which it keeps
+		// even when the context is cancelled earlier for another reason.
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, to, ErrHandlerTimeout)
+		defer stop()
+		timer := time.NewTimer(to)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	res := make(chan error, 1) // buffered: an abandoned handler never blocks on it
+	var abandoned atomic.Bool
+	go func() {
+		err := w.call(ctx, d)
+		res <- err
+		if abandoned.Load() {
+			w.log.Warn("triage worker: handler returned after its timeout; result ignored", "topic", d.item.Topic, "id", d.item.ID, "result", err)
+		}
+	}()
+	select {
+	case err := <-res:
+		w.finish(ctx, d, err)
+		return
+	case <-expired:
+	}
+	select {
+	case err := <-res: // returned as the timer fired
+		w.finish(ctx, d, err)
+	default:
+		abandoned.Store(true)
+		cancel(ErrHandlerTimeout)
+		w.expire(d)
+	}
+}
+
+// begin records the handler's cancel on d, for the lease keeper, unless
+// the lease was lost before the handler started (then d is forgotten).
+func (w *Worker) begin(d *delivery, cancel context.CancelCauseFunc) bool {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	select {
 	case <-d.lost:
-		d.mu.Unlock()
 		w.log.Warn("triage worker: lease lost before the handler started", "topic", d.item.Topic, "id", d.item.ID)
 		w.forget(d)
-		return
+		return false
 	default:
 	}
 	d.abort = cancel
-	d.mu.Unlock()
+	return true
+}
 
-	err := func() (err error) {
-		defer func() { // a panicking middleware
-			if r := recover(); r != nil {
-				err = &PanicError{Value: r, Stack: debug.Stack()}
-			}
-		}()
-		return d.t.handler(ctx, d.item)
+// call runs d's handler (with the middleware), turning a panic in the
+// middleware into a *PanicError as recoverHandler does for the handler.
+func (w *Worker) call(ctx context.Context, d *delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
 	}()
+	return d.t.handler(ctx, d.item)
+}
 
+// finish settles d from its handler's result err; ctx is the handler's.
+func (w *Worker) finish(ctx context.Context, d *delivery, err error) {
 	select {
 	case <-d.lost:
 		// Someone else may hold the item now: an ack or nack would be
@@ -438,6 +484,10 @@ func (w *Worker) handle(d *delivery) {
 	switch {
 	case err == nil:
 		w.settle(d, d, nil)
+	case errors.Is(context.Cause(ctx), ErrHandlerTimeout):
+		// The handler gave up because its time was up: the timeout, not
+		// its error, is what last_error should say.
+		w.expire(d)
 	case errors.As(err, &snooze):
 		w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Release: true, Delay: durationpb.New(snooze.d)})
 	case IsPermanent(err):
@@ -446,6 +496,23 @@ func (w *Worker) handle(d *delivery) {
 		// No delay: the server applies the namespace's backoff.
 		w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Error: truncateError(err.Error())})
 	}
+}
+
+// expire settles d whose handler ran out of time: a nack without a delay
+// (the server's backoff; the attempt counts) whose error says so. settle
+// stops the lease keeper, so the lease is extended no more. A lost lease
+// is only forgotten: another consumer may hold the item.
+func (w *Worker) expire(d *delivery) {
+	select {
+	case <-d.lost:
+		w.log.Warn("triage worker: handler timed out after its lease was lost", "topic", d.item.Topic, "id", d.item.ID)
+		w.forget(d)
+		return
+	default:
+	}
+	w.log.Warn("triage worker: handler timed out; item nacked", "topic", d.item.Topic, "id", d.item.ID, "timeout", d.t.cfg.Timeout)
+	msg := fmt.Sprintf("handler timed out after %s", d.t.cfg.Timeout)
+	w.settle(d, nil, &triagev1.NackItem{Id: d.item.ID, LeaseToken: d.item.token, Error: msg})
 }
 
 // settle stops d's lease keeper, frees its slot and queues its ack (ack
@@ -500,6 +567,11 @@ func (w *Worker) keep(d *delivery, expires time.Time) {
 			t.Stop()
 			return
 		case <-t.C:
+		}
+		select {
+		case <-d.done: // settled as the timer fired: extend no more
+			return
+		default:
 		}
 		sent := time.Now()
 		ctx, cancel := context.WithTimeout(w.keepBG, lease/3)

@@ -124,14 +124,14 @@ func TestWorkerHandlesAndAcks(t *testing.T) {
 	w.Handle("plain", func(_ context.Context, it *client.Item) error {
 		plain.add(it.ID)
 		return nil
-	}, client.Concurrency(4))
+	}, client.TopicOptions{Concurrency: 4})
 	type job struct{ N int }
 	var sum atomic.Int64
 	client.HandleJSON(w, "typed", func(_ context.Context, it *client.Item, j job) error {
 		typed.add(it.ID)
 		sum.Add(int64(j.N))
 		return nil
-	}, client.Concurrency(2))
+	}, client.TopicOptions{Concurrency: 2})
 
 	var pl, ty []string
 	for i := range 20 {
@@ -184,7 +184,7 @@ func TestWorkerHeartbeatsSlowHandler(t *testing.T) {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
-	}, client.Concurrency(2))
+	}, client.TopicOptions{Concurrency: 2})
 	ids := enqueue(t, c, "slow", "x")
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
@@ -219,7 +219,7 @@ func TestWorkerLostLeaseCancelsHandler(t *testing.T) {
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
 		return ctx.Err()
-	})
+	}, client.TopicOptions{})
 	enqueue(t, c, "t", "x")
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
@@ -250,7 +250,7 @@ func TestWorkerShutdownMidFlight(t *testing.T) {
 		<-release
 		require.NoError(t, ctx.Err(), "a graceful stop does not cancel running handlers")
 		return nil
-	}, client.Concurrency(2), client.Prefetch(3))
+	}, client.TopicOptions{Concurrency: 2, Prefetch: 3})
 	var payloads []string
 	for i := range 10 {
 		payloads = append(payloads, fmt.Sprint(i))
@@ -321,7 +321,7 @@ func TestWorkerPanicNacks(t *testing.T) {
 			panic("handler bug")
 		}
 		return nil
-	})
+	}, client.TopicOptions{})
 	ids := enqueue(t, c, "t", "bad", "good")
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
@@ -369,7 +369,7 @@ func TestWorkerPermanentSnoozeAndRetry(t *testing.T) {
 			return client.Snooze(700 * time.Millisecond)
 		}
 		return nil
-	}, client.Concurrency(2))
+	}, client.TopicOptions{Concurrency: 2})
 	_ = enqueue(t, c, "t", "permanent", "snooze")
 	require.NoError(t, w.Start(t.Context()))
 	stopAtCleanup(t, w)
