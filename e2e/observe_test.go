@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -301,10 +302,14 @@ func TestMetricsOnlyOnTheMetricsListener(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { code, _ := get(b.http + "/readyz"); return code == http.StatusOK }, 10*time.Second, 50*time.Millisecond)
-	for _, path := range []string{"/livez", "/healthz", "/console/"} {
+	for _, path := range []string{"/livez", "/healthz", "/console/", node.OpenAPIPath} {
 		code, _ := get(b.http + path)
 		require.Equal(t, http.StatusOK, code, path)
 	}
+	_, doc := get(b.http + node.OpenAPIPath)
+	var openAPI map[string]any
+	require.NoError(t, json.Unmarshal([]byte(doc), &openAPI))
+	require.Equal(t, "2.0", openAPI["swagger"])
 }
 
 // TestTopicLabelsAreCapped: past MaxTopicLabels a namespace's topics add

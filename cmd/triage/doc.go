@@ -1,7 +1,8 @@
 // Command triage is Triage's production binary: the service roles
-// (serve), the verbs the compose bed's containers run (nats, bootstrap,
-// probe), and the client verbs that talk to a router (enqueue, dequeue,
-// ack, ..., namespace get|put|patch, failover), plus version and completion.
+// (serve), a new API key and its keys file entry (key create), the verbs
+// the compose bed's containers run (nats, bootstrap, probe), and the
+// client verbs that talk to a router (enqueue, dequeue, ack, ...,
+// namespace get|put|patch, failover), plus version and completion.
 //
 // The local bed, the drills and the benchmarks are another binary,
 // cmd/triage-bed, so that this one links none of the bed, the bench, the

@@ -23,7 +23,7 @@ func newRoot() *cobra.Command {
 		&cobra.Group{ID: groupCompose, Title: "Containers (the compose bed, deploy/compose):"},
 		&cobra.Group{ID: groupClient, Title: "Client (talk to a router; --addr or TRIAGE_ADDR, default " + defaultRouterAddr + "):"},
 	)
-	root.AddCommand(serveCommand())
+	root.AddCommand(serveCommand(), keyCommand())
 	root.AddCommand(natsCommand(), bootstrapCommand(), probeCommand())
 	root.AddCommand(clientCommands()...)
 	return root

@@ -114,7 +114,7 @@ func ParseKeys(data []byte) (*KeySet, error) {
 		if k.SHA256 != "" {
 			raw, err := hex.DecodeString(k.SHA256)
 			if err != nil || len(raw) != sha256.Size {
-				return nil, fmt.Errorf("%s: sha256 must be 64 hex digits (the SHA-256 of the key: printf %%s KEY | sha256sum), not the key itself", where)
+				return nil, fmt.Errorf("%s: sha256 must be 64 hex digits (the SHA-256 of the key, as triage key create prints it), not the key itself", where)
 			}
 			h := [sha256.Size]byte(raw)
 			if other, dup := s.byHash[h]; dup {

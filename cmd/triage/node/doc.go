@@ -38,7 +38,9 @@
 //
 // The router's HTTP listener also serves the web console
 // (routing/console) at /console unless Config.DisableConsole; it calls
-// the same gateway routes any client does, through the same guards.
+// the same gateway routes any client does, through the same guards. It
+// serves the OpenAPI document of the JSON API at /openapi.json
+// (OpenAPIPath, openapi.go) to anyone, as gRPC reflection is.
 //
 // # Security
 //

@@ -683,6 +683,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 		q, a = auth.GuardQueue(n.router, sec.public), auth.GuardAdmin(n.router.Admin(), sec.public)
 	}
 	extra := n.obs.probes(false) // no /metrics: see Config.Metrics
+	extra[OpenAPIPath] = openAPIHandler()
 	if !n.cfg.DisableConsole {
 		extra = console.Register(extra)
 	}
