@@ -61,6 +61,16 @@ func (s *Service) takeTopic(ctx context.Context, m *shardmap.Map, req *triagev1.
 	return out, bufs, firstErr
 }
 
+// paused tells whether PauseTopic holds topic of namespace ns in m
+// (shardmap.TopicConfig.Paused). A dequeue serves nothing of a paused
+// topic and takes nothing from its buffers; a long poll waiting on it
+// reads the map again every round (recheckEvery), so it is served once
+// this dequeuer's map has the resume.
+func paused(m *shardmap.Map, ns, topic string) bool {
+	n, err := m.Namespace(ns)
+	return err == nil && n.Topics[topic].Paused
+}
+
 // weightedBands returns n bands: priorities up to 0, then 1, 2, ... and
 // the last band from n-1 up.
 func weightedBands(n int) []band {

@@ -564,9 +564,10 @@ func (s *Service) dequeue(ctx context.Context, req *triagev1.DequeueRequest, sha
 }
 
 // dequeueRounds is dequeue's work, inside its span: rounds of serving
-// each topic of the request from the buffers until one serves anything,
-// fails, or the request's wait ends, parked between rounds until a
-// buffer is woken or recheckEvery passes.
+// each topic of the request that is not paused from the buffers until
+// one serves anything, fails, or the request's wait ends, parked between
+// rounds until a buffer is woken or recheckEvery passes (each round reads
+// the shard map again, so a topic resumed meanwhile is served).
 func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueRequest, shards []uint32, budget int) ([]*triagev1.LeasedItem, error) {
 	deadline := s.cfg.Now().Add(req.GetWait().AsDuration())
 	var lease time.Duration
@@ -588,6 +589,9 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 		m := s.cfg.Maps.Current()
 		used := 0
 		for _, tc := range req.Topics {
+			if paused(m, req.Namespace, tc.Topic) {
+				continue // the other topics are served; see paused
+			}
 			served, tbufs, err := s.serveTopic(ctx, m, req, tc, shards, lease, budget, &used)
 			bufs = append(bufs, tbufs...)
 			firstErr = cmp.Or(firstErr, err)

@@ -849,7 +849,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 
 	code, body = httpJSON(t, "GET", base+"/topics", "")
 	require.Equal(t, http.StatusOK, code, "%v", body)
-	require.Equal(t, []any{map[string]any{"topic": "t", "items": "1", "dead_letters": "0"}}, body["topics"])
+	require.Equal(t, []any{map[string]any{"topic": "t", "items": "1", "dead_letters": "0", "paused": false}}, body["topics"])
 	require.Equal(t, "", body["next_page_token"])
 
 	code, body = httpJSON(t, "POST", base+":ack", fmt.Sprintf(`{"acks":[{"id":%q,"lease_token":%q}]}`, id, token))

@@ -188,7 +188,8 @@ var specRoles = map[string]auth.Role{
 	"Enqueue": auth.Producer, "UpdateItem": auth.Producer, "DeleteItem": auth.Producer,
 	"Dequeue": auth.Consumer, "Ack": auth.Consumer, "Nack": auth.Consumer, "ExtendLease": auth.Consumer,
 	"GetItem": auth.Reader, "GetTopicStats": auth.Reader, "ListTopics": auth.Reader, "ListDeadLetters": auth.Reader,
-	"RedriveDeadLetters": auth.Admin, "GetNamespace": auth.Admin, "PutNamespace": auth.Admin,
+	"RedriveDeadLetters": auth.Admin, "DeleteDeadLetters": auth.Admin, "GetNamespace": auth.Admin, "PutNamespace": auth.Admin,
+	"PauseTopic": auth.Admin, "ResumeTopic": auth.Admin,
 	"GetShardMap": auth.ClusterAdmin, "Failover": auth.ClusterAdmin, "AddShard": auth.ClusterAdmin,
 	"AddNamespaceShard": auth.ClusterAdmin, "SetShardWeight": auth.ClusterAdmin, "DrainShard": auth.ClusterAdmin,
 	"RetireShard": auth.ClusterAdmin, "ListFailoverEvents": auth.ClusterAdmin,
@@ -216,8 +217,8 @@ func TestAuthTable(t *testing.T) {
 
 	cases := rpcCases(t, pub)
 	adminCases := rpcCases(t, adm)
-	require.Len(t, cases, 24, "Queue (12) and Admin (12) RPCs on the public listener")
-	require.Len(t, adminCases, 12)
+	require.Len(t, cases, 27, "Queue (13) and Admin (14) RPCs on the public listener")
+	require.Len(t, adminCases, 14)
 
 	type cred struct{ name, key string }
 	for _, c := range cases {

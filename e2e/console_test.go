@@ -68,7 +68,7 @@ func TestConsole(t *testing.T) {
 
 	// Every route the script calls is a route of the API.
 	routes := consoleRoutes(t, js)
-	require.Len(t, routes, 8)
+	require.Len(t, routes, 11)
 	data, err := os.ReadFile("../proto/triage/v1/triage.swagger.json")
 	require.NoError(t, err)
 	var doc struct {

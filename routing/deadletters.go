@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -153,25 +154,9 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	if err != nil {
 		return nil, err
 	}
-	byShard := map[uint32][]uint64{}
-	if len(req.Ids) > MaxRefsPerCall {
-		return nil, invalid("%d ids in one call; at most %d allowed", len(req.Ids), MaxRefsPerCall)
-	}
-	for _, s := range req.Ids {
-		id, err := itemid.Parse(s)
-		if err != nil {
-			return nil, err
-		}
-		if !slices.Contains(shards, id.Shard) {
-			return nil, fmt.Errorf("%w %q: shard %d does not serve namespace %q here", itemid.ErrInvalid, s, id.Shard, req.Namespace)
-		}
-		byShard[id.Shard] = append(byShard[id.Shard], id.Key)
-	}
-	if len(req.Ids) > 0 {
-		shards = shards[:0:0]
-		for id := range byShard {
-			shards = append(shards, id)
-		}
+	shards, byShard, err := deadLetterKeys(req.Namespace, req.Ids, shards)
+	if err != nil {
+		return nil, err
 	}
 	var total int64
 	var mu sync.Mutex
@@ -194,6 +179,82 @@ func (r *Router) RedriveDeadLetters(ctx context.Context, req *triagev1.RedriveDe
 	}
 	r.cfg.Metrics.Topic(req.Namespace, req.Topic).Redriven.Add(float64(total))
 	return &triagev1.RedriveDeadLettersResponse{Redriven: total}, nil
+}
+
+// deadLetterKeys parses the dead-letter IDs of a redrive or delete and
+// groups their keys by shard. With IDs it returns only their shards;
+// without, all of shards (the whole topic) and no keys.
+func deadLetterKeys(ns string, ids []string, shards []uint32) ([]uint32, map[uint32][]uint64, error) {
+	if len(ids) > MaxRefsPerCall {
+		return nil, nil, invalid("%d ids in one call; at most %d allowed", len(ids), MaxRefsPerCall)
+	}
+	byShard := map[uint32][]uint64{}
+	for _, s := range ids {
+		id, err := itemid.Parse(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !slices.Contains(shards, id.Shard) {
+			return nil, nil, fmt.Errorf("%w %q: shard %d does not serve namespace %q here", itemid.ErrInvalid, s, id.Shard, ns)
+		}
+		byShard[id.Shard] = append(byShard[id.Shard], id.Key)
+	}
+	if len(ids) == 0 {
+		return shards, byShard, nil
+	}
+	return slices.Sorted(maps.Keys(byShard)), byShard, nil
+}
+
+// DeleteDeadLetters implements triagev1.QueueServer: it deletes the
+// listed dead letters, or with all every one of the topic's on the
+// region's shards, each shard's in bounded transactions
+// (store.DeadLetterDelete), only those that died before req.Before when
+// set. The request must say which of the two it means: an empty ID list
+// never stands for everything, so a client that lost its list deletes
+// nothing. Every check comes before the first delete.
+func (r *Router) DeleteDeadLetters(ctx context.Context, req *triagev1.DeleteDeadLettersRequest) (*triagev1.DeleteDeadLettersResponse, error) {
+	m := r.cfg.Maps.Current()
+	shards, err := r.topicShards(m, req.Namespace, req.Topic, req.Region)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case req.All && len(req.Ids) > 0:
+		return nil, invalid("ids and all together: give either ids (1 to %d dead letter IDs) or all: true, not both", MaxRefsPerCall)
+	case !req.All && len(req.Ids) == 0:
+		return nil, invalid("nothing to delete: give ids (1 to %d dead letter IDs) or all: true (every dead letter of the topic, optionally before a time)", MaxRefsPerCall)
+	}
+	var beforeUS int64
+	if req.Before != nil {
+		if err := req.Before.CheckValid(); err != nil {
+			return nil, invalid("before: %v; want a time after 1970-01-01T00:00:00Z (RFC 3339 in JSON)", err)
+		}
+		if beforeUS = req.Before.AsTime().UnixMicro(); beforeUS <= 0 {
+			return nil, invalid("before %s: want a time after 1970-01-01T00:00:00Z (RFC 3339 in JSON)", req.Before.AsTime().Format(time.RFC3339Nano))
+		}
+	}
+	shards, byShard, err := deadLetterKeys(req.Namespace, req.Ids, shards)
+	if err != nil {
+		return nil, err
+	}
+	var total int64
+	var mu sync.Mutex
+	err = r.eachShard(ctx, m, shards, true, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
+		n, err := store.New(db).DeadLetterDelete(ctx, store.DeadLetterDeleteParams{Namespace: req.Namespace, Topic: req.Topic,
+			Keys: byShard[shard], BeforeUS: beforeUS})
+		if err == nil {
+			err = r.afterWrite(shard)
+		}
+		mu.Lock()
+		total += n
+		mu.Unlock()
+		return err
+	})
+	r.cfg.Metrics.Topic(req.Namespace, req.Topic).DeadLettersDeleted.Add(float64(total))
+	if err != nil {
+		return nil, err
+	}
+	return &triagev1.DeleteDeadLettersResponse{Deleted: total}, nil
 }
 
 // announce tells dequeuers that a topic on shard has new ready items of

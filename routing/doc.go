@@ -109,12 +109,43 @@
 // is empty and it holds no items, dead letters, live tombstones or
 // refused items.
 //
+// # Pausing topics
+//
+// PauseTopic and ResumeTopic set shardmap.TopicConfig.Paused of the
+// topic, published like any namespace change (changeMap: a
+// compare-and-set, applied again to a newer map on a conflict), and the
+// dequeuers read it on every dequeue round. The pause lives in the shard
+// map because that is what every process of every region already holds
+// and watches, survives restarts and failovers of nodes and shards
+// alike, and is changed only by compare-and-set: a flag in a dequeuer's
+// memory would be lost with it, one in NATS KV of its own would be a
+// second source to watch, and a row on the shards would need every
+// dequeue to read the database (and a failover to carry it). The cost is
+// the map's size, so a pause of an unconfigured topic takes one of the
+// namespace's MaxTopicConfigs configs (FAILED_PRECONDITION when none is
+// left) and ResumeTopic removes a config that only held the pause.
+// PutNamespace never changes a pause (keepPauses): a replace built from a
+// GET that raced a pause, or by a tool that knows nothing of pauses,
+// would otherwise resume a topic an operator stopped.
+//
+// The router filters nothing itself: the dequeuer that holds a long poll
+// is the one that must notice the resume, and it re-reads the map every
+// round (at most 100 ms apart). The node that published a pause applies
+// it at once (its router and dequeuer share its map); other nodes when
+// their map watch sees it, within a second.
+//
 // # Storage
 //
 // Item reads and changes (GetItem, UpdateItem, DeleteItem, Ack, Nack,
 // ExtendLease, dead letters, stats, topic listing) call package
 // schema/store on the shard's database chosen here; this package writes
-// no SQL. UpdateItem's rules (what a lease forbids, priority history,
+// no SQL. ListDeadLetters, RedriveDeadLetters and DeleteDeadLetters go
+// to every shard of the namespace in the region at once (eachShard), or
+// with IDs only to the shards the IDs name; a purge deletes in bounded
+// transactions (store.DeadLetterDelete), so a huge dead-letter queue
+// never makes one giant transaction and a failure midway keeps what was
+// deleted. DeleteDeadLetters refuses a request that names neither IDs
+// nor all, so an empty list never means everything. UpdateItem's rules (what a lease forbids, priority history,
 // taking back a row an older version prefetched) run in the store's
 // transaction as a
 // callback, under the row's lock.

@@ -66,7 +66,7 @@ func toStatus(err error) error {
 	case errors.Is(err, shardmap.ErrUnknownNamespace), errors.Is(err, store.ErrNotFound), errors.Is(err, shardmap.ErrUnknownShard):
 		code = codes.NotFound
 	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover), errors.Is(err, shardmap.ErrShardState),
-		errors.Is(err, schema.ErrUnsupportedServer):
+		errors.Is(err, schema.ErrUnsupportedServer), errors.Is(err, ErrPrecondition):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrBufferFull):
 		code = codes.ResourceExhausted

@@ -247,7 +247,7 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 		return nil, err
 	}
 	nowUS := r.cfg.Now().UnixMicro()
-	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic}
+	stats := &triagev1.TopicStats{Namespace: req.Namespace, Topic: req.Topic, Paused: topicPaused(m, req.Namespace, req.Topic)}
 	byPrio := map[int32]int64{}
 	oldest := int64(0)
 	var mu sync.Mutex
@@ -285,8 +285,31 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 	return stats, nil
 }
 
+// addPaused marks the paused topics of ns in counts and adds those after
+// the page token that hold nothing, so that a paused topic stays listed
+// (and can be found and resumed) when it is empty. Every shard's page
+// and the paused topics are each sorted from the token on, so the merged
+// page is still the first topics after it.
+func addPaused(m *shardmap.Map, ns, after string, counts map[string]*triagev1.TopicSummary) {
+	n, err := m.Namespace(ns)
+	if err != nil {
+		return
+	}
+	for name, tc := range n.Topics {
+		if !tc.Paused || name <= after {
+			continue
+		}
+		if c := counts[name]; c != nil {
+			c.Paused = true
+		} else {
+			counts[name] = &triagev1.TopicSummary{Topic: name, Paused: true}
+		}
+	}
+}
+
 // ListTopics implements triagev1.QueueServer: topics that hold items or
-// dead letters on the region's shards, in name order, paged by name.
+// dead letters on the region's shards, or are paused, in name order,
+// paged by name.
 func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest) (*triagev1.ListTopicsResponse, error) {
 	m := r.cfg.Maps.Current()
 	if _, err := m.Namespace(req.Namespace); err != nil {
@@ -330,6 +353,7 @@ func (r *Router) ListTopics(ctx context.Context, req *triagev1.ListTopicsRequest
 	if err != nil {
 		return nil, err
 	}
+	addPaused(m, req.Namespace, req.PageToken, counts)
 	names := make([]string, 0, len(counts))
 	for t := range counts {
 		names = append(names, t)

@@ -267,11 +267,11 @@ func parseMask(mask *fieldmaskpb.FieldMask) (update, error) {
 
 // namespaceUpdate is the namespace a request asks for: cfg whole (a
 // replace), or the stored namespace (the defaults, for a new one) with
-// the fields upd names taken from cfg. The dedup slot tables and the
-// record of slots a drain moved are kept either way: the API has no field
-// for them, and a key's shard must not move while its item or tombstone
-// lives, so a change that drops a shard a region's slots name is refused
-// by the map.
+// the fields upd names taken from cfg. The dedup slot tables, the record
+// of slots a drain moved and the topics' pauses are kept either way: the
+// API has no field that sets them (pauses: see keepPauses), and a key's
+// shard must not move while its item or tombstone lives, so a change
+// that drops a shard a region's slots name is refused by the map.
 func namespaceUpdate(m *shardmap.Map, stored *shardmap.Namespace, name string, cfg *triagev1.Namespace, upd update) (shardmap.Namespace, error) {
 	want, err := namespaceFromProto(name, cfg, m)
 	if err != nil {
@@ -304,6 +304,7 @@ func namespaceUpdate(m *shardmap.Map, stored *shardmap.Namespace, name string, c
 	if stored != nil {
 		ns.Slots, ns.SlotsFrom = stored.Slots, stored.SlotsFrom
 	}
+	keepPauses(stored, &ns)
 	return ns, nil
 }
 
@@ -342,7 +343,7 @@ func namespaceProto(m *shardmap.Map, ns *shardmap.Namespace) *triagev1.Namespace
 				p = triagev1.DequeuePolicy_WEIGHTED
 			}
 			out.Topics[name] = &triagev1.TopicConfig{Policy: p, BandWeights: tc.BandWeights, AtMostOnce: tc.AtMostOnce,
-				AgingThreshold: dur(tc.AgingThreshold)}
+				AgingThreshold: dur(tc.AgingThreshold), Paused: tc.Paused}
 		}
 	}
 	return out

@@ -54,7 +54,7 @@ func (r *Router) changeMap(ctx context.Context, change func(m *shardmap.Map) (*s
 // map's validation) INVALID_ARGUMENT.
 func mapChangeError(err error) error {
 	for _, kind := range []error{shardmap.ErrUnknownShard, shardmap.ErrShardState, shardmap.ErrUnknownNamespace, shardmap.ErrNoShards,
-		ErrInvalid, ErrUnavailable, schema.ErrUnsupportedServer, context.Canceled, context.DeadlineExceeded} {
+		ErrInvalid, ErrUnavailable, ErrPrecondition, schema.ErrUnsupportedServer, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, kind) {
 			return err
 		}
@@ -256,7 +256,7 @@ func (a *Admin) RetireShard(ctx context.Context, req *triagev1.RetireShardReques
 			return nil, errorf(ErrUnavailable, "shard %d: counting what it holds: %v", s.ID, err)
 		}
 		if !c.Empty() {
-			return nil, fmt.Errorf("%w: shard %d is not empty: %d item(s), %d dead letter(s) (redrive or delete them), %d live dedup tombstone(s) (they expire with the namespace's dedup_window), %d refused item(s): retry once they are gone",
+			return nil, fmt.Errorf("%w: shard %d is not empty: %d item(s), %d dead letter(s) (redrive them, or delete them with DeleteDeadLetters: triage delete-deadletters TOPIC --all), %d live dedup tombstone(s) (they expire with the namespace's dedup_window), %d refused item(s): retry once they are gone",
 				shardmap.ErrShardState, s.ID, c.Items, c.DeadLetters, c.Tombstones, c.Refused)
 		}
 		return m.WithoutShard(s.ID)

@@ -211,6 +211,11 @@ type TopicConfig struct {
 	AtMostOnce bool `json:"at_most_once,omitempty"`
 	// AgingThreshold moves items ready longer than this up one level.
 	AgingThreshold Duration `json:"aging_threshold,omitempty"`
+	// Paused holds the topic's deliveries (PauseTopic): dequeuers serve
+	// none of it until ResumeTopic clears it. It lives here so that every
+	// dequeuer of every region sees it and it outlives restarts and
+	// failovers.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Topic returns topic's config with defaults filled.

@@ -1,7 +1,8 @@
 package main
 
-// The operator's verbs: dead letters (deadletters, redrive) and namespace
-// configuration (namespace get, put, patch).
+// The operator's verbs: dead letters (deadletters, redrive,
+// delete-deadletters), topics (pause, resume) and namespace configuration
+// (namespace get, put, patch).
 
 import (
 	"context"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/routing"
@@ -103,15 +105,7 @@ func redriveCmd(_ *pflag.FlagSet) clientRun {
 		if len(args) == 0 {
 			return usagef("missing TOPIC")
 		}
-		topic := args[0]
-		// An ID listed twice is redriven once, so it must count once when
-		// the result is checked against the IDs asked for.
-		var ids []string
-		for _, id := range args[1:] {
-			if !slices.Contains(ids, id) {
-				ids = append(ids, id)
-			}
-		}
+		topic, ids := args[0], uniq(args[1:])
 		total := &triagev1.RedriveDeadLettersResponse{}
 		send := func(chunk []string) error {
 			rctx, cancel := e.rpc(ctx, 0)
@@ -151,6 +145,113 @@ func redriveCmd(_ *pflag.FlagSet) clientRun {
 			return errItemsFailed
 		}
 		return nil
+	}
+}
+
+func deleteDeadLettersCmd(fs *pflag.FlagSet) clientRun {
+	all := fs.Bool("all", false, "delete every dead letter of TOPIC (instead of listing IDs)")
+	before := fs.String("before", "", "only dead letters that died before this `RFC3339` time")
+	olderThan := fs.Duration("older-than", 0, "only dead letters that died longer ago than this (instead of --before)")
+	return func(ctx context.Context, e *clientEnv, args []string) error {
+		if len(args) == 0 {
+			return usagef("missing TOPIC")
+		}
+		topic, ids := args[0], uniq(args[1:])
+		req := &triagev1.DeleteDeadLettersRequest{Namespace: e.ns, Topic: topic, Region: e.region, All: *all}
+		switch {
+		case *all && len(ids) > 0:
+			return usagef("give dead letter IDs or --all, not both")
+		case !*all && len(ids) == 0:
+			return usagef("nothing to delete: give dead letter IDs, or --all for every one of %s's", topic)
+		case *before != "" && *olderThan != 0:
+			return usagef("give --before or --older-than, not both")
+		case *before != "":
+			t, err := time.Parse(time.RFC3339, *before)
+			if err != nil {
+				return usagef("--before %q is not an RFC3339 time like 2025-06-01T12:00:00Z", *before)
+			}
+			req.Before = timestamppb.New(t)
+		case *olderThan < 0:
+			return usagef("--older-than %s: give a positive duration", *olderThan)
+		case *olderThan > 0:
+			req.Before = timestamppb.New(time.Now().Add(-*olderThan))
+		}
+		total := &triagev1.DeleteDeadLettersResponse{}
+		send := func(chunk []string) error {
+			req.Ids = chunk
+			resp, err := call(ctx, e, e.c.Queue.DeleteDeadLetters, req)
+			if err != nil {
+				if total.Deleted > 0 {
+					fmt.Fprintf(e.stderr, "triage: %d deleted before the error\n", total.Deleted)
+				}
+				return err
+			}
+			total.Deleted += resp.GetDeleted()
+			return nil
+		}
+		if *all {
+			if err := send(nil); err != nil {
+				return err
+			}
+		}
+		for chunk := range slices.Chunk(ids, routing.MaxRefsPerCall) {
+			if err := send(chunk); err != nil {
+				return err
+			}
+		}
+		if e.json {
+			if err := printJSON(e.stdout, total); err != nil {
+				return err
+			}
+		} else if _, err := fmt.Fprintf(e.stdout, "deleted: %d\n", total.Deleted); err != nil {
+			return err
+		}
+		if len(ids) > 0 && total.Deleted < int64(len(ids)) {
+			fmt.Fprintf(e.stderr, "triage: %d of %d not deleted: not dead letters of %s (already deleted or redriven), or died after --before\n",
+				int64(len(ids))-total.Deleted, len(ids), topic)
+			return errItemsFailed
+		}
+		return nil
+	}
+}
+
+// uniq is ids without repeats, in their first order: an ID listed twice
+// is acted on once, so it must count once when the result is checked
+// against the IDs asked for.
+func uniq(ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// pauseCmd is pause (paused true) or resume.
+func pauseCmd(paused bool) func(*pflag.FlagSet) clientRun {
+	return func(_ *pflag.FlagSet) clientRun {
+		return func(ctx context.Context, e *clientEnv, args []string) error {
+			var st *triagev1.TopicPauseState
+			var err error
+			if paused {
+				st, err = call(ctx, e, e.c.Admin.PauseTopic, &triagev1.PauseTopicRequest{Namespace: e.ns, Topic: args[0]})
+			} else {
+				st, err = call(ctx, e, e.c.Admin.ResumeTopic, &triagev1.ResumeTopicRequest{Namespace: e.ns, Topic: args[0]})
+			}
+			if err != nil {
+				return err
+			}
+			if e.json {
+				return printJSON(e.stdout, st)
+			}
+			state := "resumed"
+			if st.GetPaused() {
+				state = "paused"
+			}
+			_, err = fmt.Fprintf(e.stdout, "%s  %s (shard map version %d)\n", st.GetTopic(), state, st.GetVersion())
+			return err
+		}
 	}
 }
 

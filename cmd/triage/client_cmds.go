@@ -138,7 +138,7 @@ var clientVerbs = map[string]clientVerb{
 		setup:   statsCmd,
 	},
 	"topics": {
-		summary: "List the topics that hold items, with their item counts.",
+		summary: "List the topics that hold items or dead letters, or are paused, with their counts.",
 		setup:   topicsCmd,
 	},
 	"shardmap": {
@@ -154,6 +154,21 @@ var clientVerbs = map[string]clientVerb{
 		args:    "TOPIC [ID...]",
 		summary: "Move dead letters back to their topic, ready now, attempts reset: the listed IDs, or all\nof the topic's when none is given. Prints \"redriven: N\". Exit code 1 if fewer IDs than\nlisted were redriven (not dead letters of TOPIC, or a live item holds their dedup key).",
 		setup:   redriveCmd,
+	},
+	"delete-deadletters": {
+		args:    "TOPIC [ID...]",
+		summary: "Delete dead letters for good: the listed IDs, or with --all every one of the topic's,\nonly those that died before --before (or longer ago than --older-than) when given.\nPrints \"deleted: N\". Exit code 1 if fewer IDs than listed were deleted.",
+		setup:   deleteDeadLettersCmd,
+	},
+	"pause": {
+		args:    "TOPIC",
+		summary: "Stop deliveries of a topic in every region until resume: dequeues get nothing of it, long\npolls on it wait; enqueues, acks, nacks and lease extensions go on. Needs the namespace's admin role.",
+		setup:   pauseCmd(true),
+	},
+	"resume": {
+		args:    "TOPIC",
+		summary: "Deliver a paused topic again; long polls parked on it wake.",
+		setup:   pauseCmd(false),
 	},
 	"namespace get": {
 		args:    "NAME",
@@ -242,7 +257,7 @@ func newClientFlags(fs *pflag.FlagSet) *clientFlags {
 	f := &clientFlags{}
 	fs.StringVar(&f.addr, "addr", defaultAddr(os.Getenv), "gRPC address of a router (env TRIAGE_ADDR)")
 	fs.StringVarP(&f.ns, "namespace", "n", "default", "namespace")
-	fs.StringVar(&f.region, "region", "", "region for enqueue, dequeue, stats, topics, deadletters and redrive (default: the router's own)")
+	fs.StringVar(&f.region, "region", "", "region for enqueue, dequeue, stats, topics, deadletters, redrive and delete-deadletters (default: the router's own)")
 	fs.BoolVar(&f.json, "json", false, "print the response as one protojson document")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "deadline of each RPC (a dequeue adds --wait)")
 	return f
@@ -889,6 +904,7 @@ func statsCmd(_ *pflag.FlagSet) clientRun {
 		fmt.Fprintf(tw, "delayed\t%d\n", st.GetDelayed())
 		fmt.Fprintf(tw, "total\t%d\n", st.GetTotal())
 		fmt.Fprintf(tw, "dead letters\t%d\n", st.GetDeadLetters())
+		fmt.Fprintf(tw, "paused\t%t\n", st.GetPaused())
 		fmt.Fprintf(tw, "oldest ready age\t%s\n", formatDuration(st.GetOldestReadyAge()))
 		if len(st.GetReadyByPriority()) > 0 {
 			fmt.Fprintln(tw, "\nPRIORITY\tREADY")
@@ -924,9 +940,19 @@ func topicsCmd(_ *pflag.FlagSet) clientRun {
 			return printJSON(e.stdout, all)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "TOPIC\tITEMS\tDEAD LETTERS")
+		// The PAUSED column shows only when a topic is paused.
+		paused := slices.ContainsFunc(all.Topics, (*triagev1.TopicSummary).GetPaused)
+		fmt.Fprint(tw, "TOPIC\tITEMS\tDEAD LETTERS")
+		if paused {
+			fmt.Fprint(tw, "\tPAUSED")
+		}
+		fmt.Fprintln(tw)
 		for _, t := range all.Topics {
-			fmt.Fprintf(tw, "%s\t%d\t%d\n", t.GetTopic(), t.GetItems(), t.GetDeadLetters())
+			fmt.Fprintf(tw, "%s\t%d\t%d", t.GetTopic(), t.GetItems(), t.GetDeadLetters())
+			if paused {
+				fmt.Fprintf(tw, "\t%s", map[bool]string{true: "paused", false: "-"}[t.GetPaused()])
+			}
+			fmt.Fprintln(tw)
 		}
 		return tw.Flush()
 	}

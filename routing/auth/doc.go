@@ -30,7 +30,8 @@
 //	consumer       Dequeue, Ack, Nack, ExtendLease
 //	reader         GetItem, GetTopicStats, ListTopics, ListDeadLetters
 //	admin          GetNamespace, PutNamespace (behaviour fields only),
-//	               RedriveDeadLetters
+//	               RedriveDeadLetters, DeleteDeadLetters, PauseTopic,
+//	               ResumeTopic
 //	cluster-admin  GetShardMap, Failover, AddShard, AddNamespaceShard,
 //	               SetShardWeight, DrainShard, RetireShard,
 //	               ListFailoverEvents, ReportDrill, ListDrills (a key
@@ -56,6 +57,9 @@
 // is also a reader): grants name what a key may do, nothing more.
 // UpdateItem and DeleteItem belong to producer because they change what
 // was enqueued (reprioritize, cancel), not the lease a consumer holds.
+// RedriveDeadLetters, DeleteDeadLetters, PauseTopic and ResumeTopic are
+// admin's: they act on a whole topic (every consumer of it, or the dead
+// letters nobody else can bring back), which is an operator's call.
 //
 // The table methodRoles maps every RPC's full gRPC name to its role, and
 // is the single place a decision is made: the gRPC interceptors and the

@@ -79,6 +79,10 @@ func (g queueGuard) RedriveDeadLetters(ctx context.Context, r *triagev1.RedriveD
 	return call(ctx, g.a, triagev1.Queue_RedriveDeadLetters_FullMethodName, r, g.inner.RedriveDeadLetters)
 }
 
+func (g queueGuard) DeleteDeadLetters(ctx context.Context, r *triagev1.DeleteDeadLettersRequest) (*triagev1.DeleteDeadLettersResponse, error) {
+	return call(ctx, g.a, triagev1.Queue_DeleteDeadLetters_FullMethodName, r, g.inner.DeleteDeadLetters)
+}
+
 // GuardAdmin guards an Admin server for the JSON gateway, as GuardQueue does.
 func GuardAdmin(inner triagev1.AdminServer, a *Authorizer) triagev1.AdminServer {
 	return adminGuard{inner: inner, a: a}
@@ -104,6 +108,14 @@ func (g adminGuard) GetNamespace(ctx context.Context, r *triagev1.GetNamespaceRe
 
 func (g adminGuard) PutNamespace(ctx context.Context, r *triagev1.PutNamespaceRequest) (*triagev1.Namespace, error) {
 	return call(ctx, g.a, triagev1.Admin_PutNamespace_FullMethodName, r, g.inner.PutNamespace)
+}
+
+func (g adminGuard) PauseTopic(ctx context.Context, r *triagev1.PauseTopicRequest) (*triagev1.TopicPauseState, error) {
+	return call(ctx, g.a, triagev1.Admin_PauseTopic_FullMethodName, r, g.inner.PauseTopic)
+}
+
+func (g adminGuard) ResumeTopic(ctx context.Context, r *triagev1.ResumeTopicRequest) (*triagev1.TopicPauseState, error) {
+	return call(ctx, g.a, triagev1.Admin_ResumeTopic_FullMethodName, r, g.inner.ResumeTopic)
 }
 
 func (g adminGuard) AddShard(ctx context.Context, r *triagev1.AddShardRequest) (*triagev1.ShardChange, error) {

@@ -7,8 +7,9 @@
 // it may call are listed in ROUTES at the top of assets/console.js, and a
 // test checks each against the OpenAPI document). It shows a namespace's
 // topics with their depth by priority and oldest ready age (charts drawn
-// as inline SVG), an item's detail, the dead letters of a topic with
-// redrive, the shard map with each shard's primary, replicas and epoch
+// as inline SVG), a badge on each paused topic and a button that pauses
+// or resumes it, an item's detail, the dead letters of a topic with
+// redrive and delete (of the selected ones, or all), the shard map with each shard's primary, replicas and epoch
 // beside the failover controller's recent steps, and the failover drills
 // reported through Admin.ReportDrill (GET /v1/drills) with the selected
 // drill's progress as a live log, polled every second while that page is

@@ -196,6 +196,7 @@ var (
 	primaryDesc = prometheus.NewDesc("triage_shard_primary_info", "1 for the shard's current primary: address, region it runs in, home region.", []string{"shard", "primary", "primary_region", "home_region"}, nil)
 	versionDesc = prometheus.NewDesc("triage_shardmap_version", "Version of this node's shard map.", nil, nil)
 	ageDesc     = prometheus.NewDesc("triage_shardmap_confirmed_age_seconds", "Time since the store last confirmed this node's shard map (writers stop past 2 s).", nil, nil)
+	pausedDesc  = prometheus.NewDesc("triage_topic_paused", "1 while PauseTopic holds the topic's deliveries, 0 for a topic with a config that is not paused (under topic \"_other\": how many of those topics are paused).", []string{"namespace", "topic"}, nil)
 )
 
 // MapSource is what the shard-map collector reads: the current map and
@@ -205,13 +206,17 @@ type MapSource interface {
 	Age() time.Duration
 }
 
-type mapCollector struct{ src MapSource }
+type mapCollector struct {
+	src MapSource
+	set *Set
+}
 
 // RegisterShardMap registers gauges read from the node's shard map on
-// every scrape: epoch, fencing and primary per shard, map version and age.
+// every scrape: epoch, fencing and primary per shard, map version and age,
+// and which topics are paused.
 func (s *Set) RegisterShardMap(src MapSource) {
 	if s != nil {
-		s.Registry.MustRegister(mapCollector{src})
+		s.Registry.MustRegister(mapCollector{src, s})
 	}
 }
 
@@ -221,6 +226,7 @@ func (c mapCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- primaryDesc
 	ch <- versionDesc
 	ch <- ageDesc
+	ch <- pausedDesc
 }
 
 func (c mapCollector) Collect(ch chan<- prometheus.Metric) {
@@ -237,4 +243,26 @@ func (c mapCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(versionDesc, prometheus.GaugeValue, float64(m.Version))
 	ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, c.src.Age().Seconds())
+	for k, n := range c.paused(m) {
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, n, k[0], k[1])
+	}
+}
+
+// paused counts the paused topics of every namespace by topic label,
+// over the topics the map holds a config for: those are at most 64 per
+// namespace, and topics past the label cap add up under Other as every
+// per-topic series does.
+func (c mapCollector) paused(m *shardmap.Map) map[[2]string]float64 {
+	out := map[[2]string]float64{}
+	for _, ns := range m.Namespaces {
+		for topic, tc := range ns.Topics {
+			k := [2]string{ns.Name, c.set.TopicLabel(ns.Name, topic)}
+			n := out[k] // a topic that is not paused still reads 0
+			if tc.Paused {
+				n++
+			}
+			out[k] = n
+		}
+	}
+	return out
 }

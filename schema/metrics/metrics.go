@@ -47,6 +47,7 @@ type Set struct {
 	opts     Options
 
 	enqueued, dequeued, leaseExpiries, deadLettered, redriven *prometheus.CounterVec
+	deadLettersDeleted                                        *prometheus.CounterVec
 	enqueueSeconds, dequeueSeconds, ackSeconds, nackSeconds   *prometheus.HistogramVec
 	deliverySeconds, attempts                                 *prometheus.HistogramVec
 	acks, nacks, quota                                        *prometheus.CounterVec
@@ -95,6 +96,7 @@ func New(reg *prometheus.Registry, opts Options) *Set {
 	s.leaseExpiries = counter("triage_lease_expiries_total", "Delivery leases found lapsed when their item was read again (redelivered, dead-lettered or, at-most-once, deleted).", "namespace", "topic")
 	s.deadLettered = counter("triage_dead_lettered_items_total", "Items moved to the dead-letter table because their attempts were used up (by a nack or a lapsed lease).", "namespace", "topic")
 	s.redriven = counter("triage_redriven_items_total", "Dead letters put back by RedriveDeadLetters.", "namespace", "topic")
+	s.deadLettersDeleted = counter("triage_deleted_dead_letters_total", "Dead letters removed by DeleteDeadLetters.", "namespace", "topic")
 	s.enqueueSeconds = hist("triage_enqueue_duration_seconds", "Enqueue calls as the router served them.", rpcBuckets, "namespace", "durability")
 	s.dequeueSeconds = hist("triage_dequeue_duration_seconds", "Dequeue calls as the router served them (long polls included).", rpcBuckets, "namespace")
 	s.ackSeconds = hist("triage_ack_duration_seconds", "Ack calls as the router served them.", rpcBuckets, "namespace")
@@ -139,6 +141,7 @@ type Topic struct {
 	Label                                 string
 	Enqueued, Dequeued                    [5]prometheus.Counter
 	LeaseExpiries, DeadLettered, Redriven prometheus.Counter
+	DeadLettersDeleted                    prometheus.Counter
 }
 
 // Topic returns topic's metrics in namespace ns. The first
@@ -181,9 +184,10 @@ func (s *Set) TopicLabel(ns, topic string) string { return s.Topic(ns, topic).La
 
 func (s *Set) newTopic(ns, label string) *Topic {
 	t := &Topic{Label: label,
-		LeaseExpiries: s.leaseExpiries.WithLabelValues(ns, label),
-		DeadLettered:  s.deadLettered.WithLabelValues(ns, label),
-		Redriven:      s.redriven.WithLabelValues(ns, label),
+		LeaseExpiries:      s.leaseExpiries.WithLabelValues(ns, label),
+		DeadLettered:       s.deadLettered.WithLabelValues(ns, label),
+		Redriven:           s.redriven.WithLabelValues(ns, label),
+		DeadLettersDeleted: s.deadLettersDeleted.WithLabelValues(ns, label),
 	}
 	for i, b := range Bands {
 		t.Enqueued[i] = s.enqueued.WithLabelValues(ns, label, b)

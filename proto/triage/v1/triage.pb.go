@@ -195,6 +195,180 @@ func (DequeuePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
 }
 
+type PauseTopicRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseTopicRequest) Reset() {
+	*x = PauseTopicRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseTopicRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseTopicRequest) ProtoMessage() {}
+
+func (x *PauseTopicRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseTopicRequest.ProtoReflect.Descriptor instead.
+func (*PauseTopicRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PauseTopicRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PauseTopicRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+type ResumeTopicRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTopicRequest) Reset() {
+	*x = ResumeTopicRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTopicRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTopicRequest) ProtoMessage() {}
+
+func (x *ResumeTopicRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTopicRequest.ProtoReflect.Descriptor instead.
+func (*ResumeTopicRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResumeTopicRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ResumeTopicRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+// TopicPauseState is a topic's pause state after PauseTopic or
+// ResumeTopic, and the shard map version that holds it.
+type TopicPauseState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Paused        bool                   `protobuf:"varint,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicPauseState) Reset() {
+	*x = TopicPauseState{}
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicPauseState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicPauseState) ProtoMessage() {}
+
+func (x *TopicPauseState) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicPauseState.ProtoReflect.Descriptor instead.
+func (*TopicPauseState) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TopicPauseState) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *TopicPauseState) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TopicPauseState) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *TopicPauseState) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 type DrillEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
@@ -205,7 +379,7 @@ type DrillEvent struct {
 
 func (x *DrillEvent) Reset() {
 	*x = DrillEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +391,7 @@ func (x *DrillEvent) String() string {
 func (*DrillEvent) ProtoMessage() {}
 
 func (x *DrillEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[0]
+	mi := &file_triage_v1_triage_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +404,7 @@ func (x *DrillEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillEvent.ProtoReflect.Descriptor instead.
 func (*DrillEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{0}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DrillEvent) GetAt() *timestamppb.Timestamp {
@@ -268,7 +442,7 @@ type Drill struct {
 
 func (x *Drill) Reset() {
 	*x = Drill{}
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +454,7 @@ func (x *Drill) String() string {
 func (*Drill) ProtoMessage() {}
 
 func (x *Drill) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[1]
+	mi := &file_triage_v1_triage_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +467,7 @@ func (x *Drill) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drill.ProtoReflect.Descriptor instead.
 func (*Drill) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{1}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Drill) GetId() string {
@@ -373,7 +547,7 @@ type ReportDrillRequest struct {
 
 func (x *ReportDrillRequest) Reset() {
 	*x = ReportDrillRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +559,7 @@ func (x *ReportDrillRequest) String() string {
 func (*ReportDrillRequest) ProtoMessage() {}
 
 func (x *ReportDrillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[2]
+	mi := &file_triage_v1_triage_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +572,7 @@ func (x *ReportDrillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDrillRequest.ProtoReflect.Descriptor instead.
 func (*ReportDrillRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReportDrillRequest) GetId() string {
@@ -451,7 +625,7 @@ type ListDrillsRequest struct {
 
 func (x *ListDrillsRequest) Reset() {
 	*x = ListDrillsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +637,7 @@ func (x *ListDrillsRequest) String() string {
 func (*ListDrillsRequest) ProtoMessage() {}
 
 func (x *ListDrillsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[3]
+	mi := &file_triage_v1_triage_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +650,7 @@ func (x *ListDrillsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDrillsRequest.ProtoReflect.Descriptor instead.
 func (*ListDrillsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{3}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
 }
 
 type ListDrillsResponse struct {
@@ -489,7 +663,7 @@ type ListDrillsResponse struct {
 
 func (x *ListDrillsResponse) Reset() {
 	*x = ListDrillsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +675,7 @@ func (x *ListDrillsResponse) String() string {
 func (*ListDrillsResponse) ProtoMessage() {}
 
 func (x *ListDrillsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[4]
+	mi := &file_triage_v1_triage_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +688,7 @@ func (x *ListDrillsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDrillsResponse.ProtoReflect.Descriptor instead.
 func (*ListDrillsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{4}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDrillsResponse) GetDrills() []*Drill {
@@ -535,7 +709,7 @@ type AddShardRequest struct {
 
 func (x *AddShardRequest) Reset() {
 	*x = AddShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +721,7 @@ func (x *AddShardRequest) String() string {
 func (*AddShardRequest) ProtoMessage() {}
 
 func (x *AddShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[5]
+	mi := &file_triage_v1_triage_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +734,7 @@ func (x *AddShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddShardRequest.ProtoReflect.Descriptor instead.
 func (*AddShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{5}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AddShardRequest) GetShard() *Shard {
@@ -581,7 +755,7 @@ type AddNamespaceShardRequest struct {
 
 func (x *AddNamespaceShardRequest) Reset() {
 	*x = AddNamespaceShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +767,7 @@ func (x *AddNamespaceShardRequest) String() string {
 func (*AddNamespaceShardRequest) ProtoMessage() {}
 
 func (x *AddNamespaceShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[6]
+	mi := &file_triage_v1_triage_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +780,7 @@ func (x *AddNamespaceShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNamespaceShardRequest.ProtoReflect.Descriptor instead.
 func (*AddNamespaceShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{6}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AddNamespaceShardRequest) GetNamespace() string {
@@ -640,7 +814,7 @@ type SetShardWeightRequest struct {
 
 func (x *SetShardWeightRequest) Reset() {
 	*x = SetShardWeightRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +826,7 @@ func (x *SetShardWeightRequest) String() string {
 func (*SetShardWeightRequest) ProtoMessage() {}
 
 func (x *SetShardWeightRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[7]
+	mi := &file_triage_v1_triage_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +839,7 @@ func (x *SetShardWeightRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardWeightRequest.ProtoReflect.Descriptor instead.
 func (*SetShardWeightRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{7}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetShardWeightRequest) GetShard() uint32 {
@@ -691,7 +865,7 @@ type DrainShardRequest struct {
 
 func (x *DrainShardRequest) Reset() {
 	*x = DrainShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +877,7 @@ func (x *DrainShardRequest) String() string {
 func (*DrainShardRequest) ProtoMessage() {}
 
 func (x *DrainShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[8]
+	mi := &file_triage_v1_triage_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +890,7 @@ func (x *DrainShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainShardRequest.ProtoReflect.Descriptor instead.
 func (*DrainShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{8}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainShardRequest) GetShard() uint32 {
@@ -735,7 +909,7 @@ type RetireShardRequest struct {
 
 func (x *RetireShardRequest) Reset() {
 	*x = RetireShardRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +921,7 @@ func (x *RetireShardRequest) String() string {
 func (*RetireShardRequest) ProtoMessage() {}
 
 func (x *RetireShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[9]
+	mi := &file_triage_v1_triage_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +934,7 @@ func (x *RetireShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireShardRequest.ProtoReflect.Descriptor instead.
 func (*RetireShardRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{9}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RetireShardRequest) GetShard() uint32 {
@@ -782,7 +956,7 @@ type ShardChange struct {
 
 func (x *ShardChange) Reset() {
 	*x = ShardChange{}
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +968,7 @@ func (x *ShardChange) String() string {
 func (*ShardChange) ProtoMessage() {}
 
 func (x *ShardChange) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[10]
+	mi := &file_triage_v1_triage_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +981,7 @@ func (x *ShardChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardChange.ProtoReflect.Descriptor instead.
 func (*ShardChange) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{10}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ShardChange) GetVersion() uint64 {
@@ -845,7 +1019,7 @@ type NewItem struct {
 
 func (x *NewItem) Reset() {
 	*x = NewItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1031,7 @@ func (x *NewItem) String() string {
 func (*NewItem) ProtoMessage() {}
 
 func (x *NewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[11]
+	mi := &file_triage_v1_triage_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1044,7 @@ func (x *NewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewItem.ProtoReflect.Descriptor instead.
 func (*NewItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{11}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NewItem) GetPayload() []byte {
@@ -936,7 +1110,7 @@ type EnqueueRequest struct {
 
 func (x *EnqueueRequest) Reset() {
 	*x = EnqueueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1122,7 @@ func (x *EnqueueRequest) String() string {
 func (*EnqueueRequest) ProtoMessage() {}
 
 func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[12]
+	mi := &file_triage_v1_triage_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1135,7 @@ func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{12}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EnqueueRequest) GetNamespace() string {
@@ -1010,7 +1184,7 @@ type EnqueueResult struct {
 
 func (x *EnqueueResult) Reset() {
 	*x = EnqueueResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1196,7 @@ func (x *EnqueueResult) String() string {
 func (*EnqueueResult) ProtoMessage() {}
 
 func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[13]
+	mi := &file_triage_v1_triage_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1209,7 @@ func (x *EnqueueResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResult.ProtoReflect.Descriptor instead.
 func (*EnqueueResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{13}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EnqueueResult) GetId() string {
@@ -1068,7 +1242,7 @@ type EnqueueResponse struct {
 
 func (x *EnqueueResponse) Reset() {
 	*x = EnqueueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1254,7 @@ func (x *EnqueueResponse) String() string {
 func (*EnqueueResponse) ProtoMessage() {}
 
 func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[14]
+	mi := &file_triage_v1_triage_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1267,7 @@ func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResponse.ProtoReflect.Descriptor instead.
 func (*EnqueueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{14}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EnqueueResponse) GetResults() []*EnqueueResult {
@@ -1113,7 +1287,7 @@ type TopicCount struct {
 
 func (x *TopicCount) Reset() {
 	*x = TopicCount{}
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1299,7 @@ func (x *TopicCount) String() string {
 func (*TopicCount) ProtoMessage() {}
 
 func (x *TopicCount) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[15]
+	mi := &file_triage_v1_triage_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1312,7 @@ func (x *TopicCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicCount.ProtoReflect.Descriptor instead.
 func (*TopicCount) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{15}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TopicCount) GetTopic() string {
@@ -1176,7 +1350,7 @@ type DequeueRequest struct {
 
 func (x *DequeueRequest) Reset() {
 	*x = DequeueRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1362,7 @@ func (x *DequeueRequest) String() string {
 func (*DequeueRequest) ProtoMessage() {}
 
 func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[16]
+	mi := &file_triage_v1_triage_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1375,7 @@ func (x *DequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueRequest.ProtoReflect.Descriptor instead.
 func (*DequeueRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{16}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DequeueRequest) GetNamespace() string {
@@ -1272,7 +1446,7 @@ type LeasedItem struct {
 
 func (x *LeasedItem) Reset() {
 	*x = LeasedItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1458,7 @@ func (x *LeasedItem) String() string {
 func (*LeasedItem) ProtoMessage() {}
 
 func (x *LeasedItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[17]
+	mi := &file_triage_v1_triage_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1471,7 @@ func (x *LeasedItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasedItem.ProtoReflect.Descriptor instead.
 func (*LeasedItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{17}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeasedItem) GetId() string {
@@ -1379,7 +1553,7 @@ type DequeueResponse struct {
 
 func (x *DequeueResponse) Reset() {
 	*x = DequeueResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1565,7 @@ func (x *DequeueResponse) String() string {
 func (*DequeueResponse) ProtoMessage() {}
 
 func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[18]
+	mi := &file_triage_v1_triage_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1578,7 @@ func (x *DequeueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DequeueResponse.ProtoReflect.Descriptor instead.
 func (*DequeueResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{18}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DequeueResponse) GetItems() []*LeasedItem {
@@ -1424,7 +1598,7 @@ type LeaseRef struct {
 
 func (x *LeaseRef) Reset() {
 	*x = LeaseRef{}
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1610,7 @@ func (x *LeaseRef) String() string {
 func (*LeaseRef) ProtoMessage() {}
 
 func (x *LeaseRef) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[19]
+	mi := &file_triage_v1_triage_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1623,7 @@ func (x *LeaseRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRef.ProtoReflect.Descriptor instead.
 func (*LeaseRef) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{19}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LeaseRef) GetId() string {
@@ -1478,7 +1652,7 @@ type ItemResult struct {
 
 func (x *ItemResult) Reset() {
 	*x = ItemResult{}
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1664,7 @@ func (x *ItemResult) String() string {
 func (*ItemResult) ProtoMessage() {}
 
 func (x *ItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[20]
+	mi := &file_triage_v1_triage_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1677,7 @@ func (x *ItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemResult.ProtoReflect.Descriptor instead.
 func (*ItemResult) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{20}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ItemResult) GetId() string {
@@ -1537,7 +1711,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1723,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[21]
+	mi := &file_triage_v1_triage_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1736,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{21}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AckRequest) GetNamespace() string {
@@ -1588,7 +1762,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1774,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[22]
+	mi := &file_triage_v1_triage_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1787,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{22}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AckResponse) GetResults() []*ItemResult {
@@ -1650,7 +1824,7 @@ type NackItem struct {
 
 func (x *NackItem) Reset() {
 	*x = NackItem{}
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1836,7 @@ func (x *NackItem) String() string {
 func (*NackItem) ProtoMessage() {}
 
 func (x *NackItem) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[23]
+	mi := &file_triage_v1_triage_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1849,7 @@ func (x *NackItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackItem.ProtoReflect.Descriptor instead.
 func (*NackItem) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{23}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NackItem) GetId() string {
@@ -1737,7 +1911,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1923,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[24]
+	mi := &file_triage_v1_triage_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1936,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{24}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NackRequest) GetNamespace() string {
@@ -1788,7 +1962,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1974,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[25]
+	mi := &file_triage_v1_triage_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1987,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{25}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NackResponse) GetResults() []*ItemResult {
@@ -1836,7 +2010,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2022,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[26]
+	mi := &file_triage_v1_triage_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2035,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{26}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExtendLeaseRequest) GetNamespace() string {
@@ -1901,7 +2075,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2087,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[27]
+	mi := &file_triage_v1_triage_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2100,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{27}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -1966,7 +2140,7 @@ type Item struct {
 
 func (x *Item) Reset() {
 	*x = Item{}
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2152,7 @@ func (x *Item) String() string {
 func (*Item) ProtoMessage() {}
 
 func (x *Item) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[28]
+	mi := &file_triage_v1_triage_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2165,7 @@ func (x *Item) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Item.ProtoReflect.Descriptor instead.
 func (*Item) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{28}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Item) GetId() string {
@@ -2144,7 +2318,7 @@ type GetItemRequest struct {
 
 func (x *GetItemRequest) Reset() {
 	*x = GetItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2330,7 @@ func (x *GetItemRequest) String() string {
 func (*GetItemRequest) ProtoMessage() {}
 
 func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[29]
+	mi := &file_triage_v1_triage_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2343,7 @@ func (x *GetItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetItemRequest.ProtoReflect.Descriptor instead.
 func (*GetItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{29}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetItemRequest) GetNamespace() string {
@@ -2204,7 +2378,7 @@ type UpdateItemRequest struct {
 
 func (x *UpdateItemRequest) Reset() {
 	*x = UpdateItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2390,7 @@ func (x *UpdateItemRequest) String() string {
 func (*UpdateItemRequest) ProtoMessage() {}
 
 func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[30]
+	mi := &file_triage_v1_triage_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2403,7 @@ func (x *UpdateItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateItemRequest.ProtoReflect.Descriptor instead.
 func (*UpdateItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{30}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateItemRequest) GetNamespace() string {
@@ -2284,7 +2458,7 @@ type DeleteItemRequest struct {
 
 func (x *DeleteItemRequest) Reset() {
 	*x = DeleteItemRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2470,7 @@ func (x *DeleteItemRequest) String() string {
 func (*DeleteItemRequest) ProtoMessage() {}
 
 func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[31]
+	mi := &file_triage_v1_triage_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2483,7 @@ func (x *DeleteItemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemRequest.ProtoReflect.Descriptor instead.
 func (*DeleteItemRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{31}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteItemRequest) GetNamespace() string {
@@ -2334,7 +2508,7 @@ type DeleteItemResponse struct {
 
 func (x *DeleteItemResponse) Reset() {
 	*x = DeleteItemResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2520,7 @@ func (x *DeleteItemResponse) String() string {
 func (*DeleteItemResponse) ProtoMessage() {}
 
 func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[32]
+	mi := &file_triage_v1_triage_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2533,7 @@ func (x *DeleteItemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteItemResponse.ProtoReflect.Descriptor instead.
 func (*DeleteItemResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{32}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
 }
 
 type GetTopicStatsRequest struct {
@@ -2374,7 +2548,7 @@ type GetTopicStatsRequest struct {
 
 func (x *GetTopicStatsRequest) Reset() {
 	*x = GetTopicStatsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2560,7 @@ func (x *GetTopicStatsRequest) String() string {
 func (*GetTopicStatsRequest) ProtoMessage() {}
 
 func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[33]
+	mi := &file_triage_v1_triage_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2573,7 @@ func (x *GetTopicStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopicStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetTopicStatsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{33}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetTopicStatsRequest) GetNamespace() string {
@@ -2433,7 +2607,7 @@ type PriorityDepth struct {
 
 func (x *PriorityDepth) Reset() {
 	*x = PriorityDepth{}
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2619,7 @@ func (x *PriorityDepth) String() string {
 func (*PriorityDepth) ProtoMessage() {}
 
 func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[34]
+	mi := &file_triage_v1_triage_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2632,7 @@ func (x *PriorityDepth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityDepth.ProtoReflect.Descriptor instead.
 func (*PriorityDepth) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{34}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PriorityDepth) GetPriority() int32 {
@@ -2488,14 +2662,16 @@ type TopicStats struct {
 	// Age of the oldest ready item (now - deliver_after).
 	OldestReadyAge *durationpb.Duration `protobuf:"bytes,8,opt,name=oldest_ready_age,json=oldestReadyAge,proto3" json:"oldest_ready_age,omitempty"`
 	// Items in the topic's dead-letter queue.
-	DeadLetters   int64 `protobuf:"varint,9,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DeadLetters int64 `protobuf:"varint,9,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// PauseTopic holds the topic's deliveries.
+	Paused        bool `protobuf:"varint,10,opt,name=paused,proto3" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2683,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[35]
+	mi := &file_triage_v1_triage_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2696,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{35}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TopicStats) GetNamespace() string {
@@ -2586,6 +2762,13 @@ func (x *TopicStats) GetDeadLetters() int64 {
 	return 0
 }
 
+func (x *TopicStats) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
 type ListTopicsRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -2600,7 +2783,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2612,7 +2795,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[36]
+	mi := &file_triage_v1_triage_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2625,7 +2808,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{36}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListTopicsRequest) GetNamespace() string {
@@ -2663,14 +2846,17 @@ type TopicSummary struct {
 	Items int64 `protobuf:"varint,2,opt,name=items,proto3" json:"items,omitempty"`
 	// Dead letters of the topic, so a topic whose every item died is still
 	// listed.
-	DeadLetters   int64 `protobuf:"varint,3,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DeadLetters int64 `protobuf:"varint,3,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// PauseTopic holds the topic's deliveries. A paused topic is listed
+	// even when it holds nothing, so that it can be found and resumed.
+	Paused        bool `protobuf:"varint,4,opt,name=paused,proto3" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicSummary) Reset() {
 	*x = TopicSummary{}
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2868,7 @@ func (x *TopicSummary) String() string {
 func (*TopicSummary) ProtoMessage() {}
 
 func (x *TopicSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[37]
+	mi := &file_triage_v1_triage_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2881,7 @@ func (x *TopicSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicSummary.ProtoReflect.Descriptor instead.
 func (*TopicSummary) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{37}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TopicSummary) GetTopic() string {
@@ -2719,6 +2905,13 @@ func (x *TopicSummary) GetDeadLetters() int64 {
 	return 0
 }
 
+func (x *TopicSummary) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
 type ListTopicsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Topics        []*TopicSummary        `protobuf:"bytes,1,rep,name=topics,proto3" json:"topics,omitempty"`
@@ -2729,7 +2922,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2741,7 +2934,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[38]
+	mi := &file_triage_v1_triage_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2754,7 +2947,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{38}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicSummary {
@@ -2779,7 +2972,7 @@ type GetShardMapRequest struct {
 
 func (x *GetShardMapRequest) Reset() {
 	*x = GetShardMapRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2984,7 @@ func (x *GetShardMapRequest) String() string {
 func (*GetShardMapRequest) ProtoMessage() {}
 
 func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[39]
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2997,7 @@ func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetShardMapRequest.ProtoReflect.Descriptor instead.
 func (*GetShardMapRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{39}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
 }
 
 type Shard struct {
@@ -2834,7 +3027,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2846,7 +3039,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[40]
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2859,7 +3052,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{40}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -2957,7 +3150,7 @@ type NamespaceShards struct {
 
 func (x *NamespaceShards) Reset() {
 	*x = NamespaceShards{}
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3162,7 @@ func (x *NamespaceShards) String() string {
 func (*NamespaceShards) ProtoMessage() {}
 
 func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[41]
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3175,7 @@ func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceShards.ProtoReflect.Descriptor instead.
 func (*NamespaceShards) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{41}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NamespaceShards) GetNamespace() string {
@@ -3018,7 +3211,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3030,7 +3223,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3043,7 +3236,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ShardMap) GetVersion() uint64 {
@@ -3091,7 +3284,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3296,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3309,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -3196,7 +3389,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3401,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3414,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -3269,7 +3462,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3474,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3487,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -3324,7 +3517,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3529,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3542,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -3389,7 +3582,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3594,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,12 +3607,147 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
 	if x != nil {
 		return x.Redriven
+	}
+	return 0
+}
+
+type DeleteDeadLettersRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Region whose shards hold the dead letters. Empty: the router's own.
+	Region string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// Dead letters to delete (IDs as ListDeadLetters gives them), 1 to
+	// 1000. Not with all.
+	Ids []string `protobuf:"bytes,4,rep,name=ids,proto3" json:"ids,omitempty"`
+	// Delete every dead letter of the topic. Not with ids.
+	All bool `protobuf:"varint,5,opt,name=all,proto3" json:"all,omitempty"`
+	// Only dead letters that died before this time. Unset: no bound.
+	Before        *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=before,proto3" json:"before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteDeadLettersRequest) Reset() {
+	*x = DeleteDeadLettersRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteDeadLettersRequest) ProtoMessage() {}
+
+func (x *DeleteDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*DeleteDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *DeleteDeadLettersRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DeleteDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeleteDeadLettersRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *DeleteDeadLettersRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *DeleteDeadLettersRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *DeleteDeadLettersRequest) GetBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+type DeleteDeadLettersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Dead letters deleted; IDs that were not dead letters of the topic
+	// (already deleted or redriven, or never) are not counted.
+	Deleted       int64 `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteDeadLettersResponse) Reset() {
+	*x = DeleteDeadLettersResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteDeadLettersResponse) ProtoMessage() {}
+
+func (x *DeleteDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*DeleteDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *DeleteDeadLettersResponse) GetDeleted() int64 {
+	if x != nil {
+		return x.Deleted
 	}
 	return 0
 }
@@ -3437,13 +3765,17 @@ type TopicConfig struct {
 	// Items ready longer than this move up one priority level, repeatedly.
 	// Unset: no aging.
 	AgingThreshold *durationpb.Duration `protobuf:"bytes,4,opt,name=aging_threshold,json=agingThreshold,proto3" json:"aging_threshold,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Output only: PauseTopic holds the topic's deliveries. Only PauseTopic
+	// and ResumeTopic change it; PutNamespace ignores it and keeps every
+	// topic's pause as stored, even of a topic whose config it removes.
+	Paused        bool `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3787,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3800,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TopicConfig) GetPolicy() DequeuePolicy {
@@ -3497,6 +3829,13 @@ func (x *TopicConfig) GetAgingThreshold() *durationpb.Duration {
 		return x.AgingThreshold
 	}
 	return nil
+}
+
+func (x *TopicConfig) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
 }
 
 // Namespace is a tenant's configuration.
@@ -3539,7 +3878,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3890,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3903,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Namespace) GetName() string {
@@ -3660,7 +3999,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4011,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4024,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -3713,7 +4052,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3725,7 +4064,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3738,7 +4077,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -3773,7 +4112,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +4124,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +4137,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -3834,7 +4173,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +4185,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +4198,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -3901,7 +4240,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3913,7 +4252,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3926,7 +4265,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -3960,7 +4299,7 @@ type ListFailoverEventsRequest struct {
 
 func (x *ListFailoverEventsRequest) Reset() {
 	*x = ListFailoverEventsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4311,7 @@ func (x *ListFailoverEventsRequest) String() string {
 func (*ListFailoverEventsRequest) ProtoMessage() {}
 
 func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4324,7 @@ func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListFailoverEventsRequest) GetLimit() int32 {
@@ -4006,7 +4345,7 @@ type ListFailoverEventsResponse struct {
 
 func (x *ListFailoverEventsResponse) Reset() {
 	*x = ListFailoverEventsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4018,7 +4357,7 @@ func (x *ListFailoverEventsResponse) String() string {
 func (*ListFailoverEventsResponse) ProtoMessage() {}
 
 func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4031,7 +4370,7 @@ func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListFailoverEventsResponse) GetController() string {
@@ -4052,7 +4391,18 @@ var File_triage_v1_triage_proto protoreflect.FileDescriptor
 
 const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
-	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x16triage/v1/triage.proto\x12\ttriage.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n" +
+	"\x11PauseTopicRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\"H\n" +
+	"\x12ResumeTopicRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\"w\n" +
+	"\x0fTopicPauseState\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\bR\x06paused\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"L\n" +
 	"\n" +
 	"DrillEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
@@ -4248,7 +4598,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06region\x18\x03 \x01(\tR\x06region\"A\n" +
 	"\rPriorityDepth\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12\x14\n" +
-	"\x05ready\x18\x02 \x01(\x03R\x05ready\"\xcc\x02\n" +
+	"\x05ready\x18\x02 \x01(\x03R\x05ready\"\xe4\x02\n" +
 	"\n" +
 	"TopicStats\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
@@ -4259,17 +4609,20 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\adelayed\x18\x06 \x01(\x03R\adelayed\x12\x14\n" +
 	"\x05total\x18\a \x01(\x03R\x05total\x12C\n" +
 	"\x10oldest_ready_age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x0eoldestReadyAge\x12!\n" +
-	"\fdead_letters\x18\t \x01(\x03R\vdeadLetters\"\x85\x01\n" +
+	"\fdead_letters\x18\t \x01(\x03R\vdeadLetters\x12\x16\n" +
+	"\x06paused\x18\n" +
+	" \x01(\bR\x06paused\"\x85\x01\n" +
 	"\x11ListTopicsRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"]\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
 	"\fTopicSummary\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05items\x18\x02 \x01(\x03R\x05items\x12!\n" +
-	"\fdead_letters\x18\x03 \x01(\x03R\vdeadLetters\"m\n" +
+	"\fdead_letters\x18\x03 \x01(\x03R\vdeadLetters\x12\x16\n" +
+	"\x06paused\x18\x04 \x01(\bR\x06paused\"m\n" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
@@ -4333,13 +4686,23 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12\x10\n" +
 	"\x03ids\x18\x04 \x03(\tR\x03ids\"8\n" +
 	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
-	"\bredriven\x18\x01 \x01(\x03R\bredriven\"\xc8\x01\n" +
+	"\bredriven\x18\x01 \x01(\x03R\bredriven\"\xbe\x01\n" +
+	"\x18DeleteDeadLettersRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x10\n" +
+	"\x03ids\x18\x04 \x03(\tR\x03ids\x12\x10\n" +
+	"\x03all\x18\x05 \x01(\bR\x03all\x122\n" +
+	"\x06before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06before\"5\n" +
+	"\x19DeleteDeadLettersResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\x03R\adeleted\"\xe0\x01\n" +
 	"\vTopicConfig\x120\n" +
 	"\x06policy\x18\x01 \x01(\x0e2\x18.triage.v1.DequeuePolicyR\x06policy\x12!\n" +
 	"\fband_weights\x18\x02 \x03(\x01R\vbandWeights\x12 \n" +
 	"\fat_most_once\x18\x03 \x01(\bR\n" +
 	"atMostOnce\x12B\n" +
-	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\"\xb3\x05\n" +
+	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\x12\x16\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\"\xb3\x05\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06shards\x18\x02 \x03(\v2\x1a.triage.v1.NamespaceShardsR\x06shards\x12*\n" +
@@ -4401,7 +4764,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x1aDEQUEUE_POLICY_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STRICT\x10\x01\x12\f\n" +
-	"\bWEIGHTED\x10\x022\xd9\v\n" +
+	"\bWEIGHTED\x10\x022\x83\r\n" +
 	"\x05Queue\x12|\n" +
 	"\aEnqueue\x12\x19.triage.v1.EnqueueRequest\x1a\x1a.triage.v1.EnqueueResponse\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/namespaces/{namespace}/topics/{topic}/items\x12o\n" +
 	"\aDequeue\x12\x19.triage.v1.DequeueRequest\x1a\x1a.triage.v1.DequeueResponse\"-\x82\xd3\xe4\x93\x02':\x01*\"\"/v1/namespaces/{namespace}:dequeue\x12_\n" +
@@ -4417,8 +4780,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
-	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive2\xaa\n" +
-	"\n" +
+	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive\x12\xa7\x01\n" +
+	"\x11DeleteDeadLetters\x12#.triage.v1.DeleteDeadLettersRequest\x1a$.triage.v1.DeleteDeadLettersResponse\"G\x82\xd3\xe4\x93\x02A:\x01*\"</v1/namespaces/{namespace}/topics/{topic}/deadletters:delete2\xb7\f\n" +
 	"\x05Admin\x12W\n" +
 	"\vGetShardMap\x12\x1d.triage.v1.GetShardMapRequest\x1a\x13.triage.v1.ShardMap\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/shardmap\x12k\n" +
 	"\bFailover\x12\x1a.triage.v1.FailoverRequest\x1a\x1b.triage.v1.FailoverResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/shards/{shard}:failover\x12h\n" +
@@ -4435,7 +4798,10 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\vReportDrill\x12\x1d.triage.v1.ReportDrillRequest\x1a\x10.triage.v1.Drill\"\x1a\x82\xd3\xe4\x93\x02\x14:\x01*\"\x0f/v1/drills/{id}\x12]\n" +
 	"\n" +
 	"ListDrills\x12\x1c.triage.v1.ListDrillsRequest\x1a\x1d.triage.v1.ListDrillsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
-	"/v1/drillsB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
+	"/v1/drills\x12\x82\x01\n" +
+	"\n" +
+	"PauseTopic\x12\x1c.triage.v1.PauseTopicRequest\x1a\x1a.triage.v1.TopicPauseState\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/namespaces/{namespace}/topics/{topic}:pause\x12\x85\x01\n" +
+	"\vResumeTopic\x12\x1d.triage.v1.ResumeTopicRequest\x1a\x1a.triage.v1.TopicPauseState\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/namespaces/{namespace}/topics/{topic}:resumeB9Z7github.com/triage-queue/triage/proto/triage/v1;triagev1b\x06proto3"
 
 var (
 	file_triage_v1_triage_proto_rawDescOnce sync.Once
@@ -4450,199 +4816,211 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
 	(DequeuePolicy)(0),                 // 2: triage.v1.DequeuePolicy
-	(*DrillEvent)(nil),                 // 3: triage.v1.DrillEvent
-	(*Drill)(nil),                      // 4: triage.v1.Drill
-	(*ReportDrillRequest)(nil),         // 5: triage.v1.ReportDrillRequest
-	(*ListDrillsRequest)(nil),          // 6: triage.v1.ListDrillsRequest
-	(*ListDrillsResponse)(nil),         // 7: triage.v1.ListDrillsResponse
-	(*AddShardRequest)(nil),            // 8: triage.v1.AddShardRequest
-	(*AddNamespaceShardRequest)(nil),   // 9: triage.v1.AddNamespaceShardRequest
-	(*SetShardWeightRequest)(nil),      // 10: triage.v1.SetShardWeightRequest
-	(*DrainShardRequest)(nil),          // 11: triage.v1.DrainShardRequest
-	(*RetireShardRequest)(nil),         // 12: triage.v1.RetireShardRequest
-	(*ShardChange)(nil),                // 13: triage.v1.ShardChange
-	(*NewItem)(nil),                    // 14: triage.v1.NewItem
-	(*EnqueueRequest)(nil),             // 15: triage.v1.EnqueueRequest
-	(*EnqueueResult)(nil),              // 16: triage.v1.EnqueueResult
-	(*EnqueueResponse)(nil),            // 17: triage.v1.EnqueueResponse
-	(*TopicCount)(nil),                 // 18: triage.v1.TopicCount
-	(*DequeueRequest)(nil),             // 19: triage.v1.DequeueRequest
-	(*LeasedItem)(nil),                 // 20: triage.v1.LeasedItem
-	(*DequeueResponse)(nil),            // 21: triage.v1.DequeueResponse
-	(*LeaseRef)(nil),                   // 22: triage.v1.LeaseRef
-	(*ItemResult)(nil),                 // 23: triage.v1.ItemResult
-	(*AckRequest)(nil),                 // 24: triage.v1.AckRequest
-	(*AckResponse)(nil),                // 25: triage.v1.AckResponse
-	(*NackItem)(nil),                   // 26: triage.v1.NackItem
-	(*NackRequest)(nil),                // 27: triage.v1.NackRequest
-	(*NackResponse)(nil),               // 28: triage.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),         // 29: triage.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),        // 30: triage.v1.ExtendLeaseResponse
-	(*Item)(nil),                       // 31: triage.v1.Item
-	(*GetItemRequest)(nil),             // 32: triage.v1.GetItemRequest
-	(*UpdateItemRequest)(nil),          // 33: triage.v1.UpdateItemRequest
-	(*DeleteItemRequest)(nil),          // 34: triage.v1.DeleteItemRequest
-	(*DeleteItemResponse)(nil),         // 35: triage.v1.DeleteItemResponse
-	(*GetTopicStatsRequest)(nil),       // 36: triage.v1.GetTopicStatsRequest
-	(*PriorityDepth)(nil),              // 37: triage.v1.PriorityDepth
-	(*TopicStats)(nil),                 // 38: triage.v1.TopicStats
-	(*ListTopicsRequest)(nil),          // 39: triage.v1.ListTopicsRequest
-	(*TopicSummary)(nil),               // 40: triage.v1.TopicSummary
-	(*ListTopicsResponse)(nil),         // 41: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 42: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 43: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 44: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 45: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 46: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 47: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 48: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 49: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 50: triage.v1.RedriveDeadLettersResponse
-	(*TopicConfig)(nil),                // 51: triage.v1.TopicConfig
-	(*Namespace)(nil),                  // 52: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 53: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 54: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 55: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 56: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 57: triage.v1.FailoverResponse
-	(*ListFailoverEventsRequest)(nil),  // 58: triage.v1.ListFailoverEventsRequest
-	(*ListFailoverEventsResponse)(nil), // 59: triage.v1.ListFailoverEventsResponse
-	nil,                                // 60: triage.v1.NewItem.MetadataEntry
-	nil,                                // 61: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 62: triage.v1.NackItem.MetadataEntry
-	nil,                                // 63: triage.v1.Item.MetadataEntry
-	nil,                                // 64: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 65: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 66: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 67: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 68: google.protobuf.Duration
-	(*fieldmaskpb.FieldMask)(nil),      // 69: google.protobuf.FieldMask
+	(*PauseTopicRequest)(nil),          // 3: triage.v1.PauseTopicRequest
+	(*ResumeTopicRequest)(nil),         // 4: triage.v1.ResumeTopicRequest
+	(*TopicPauseState)(nil),            // 5: triage.v1.TopicPauseState
+	(*DrillEvent)(nil),                 // 6: triage.v1.DrillEvent
+	(*Drill)(nil),                      // 7: triage.v1.Drill
+	(*ReportDrillRequest)(nil),         // 8: triage.v1.ReportDrillRequest
+	(*ListDrillsRequest)(nil),          // 9: triage.v1.ListDrillsRequest
+	(*ListDrillsResponse)(nil),         // 10: triage.v1.ListDrillsResponse
+	(*AddShardRequest)(nil),            // 11: triage.v1.AddShardRequest
+	(*AddNamespaceShardRequest)(nil),   // 12: triage.v1.AddNamespaceShardRequest
+	(*SetShardWeightRequest)(nil),      // 13: triage.v1.SetShardWeightRequest
+	(*DrainShardRequest)(nil),          // 14: triage.v1.DrainShardRequest
+	(*RetireShardRequest)(nil),         // 15: triage.v1.RetireShardRequest
+	(*ShardChange)(nil),                // 16: triage.v1.ShardChange
+	(*NewItem)(nil),                    // 17: triage.v1.NewItem
+	(*EnqueueRequest)(nil),             // 18: triage.v1.EnqueueRequest
+	(*EnqueueResult)(nil),              // 19: triage.v1.EnqueueResult
+	(*EnqueueResponse)(nil),            // 20: triage.v1.EnqueueResponse
+	(*TopicCount)(nil),                 // 21: triage.v1.TopicCount
+	(*DequeueRequest)(nil),             // 22: triage.v1.DequeueRequest
+	(*LeasedItem)(nil),                 // 23: triage.v1.LeasedItem
+	(*DequeueResponse)(nil),            // 24: triage.v1.DequeueResponse
+	(*LeaseRef)(nil),                   // 25: triage.v1.LeaseRef
+	(*ItemResult)(nil),                 // 26: triage.v1.ItemResult
+	(*AckRequest)(nil),                 // 27: triage.v1.AckRequest
+	(*AckResponse)(nil),                // 28: triage.v1.AckResponse
+	(*NackItem)(nil),                   // 29: triage.v1.NackItem
+	(*NackRequest)(nil),                // 30: triage.v1.NackRequest
+	(*NackResponse)(nil),               // 31: triage.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),         // 32: triage.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),        // 33: triage.v1.ExtendLeaseResponse
+	(*Item)(nil),                       // 34: triage.v1.Item
+	(*GetItemRequest)(nil),             // 35: triage.v1.GetItemRequest
+	(*UpdateItemRequest)(nil),          // 36: triage.v1.UpdateItemRequest
+	(*DeleteItemRequest)(nil),          // 37: triage.v1.DeleteItemRequest
+	(*DeleteItemResponse)(nil),         // 38: triage.v1.DeleteItemResponse
+	(*GetTopicStatsRequest)(nil),       // 39: triage.v1.GetTopicStatsRequest
+	(*PriorityDepth)(nil),              // 40: triage.v1.PriorityDepth
+	(*TopicStats)(nil),                 // 41: triage.v1.TopicStats
+	(*ListTopicsRequest)(nil),          // 42: triage.v1.ListTopicsRequest
+	(*TopicSummary)(nil),               // 43: triage.v1.TopicSummary
+	(*ListTopicsResponse)(nil),         // 44: triage.v1.ListTopicsResponse
+	(*GetShardMapRequest)(nil),         // 45: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 46: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 47: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 48: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 49: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 50: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 51: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 52: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 53: triage.v1.RedriveDeadLettersResponse
+	(*DeleteDeadLettersRequest)(nil),   // 54: triage.v1.DeleteDeadLettersRequest
+	(*DeleteDeadLettersResponse)(nil),  // 55: triage.v1.DeleteDeadLettersResponse
+	(*TopicConfig)(nil),                // 56: triage.v1.TopicConfig
+	(*Namespace)(nil),                  // 57: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 58: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 59: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 60: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 61: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 62: triage.v1.FailoverResponse
+	(*ListFailoverEventsRequest)(nil),  // 63: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 64: triage.v1.ListFailoverEventsResponse
+	nil,                                // 65: triage.v1.NewItem.MetadataEntry
+	nil,                                // 66: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 67: triage.v1.NackItem.MetadataEntry
+	nil,                                // 68: triage.v1.Item.MetadataEntry
+	nil,                                // 69: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 70: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 71: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 72: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 73: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),      // 74: google.protobuf.FieldMask
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	67, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
-	67, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
-	67, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
-	3,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
-	3,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
-	4,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
-	43, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
-	43, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	67, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	68, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	68, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	60, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	14, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	72, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
+	72, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
+	72, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
+	6,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
+	6,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
+	7,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
+	46, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	46, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	72, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	73, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	73, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	65, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	17, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	16, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	18, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	68, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	68, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	61, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	67, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	67, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	67, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	20, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	22, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	23, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	68, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	62, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	26, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	23, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	68, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	67, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	63, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	67, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	68, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	67, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	67, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	19, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	21, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	73, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	73, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	66, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	72, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	72, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	72, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	23, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	25, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	26, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	73, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	67, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	29, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	26, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	73, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	72, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	68, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	72, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	73, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	72, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	72, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	67, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	67, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	67, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	67, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	64, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	37, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	68, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	40, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	67, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	43, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	44, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	65, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	67, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	67, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	46, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	2,  // 52: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	68, // 53: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	44, // 54: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	68, // 55: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	68, // 56: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	68, // 57: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	66, // 58: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	68, // 59: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
-	52, // 60: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	69, // 61: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	67, // 62: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	56, // 63: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	56, // 64: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	51, // 65: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	15, // 66: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	19, // 67: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	24, // 68: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	27, // 69: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	29, // 70: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	32, // 71: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	33, // 72: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	34, // 73: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	36, // 74: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	39, // 75: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	47, // 76: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	49, // 77: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	42, // 78: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	55, // 79: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	53, // 80: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	54, // 81: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	8,  // 82: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	9,  // 83: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	10, // 84: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	11, // 85: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	12, // 86: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	58, // 87: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	5,  // 88: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	6,  // 89: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	17, // 90: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	21, // 91: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	25, // 92: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	28, // 93: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	30, // 94: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	31, // 95: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	31, // 96: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	35, // 97: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	38, // 98: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	41, // 99: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	48, // 100: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	50, // 101: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	45, // 102: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	57, // 103: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	52, // 104: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	52, // 105: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	13, // 106: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	13, // 107: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	13, // 108: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	13, // 109: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	13, // 110: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	59, // 111: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	4,  // 112: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	7,  // 113: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	90, // [90:114] is the sub-list for method output_type
-	66, // [66:90] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	72, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	72, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	72, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	72, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	69, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	40, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	73, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	43, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	72, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	46, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	47, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	70, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	72, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	72, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	49, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	72, // 52: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
+	2,  // 53: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	73, // 54: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	47, // 55: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	73, // 56: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	73, // 57: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	73, // 58: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	71, // 59: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	73, // 60: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	57, // 61: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	74, // 62: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	72, // 63: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	61, // 64: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	61, // 65: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	56, // 66: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	18, // 67: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	22, // 68: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	27, // 69: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	30, // 70: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	32, // 71: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	35, // 72: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	36, // 73: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	37, // 74: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	39, // 75: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	42, // 76: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	50, // 77: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	52, // 78: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	54, // 79: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
+	45, // 80: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	60, // 81: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	58, // 82: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	59, // 83: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	11, // 84: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	12, // 85: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	13, // 86: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	14, // 87: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	15, // 88: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	63, // 89: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	8,  // 90: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	9,  // 91: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	3,  // 92: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
+	4,  // 93: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
+	20, // 94: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	24, // 95: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	28, // 96: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	31, // 97: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	33, // 98: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	34, // 99: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	34, // 100: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	38, // 101: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	41, // 102: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	44, // 103: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	51, // 104: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	53, // 105: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	55, // 106: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
+	48, // 107: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	62, // 108: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	57, // 109: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	57, // 110: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	16, // 111: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	16, // 112: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	16, // 113: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	16, // 114: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	16, // 115: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	64, // 116: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	7,  // 117: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	10, // 118: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	5,  // 119: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
+	5,  // 120: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
+	94, // [94:121] is the sub-list for method output_type
+	67, // [67:94] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -4650,15 +5028,15 @@ func file_triage_v1_triage_proto_init() {
 	if File_triage_v1_triage_proto != nil {
 		return
 	}
-	file_triage_v1_triage_proto_msgTypes[16].OneofWrappers = []any{}
-	file_triage_v1_triage_proto_msgTypes[30].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   64,
+			NumMessages:   69,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -36,6 +36,7 @@ const (
 	Queue_ListTopics_FullMethodName         = "/triage.v1.Queue/ListTopics"
 	Queue_ListDeadLetters_FullMethodName    = "/triage.v1.Queue/ListDeadLetters"
 	Queue_RedriveDeadLetters_FullMethodName = "/triage.v1.Queue/RedriveDeadLetters"
+	Queue_DeleteDeadLetters_FullMethodName  = "/triage.v1.Queue/DeleteDeadLetters"
 )
 
 // QueueClient is the client API for Queue service.
@@ -66,13 +67,21 @@ type QueueClient interface {
 	DeleteItem(ctx context.Context, in *DeleteItemRequest, opts ...grpc.CallOption) (*DeleteItemResponse, error)
 	// GetTopicStats reports a topic's depth across the region's shards.
 	GetTopicStats(ctx context.Context, in *GetTopicStatsRequest, opts ...grpc.CallOption) (*TopicStats, error)
-	// ListTopics lists topics that hold items or dead letters.
+	// ListTopics lists topics that hold items or dead letters, or are
+	// paused.
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
 	// RedriveDeadLetters moves dead letters back to their topic, ready now,
 	// with attempts reset: all of the topic's, or the listed IDs.
 	RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error)
+	// DeleteDeadLetters removes dead letters for good: the listed IDs, or
+	// with all every one of the topic's on the region's shards, in either
+	// case only those that died before before, when it is set. A purge runs
+	// in transactions of 500 dead letters each, so a partial failure may
+	// leave some deleted; calling again finishes it. Exactly one of ids and
+	// all; anything else is INVALID_ARGUMENT and deletes nothing.
+	DeleteDeadLetters(ctx context.Context, in *DeleteDeadLettersRequest, opts ...grpc.CallOption) (*DeleteDeadLettersResponse, error)
 }
 
 type queueClient struct {
@@ -203,6 +212,16 @@ func (c *queueClient) RedriveDeadLetters(ctx context.Context, in *RedriveDeadLet
 	return out, nil
 }
 
+func (c *queueClient) DeleteDeadLetters(ctx context.Context, in *DeleteDeadLettersRequest, opts ...grpc.CallOption) (*DeleteDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteDeadLettersResponse)
+	err := c.cc.Invoke(ctx, Queue_DeleteDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServer is the server API for Queue service.
 // All implementations must embed UnimplementedQueueServer
 // for forward compatibility.
@@ -231,13 +250,21 @@ type QueueServer interface {
 	DeleteItem(context.Context, *DeleteItemRequest) (*DeleteItemResponse, error)
 	// GetTopicStats reports a topic's depth across the region's shards.
 	GetTopicStats(context.Context, *GetTopicStatsRequest) (*TopicStats, error)
-	// ListTopics lists topics that hold items or dead letters.
+	// ListTopics lists topics that hold items or dead letters, or are
+	// paused.
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
 	// RedriveDeadLetters moves dead letters back to their topic, ready now,
 	// with attempts reset: all of the topic's, or the listed IDs.
 	RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error)
+	// DeleteDeadLetters removes dead letters for good: the listed IDs, or
+	// with all every one of the topic's on the region's shards, in either
+	// case only those that died before before, when it is set. A purge runs
+	// in transactions of 500 dead letters each, so a partial failure may
+	// leave some deleted; calling again finishes it. Exactly one of ids and
+	// all; anything else is INVALID_ARGUMENT and deletes nothing.
+	DeleteDeadLetters(context.Context, *DeleteDeadLettersRequest) (*DeleteDeadLettersResponse, error)
 	mustEmbedUnimplementedQueueServer()
 }
 
@@ -283,6 +310,9 @@ func (UnimplementedQueueServer) ListDeadLetters(context.Context, *ListDeadLetter
 }
 func (UnimplementedQueueServer) RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RedriveDeadLetters not implemented")
+}
+func (UnimplementedQueueServer) DeleteDeadLetters(context.Context, *DeleteDeadLettersRequest) (*DeleteDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteDeadLetters not implemented")
 }
 func (UnimplementedQueueServer) mustEmbedUnimplementedQueueServer() {}
 func (UnimplementedQueueServer) testEmbeddedByValue()               {}
@@ -521,6 +551,24 @@ func _Queue_RedriveDeadLetters_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Queue_DeleteDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).DeleteDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_DeleteDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).DeleteDeadLetters(ctx, req.(*DeleteDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Queue_ServiceDesc is the grpc.ServiceDesc for Queue service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -576,6 +624,10 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "RedriveDeadLetters",
 			Handler:    _Queue_RedriveDeadLetters_Handler,
 		},
+		{
+			MethodName: "DeleteDeadLetters",
+			Handler:    _Queue_DeleteDeadLetters_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "triage/v1/triage.proto",
@@ -594,6 +646,8 @@ const (
 	Admin_ListFailoverEvents_FullMethodName = "/triage.v1.Admin/ListFailoverEvents"
 	Admin_ReportDrill_FullMethodName        = "/triage.v1.Admin/ReportDrill"
 	Admin_ListDrills_FullMethodName         = "/triage.v1.Admin/ListDrills"
+	Admin_PauseTopic_FullMethodName         = "/triage.v1.Admin/PauseTopic"
+	Admin_ResumeTopic_FullMethodName        = "/triage.v1.Admin/ResumeTopic"
 )
 
 // AdminClient is the client API for Admin service.
@@ -652,6 +706,18 @@ type AdminClient interface {
 	// ListDrills returns the drills of the last 24 h, newest first (at
 	// most 20), with their events.
 	ListDrills(ctx context.Context, in *ListDrillsRequest, opts ...grpc.CallOption) (*ListDrillsResponse, error)
+	// PauseTopic stops deliveries of a topic in every region: a dequeue
+	// gets nothing of it (the other topics of the same dequeue are served)
+	// and a long poll on it waits; enqueues, acks, nacks and lease
+	// extensions go on. The pause is kept in the shard map (the topic's
+	// config), so it outlives restarts and failovers; dequeuers stop
+	// serving the topic as they see the new map, within a second. Pausing
+	// a paused topic changes nothing. The namespace's admin may call it.
+	PauseTopic(ctx context.Context, in *PauseTopicRequest, opts ...grpc.CallOption) (*TopicPauseState, error)
+	// ResumeTopic undoes PauseTopic: dequeues serve the topic again and
+	// long polls parked on it wake. Resuming a topic that is not paused
+	// changes nothing.
+	ResumeTopic(ctx context.Context, in *ResumeTopicRequest, opts ...grpc.CallOption) (*TopicPauseState, error)
 }
 
 type adminClient struct {
@@ -782,6 +848,26 @@ func (c *adminClient) ListDrills(ctx context.Context, in *ListDrillsRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) PauseTopic(ctx context.Context, in *PauseTopicRequest, opts ...grpc.CallOption) (*TopicPauseState, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopicPauseState)
+	err := c.cc.Invoke(ctx, Admin_PauseTopic_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ResumeTopic(ctx context.Context, in *ResumeTopicRequest, opts ...grpc.CallOption) (*TopicPauseState, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopicPauseState)
+	err := c.cc.Invoke(ctx, Admin_ResumeTopic_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -838,6 +924,18 @@ type AdminServer interface {
 	// ListDrills returns the drills of the last 24 h, newest first (at
 	// most 20), with their events.
 	ListDrills(context.Context, *ListDrillsRequest) (*ListDrillsResponse, error)
+	// PauseTopic stops deliveries of a topic in every region: a dequeue
+	// gets nothing of it (the other topics of the same dequeue are served)
+	// and a long poll on it waits; enqueues, acks, nacks and lease
+	// extensions go on. The pause is kept in the shard map (the topic's
+	// config), so it outlives restarts and failovers; dequeuers stop
+	// serving the topic as they see the new map, within a second. Pausing
+	// a paused topic changes nothing. The namespace's admin may call it.
+	PauseTopic(context.Context, *PauseTopicRequest) (*TopicPauseState, error)
+	// ResumeTopic undoes PauseTopic: dequeues serve the topic again and
+	// long polls parked on it wake. Resuming a topic that is not paused
+	// changes nothing.
+	ResumeTopic(context.Context, *ResumeTopicRequest) (*TopicPauseState, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -883,6 +981,12 @@ func (UnimplementedAdminServer) ReportDrill(context.Context, *ReportDrillRequest
 }
 func (UnimplementedAdminServer) ListDrills(context.Context, *ListDrillsRequest) (*ListDrillsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListDrills not implemented")
+}
+func (UnimplementedAdminServer) PauseTopic(context.Context, *PauseTopicRequest) (*TopicPauseState, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseTopic not implemented")
+}
+func (UnimplementedAdminServer) ResumeTopic(context.Context, *ResumeTopicRequest) (*TopicPauseState, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeTopic not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -1121,6 +1225,42 @@ func _Admin_ListDrills_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_PauseTopic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseTopicRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PauseTopic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PauseTopic_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PauseTopic(ctx, req.(*PauseTopicRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ResumeTopic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeTopicRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ResumeTopic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ResumeTopic_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ResumeTopic(ctx, req.(*ResumeTopicRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1175,6 +1315,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListDrills",
 			Handler:    _Admin_ListDrills_Handler,
+		},
+		{
+			MethodName: "PauseTopic",
+			Handler:    _Admin_PauseTopic_Handler,
+		},
+		{
+			MethodName: "ResumeTopic",
+			Handler:    _Admin_ResumeTopic_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -10,6 +10,9 @@ const ROUTES = {
   getItem: "GET /v1/namespaces/{namespace}/items/{id}",
   listDeadLetters: "GET /v1/namespaces/{namespace}/topics/{topic}/deadletters",
   redrive: "POST /v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive",
+  deleteDeadLetters: "POST /v1/namespaces/{namespace}/topics/{topic}/deadletters:delete",
+  pauseTopic: "POST /v1/namespaces/{namespace}/topics/{topic}:pause",
+  resumeTopic: "POST /v1/namespaces/{namespace}/topics/{topic}:resume",
   shardMap: "GET /v1/shardmap",
   failovers: "GET /v1/failovers",
   listDrills: "GET /v1/drills",
@@ -193,7 +196,16 @@ async function loadTopics() {
   for (const s of stats) {
     const tr = document.createElement("tr");
     tr.dataset.topic = s.topic;
-    cell(tr, s.topic);
+    const name = document.createElement("span");
+    name.textContent = s.topic;
+    if (s.paused) {
+      const badge = document.createElement("span");
+      badge.className = "badge paused";
+      badge.textContent = "paused";
+      badge.title = "PauseTopic holds this topic's deliveries; enqueues go on";
+      name.append(" ", badge);
+    }
+    cell(tr, name);
     cell(tr, String(num(s.ready)), "num");
     cell(tr, String(num(s.leased)), "num");
     cell(tr, String(num(s.delayed)), "num");
@@ -207,14 +219,29 @@ async function loadTopics() {
     dl.addEventListener("click", () => { $("dl-topic").value = s.topic; });
     cell(tr, dl, "num");
     cell(tr, priorityChart(s.ready_by_priority || []));
+    const toggle = document.createElement("button");
+    toggle.type = "button";
+    toggle.className = s.paused ? "resume" : "pause";
+    toggle.textContent = s.paused ? "Resume" : "Pause";
+    toggle.addEventListener("click", () => setPaused(s.topic, !s.paused).catch(showError));
+    cell(tr, toggle);
     tbody.appendChild(tr);
   }
   if (!stats.length) {
     const tr = document.createElement("tr");
-    cell(tr, "No topics hold items in " + namespace + ".").colSpan = 8;
+    cell(tr, "No topics hold items in " + namespace + ".").colSpan = 9;
     tbody.appendChild(tr);
   }
   $("topics-at").textContent = "as of " + new Date().toLocaleTimeString();
+}
+
+// setPaused pauses or resumes a topic's deliveries, then shows the
+// topics again.
+async function setPaused(topic, paused) {
+  const { namespace } = settings();
+  if (paused && !confirm("Pause deliveries of " + topic + "? Dequeues get nothing of it until it is resumed; enqueues go on.")) return;
+  await call(paused ? "pauseTopic" : "resumeTopic", { namespace, topic }, null, {});
+  await loadTopics();
 }
 
 async function loadItem() {
@@ -265,8 +292,7 @@ async function loadDeadLetters() {
     tbody.appendChild(tr);
   }
   $("dl-all").checked = false;
-  $("dl-redrive-selected").disabled = letters.length === 0;
-  $("dl-redrive-all").disabled = letters.length === 0;
+  for (const b of ["dl-redrive-selected", "dl-redrive-all", "dl-delete-selected", "dl-delete-all"]) $(b).disabled = letters.length === 0;
   $("dl-status").textContent = letters.length + " dead letter(s)" + (res.next_page_token ? ", more not shown" : "");
 }
 
@@ -279,6 +305,20 @@ async function redrive(all) {
   const res = await call("redrive", { namespace, topic }, null, { region, ids });
   await loadDeadLetters();
   $("dl-status").textContent = "Redriven: " + num(res.redriven) + ". " + $("dl-status").textContent;
+}
+
+// deleteDeadLetters deletes the selected dead letters, or all of the
+// topic's, for good.
+async function deleteDeadLetters(all) {
+  const { namespace, region } = settings();
+  const topic = $("dl-topic").value.trim();
+  const ids = all ? [] : [...document.querySelectorAll(".dl-pick:checked")].map((b) => b.value);
+  if (!all && ids.length === 0) { $("dl-status").textContent = "Select dead letters first."; return; }
+  if (!confirm(all ? "Delete every dead letter of " + topic + " for good?" : "Delete " + ids.length + " dead letter(s) for good?")) return;
+  const body = all ? { region, all: true } : { region, ids };
+  const res = await call("deleteDeadLetters", { namespace, topic }, null, body);
+  await loadDeadLetters();
+  $("dl-status").textContent = "Deleted: " + num(res.deleted) + ". " + $("dl-status").textContent;
 }
 
 async function loadShards() {
@@ -424,6 +464,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("dl-all").addEventListener("change", (e) => { document.querySelectorAll(".dl-pick").forEach((b) => { b.checked = e.target.checked; }); });
   $("dl-redrive-selected").addEventListener("click", () => redrive(false).catch(showError));
   $("dl-redrive-all").addEventListener("click", () => redrive(true).catch(showError));
+  $("dl-delete-selected").addEventListener("click", () => deleteDeadLetters(false).catch(showError));
+  $("dl-delete-all").addEventListener("click", () => deleteDeadLetters(true).catch(showError));
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
   setInterval(() => { if (current === "topics" && $("auto").checked && !document.hidden) run("topics"); }, 5000);
   // The drills page is a live log: poll every second, one request at a
