@@ -195,16 +195,16 @@ type Bed struct {
 	// that region.
 	via map[string]map[string]string
 
-	mu       sync.Mutex // guards servers, regions' dead flags, Layout.Processes, stopped, killed
-	servers  []*dbServer
-	stopped  bool
-	killed   map[uint32]*dbServer // per shard, the server the last primary-kill killed
+	mu      sync.Mutex // guards servers, regions' dead flags, Layout.Processes, stopped, killed, cutOff
+	servers []*dbServer
+	stopped bool
+	killed  map[uint32]*dbServer // per shard, the server the last primary-kill killed
 	// cutOff is, per region, the servers that were shard primaries when
 	// the region was partitioned or taken down (see rememberPrimaries).
-	cutOff map[string][]*dbServer
-	bg       sync.WaitGroup       // nodes stopping in the background after KillRegion
-	control_ *http.Server         // the drill control endpoint
-	nem      nemesisState         // the nemesis's faults in effect (faults.go)
+	cutOff   map[string][]*dbServer
+	bg       sync.WaitGroup // nodes stopping in the background after KillRegion
+	control_ *http.Server   // the drill control endpoint
+	nem      nemesisState   // the nemesis's faults in effect (faults.go)
 }
 
 // region is one region's in-process parts.
