@@ -285,11 +285,11 @@ func (r *Router) GetTopicStats(ctx context.Context, req *triagev1.GetTopicStatsR
 	return stats, nil
 }
 
-// addPaused marks the paused topics of ns in counts and adds those after
-// the page token that hold nothing, so that a paused topic stays listed
-// (and can be found and resumed) when it is empty. Every shard's page
-// and the paused topics are each sorted from the token on, so the merged
-// page is still the first topics after it.
+// addPaused marks the topics of ns on pause in counts and adds those
+// after the page token that hold nothing, so that a topic on pause stays
+// listed (and can be found and resumed) when it is empty. Every shard's
+// page and the topics on pause are each sorted from the token on, so the
+// merged page is still the first topics after it.
 func addPaused(m *shardmap.Map, ns, after string, counts map[string]*triagev1.TopicSummary) {
 	n, err := m.Namespace(ns)
 	if err != nil {

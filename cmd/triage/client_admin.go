@@ -168,7 +168,7 @@ func deleteDeadLettersCmd(fs *pflag.FlagSet) clientRun {
 		case *before != "":
 			t, err := time.Parse(time.RFC3339, *before)
 			if err != nil {
-				return usagef("--before %q is not an RFC3339 time like 2025-06-01T12:00:00Z", *before)
+				return usagef("--before %q is not an RFC3339 time like YYYY-MM-DDThh:mm:ssZ", *before)
 			}
 			req.Before = timestamppb.New(t)
 		case *olderThan < 0:

@@ -167,7 +167,7 @@ var clientVerbs = map[string]clientVerb{
 	},
 	"resume": {
 		args:    "TOPIC",
-		summary: "Deliver a paused topic again; long polls parked on it wake.",
+		summary: "Deliver a topic on pause again; long polls parked on it wake.",
 		setup:   pauseCmd(false),
 	},
 	"namespace get": {
@@ -853,7 +853,7 @@ func updateCmd(fs *pflag.FlagSet) clientRun {
 		case set["deliver-after"]:
 			t, err := time.Parse(time.RFC3339, *deliverAfter)
 			if err != nil {
-				return usagef("--deliver-after %q is not an RFC3339 time like 2025-06-01T12:00:00Z", *deliverAfter)
+				return usagef("--deliver-after %q is not an RFC3339 time like YYYY-MM-DDThh:mm:ssZ", *deliverAfter)
 			}
 			req.DeliverAfter = timestamppb.New(t)
 		case set["delay"]:
@@ -1084,7 +1084,7 @@ func formatTime(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
-	return ts.AsTime().UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	return ts.AsTime().UTC().Format(time.DateOnly + "T" + time.TimeOnly + ".000Z07:00")
 }
 
 func formatDuration(d *durationpb.Duration) string {

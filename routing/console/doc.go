@@ -7,7 +7,7 @@
 // it may call are listed in ROUTES at the top of assets/console.js, and a
 // test checks each against the OpenAPI document). It shows a namespace's
 // topics with their depth by priority and oldest ready age (charts drawn
-// as inline SVG), a badge on each paused topic and a button that pauses
+// as inline SVG), a badge on each topic on pause and a button that pauses
 // or resumes it, an item's detail, the dead letters of a topic with
 // redrive and delete (of the selected ones, or all), the shard map with each shard's primary, replicas and epoch
 // beside the failover controller's recent steps, and the failover drills

@@ -248,7 +248,7 @@ func (c mapCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// paused counts the paused topics of every namespace by topic label,
+// paused counts, per namespace and topic label, the topics on pause,
 // over the topics the map holds a config for: those are at most 64 per
 // namespace, and topics past the label cap add up under Other as every
 // per-topic series does.

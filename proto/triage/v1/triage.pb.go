@@ -2847,7 +2847,7 @@ type TopicSummary struct {
 	// Dead letters of the topic, so a topic whose every item died is still
 	// listed.
 	DeadLetters int64 `protobuf:"varint,3,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
-	// PauseTopic holds the topic's deliveries. A paused topic is listed
+	// PauseTopic holds the topic's deliveries. A topic on pause is listed
 	// even when it holds nothing, so that it can be found and resumed.
 	Paused        bool `protobuf:"varint,4,opt,name=paused,proto3" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields

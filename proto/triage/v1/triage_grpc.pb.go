@@ -712,7 +712,7 @@ type AdminClient interface {
 	// extensions go on. The pause is kept in the shard map (the topic's
 	// config), so it outlives restarts and failovers; dequeuers stop
 	// serving the topic as they see the new map, within a second. Pausing
-	// a paused topic changes nothing. The namespace's admin may call it.
+	// a topic on pause changes nothing. The namespace's admin may call it.
 	PauseTopic(ctx context.Context, in *PauseTopicRequest, opts ...grpc.CallOption) (*TopicPauseState, error)
 	// ResumeTopic undoes PauseTopic: dequeues serve the topic again and
 	// long polls parked on it wake. Resuming a topic that is not paused
@@ -930,7 +930,7 @@ type AdminServer interface {
 	// extensions go on. The pause is kept in the shard map (the topic's
 	// config), so it outlives restarts and failovers; dequeuers stop
 	// serving the topic as they see the new map, within a second. Pausing
-	// a paused topic changes nothing. The namespace's admin may call it.
+	// a topic on pause changes nothing. The namespace's admin may call it.
 	PauseTopic(context.Context, *PauseTopicRequest) (*TopicPauseState, error)
 	// ResumeTopic undoes PauseTopic: dequeues serve the topic again and
 	// long polls parked on it wake. Resuming a topic that is not paused
