@@ -486,3 +486,35 @@ func tryPostJSON(t *testing.T, addr, path, body string, out any) bool {
 	require.NoError(t, json.Unmarshal(data, out), string(data))
 	return true
 }
+
+// TestSuperviseRestartsADeposedWritableServer: after a heal the bed plays
+// the operator the controller's alarm asks for: a server the map does
+// not name primary that is writable (a deposed primary no heal of its
+// own restarted) is crashed and restarted to rejoin, read-only; the
+// primary is left alone.
+func TestSuperviseRestartsADeposedWritableServer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Start(ctx, Config{Dir: t.TempDir(), Regions: DefaultRegions, NATSPort: -1, Logger: testlog.New(t, slog.LevelWarn)})
+	require.NoError(t, err)
+	defer b.Stop()
+	require.Empty(t, b.superviseDeposed(ctx), "nothing to do on a bed as it started")
+
+	replica := b.replicasOf(1)[0]
+	primaryPID := b.currentPrimary(1).srv.PID()
+	db, err := sql.Open("mysql", replica.srv.DSN(""))
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, "SET GLOBAL read_only = OFF")
+	db.Close()
+	require.NoError(t, err)
+
+	desc := b.superviseDeposed(ctx)
+	require.Contains(t, desc, "supervisor: "+replica.srv.Addr())
+	require.Contains(t, desc, "to rejoin as a replica")
+	readOnly, waiting, err := fenceState(ctx, replica)
+	require.NoError(t, err)
+	require.True(t, readOnly, "restarted fenced (RejoinArgs)")
+	require.Zero(t, waiting)
+	require.Equal(t, primaryPID, b.currentPrimary(1).srv.PID(), "the primary is left alone")
+}

@@ -121,6 +121,9 @@ func (b *Bed) control(ctx context.Context, action, scenario, regionName string, 
 		desc, err = b.injectFault(ctx, scenario, r, shard)
 	case "heal":
 		desc, err = b.healFault(ctx, scenario, r, shard)
+		if more := b.superviseDeposed(ctx); more != "" {
+			desc += "; " + more
+		}
 	case "fate":
 		desc, err = b.fateAfter(ctx, scenario, shard)
 	default:

@@ -376,8 +376,18 @@ func disconnectedAt(ctx context.Context, network, id string, since time.Time) (t
 	return time.Time{}, fmt.Errorf("no disconnect event of %s from network %s: %q", id, network, out)
 }
 
-// Heal heals f; see drill.Bed.
+// Heal heals f; see drill.Bed. Then it plays the operator for any
+// deposed primary left writable (superviseDeposed).
 func (b *Bed) Heal(ctx context.Context, f drill.Fault) (string, error) {
+	desc, err := b.healFault(ctx, f)
+	if more := b.superviseDeposed(ctx); more != "" {
+		desc += "; " + more
+	}
+	return desc, err
+}
+
+// healFault heals f alone.
+func (b *Bed) healFault(ctx context.Context, f drill.Fault) (string, error) {
 	cs, err := b.containers(ctx)
 	if err != nil {
 		return "", err

@@ -1,0 +1,113 @@
+package compose
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// superviseRecheck is how long superviseDeposed waits before it looks at
+// a suspect again: a server the controller is promoting is writable for
+// a moment before the shard map it publishes names it primary.
+const superviseRecheck = 10 * time.Second
+
+// superviseDeposed does, after every heal, what the controller's alarm
+// "deposed primary holds commits waiting for an acknowledgement and
+// cannot be fenced; restart it with the rejoin arguments" asks an
+// operator to do: a running MariaDB container the live shard map does not
+// name primary that is writable, or holds commits waiting for a semi-sync
+// acknowledgement, is crashed and started to rejoin
+// (replication.RejoinArgs), whichever fault deposed it. A failover of a
+// live primary (a latency spike the observers took for an outage) leaves
+// such a server with no heal of its own, and once two of a shard's three
+// servers are like it no failover has a candidate. Paused containers are
+// their own heal's. It says what it did, or nothing.
+func (b *Bed) superviseDeposed(ctx context.Context) string {
+	suspects := b.deposedWritable(ctx)
+	if len(suspects) == 0 {
+		return ""
+	}
+	select {
+	case <-ctx.Done():
+		return ""
+	case <-time.After(superviseRecheck):
+	}
+	var crash []container
+	var parts []string
+	for _, s := range b.deposedWritable(ctx) {
+		if slices.ContainsFunc(suspects, func(x deposedServer) bool { return x.c.ID == s.c.ID }) {
+			crash = append(crash, s.c)
+			parts = append(parts, fmt.Sprintf("%s, deposed from shard %d, was %s", s.c.Service, s.c.Shard, s.state))
+		}
+	}
+	if len(crash) == 0 {
+		return ""
+	}
+	if _, err := kill(ctx, crash...); err != nil {
+		return "supervisor: crash " + strings.Join(parts, ", ") + ": " + err.Error()
+	}
+	desc, err := b.startServers(ctx, crash, func(container) bool { return true })
+	if err != nil {
+		desc = "start failed: " + err.Error()
+	}
+	return "supervisor: " + strings.Join(parts, "; ") + "; crashed: " + desc
+}
+
+// deposedServer is a container superviseDeposed found deposed but
+// writable or with commits waiting, and what it found.
+type deposedServer struct {
+	c     container
+	state string
+}
+
+// deposedWritable lists the running MariaDB containers that the live
+// shard map does not name primary and that are writable or hold commits
+// waiting for an acknowledgement.
+func (b *Bed) deposedWritable(ctx context.Context) []deposedServer {
+	cs, err := b.containers(ctx)
+	if err != nil {
+		return nil
+	}
+	m, err := b.shardMap(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []deposedServer
+	for _, c := range cs {
+		if c.Role != "mariadb" || c.State != "running" || primaryOf(m, c.Shard) == c.Addr {
+			continue
+		}
+		readOnly, waiting, err := b.fenceState(ctx, c)
+		if err != nil || readOnly && waiting == 0 {
+			continue // unreachable, or a replica as it should be
+		}
+		out = append(out, deposedServer{c, fmt.Sprintf("read_only=%t with %d commits waiting for a semi-sync ack", readOnly, waiting)})
+	}
+	return out
+}
+
+// fenceState reads c's read_only and the sessions waiting for a semi-sync
+// acknowledgement.
+func (b *Bed) fenceState(ctx context.Context, c container) (readOnly bool, waiting int, err error) {
+	ip, err := docker(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", c.ID)
+	if err != nil || len(strings.Fields(ip)) == 0 {
+		return false, 0, fmt.Errorf("%s has no address: %v", c.Service, err)
+	}
+	mc := mysql.NewConfig()
+	mc.User, mc.Passwd, mc.Net, mc.Addr = adminUser, adminPassword, "tcp", strings.Fields(ip)[0]+":3306"
+	mc.Timeout, mc.ReadTimeout = 2*time.Second, 2*time.Second
+	db, err := sql.Open("mysql", mc.FormatDSN())
+	if err != nil {
+		return false, 0, err
+	}
+	defer db.Close()
+	var w sql.NullInt64
+	err = db.QueryRowContext(ctx, `SELECT @@global.read_only,
+		(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_WAIT_SESSIONS')`).Scan(&readOnly, &w)
+	return readOnly, int(w.Int64), err
+}
