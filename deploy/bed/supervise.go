@@ -74,8 +74,8 @@ func (b *Bed) deposedWritable(ctx context.Context) []deposedServer {
 	b.nem.mu.Unlock()
 	var out []deposedServer
 	for _, d := range b.serverList() {
-		if paused[d] || b.currentPrimary(d.shard) == d {
-			continue
+		if paused[d] || !b.inMap(d.shard) || b.currentPrimary(d.shard) == d {
+			continue // a spare shard's server (not in the map) is a primary in waiting
 		}
 		readOnly, waiting, err := fenceState(ctx, d)
 		if err != nil || readOnly && waiting == 0 {
@@ -100,4 +100,18 @@ func fenceState(ctx context.Context, d *dbServer) (readOnly bool, waiting int, e
 	err = db.QueryRowContext(qctx, `SELECT @@global.read_only,
 		(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_WAIT_SESSIONS')`).Scan(&readOnly, &w)
 	return readOnly, int(w.Int64), err
+}
+
+// inMap reports whether the live shard map (the newest a node holds)
+// names shard.
+func (b *Bed) inMap(shard uint32) bool {
+	for _, r := range b.regions {
+		if r.node == nil || r.dead {
+			continue
+		}
+		if _, ok := r.node.ShardMap().Shard(shard); ok {
+			return true
+		}
+	}
+	return false
 }

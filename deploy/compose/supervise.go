@@ -79,8 +79,8 @@ func (b *Bed) deposedWritable(ctx context.Context) []deposedServer {
 	}
 	var out []deposedServer
 	for _, c := range cs {
-		if c.Role != "mariadb" || c.State != "running" || primaryOf(m, c.Shard) == c.Addr {
-			continue
+		if p := primaryOf(m, c.Shard); c.Role != "mariadb" || c.State != "running" || p == "" || p == c.Addr {
+			continue // a spare shard's server (not in the map) is a primary in waiting
 		}
 		readOnly, waiting, err := b.fenceState(ctx, c)
 		if err != nil || readOnly && waiting == 0 {
