@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -122,21 +123,10 @@ func redriveCmd(_ *pflag.FlagSet) clientRun {
 			total.Redriven += resp.GetRedriven()
 			return nil
 		}
-		if len(ids) == 0 {
-			if err := send(nil); err != nil {
-				return err
-			}
+		if err := perChunk(ids, len(ids) == 0, send); err != nil {
+			return err
 		}
-		for chunk := range slices.Chunk(ids, routing.MaxRefsPerCall) {
-			if err := send(chunk); err != nil {
-				return err
-			}
-		}
-		if e.json {
-			if err := printJSON(e.stdout, total); err != nil {
-				return err
-			}
-		} else if _, err := fmt.Fprintf(e.stdout, "redriven: %d\n", total.Redriven); err != nil {
+		if err := e.printCount(total, "redriven", total.Redriven); err != nil {
 			return err
 		}
 		if len(ids) > 0 && total.Redriven < int64(len(ids)) {
@@ -189,21 +179,10 @@ func deleteDeadLettersCmd(fs *pflag.FlagSet) clientRun {
 			total.Deleted += resp.GetDeleted()
 			return nil
 		}
-		if *all {
-			if err := send(nil); err != nil {
-				return err
-			}
+		if err := perChunk(ids, *all, send); err != nil {
+			return err
 		}
-		for chunk := range slices.Chunk(ids, routing.MaxRefsPerCall) {
-			if err := send(chunk); err != nil {
-				return err
-			}
-		}
-		if e.json {
-			if err := printJSON(e.stdout, total); err != nil {
-				return err
-			}
-		} else if _, err := fmt.Fprintf(e.stdout, "deleted: %d\n", total.Deleted); err != nil {
+		if err := e.printCount(total, "deleted", total.Deleted); err != nil {
 			return err
 		}
 		if len(ids) > 0 && total.Deleted < int64(len(ids)) {
@@ -677,4 +656,29 @@ func durationOr(d *durationpb.Duration, none string) string {
 		return none
 	}
 	return d.AsDuration().String()
+}
+
+// perChunk calls send once with no IDs when whole (a call about a whole
+// topic), then once per run of at most routing.MaxRefsPerCall of ids.
+func perChunk(ids []string, whole bool, send func([]string) error) error {
+	if whole {
+		if err := send(nil); err != nil {
+			return err
+		}
+	}
+	for chunk := range slices.Chunk(ids, routing.MaxRefsPerCall) {
+		if err := send(chunk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// printCount prints total as JSON, or "label: n" for a reader.
+func (e *clientEnv) printCount(total proto.Message, label string, n int64) error {
+	if e.json {
+		return printJSON(e.stdout, total)
+	}
+	_, err := fmt.Fprintf(e.stdout, "%s: %d\n", label, n)
+	return err
 }
