@@ -28,6 +28,16 @@ type Item struct {
 	// Attempts counts deliveries so far, this one included; released and
 	// snoozed deliveries are not counted.
 	Attempts int
+	// MaxAttempts is the deliveries the item gets before it is
+	// dead-lettered: its topic's retry policy, or its namespace's. 0: no
+	// limit. Attempts == MaxAttempts is the last try.
+	MaxAttempts int
+	// LastError is the error the item's last nack recorded, "" if none.
+	LastError string
+	// Traceparent is the W3C trace context of the enqueue that stored the
+	// item ("" when it was not traced); the worker links each handler's
+	// span to it.
+	Traceparent string
 	// EnqueuedAt is when the router accepted the item.
 	EnqueuedAt time.Time
 
@@ -38,6 +48,7 @@ func newItem(ns string, li *triagev1.LeasedItem) *Item {
 	return &Item{
 		ID: li.GetId(), Namespace: ns, Topic: li.GetTopic(), Priority: li.GetPriority(),
 		Payload: li.GetPayload(), Metadata: li.GetMetadata(), Attempts: int(li.GetAttempts()),
+		MaxAttempts: int(li.GetMaxAttempts()), LastError: li.GetLastError(), Traceparent: li.GetTraceparent(),
 		EnqueuedAt: li.GetEnqueuedAt().AsTime(), token: li.GetLeaseToken(),
 	}
 }

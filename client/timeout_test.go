@@ -85,9 +85,13 @@ func (l *leaseLog) count(token, method string, granted bool) int {
 // seenDelivery is what a handler saw of one delivery.
 type seenDelivery struct {
 	attempts int
-	token    string
-	cause    error
-	deadline bool
+	// maxAttempts and lastErr: what the item told of its retry policy
+	// and its last failure.
+	maxAttempts int
+	lastErr     string
+	token       string
+	cause       error
+	deadline    bool
 }
 
 // A handler that blocks until its context is done is cancelled at the
@@ -105,7 +109,8 @@ func TestWorkerTimeoutCancelsHungHandler(t *testing.T) {
 	w.Handle("hung", func(ctx context.Context, it *client.Item) error {
 		_, hasDeadline := ctx.Deadline()
 		<-ctx.Done()
-		seen <- seenDelivery{attempts: it.Attempts, token: it.LeaseToken(), cause: context.Cause(ctx), deadline: hasDeadline}
+		seen <- seenDelivery{attempts: it.Attempts, token: it.LeaseToken(), cause: context.Cause(ctx), deadline: hasDeadline,
+			maxAttempts: it.MaxAttempts, lastErr: it.LastError}
 		return ctx.Err()
 	}, client.TopicOptions{Timeout: time.Second})
 	ids := enqueue(t, c, "hung", "x")
@@ -125,7 +130,10 @@ func TestWorkerTimeoutCancelsHungHandler(t *testing.T) {
 		require.Equal(t, i+1, d.attempts, "each timed-out delivery counts an attempt")
 		require.ErrorIs(t, d.cause, client.ErrHandlerTimeout)
 		require.True(t, d.deadline, "the handler's context carries the timeout as its deadline")
+		require.Equal(t, 2, d.maxAttempts, "the handler sees how many tries the item gets")
 	}
+	require.Empty(t, got[0].lastErr)
+	require.Equal(t, "handler timed out after 1s", got[1].lastErr, "the retry sees why the last try failed")
 	require.Eventually(t, func() bool { return stats(t, c, "hung").Total == 0 }, 20*time.Second, 20*time.Millisecond)
 	dl, err := c.Queue.ListDeadLetters(t.Context(), &triagev1.ListDeadLettersRequest{Namespace: "default", Topic: "hung"})
 	require.NoError(t, err)

@@ -11,6 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -39,6 +44,12 @@ type WorkerConfig struct {
 	// Logger receives the worker's own failures (dequeue errors, refused
 	// acks, lost leases). Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider starts each handler's span, "process TOPIC", linked
+	// to the span that enqueued the item (Item.Traceparent), as
+	// OpenTelemetry's messaging conventions have it; the handler's context
+	// carries it. Default otel.GetTracerProvider(), a no-op until the
+	// program installs one.
+	TracerProvider trace.TracerProvider
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -57,15 +68,19 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
 	return c
 }
 
 // Worker leases items of the topics it has handlers for and runs them:
 // see the package documentation. Handle and Use before Start.
 type Worker struct {
-	c   *Client
-	cfg WorkerConfig
-	log *slog.Logger
+	c      *Client
+	cfg    WorkerConfig
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	topics map[string]*topic
 	mws    []Middleware
@@ -124,7 +139,8 @@ func NewWorker(c *Client, cfg WorkerConfig) (*Worker, error) {
 		return nil, fmt.Errorf("%w: worker namespace is required", ErrInvalid)
 	}
 	cfg = cfg.withDefaults()
-	return &Worker{c: c, cfg: cfg, log: cfg.Logger.With("namespace", cfg.Namespace), topics: map[string]*topic{}}, nil
+	return &Worker{c: c, cfg: cfg, log: cfg.Logger.With("namespace", cfg.Namespace), topics: map[string]*topic{},
+		tracer: cfg.TracerProvider.Tracer("github.com/triage-queue/triage/client")}, nil
 }
 
 // Handle registers h for topic with its options (TopicOptions{} for the
@@ -461,12 +477,41 @@ func (w *Worker) begin(d *delivery, cancel context.CancelCauseFunc) bool {
 // call runs d's handler (with the middleware), turning a panic in the
 // middleware into a *PanicError as recoverHandler does for the handler.
 func (w *Worker) call(ctx context.Context, d *delivery) (err error) {
+	ctx, span := w.startSpan(ctx, d.item)
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
 	}()
 	return d.t.handler(ctx, d.item)
+}
+
+// startSpan starts the handler span of it: a consumer span of its own trace,
+// linked to the enqueue's (a delivery is one of possibly many of the
+// item, so the producer's trace is a link, not the parent).
+func (w *Worker) startSpan(ctx context.Context, it *Item) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "triage"),
+			attribute.String("messaging.operation.name", "process"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", it.Topic),
+			attribute.String("messaging.message.id", it.ID),
+			attribute.String("triage.namespace", it.Namespace),
+			attribute.Int("triage.attempts", it.Attempts)),
+	}
+	if it.Traceparent != "" {
+		producer := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": it.Traceparent})
+		if sc := trace.SpanContextFromContext(producer); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+	}
+	return w.tracer.Start(ctx, "process "+it.Topic, opts...)
 }
 
 // finish settles d from its handler's result err; ctx is the handler's.

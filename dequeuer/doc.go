@@ -77,9 +77,11 @@
 //
 // attempts therefore counts deliveries. A delivery that never reaches its
 // consumer (a reply that could not be sent, a multi-owner surplus the
-// router does not keep) is undone by store.ItemUnserve: token cleared,
-// attempts-1, deliver_after restored to its value before the lease, so the
-// item keeps its place in the order. Rows an older version left under a
+// router does not keep, a serve whose answer was lost) is undone by
+// store.ItemUnserve: token cleared, attempts-1, deliver_after restored to
+// its value before the lease, so the item keeps its place in the order.
+// Package handback runs it and, while the shard cannot be written (a
+// failover), retries it by token until it lands. Rows an older version left under a
 // prefetch lease (lease_token set, leased_until NULL) are ready once it
 // lapses; at-most-once topics delete only rows whose delivery lease (with
 // leased_until) lapsed.

@@ -23,10 +23,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/dequeuer/handback"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
-	"github.com/triage-queue/triage/schema"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/store"
@@ -105,6 +105,8 @@ type Service struct {
 	owner *ownership
 	// serves coalesces concurrent takes' serve UPDATEs per shard.
 	serves store.ServeBatcher
+	// handBack returns served items nobody received to the ready set.
+	handBack *handback.Returner
 
 	// Background refills (startRefills) run on bgCtx, the context Start
 	// was given, and halt waits for them; refillMu guards stopping and
@@ -147,7 +149,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
 	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
-		inflight: make(chan struct{}, MaxInflight)}, nil
+		inflight: make(chan struct{}, MaxInflight),
+		handBack: handback.New(handback.Config{Maps: cfg.Maps, Pool: cfg.Pool, Clock: cfg.Clock, Log: log})}, nil
 }
 
 // shardNow is the time of a shard's primary (see Config.Clock), or the
@@ -265,6 +268,7 @@ func (s *Service) halt() {
 	s.refillMu.Unlock()
 	s.refills.Wait()
 	s.wg.Wait()
+	s.handBack.Stop()
 }
 
 // MaxInflight bounds the dequeue requests one dequeuer serves at once,
@@ -387,7 +391,8 @@ func (s *Service) policy(m *shardmap.Map, ns, topic string) Policy {
 	if err != nil {
 		return Policy{}
 	}
-	return Policy{MaxAttempts: n.MaxAttempts, AtMostOnce: n.Topic(topic).AtMostOnce, DedupWindow: time.Duration(n.DedupWindow)}
+	maxAttempts, _ := n.Retry(topic)
+	return Policy{MaxAttempts: maxAttempts, AtMostOnce: n.Topic(topic).AtMostOnce, DedupWindow: time.Duration(n.DedupWindow)}
 }
 
 func (s *Service) handleReady(m *nats.Msg) {
@@ -497,39 +502,16 @@ func (s *Service) handleRequest(m *nats.Msg) {
 	if err != nil && len(resp.Items) > 0 {
 		// The items never reach anyone: hand them back as undelivered, or
 		// the client's retries would burn their attempts.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if uerr := s.Undeliver(ctx, req.GetRequest().GetNamespace(), resp.Items); uerr != nil {
-			s.log.Warn("dequeue reply failed and its items could not be handed back; they return when their lease lapses",
-				"err", err, "undeliver_err", uerr)
-			return
-		}
-		s.log.Warn("dequeue reply failed; its items were handed back", "items", len(resp.Items), "err", err)
-	}
-}
-
-// Undeliver hands served items that never reached their consumer back to
-// the ready set (see store.ItemUnserve), grouped per shard.
-func (s *Service) Undeliver(ctx context.Context, namespace string, items []*triagev1.LeasedItem) error {
-	groups, err := peer.UndeliveredByShard(items)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for shard, us := range groups {
-		db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
-		if err == nil {
-			err = store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: namespace, Items: us, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
+		s.log.Warn("dequeue reply failed; its items are handed back", "items", len(resp.Items), "err", err)
+		ns := req.GetRequest().GetNamespace()
+		if _, err := s.handBack.Leased(ns, resp.Items, func(shard uint32, items []*triagev1.LeasedItem) {
+			for _, it := range items {
+				s.Ready(&peerv1.ItemsReady{Namespace: ns, Topic: it.Topic, Shard: shard, MinPriority: it.Priority, Count: 1})
+			}
+		}); err != nil {
+			s.log.Warn("dequeue reply failed and its items could not be handed back; they return when their lease lapses", "err", err)
 		}
 	}
-	for _, it := range items {
-		id, _ := itemid.Parse(it.Id)
-		s.Ready(&peerv1.ItemsReady{Namespace: namespace, Topic: it.Topic, Shard: id.Shard, MinPriority: it.Priority, Count: 1})
-	}
-	return errors.Join(errs...)
 }
 
 // Dequeue serves a validated request from shards this dequeuer owns:
@@ -595,8 +577,11 @@ func (s *Service) dequeueRounds(ctx context.Context, req *triagev1.DequeueReques
 			served, tbufs, err := s.serveTopic(ctx, m, req, tc, shards, lease, budget, &used)
 			bufs = append(bufs, tbufs...)
 			firstErr = cmp.Or(firstErr, err)
+			maxAttempts := int32(s.policy(m, req.Namespace, tc.Topic).MaxAttempts)
 			for _, it := range served {
-				out = append(out, s.leased(tc.Topic, it))
+				li := s.leased(tc.Topic, it)
+				li.MaxAttempts = maxAttempts
+				out = append(out, li)
 			}
 		}
 		if len(out) > 0 {
@@ -936,51 +921,14 @@ func (s *Service) settleServes(items []bufItem, dls []store.Delivery, failed fun
 			MinPriority: it.Priority, Count: 1})
 		lastUS = max(lastUS, dls[i].UntilUS)
 	}
-	s.refillMu.Lock()
-	defer s.refillMu.Unlock()
-	if s.stopping || s.bgCtx == nil {
-		return
-	}
-	ctx := s.bgCtx
-	giveUp := time.UnixMicro(lastUS).Add(settleGrace)
 	for k, us := range groups {
-		s.refills.Add(1)
-		go func() {
-			defer s.refills.Done()
-			for wait := 50 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-				err := s.unserve(ctx, k.shard, k.ns, us)
-				if err == nil {
-					for _, n := range notices[k] {
-						s.Ready(n) // the buffers may have read past them meanwhile
-					}
-					s.log.Info("a failed serve was settled: its items are ready again", "shard", k.shard, "items", len(us))
-					return
-				}
-				if ctx.Err() != nil || time.Now().After(giveUp) {
-					s.log.Warn("a failed serve could not be settled; its items return when their lease lapses",
-						"shard", k.shard, "items", len(us), "err", err)
-					return
-				}
-				schema.Sleep(ctx, wait)
+		s.handBack.Go(k.ns, k.shard, us, time.UnixMicro(lastUS), func() {
+			for _, n := range notices[k] {
+				s.Ready(n) // the buffers may have read past them meanwhile
 			}
-		}()
+			s.log.Info("a failed serve was settled: its items are ready again", "shard", k.shard, "items", len(us))
+		})
 	}
-}
-
-// settleGrace is how long past the failed serve's leases settleServes
-// keeps trying.
-const settleGrace = time.Minute
-
-// unserve runs store.ItemUnserve for us on shard's current primary,
-// within a bounded time.
-func (s *Service) unserve(ctx context.Context, shard uint32, namespace string, us []store.Undelivered) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
-	if err != nil {
-		return err
-	}
-	return store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: namespace, Items: us, NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro()})
 }
 
 // spend settles the serve of items taken from their queues. A version
@@ -1060,6 +1008,8 @@ func (s *Service) leased(topic string, it bufItem) *triagev1.LeasedItem {
 		LeaseExpiresAt: timestamppb.New(time.UnixMicro(it.untilUS)),
 		EnqueuedAt:     timestamppb.New(time.UnixMicro(it.EnqueuedAt)),
 		DeliverAfter:   timestamppb.New(time.UnixMicro(it.DeliverAfter)),
+		LastError:      it.LastError.String,
+		Traceparent:    it.Traceparent.String,
 	}
 	if len(it.Metadata) > 0 {
 		_ = json.Unmarshal(it.Metadata, &li.Metadata)

@@ -101,3 +101,58 @@ func TestNackDefaultBackoff(t *testing.T) {
 	wait := item.DeliverAfter.AsTime().Sub(before)
 	require.True(t, wait >= 400*time.Millisecond && wait <= 1100*time.Millisecond, "backoff after 1 delivery: 0.5-1s, got %s", wait)
 }
+
+// TestTopicRetryPolicy: a topic's max_attempts and backoff override the
+// namespace's. A nack without a delay waits the topic's fixed backoff
+// (deliver_after − updated_at, both the primary's time, is exactly it
+// with no jitter); each delivery carries max_attempts and the last nack's
+// error; the topic's last attempt dead-letters while another topic of the
+// namespace keeps the namespace's limit.
+func TestTopicRetryPolicy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	noJitter := 0.0
+	putNamespace(t, b, &triagev1.Namespace{Name: "rp", MaxAttempts: 7, Topics: map[string]*triagev1.TopicConfig{
+		"flaky": {MaxAttempts: 2, RetryBackoff: &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_FIXED,
+			Base: durationpb.New(150 * time.Millisecond), Jitter: &noJitter}}}})
+	enq, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "rp", Topic: "flaky", Items: []*triagev1.NewItem{{Payload: []byte("f")}}})
+	require.NoError(t, err)
+	other, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "rp", Topic: "other", Items: []*triagev1.NewItem{{Payload: []byte("o")}}})
+	require.NoError(t, err)
+	got, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "rp", Id: other.Results[0].Id})
+	require.NoError(t, err)
+	require.Equal(t, int32(7), got.MaxAttempts, "a topic without a policy keeps the namespace's")
+
+	next := func() *triagev1.LeasedItem {
+		t.Helper()
+		resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "rp",
+			Topics: []*triagev1.TopicCount{{Topic: "flaky", Count: 1}}, Wait: durationpb.New(5 * time.Second)})
+		require.NoError(t, err)
+		require.Len(t, resp.Items, 1)
+		return resp.Items[0]
+	}
+	first := next()
+	require.Equal(t, enq.Results[0].Id, first.Id)
+	require.Equal(t, int32(2), first.MaxAttempts)
+	require.Empty(t, first.LastError)
+	_, err = b.queue.Nack(b.ctx(), &triagev1.NackRequest{Namespace: "rp", Nacks: []*triagev1.NackItem{
+		{Id: first.Id, LeaseToken: first.LeaseToken, Error: "downstream 503"}}})
+	require.NoError(t, err)
+	item, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "rp", Id: first.Id})
+	require.NoError(t, err)
+	require.Equal(t, int32(2), item.MaxAttempts)
+	require.Equal(t, "downstream 503", item.LastError)
+	require.InDelta(t, 150*time.Millisecond, item.DeliverAfter.AsTime().Sub(item.UpdatedAt.AsTime()), float64(time.Millisecond),
+		"the topic's fixed backoff, not the namespace's 0.5-1 s")
+
+	second := next()
+	require.Equal(t, int32(2), second.Attempts)
+	require.Equal(t, "downstream 503", second.LastError, "the consumer sees why the last try failed")
+	_, err = b.queue.Nack(b.ctx(), &triagev1.NackRequest{Namespace: "rp", Nacks: []*triagev1.NackItem{
+		{Id: second.Id, LeaseToken: second.LeaseToken, Error: "still 503"}}})
+	require.NoError(t, err)
+	dl, err := b.queue.ListDeadLetters(b.ctx(), &triagev1.ListDeadLettersRequest{Namespace: "rp", Topic: "flaky"})
+	require.NoError(t, err)
+	require.Len(t, dl.DeadLetters, 1, "the topic's second attempt was its last")
+	require.Equal(t, "still 503", dl.DeadLetters[0].LastError)
+}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triage-queue/triage/client"
 	"github.com/triage-queue/triage/cmd/triage/node"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/tracing"
@@ -156,4 +158,69 @@ func TestTraceDequeueAcrossNATS(t *testing.T) {
 			require.True(t, s.Parent.IsValid() && s.Parent.IsRemote(), "every dequeue the router forwarded carries its trace")
 		}
 	}
+}
+
+// TestTraceLinksConsumerToProducer: the enqueue's trace context is stored
+// with the item and handed to its consumer: the Go worker's handler span
+// ("process TOPIC", a consumer span of its own trace) links to the
+// router's "enqueue.publish" span of the Enqueue that stored it, and the
+// handler's context carries that span. GetItem shows the same context.
+func TestTraceLinksConsumerToProducer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{noNode: true})
+	server := tracetest.NewInMemoryExporter()
+	b.startNode(node.Config{Seams: node.Seams{TracerProvider: tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(server), 1, nil)}})
+
+	id := enqueue(t, b, "linked", &triagev1.NewItem{Payload: []byte("x")})[0].Id
+	var pub tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		for _, s := range server.GetSpans() {
+			if s.Name == "enqueue.publish" {
+				pub = s
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	item, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "default", Id: id})
+	require.NoError(t, err)
+	require.Equal(t, tracing.Format(pub.SpanContext), item.Traceparent)
+
+	consumer := tracetest.NewInMemoryExporter()
+	c, err := client.Dial(b.ctx(), b.node.GRPCAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	w, err := client.NewWorker(c, client.WorkerConfig{Namespace: "default", Wait: time.Second,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSyncer(consumer))})
+	require.NoError(t, err)
+	inHandler := make(chan trace.SpanContext, 1)
+	w.Handle("linked", func(ctx context.Context, it *client.Item) error {
+		inHandler <- trace.SpanContextFromContext(ctx)
+		return nil
+	}, client.TopicOptions{})
+	require.NoError(t, w.Start(b.ctx()))
+	defer w.Stop(context.Background())
+
+	var handler trace.SpanContext
+	select {
+	case handler = <-inHandler:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker never ran the handler")
+	}
+	var span tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		for _, s := range consumer.GetSpans() {
+			if s.Name == "process linked" {
+				span = s
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, handler, span.SpanContext, "the handler's context carries its span")
+	require.Equal(t, trace.SpanKindConsumer, span.SpanKind)
+	require.Contains(t, span.Attributes, attribute.String("messaging.message.id", id))
+	require.Len(t, span.Links, 1)
+	require.Equal(t, pub.SpanContext.TraceID(), span.Links[0].SpanContext.TraceID(), "linked to the producer's trace")
+	require.Equal(t, pub.SpanContext.SpanID(), span.Links[0].SpanContext.SpanID(), "at the span that enqueued the item")
 }

@@ -574,7 +574,7 @@ func (w *worker) process(ctx context.Context, msgs []jetstream.Msg) (err error) 
 		trace.WithAttributes(attribute.Int64("triage.shard", int64(w.shard)), attribute.Int("triage.batches", len(u.batches)),
 			attribute.Int("triage.items", items), attribute.Int("triage.messages", len(u.kept)), attribute.String("db.system", "mysql")))
 	defer func() { end(err) }()
-	return w.insert(ctx, u.batches, u.kept, items)
+	return w.insert(ctx, u.batches, tracing.Formats(u.parents), u.kept, items)
 }
 
 // unpacked is what process inserts of the messages it was given: their
@@ -649,7 +649,7 @@ func (w *worker) firstCopy(u *unpacked, m jetstream.Msg, env *peerv1.EnqueueEnve
 // insert inserts batches, of items items, into the shard in one
 // transaction and acks the messages they came in (kept); permanent
 // failures are isolated batch by batch (isolate).
-func (w *worker) insert(ctx context.Context, batches []*peerv1.EnqueueBatch, kept []jetstream.Msg, items int) error {
+func (w *worker) insert(ctx context.Context, batches []*peerv1.EnqueueBatch, traceparents []string, kept []jetstream.Msg, items int) error {
 	cfg := w.svc.cfg
 	db, err := cfg.Pool.Writer(cfg.Maps, w.shard)
 	if err != nil {
@@ -657,7 +657,7 @@ func (w *worker) insert(ctx context.Context, batches []*peerv1.EnqueueBatch, kep
 	}
 	start := time.Now()
 	results, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: batches, NowUS: start.UnixMicro(),
-		RetryWindow: w.retryWindow})
+		RetryWindow: w.retryWindow, Traceparents: traceparents})
 	if store.IsPermanent(err) {
 		return w.isolate(ctx, kept)
 	}
@@ -804,9 +804,10 @@ func (w *worker) isolate(ctx context.Context, msgs []jetstream.Msg) error {
 			_ = m.Term() // process checked it; cannot happen
 			continue
 		}
-		for _, b := range env.Batches {
+		parents := tracing.Formats(tracing.Extract(m.Headers(), len(env.Batches)))
+		for i, b := range env.Batches {
 			out, err := store.New(db).ItemInsertBatch(ctx, store.ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b},
-				NowUS: time.Now().UnixMicro(), Isolate: true, RetryWindow: w.retryWindow})
+				NowUS: time.Now().UnixMicro(), Isolate: true, RetryWindow: w.retryWindow, Traceparents: parents[i : i+1]})
 			if err != nil {
 				return err // transient: everything is retried; placing is idempotent
 			}

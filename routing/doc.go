@@ -71,7 +71,7 @@
 // client's retry backoff to that. When several dequeuers own parts of the shards
 // it asks each for the full counts, merges by (priority, deliver_after,
 // id), keeps the most urgent and hands the surplus back unserved
-// (store.ItemUnserve).
+// (dequeuer/handback, retried through a failover).
 //
 // Acks of one shard and namespace that arrive while another is being
 // committed share the next transaction (store.AckBatcher); each is

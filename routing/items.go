@@ -58,6 +58,7 @@ func itemProto(row *store.Item, shard uint32, region string, now time.Time) *tri
 		Attempts:      row.Attempts,
 		EnqueuedAt:    timestamppb.New(time.UnixMicro(row.EnqueuedAt)),
 		LastError:     row.LastError.String,
+		Traceparent:   row.Traceparent.String,
 		Region:        region,
 		UpdatedAt:     timestamppb.New(time.UnixMicro(row.UpdatedAt)),
 	}
@@ -92,7 +93,8 @@ func itemProto(row *store.Item, shard uint32, region string, now time.Time) *tri
 // GetItem implements triagev1.QueueServer.
 func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*triagev1.Item, error) {
 	m := r.cfg.Maps.Current()
-	if _, err := m.Namespace(req.Namespace); err != nil {
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
 		return nil, err
 	}
 	id, db, err := r.itemShard(m, req.Id, false)
@@ -104,7 +106,15 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 		return nil, err
 	}
 	s, _ := m.Shard(id.Shard)
-	return itemProto(row, id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db)), nil
+	it := itemProto(row, id.Shard, s.HomeRegion, r.cfg.Clock.Now(ctx, db))
+	it.MaxAttempts = maxAttempts(ns, it.Topic)
+	return it, nil
+}
+
+// maxAttempts is the deliveries topic's items of ns get (0: no limit).
+func maxAttempts(ns *shardmap.Namespace, topic string) int32 {
+	n, _ := ns.Retry(topic)
+	return int32(n)
 }
 
 // UpdateItem implements triagev1.QueueServer. Priority and metadata change
@@ -112,7 +122,8 @@ func (r *Router) GetItem(ctx context.Context, req *triagev1.GetItemRequest) (*tr
 // for a leased item it is the lease's expiry.
 func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest) (*triagev1.Item, error) {
 	m := r.cfg.Maps.Current()
-	if _, err := m.Namespace(req.Namespace); err != nil {
+	ns, err := m.Namespace(req.Namespace)
+	if err != nil {
 		return nil, err
 	}
 	if req.Priority == nil && req.DeliverAfter == nil && len(req.Metadata) == 0 {
@@ -153,7 +164,9 @@ func (r *Router) UpdateItem(ctx context.Context, req *triagev1.UpdateItemRequest
 		r.announce(req.Namespace, row.Topic, id.Shard, 1)
 	}
 	s, _ := m.Shard(id.Shard)
-	return itemProto(row, id.Shard, s.HomeRegion, now), nil
+	it := itemProto(row, id.Shard, s.HomeRegion, now)
+	it.MaxAttempts = maxAttempts(ns, it.Topic)
+	return it, nil
 }
 
 // updateRow applies an update to the item's row, read under its lock at

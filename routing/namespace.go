@@ -343,7 +343,8 @@ func namespaceProto(m *shardmap.Map, ns *shardmap.Namespace) *triagev1.Namespace
 				p = triagev1.DequeuePolicy_WEIGHTED
 			}
 			out.Topics[name] = &triagev1.TopicConfig{Policy: p, BandWeights: tc.BandWeights, AtMostOnce: tc.AtMostOnce,
-				AgingThreshold: dur(tc.AgingThreshold), Paused: tc.Paused}
+				AgingThreshold: dur(tc.AgingThreshold), Paused: tc.Paused, MaxAttempts: int32(tc.MaxAttempts),
+				RetryBackoff: backoffProto(tc.Backoff)}
 		}
 	}
 	return out
@@ -413,7 +414,72 @@ func namespaceFromProto(name string, p *triagev1.Namespace, m *shardmap.Map) (sh
 		if c.AgingThreshold, err = durOf("topics["+topic+"].aging_threshold", tc.AgingThreshold); err != nil {
 			return ns, err
 		}
+		if tc.MaxAttempts < 0 {
+			return ns, invalid("topics[%q].max_attempts %d: allowed 0 (the namespace's) or more", topic, tc.MaxAttempts)
+		}
+		c.MaxAttempts = int(tc.MaxAttempts)
+		if c.Backoff, err = backoffOf(topic, tc.RetryBackoff); err != nil {
+			return ns, err
+		}
 		ns.Topics[topic] = c
 	}
 	return ns, nil
+}
+
+// backoffOf is a topic's retry_backoff as the shard map stores it: every
+// field set, the defaults (shardmap.DefaultBackoff) where the request left
+// one out. Nil: the topic has none.
+func backoffOf(topic string, p *triagev1.RetryBackoff) (*shardmap.Backoff, error) {
+	if p == nil {
+		return nil, nil
+	}
+	b := shardmap.DefaultBackoff
+	what := "topics[" + strconv.Quote(topic) + "].retry_backoff"
+	switch p.Kind {
+	case triagev1.RetryBackoff_KIND_UNSPECIFIED, triagev1.RetryBackoff_EXPONENTIAL:
+	case triagev1.RetryBackoff_FIXED:
+		b.Fixed, b.Cap = true, 0
+	default:
+		return nil, invalid("%s.kind %d: allowed EXPONENTIAL or FIXED", what, p.Kind)
+	}
+	var err error
+	if p.Base != nil {
+		if b.Base, err = durOf(what+".base", p.Base); err != nil {
+			return nil, err
+		}
+	}
+	if p.Cap != nil && !b.Fixed {
+		if b.Cap, err = durOf(what+".cap", p.Cap); err != nil {
+			return nil, err
+		}
+	}
+	if p.Jitter != nil {
+		b.Jitter = *p.Jitter
+	}
+	switch {
+	case time.Duration(b.Base) < time.Millisecond || time.Duration(b.Base) > shardmap.MaxBackoff:
+		return nil, invalid("%s.base %s: allowed 1ms to %s", what, time.Duration(b.Base), shardmap.MaxBackoff)
+	case !b.Fixed && p.Cap == nil && b.Cap < b.Base:
+		b.Cap = b.Base // a base above the default cap, no cap given: the base is the cap
+	case !b.Fixed && (b.Cap < b.Base || time.Duration(b.Cap) > shardmap.MaxBackoff):
+		return nil, invalid("%s.cap %s: allowed base (%s) to %s", what, time.Duration(b.Cap), time.Duration(b.Base), shardmap.MaxBackoff)
+	case !(b.Jitter >= 0 && b.Jitter <= 1):
+		return nil, invalid("%s.jitter %g: allowed 0 to 1", what, b.Jitter)
+	}
+	return &b, nil
+}
+
+// backoffProto is the API's view of a stored backoff.
+func backoffProto(b *shardmap.Backoff) *triagev1.RetryBackoff {
+	if b == nil {
+		return nil
+	}
+	jitter := b.Jitter
+	out := &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_EXPONENTIAL, Base: dur(b.Base), Jitter: &jitter}
+	if b.Fixed {
+		out.Kind = triagev1.RetryBackoff_FIXED
+	} else {
+		out.Cap = dur(b.Cap)
+	}
+	return out
 }

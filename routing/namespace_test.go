@@ -259,3 +259,55 @@ func topics(n int) map[string]*triagev1.TopicConfig {
 	}
 	return out
 }
+
+// TestTopicRetryPolicy: a topic's max_attempts and retry_backoff are
+// stored with every default filled (so a GET shows what a nack does) and
+// override the namespace's; bad values are INVALID_ARGUMENT saying what
+// is allowed, and change nothing.
+func TestTopicRetryPolicy(t *testing.T) {
+	t.Parallel()
+	m := quotaMap(t)
+	jitter := func(f float64) *float64 { return &f }
+	ns, err := change(m, nsAdmin, "default", &triagev1.Namespace{Topics: map[string]*triagev1.TopicConfig{
+		"fixed": {MaxAttempts: 3, RetryBackoff: &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_FIXED, Base: durationpb.New(30 * time.Second)}},
+		"exp":   {RetryBackoff: &triagev1.RetryBackoff{Base: durationpb.New(2 * time.Second), Jitter: jitter(0)}},
+		"big":   {RetryBackoff: &triagev1.RetryBackoff{Base: durationpb.New(time.Hour)}},
+		"plain": {},
+	}}, "topics")
+	require.NoError(t, err)
+
+	n, b := ns.Retry("fixed")
+	require.Equal(t, 3, n)
+	require.Equal(t, shardmap.Backoff{Fixed: true, Base: shardmap.Duration(30 * time.Second), Jitter: 0.5}, b)
+	n, b = ns.Retry("exp")
+	require.Equal(t, 7, n, "the namespace's max_attempts")
+	require.Equal(t, shardmap.Backoff{Base: shardmap.Duration(2 * time.Second), Cap: shardmap.Duration(15 * time.Minute)}, b)
+	require.Equal(t, 8*time.Second, b.Delay(3), "2s doubled twice, no jitter")
+	require.Equal(t, 15*time.Minute, b.Delay(30), "capped")
+	_, b = ns.Retry("big")
+	require.Equal(t, shardmap.Duration(time.Hour), b.Cap, "a base above the default cap is its own cap")
+	n, b = ns.Retry("plain")
+	require.Equal(t, 7, n)
+	require.Equal(t, shardmap.DefaultBackoff, b)
+
+	got := namespaceProto(m, ns).Topics["fixed"]
+	require.Equal(t, int32(3), got.MaxAttempts)
+	require.Equal(t, triagev1.RetryBackoff_FIXED, got.RetryBackoff.Kind)
+	require.Equal(t, 0.5, got.RetryBackoff.GetJitter())
+
+	for _, tc := range []struct {
+		cfg  *triagev1.TopicConfig
+		want string
+	}{
+		{&triagev1.TopicConfig{MaxAttempts: -1}, `topics["t"].max_attempts -1: allowed 0 (the namespace's) or more`},
+		{&triagev1.TopicConfig{RetryBackoff: &triagev1.RetryBackoff{Kind: 9}}, "kind 9: allowed EXPONENTIAL or FIXED"},
+		{&triagev1.TopicConfig{RetryBackoff: &triagev1.RetryBackoff{Base: durationpb.New(0)}}, "base 0s: allowed 1ms to 24h0m0s"},
+		{&triagev1.TopicConfig{RetryBackoff: &triagev1.RetryBackoff{Base: durationpb.New(time.Minute), Cap: durationpb.New(time.Second)}},
+			"cap 1s: allowed base (1m0s) to 24h0m0s"},
+		{&triagev1.TopicConfig{RetryBackoff: &triagev1.RetryBackoff{Jitter: jitter(1.5)}}, "jitter 1.5: allowed 0 to 1"},
+	} {
+		_, err := change(m, nsAdmin, "default", &triagev1.Namespace{Topics: map[string]*triagev1.TopicConfig{"t": tc.cfg}}, "topics")
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v: %v", tc.cfg, err)
+		require.Contains(t, status.Convert(err).Message(), tc.want)
+	}
+}

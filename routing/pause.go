@@ -80,7 +80,8 @@ func withPaused(m *shardmap.Map, ns, topic string, paused bool) (*shardmap.Map, 
 // emptyTopicConfig tells a config that sets nothing: one a pause made.
 // A config PutNamespace stored always names its policy.
 func emptyTopicConfig(tc shardmap.TopicConfig) bool {
-	return tc.Policy == "" && len(tc.BandWeights) == 0 && !tc.AtMostOnce && tc.AgingThreshold == 0 && !tc.Paused
+	return tc.Policy == "" && len(tc.BandWeights) == 0 && !tc.AtMostOnce && tc.AgingThreshold == 0 && !tc.Paused &&
+		tc.MaxAttempts == 0 && tc.Backoff == nil
 }
 
 // keepPauses sets every topic's pause in ns as stored has it: only

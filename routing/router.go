@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/triage-queue/triage/dequeuer/handback"
 	"github.com/triage-queue/triage/proto/triage/peer"
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
@@ -136,6 +137,10 @@ type Router struct {
 	// consumers are served (admission.go); nil: never.
 	admit *admission
 
+	// handBack returns served items no consumer received to the ready
+	// set.
+	handBack *handback.Returner
+
 	pubMu      sync.Mutex
 	publishers map[string]*shardPublisher
 	pubWG      sync.WaitGroup
@@ -167,6 +172,7 @@ func New(cfg Config) (*Router, error) {
 		quotas:     newQuotas(),
 		stopping:   make(chan struct{}),
 	}
+	r.handBack = handback.New(handback.Config{Maps: cfg.Maps, Pool: cfg.Pool, Clock: cfg.Clock, Log: r.log})
 	if r.cfg.Dequeuers == nil {
 		r.cfg.Dequeuers = NATSDequeuers{NC: cfg.NC, Late: r.late}
 	}
@@ -215,6 +221,7 @@ func (r *Router) Stop() {
 	}
 	close(r.stopping)
 	r.pubWG.Wait()
+	r.handBack.Stop()
 }
 
 func (r *Router) region(req string, m *shardmap.Map) (string, error) {
@@ -760,8 +767,8 @@ func (r *Router) dequeueMerged(ctx context.Context, req *triagev1.DequeueRequest
 		return nil, firstErr
 	}
 	out, surplus := mostUrgent(req, all)
-	if err := r.undeliver(context.WithoutCancel(ctx), req.Namespace, surplus); err != nil {
-		r.log.Warn("returning surplus items failed; they come back when their lease lapses", "err", err)
+	if err := r.undeliver(req.Namespace, surplus); err != nil {
+		r.log.Warn("surplus items could not be handed back; they come back when their lease lapses", "err", err)
 	}
 	return out, nil
 }
@@ -794,46 +801,31 @@ func mostUrgent(req *triagev1.DequeueRequest, all []*triagev1.LeasedItem) (out, 
 // late hands back items served for a caller that will never get them:
 // it has gone, or its answer is an error.
 func (r *Router) late(ns string, items []*triagev1.LeasedItem) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.undeliver(ctx, ns, items); err != nil {
+	if err := r.undeliver(ns, items); err != nil {
 		r.log.Warn("items served after their caller had gone could not be handed back; they come back when their lease lapses",
 			"namespace", ns, "items", len(items), "err", err)
 		return
 	}
-	r.log.Info("items served after their caller had gone were handed back", "namespace", ns, "items", len(items))
+	r.log.Info("items served after their caller had gone are handed back", "namespace", ns, "items", len(items))
 }
 
 // undeliver hands items a dequeuer served but no consumer will get back
-// to the ready set (store.ItemUnserve).
-func (r *Router) undeliver(ctx context.Context, ns string, items []*triagev1.LeasedItem) error {
+// to the ready set (handback), and tells their owners.
+func (r *Router) undeliver(ns string, items []*triagev1.LeasedItem) error {
 	if len(items) == 0 {
 		return nil
 	}
-	groups, err := peer.UndeliveredByShard(items)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for shard, us := range groups {
-		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
-		if err == nil {
-			err = store.New(db).ItemUnserve(ctx, store.ItemUnserveParams{Namespace: ns, Items: us, NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro()})
+	_, err := r.handBack.Leased(ns, items, func(shard uint32, items []*triagev1.LeasedItem) {
+		// The owners' buffers do not know the items are ready again.
+		seen := map[string]bool{}
+		for _, it := range items {
+			if !seen[it.Topic] {
+				seen[it.Topic] = true
+				r.announce(ns, it.Topic, shard, 1)
+			}
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %d: %w", shard, err))
-		}
-	}
-	// The owners' buffers do not know the items are ready again.
-	seen := map[string]bool{}
-	for _, it := range items {
-		id, _ := itemid.Parse(it.Id)
-		if k := fmt.Sprint(it.Topic, "/", id.Shard); !seen[k] {
-			seen[k] = true
-			r.announce(ns, it.Topic, id.Shard, 1)
-		}
-	}
-	return errors.Join(errs...)
+	})
+	return err
 }
 
 func compareLeased(a, b *triagev1.LeasedItem) int {
@@ -1045,8 +1037,7 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 		}
 		res, readyNow, err := store.New(db).ItemNack(ctx, store.ItemNackParams{Namespace: req.Namespace, Nacks: batch,
 			OnDeadLetter: func(topic string) { r.cfg.Metrics.Topic(req.Namespace, topic).DeadLettered.Inc() },
-			MaxAttempts:  ns.MaxAttempts, DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro(),
-			Backoff: store.Backoff})
+			Retry:        retryPolicy(ns), DedupWindow: time.Duration(ns.DedupWindow), NowUS: r.cfg.Clock.Now(ctx, db).UnixMicro()})
 		if err == nil {
 			err = r.afterWrite(shard)
 		}
@@ -1066,6 +1057,14 @@ func (r *Router) nack(ctx context.Context, req *triagev1.NackRequest) (*triagev1
 	countResults(errs, nm.NackOK, nm.NackRefused)
 	nm.Nack.Observe(time.Since(start).Seconds())
 	return &triagev1.NackResponse{Results: itemResults(ids, errs)}, nil
+}
+
+// retryPolicy is the nack's view of ns's topics' retry policies.
+func retryPolicy(ns *shardmap.Namespace) func(topic string) store.RetryPolicy {
+	return func(topic string) store.RetryPolicy {
+		n, b := ns.Retry(topic)
+		return store.RetryPolicy{MaxAttempts: n, Backoff: b.Delay}
+	}
 }
 
 // parseNacks checks each nack of the request and turns it into the

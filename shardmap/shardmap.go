@@ -216,6 +216,11 @@ type TopicConfig struct {
 	// dequeuer of every region sees it and it outlives restarts and
 	// failovers.
 	Paused bool `json:"paused,omitempty"`
+	// MaxAttempts overrides the namespace's for the topic (0: the
+	// namespace's); Backoff is the topic's nack delay (nil:
+	// DefaultBackoff). See Namespace.Retry.
+	MaxAttempts int      `json:"max_attempts,omitempty"`
+	Backoff     *Backoff `json:"backoff,omitempty"`
 }
 
 // Topic returns topic's config with defaults filled.
@@ -282,6 +287,14 @@ func (ns *Namespace) validate() error {
 		}
 		if tc.AgingThreshold < 0 || (tc.AgingThreshold > 0 && time.Duration(tc.AgingThreshold) < 100*time.Millisecond) {
 			return fmt.Errorf("namespace %q: topic %q: aging_threshold must be 0 (off) or at least 100ms", ns.Name, name)
+		}
+		if tc.MaxAttempts < 0 {
+			return fmt.Errorf("namespace %q: topic %q: max_attempts must not be negative", ns.Name, name)
+		}
+		if tc.Backoff != nil {
+			if err := tc.Backoff.validate(); err != nil {
+				return fmt.Errorf("namespace %q: topic %q: backoff: %w", ns.Name, name, err)
+			}
 		}
 	}
 	return nil

@@ -490,7 +490,8 @@ type namedTopic struct {
 }
 
 // topicSyntax is what --topic takes; errors repeat it.
-const topicSyntax = "NAME:policy=weighted|strict[,weights=8/4/2/1/0.5][,at-most-once][,aging=30s]"
+const topicSyntax = "NAME:policy=weighted|strict[,weights=8/4/2/1/0.5][,at-most-once][,aging=30s]" +
+	"[,max-attempts=5][,backoff=exp/1s/15m|fixed/30s][,jitter=0.5]"
 
 func (f *topicsFlag) String() string {
 	if f == nil {
@@ -571,7 +572,11 @@ func parseTopicSpec(s string) (string, *triagev1.TopicConfig, error) {
 				}
 				tc.AgingThreshold = durationpb.New(d)
 			default:
-				return "", nil, fmt.Errorf("%q: option %q: want %s", s, opt, topicSyntax)
+				if ok, err := parseRetryOption(tc, key, val, hasVal); err != nil {
+					return "", nil, fmt.Errorf("%q: %w", s, err)
+				} else if !ok {
+					return "", nil, fmt.Errorf("%q: option %q: want %s", s, opt, topicSyntax)
+				}
 			}
 		}
 	}
@@ -579,6 +584,60 @@ func parseTopicSpec(s string) (string, *triagev1.TopicConfig, error) {
 		return "", nil, fmt.Errorf("%q: weights apply only with policy=weighted", s)
 	}
 	return name, tc, nil
+}
+
+// parseRetryOption sets a --topic retry option (max-attempts, backoff,
+// jitter) on tc and reports whether key was one.
+func parseRetryOption(tc *triagev1.TopicConfig, key, val string, hasVal bool) (bool, error) {
+	if !hasVal {
+		return false, nil
+	}
+	switch key {
+	case "max-attempts":
+		n, err := strconv.ParseInt(val, 10, 32)
+		if err != nil || n < 0 {
+			return true, fmt.Errorf("max-attempts %q: want a count, 0 for the namespace's", val)
+		}
+		tc.MaxAttempts = int32(n)
+	case "backoff":
+		kind, rest, _ := strings.Cut(val, "/")
+		b := &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_EXPONENTIAL}
+		if tc.RetryBackoff != nil {
+			b.Jitter = tc.RetryBackoff.Jitter // given before backoff=
+		}
+		parts := strings.Split(rest, "/")
+		switch {
+		case kind == "fixed" && len(parts) == 1:
+			b.Kind = triagev1.RetryBackoff_FIXED
+		case kind == "exp" && len(parts) <= 2:
+		default:
+			return true, fmt.Errorf("backoff %q: want exp/BASE[/CAP] or fixed/DELAY, like exp/1s/15m", val)
+		}
+		for i, p := range parts {
+			d, err := time.ParseDuration(p)
+			if err != nil {
+				return true, fmt.Errorf("backoff %q: %q is not a duration like 30s", val, p)
+			}
+			if i == 0 {
+				b.Base = durationpb.New(d)
+			} else {
+				b.Cap = durationpb.New(d)
+			}
+		}
+		tc.RetryBackoff = b
+	case "jitter":
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return true, fmt.Errorf("jitter %q: want a fraction from 0 to 1", val)
+		}
+		if tc.RetryBackoff == nil {
+			tc.RetryBackoff = &triagev1.RetryBackoff{}
+		}
+		tc.RetryBackoff.Jitter = &f
+	default:
+		return false, nil
+	}
+	return true, nil
 }
 
 // printNamespace prints a namespace as aligned "setting value" lines and a
@@ -623,7 +682,7 @@ func printNamespace(e *clientEnv, ns *triagev1.Namespace) error {
 	}
 	fmt.Fprintln(e.stdout)
 	tw = newTable(e.stdout)
-	fmt.Fprintln(tw, "TOPIC\tPOLICY\tWEIGHTS\tAT MOST ONCE\tAGING")
+	fmt.Fprintln(tw, "TOPIC\tPOLICY\tWEIGHTS\tAT MOST ONCE\tAGING\tMAX ATTEMPTS\tBACKOFF")
 	names := make([]string, 0, len(ns.GetTopics()))
 	for name := range ns.GetTopics() {
 		names = append(names, name)
@@ -646,9 +705,29 @@ func printNamespace(e *clientEnv, ns *triagev1.Namespace) error {
 		if tc.GetAtMostOnce() {
 			atMostOnce = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", name, policy, weights, atMostOnce, durationOr(tc.GetAgingThreshold(), "off"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, policy, weights, atMostOnce, durationOr(tc.GetAgingThreshold(), "off"),
+			maxAttemptsOr(tc.GetMaxAttempts()), formatBackoff(tc.GetRetryBackoff()))
 	}
 	return tw.Flush()
+}
+
+func maxAttemptsOr(n int32) string {
+	if n == 0 {
+		return "namespace's"
+	}
+	return strconv.Itoa(int(n))
+}
+
+// formatBackoff writes a backoff as --topic takes it.
+func formatBackoff(b *triagev1.RetryBackoff) string {
+	if b == nil {
+		return "default"
+	}
+	out := "exp/" + formatDuration(b.GetBase()) + "/" + formatDuration(b.GetCap())
+	if b.GetKind() == triagev1.RetryBackoff_FIXED {
+		out = "fixed/" + formatDuration(b.GetBase())
+	}
+	return out + " jitter " + strconv.FormatFloat(b.GetJitter(), 'g', -1, 64)
 }
 
 func durationOr(d *durationpb.Duration, none string) string {

@@ -237,9 +237,10 @@ func sampleNamespace() *triagev1.Namespace {
 			{Namespace: "shop", Region: "us", Shards: []uint32{11}},
 		},
 		Topics: map[string]*triagev1.TopicConfig{
-			"orders": {Policy: triagev1.DequeuePolicy_WEIGHTED, BandWeights: []float64{8, 4, 0.5}, AgingThreshold: durationpb.New(30 * time.Second)},
-			"audit":  {Policy: triagev1.DequeuePolicy_STRICT, AtMostOnce: true},
-			"bulk":   {Policy: triagev1.DequeuePolicy_WEIGHTED},
+			"orders": {Policy: triagev1.DequeuePolicy_WEIGHTED, BandWeights: []float64{8, 4, 0.5}, AgingThreshold: durationpb.New(30 * time.Second),
+				MaxAttempts: 3, RetryBackoff: &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_FIXED, Base: durationpb.New(30 * time.Second), Jitter: proto.Float64(0)}},
+			"audit": {Policy: triagev1.DequeuePolicy_STRICT, AtMostOnce: true},
+			"bulk":  {Policy: triagev1.DequeuePolicy_WEIGHTED},
 		},
 	}
 }
@@ -265,10 +266,10 @@ func TestNamespaceGet(t *testing.T) {
 		"shards eu=1,2",
 		"us=11",
 		"",
-		"TOPIC POLICY WEIGHTS AT MOST ONCE AGING",
-		"audit strict - yes off",
-		"bulk weighted default no off",
-		"orders weighted 8/4/0.5 no 30s",
+		"TOPIC POLICY WEIGHTS AT MOST ONCE AGING MAX ATTEMPTS BACKOFF",
+		"audit strict - yes off namespace's default",
+		"bulk weighted default no off namespace's default",
+		"orders weighted 8/4/0.5 no 30s 3 fixed/30s jitter 0",
 	}, lines(r.stdout))
 
 	r = b.run(t, "", "namespace", "get", "--json", "shop")
@@ -298,7 +299,7 @@ func TestNamespacePutFlags(t *testing.T) {
 		"--max-payload-bytes", "262144", "--default-lease", "30s", "--max-attempts", "10", "--dedup-window", "1h",
 		"--rate", "250.5", "--burst", "250",
 		"--shards", "eu=1,2", "--shards", "us=11",
-		"--topic", "orders:policy=weighted,weights=8/4/0.5,aging=30s",
+		"--topic", "orders:policy=weighted,weights=8/4/0.5,aging=30s,jitter=0,max-attempts=3,backoff=fixed/30s",
 		"--topic", "audit:policy=strict,at-most-once",
 		"--topic", "bulk:policy=WEIGHTED")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -472,6 +473,8 @@ func TestNamespacePutUsageErrors(t *testing.T) {
 		{name: "unknown option", args: []string{"shop", "--topic", "t:fifo"}, want: `option "fifo"`},
 		{name: "empty option", args: []string{"shop", "--topic", "t:policy=strict,"}, want: `option ""`},
 		{name: "option twice", args: []string{"shop", "--topic", "t:aging=1s,aging=2s"}, want: "aging given twice"},
+		{name: "bad backoff", args: []string{"shop", "--topic", "t:backoff=fixed/1s/2s"}, want: "want exp/BASE[/CAP] or fixed/DELAY"},
+		{name: "bad max attempts", args: []string{"shop", "--topic", "t:max-attempts=-1"}, want: "want a count"},
 		{name: "no topic name", args: []string{"shop", "--topic", ":policy=strict"}, want: "want NAME:policy="},
 		{name: "topic twice", args: []string{"shop", "--topic", "t:", "--topic", "t:at-most-once"}, want: `topic "t" given twice`},
 		{name: "rate NaN", args: []string{"shop", "--rate", "NaN"}, want: "--rate NaN is not a number"},
@@ -557,6 +560,15 @@ func TestParseTopicSpec(t *testing.T) {
 				Policy: triagev1.DequeuePolicy_WEIGHTED, BandWeights: []float64{8, 4, 2, 1, 0.5},
 				AtMostOnce: true, AgingThreshold: durationpb.New(time.Minute),
 			},
+		},
+		{
+			in: "jobs:max-attempts=25,backoff=exp/2s/1h,jitter=0.1", name: "jobs",
+			want: &triagev1.TopicConfig{MaxAttempts: 25, RetryBackoff: &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_EXPONENTIAL,
+				Base: durationpb.New(2 * time.Second), Cap: durationpb.New(time.Hour), Jitter: proto.Float64(0.1)}},
+		},
+		{
+			in: "jobs:backoff=fixed/30s", name: "jobs",
+			want: &triagev1.TopicConfig{RetryBackoff: &triagev1.RetryBackoff{Kind: triagev1.RetryBackoff_FIXED, Base: durationpb.New(30 * time.Second)}},
 		},
 	} {
 		name, got, err := parseTopicSpec(tc.in)

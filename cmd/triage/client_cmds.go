@@ -1017,7 +1017,11 @@ func printItem(e *clientEnv, it *triagev1.Item) error {
 		row("priority changed by", orDash(it.GetPriorityChangedBy()))
 		row("priority changed at", formatTime(it.GetPriorityChangedAt()))
 	}
-	row("attempts", strconv.Itoa(int(it.GetAttempts())))
+	attempts := strconv.Itoa(int(it.GetAttempts()))
+	if it.GetMaxAttempts() > 0 {
+		attempts += " of " + strconv.Itoa(int(it.GetMaxAttempts()))
+	}
+	row("attempts", attempts)
 	row("enqueued at", formatTime(it.GetEnqueuedAt()))
 	row("deliver after", formatTime(it.GetDeliverAfter()))
 	row("updated at", formatTime(it.GetUpdatedAt()))

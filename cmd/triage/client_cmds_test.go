@@ -719,7 +719,7 @@ func TestExtend(t *testing.T) {
 
 func sampleItem() *triagev1.Item {
 	return &triagev1.Item{
-		Id: "2-0193a4b5c6d7e8f9", Namespace: "shop", Topic: "emails", Priority: 4, Attempts: 2,
+		Id: "2-0193a4b5c6d7e8f9", Namespace: "shop", Topic: "emails", Priority: 4, Attempts: 2, MaxAttempts: 5,
 		Payload: []byte("hi"), Metadata: map[string]string{"b": "2", "a": "1"}, State: triagev1.ItemState_LEASED,
 		Region: "eu", DeliverAfter: timestamppb.New(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)),
 		LeaseDuration: durationpb.New(30 * time.Second), LastError: "smtp 451",
@@ -744,6 +744,7 @@ func TestGet(t *testing.T) {
 	require.Contains(t, out, "lease duration 30s")
 	require.Contains(t, out, "lease expires -")
 	require.Contains(t, out, "last error smtp 451")
+	require.Contains(t, out, "attempts 2 of 5", "the deliveries made and the ones its retry policy allows")
 	require.Contains(t, r.stdout, "metadata        a=1\n                b=2\n", "metadata sorted, one key a line, aligned")
 	require.Equal(t, "payload hi", out[len(out)-1])
 

@@ -31,7 +31,10 @@ const (
 )
 
 const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
-	expires_at, dedup_key, payload, metadata, updated_at, attempts) VALUES `
+	expires_at, dedup_key, payload, metadata, updated_at, traceparent, attempts) VALUES `
+
+// insertItemsRow is one row of insertItemsPrefix's VALUES (itemArgs).
+const insertItemsRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?,0),"
 
 // "id = id" makes a duplicate a no-op that still reports 0 rows affected,
 // where INSERT IGNORE would also swallow real errors as warnings.
@@ -79,6 +82,19 @@ type ItemInsertBatchParams struct {
 	// RetryWindow gives a namespace's dedup retry window
 	// (shardmap.Namespace.RetryWindow); nil: none.
 	RetryWindow func(namespace string) time.Duration
+	// Traceparents holds, per batch, the W3C traceparent of the enqueue
+	// that sent it, stored with each of its items ("" or a short slice:
+	// none).
+	Traceparents []string
+}
+
+// traceparent is the traceparent column of batch i's items: NULL
+// without one.
+func (p ItemInsertBatchParams) traceparent(i int) any {
+	if i < len(p.Traceparents) && p.Traceparents[i] != "" {
+		return p.Traceparents[i]
+	}
+	return nil
 }
 
 // retryWindow is f's answer for namespace, 0 when f is nil.
@@ -121,7 +137,7 @@ func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv
 		hashes[i] = batchHash(b)
 	}
 	if !p.Isolate {
-		if out, ok, err := insertAtOnce(ctx, db, batches, hashes, nowUS); ok {
+		if out, ok, err := insertAtOnce(ctx, db, p, hashes); ok {
 			return out, err
 		}
 	}
@@ -137,7 +153,7 @@ func insert(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams) ([]*peerv
 		rows := &rowInserter{ctx: ctx, tx: tx, isolate: p.Isolate, nowUS: nowUS, refused: map[uint64]bool{}}
 		for _, i := range fresh {
 			for _, it := range batches[i].Items {
-				if err := rows.add(batches[i], out[i], it); err != nil {
+				if err := rows.add(batches[i], out[i], it, p.traceparent(i)); err != nil {
 					return err
 				}
 			}
@@ -218,8 +234,8 @@ type rowInserter struct {
 	size    int
 }
 
-func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem) error {
-	w.args = itemArgs(w.args, b, it, w.nowUS)
+func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem, traceparent any) error {
+	w.args = itemArgs(w.args, b, it, w.nowUS, traceparent)
 	w.pending = append(w.pending, it)
 	w.batch, w.out = b, out
 	w.rows++
@@ -234,7 +250,7 @@ func (w *rowInserter) flush() error {
 	if w.rows == 0 {
 		return nil
 	}
-	q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", w.rows), ",") + insertItemsSuffix
+	q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat(insertItemsRow, w.rows), ",") + insertItemsSuffix
 	_, err := w.tx.ExecContext(w.ctx, q, w.args...)
 	if err != nil && w.isolate && IsPermanent(err) {
 		// One row (isolate flushes every row): the statement alone was
@@ -321,15 +337,16 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 }
 
 // itemArgs appends the values of one row of insertItemsPrefix's VALUES:
-// it of batch b, stored at nowUS (its version).
-func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64) []any {
+// it of batch b, stored at nowUS (its version), with the batch's
+// traceparent (nil: NULL).
+func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64, traceparent any) []any {
 	var expires any
 	if it.ExpiresAtUs != 0 {
 		expires = it.ExpiresAtUs
 	}
 	dedup, payload, meta := columns(it)
 	return append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
-		it.LeaseMs, expires, dedup, payload, meta, nowUS)
+		it.LeaseMs, expires, dedup, payload, meta, nowUS, traceparent)
 }
 
 // columns returns a buffered item's dedup key, payload and metadata as

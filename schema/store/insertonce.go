@@ -41,7 +41,8 @@ const maxBytesAtOnce = 4 << 20
 //
 // A failed statement stops the ones after it, leaving the transaction
 // open on the connection: onConn rolls it back.
-func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBatch, hashes [][]byte, nowUS int64) (out []*peerv1.EnqueueCommitted, ok bool, err error) {
+func insertAtOnce(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams, hashes [][]byte) (out []*peerv1.EnqueueCommitted, ok bool, err error) {
+	batches, nowUS := p.Batches, p.NowUS
 	rows, size := 0, 0
 	for _, b := range batches {
 		for _, it := range b.Items {
@@ -61,16 +62,16 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, batches []*peerv1.EnqueueBat
 	q.WriteString(strings.TrimSuffix(strings.Repeat("(?,?,?,NULL),", len(batches)), ","))
 	q.WriteString(";")
 	q.WriteString(insertItemsPrefix)
-	q.WriteString(strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?,?,?,?,?,?,?,0),", rows), ","))
+	q.WriteString(strings.TrimSuffix(strings.Repeat(insertItemsRow, rows), ","))
 	q.WriteString(insertItemsSuffix)
 	q.WriteString(";COMMIT")
-	args := make([]any, 0, 3*len(batches)+12*rows)
+	args := make([]any, 0, 3*len(batches)+13*rows)
 	for i, b := range batches {
 		args = append(args, b.BatchId, nowUS, hashes[i])
 	}
-	for _, b := range batches {
+	for i, b := range batches {
 		for _, it := range b.Items {
-			args = itemArgs(args, b, it, nowUS)
+			args = itemArgs(args, b, it, nowUS, p.traceparent(i))
 		}
 	}
 	err = schema.Retry(ctx, func() error {

@@ -35,6 +35,9 @@ type Item struct {
 	OrigPriority sql.NullInt32  `db:"original_priority"`
 	ChangedBy    sql.NullString `db:"priority_changed_by"`
 	ChangedAt    sql.NullInt64  `db:"priority_changed_at"`
+	// Traceparent is the W3C trace context of the enqueue that stored the
+	// row, for the consumer's span to link to (NULL: not traced).
+	Traceparent sql.NullString `db:"traceparent"`
 }
 
 // Less orders rows as the ready index does: (priority, deliver_after, id).

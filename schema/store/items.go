@@ -13,7 +13,7 @@ import (
 // itemGetSQL reads one item of a namespace by id, every column.
 const itemGetSQL = `SELECT id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms, expires_at, attempts,
 	lease_token, leased_until, dedup_key, payload, metadata, last_error, updated_at,
-	original_priority, priority_changed_by, priority_changed_at
+	original_priority, priority_changed_by, priority_changed_at, traceparent
 FROM items WHERE id = ? AND namespace = ?`
 
 // itemGetForUpdateSQL is itemGetSQL under a row lock.

@@ -22,7 +22,7 @@ import (
 // The priority bounds serve priority bands (dequeue min/max_priority and
 // the weighted policy); without bounds they span all of int32 and the
 // index range is the same.
-const itemHeadSelect = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, lease_token, leased_until, expires_at, updated_at
+const itemHeadSelect = `SELECT id, priority, deliver_after, enqueued_at, lease_ms, attempts, payload, metadata, last_error, traceparent, lease_token, leased_until, expires_at, updated_at
 FROM items FORCE INDEX (ready)
 WHERE namespace = ? AND topic = ? AND priority BETWEEN ? AND ? AND deliver_after <= ? AND (expires_at IS NULL OR expires_at > ?)`
 
@@ -434,7 +434,7 @@ type Nack struct {
 	LeaseRef
 	// Delay before redelivery, unless Backoff.
 	Delay time.Duration
-	// Backoff: no delay was given; use ItemNackParams.Backoff(attempts).
+	// Backoff: no delay was given; wait the topic's RetryPolicy.Backoff.
 	Backoff bool
 	// Error is kept on the item as last_error.
 	Error string
@@ -453,22 +453,29 @@ type Nack struct {
 type ItemNackParams struct {
 	Namespace string
 	Nacks     []Nack
-	// MaxAttempts: an item delivered this many times is dead-lettered
-	// (0: no limit).
-	MaxAttempts int
+	// Retry is the retry policy of an item's topic; nil: no limit and no
+	// backoff.
+	Retry       func(topic string) RetryPolicy
 	DedupWindow time.Duration
 	NowUS       int64
-	// Backoff is the delay of a nack with Backoff set, after attempts
-	// deliveries.
-	Backoff func(attempts int) time.Duration
 	// OnDeadLetter, when set, is called after the commit with the topic of
 	// each item the batch dead-lettered (metrics).
 	OnDeadLetter func(topic string)
 }
 
+// RetryPolicy is what a nack needs of a topic's configuration.
+type RetryPolicy struct {
+	// MaxAttempts: an item delivered this many times is dead-lettered
+	// (0: no limit).
+	MaxAttempts int
+	// Backoff is the delay of a nack with Backoff set, after attempts
+	// deliveries.
+	Backoff func(attempts int) time.Duration
+}
+
 // ItemNack returns items to the ready set after their delay, in one
 // transaction, recording the error and merging metadata. An item that has
-// been delivered MaxAttempts times, or whose nack says DeadLetter, goes to
+// been delivered its topic's MaxAttempts times, or whose nack says DeadLetter, goes to
 // dead_letters instead, with the nack's error and metadata, its dedup key
 // kept taken for DedupWindow. A Release nack takes back the attempt its
 // delivery counted and never dead-letters.
@@ -528,10 +535,14 @@ func (s Store) itemNack(ctx context.Context, p ItemNackParams) (results []error,
 				lastErr = n.Error
 			}
 			attempts := int(st[n.Key].Attempts)
-			dead := n.DeadLetter || p.MaxAttempts > 0 && attempts >= p.MaxAttempts
+			var retry RetryPolicy
+			if p.Retry != nil {
+				retry = p.Retry(st[n.Key].Topic)
+			}
+			dead := n.DeadLetter || retry.MaxAttempts > 0 && attempts >= retry.MaxAttempts
 			delay := n.Delay
-			if n.Backoff && !n.Release && !dead {
-				delay = p.Backoff(attempts)
+			if n.Backoff && !n.Release && !dead && retry.Backoff != nil {
+				delay = retry.Backoff(attempts)
 			}
 			uncount := 0
 			if n.Release {

@@ -118,7 +118,7 @@ func TestNackWithLostAnswerIsSettled(t *testing.T) {
 			_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 3")
 			require.NoError(t, err)
 			deadLettered := 0
-			p := ItemNackParams{Namespace: ns, NowUS: f.nowUS, MaxAttempts: 5,
+			p := ItemNackParams{Namespace: ns, NowUS: f.nowUS, Retry: maxAttempts(5),
 				OnDeadLetter: func(string) { deadLettered++ },
 				Nacks: []Nack{
 					{LeaseRef: LeaseRef{Key: 1, Token: 1001}, Delay: time.Hour, Error: "boom"},
@@ -160,7 +160,7 @@ func TestNackWithLostAnswerDeadLetters(t *testing.T) {
 	f.serve(f.readHead(ItemReadHeadParams{}))
 	var dead []string
 	proxy.Arm(true, cuttest.IsCommit)
-	res, _, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS, MaxAttempts: 1,
+	res, _, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS, Retry: maxAttempts(1),
 		OnDeadLetter: func(topic string) { dead = append(dead, topic) },
 		Nacks:        []Nack{{LeaseRef: LeaseRef{Key: 1, Token: 1001}, Error: "last"}}})
 	proxy.Cut()
@@ -252,4 +252,10 @@ func TestSettleCtx(t *testing.T) {
 	d, ok := sctx.Deadline()
 	require.True(t, ok)
 	require.WithinDuration(t, time.Now().Add(settleTimeout), d, time.Second)
+}
+
+// maxAttempts is a retry policy of n deliveries for every topic, no
+// backoff.
+func maxAttempts(n int) func(string) RetryPolicy {
+	return func(string) RetryPolicy { return RetryPolicy{MaxAttempts: n} }
 }

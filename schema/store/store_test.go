@@ -349,8 +349,10 @@ func TestNack(t *testing.T) {
 	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 5 WHERE id = 3")
 	require.NoError(t, err)
 	backoffs := 0
-	res, readyNow, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, MaxAttempts: 5, NowUS: f.nowUS,
-		Backoff: func(int) time.Duration { backoffs++; return time.Minute },
+	res, readyNow, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS,
+		Retry: func(string) RetryPolicy {
+			return RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { backoffs++; return time.Minute }}
+		},
 		Nacks: []Nack{
 			{LeaseRef: LeaseRef{Key: 2, Token: 1}},
 			{LeaseRef: LeaseRef{Key: 1, Token: 1001}, Error: "boom", Metadata: map[string]string{"a": "b"}},
@@ -392,8 +394,10 @@ func TestNackDeadLetterAndRelease(t *testing.T) {
 	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 5 WHERE id = 3")
 	require.NoError(t, err)
 	backoffs := 0
-	res, readyNow, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, MaxAttempts: 5, NowUS: f.nowUS,
-		Backoff: func(int) time.Duration { backoffs++; return time.Minute },
+	res, readyNow, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS,
+		Retry: func(string) RetryPolicy {
+			return RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { backoffs++; return time.Minute }}
+		},
 		Nacks: []Nack{
 			{LeaseRef: LeaseRef{Key: 1, Token: 1001}, DeadLetter: true, Backoff: true},
 			{LeaseRef: LeaseRef{Key: 2, Token: 1002}, Release: true, Backoff: true},
@@ -703,4 +707,35 @@ func TestRetriesInOneGroupAllAnswerTheGoneItem(t *testing.T) {
 	require.Equal(t, []uint64{1}, out[0].DuplicateOf, "the first retry is a duplicate of the acked item")
 	require.Equal(t, []uint64{1}, out[1].DuplicateOf, "so is the second, which lost its insert to the first")
 	require.Zero(t, f.count("SELECT COUNT(*) FROM items"))
+}
+
+// TestNackFollowsEachTopicsRetryPolicy: one nack batch of items of two
+// topics applies each topic's max attempts and backoff, and the error it
+// records is read back with the item's head, for its next consumer.
+func TestNackFollowsEachTopicsRetryPolicy(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2)
+	f.serve(f.readHead(ItemReadHeadParams{}))
+	_, err := f.db.ExecContext(f.ctx, "UPDATE items SET attempts = 2, topic = IF(id = 2, 'u', topic)")
+	require.NoError(t, err)
+	policies := map[string]RetryPolicy{
+		topic: {MaxAttempts: 2, Backoff: func(int) time.Duration { return time.Minute }},
+		"u":   {MaxAttempts: 5, Backoff: func(n int) time.Duration { return time.Duration(n) * time.Hour }},
+	}
+	res, _, err := f.s.ItemNack(f.ctx, ItemNackParams{Namespace: ns, NowUS: f.nowUS,
+		Retry: func(topic string) RetryPolicy { return policies[topic] },
+		Nacks: []Nack{
+			{LeaseRef: LeaseRef{Key: 1, Token: 1001}, Backoff: true, Error: "one"},
+			{LeaseRef: LeaseRef{Key: 2, Token: 1002}, Backoff: true, Error: "two"},
+		}})
+	require.NoError(t, err)
+	require.NoError(t, errors.Join(res...))
+	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM dead_letters WHERE id = 1"), "topic t allows 2 deliveries")
+	require.Equal(t, f.nowUS+2*time.Hour.Microseconds(), f.get(2).DeliverAfter, "topic u waits its own backoff after 2 deliveries")
+
+	_, err = f.db.ExecContext(f.ctx, "UPDATE items SET deliver_after = ?, topic = ? WHERE id = 2", f.nowUS, topic)
+	require.NoError(t, err)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, rows, 1)
+	require.Equal(t, "two", rows[0].LastError.String, "the head read carries the last error to the next consumer")
 }

@@ -28,6 +28,18 @@
 // span, with the same timing, so each Enqueue's trace ends in the insert
 // that stored it.
 //
+// # From the insert to the consumer
+//
+// The insert stores each batch's trace context (Format of its parent,
+// the router's publish span) with its items, in items.traceparent; the
+// head read carries it into the dequeuer's buffers and every delivery
+// hands it out (LeasedItem.traceparent, GetItem too). The Go worker
+// starts each handler's "process TOPIC" span as a consumer span of its
+// own trace linked to it: an item may be delivered many times, so the
+// producer's trace is a link, as OpenTelemetry's messaging conventions
+// have it, not a parent. Only traced enqueues store one (a node with
+// tracing off stores none), and a redriven dead letter has none.
+//
 // Dequeue, Ack, Nack and ExtendLease are traced as the RPCs they are (a
 // lease's delivery and its ack are separate requests, each its own
 // trace).

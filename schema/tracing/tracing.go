@@ -112,6 +112,20 @@ func Traceparent(ctx context.Context) string {
 	return c.Get(Header)
 }
 
+// Format returns sc as a W3C traceparent, "" when it is not valid.
+func Format(sc trace.SpanContext) string {
+	return Traceparent(trace.ContextWithRemoteSpanContext(context.Background(), sc))
+}
+
+// Formats is Format of each of scs.
+func Formats(scs []trace.SpanContext) []string {
+	out := make([]string, len(scs))
+	for i, sc := range scs {
+		out[i] = Format(sc)
+	}
+	return out
+}
+
 // Inject sets h's Header to the batches' traceparents, in order, when
 // any batch has one; an envelope without traces gets no header.
 func Inject(h nats.Header, traceparents []string) {

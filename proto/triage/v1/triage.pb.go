@@ -195,6 +195,57 @@ func (DequeuePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_triage_v1_triage_proto_rawDescGZIP(), []int{2}
 }
 
+type RetryBackoff_Kind int32
+
+const (
+	RetryBackoff_KIND_UNSPECIFIED RetryBackoff_Kind = 0 // EXPONENTIAL
+	// base * 2^(n-1), at most cap.
+	RetryBackoff_EXPONENTIAL RetryBackoff_Kind = 1
+	// base every time.
+	RetryBackoff_FIXED RetryBackoff_Kind = 2
+)
+
+// Enum value maps for RetryBackoff_Kind.
+var (
+	RetryBackoff_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "EXPONENTIAL",
+		2: "FIXED",
+	}
+	RetryBackoff_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"EXPONENTIAL":      1,
+		"FIXED":            2,
+	}
+)
+
+func (x RetryBackoff_Kind) Enum() *RetryBackoff_Kind {
+	p := new(RetryBackoff_Kind)
+	*p = x
+	return p
+}
+
+func (x RetryBackoff_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RetryBackoff_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_triage_v1_triage_proto_enumTypes[3].Descriptor()
+}
+
+func (RetryBackoff_Kind) Type() protoreflect.EnumType {
+	return &file_triage_v1_triage_proto_enumTypes[3]
+}
+
+func (x RetryBackoff_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RetryBackoff_Kind.Descriptor instead.
+func (RetryBackoff_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54, 0}
+}
+
 type PauseTopicRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -1440,8 +1491,17 @@ type LeasedItem struct {
 	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
 	EnqueuedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
 	DeliverAfter   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=deliver_after,json=deliverAfter,proto3" json:"deliver_after,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Deliveries the item gets before it is dead-lettered: its topic's
+	// max_attempts, or the namespace's. 0: no limit.
+	MaxAttempts int32 `protobuf:"varint,11,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// The error the last nack recorded, if any.
+	LastError string `protobuf:"bytes,12,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// The W3C trace context of the enqueue that stored the item (empty when
+	// the enqueue was not traced): a consumer's span links to it, as
+	// OpenTelemetry's messaging conventions do.
+	Traceparent   string `protobuf:"bytes,13,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LeasedItem) Reset() {
@@ -1542,6 +1602,27 @@ func (x *LeasedItem) GetDeliverAfter() *timestamppb.Timestamp {
 		return x.DeliverAfter
 	}
 	return nil
+}
+
+func (x *LeasedItem) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *LeasedItem) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *LeasedItem) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 type DequeueResponse struct {
@@ -2134,8 +2215,13 @@ type Item struct {
 	OriginalPriority  int32                  `protobuf:"varint,18,opt,name=original_priority,json=originalPriority,proto3" json:"original_priority,omitempty"`
 	PriorityChangedBy string                 `protobuf:"bytes,19,opt,name=priority_changed_by,json=priorityChangedBy,proto3" json:"priority_changed_by,omitempty"`
 	PriorityChangedAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=priority_changed_at,json=priorityChangedAt,proto3" json:"priority_changed_at,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Deliveries the item gets before it is dead-lettered: its topic's
+	// max_attempts, or the namespace's. 0: no limit.
+	MaxAttempts int32 `protobuf:"varint,21,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// The W3C trace context of the enqueue that stored the item, if traced.
+	Traceparent   string `protobuf:"bytes,22,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -2306,6 +2392,20 @@ func (x *Item) GetPriorityChangedAt() *timestamppb.Timestamp {
 		return x.PriorityChangedAt
 	}
 	return nil
+}
+
+func (x *Item) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *Item) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 type GetItemRequest struct {
@@ -3768,7 +3868,13 @@ type TopicConfig struct {
 	// Output only: PauseTopic holds the topic's deliveries. Only PauseTopic
 	// and ResumeTopic change it; PutNamespace ignores it and keeps every
 	// topic's pause as stored, even of a topic whose config it removes.
-	Paused        bool `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	Paused bool `protobuf:"varint,5,opt,name=paused,proto3" json:"paused,omitempty"`
+	// Deliveries before the topic's items are dead-lettered, overriding the
+	// namespace's max_attempts. 0: the namespace's.
+	MaxAttempts int32 `protobuf:"varint,6,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// How long a nack without a delay waits before the item is ready again.
+	// Unset: the default (exponential from 1s, capped at 15m, jitter 0.5).
+	RetryBackoff  *RetryBackoff `protobuf:"bytes,7,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3838,6 +3944,94 @@ func (x *TopicConfig) GetPaused() bool {
 	return false
 }
 
+func (x *TopicConfig) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *TopicConfig) GetRetryBackoff() *RetryBackoff {
+	if x != nil {
+		return x.RetryBackoff
+	}
+	return nil
+}
+
+// RetryBackoff is the delay of a nack that gives none, after the item's
+// n-th delivery.
+type RetryBackoff struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  RetryBackoff_Kind      `protobuf:"varint,1,opt,name=kind,proto3,enum=triage.v1.RetryBackoff_Kind" json:"kind,omitempty"`
+	// Default 1s; at least 1ms, at most 24h.
+	Base *durationpb.Duration `protobuf:"bytes,2,opt,name=base,proto3" json:"base,omitempty"`
+	// EXPONENTIAL's ceiling. Default 15m; at least base, at most 24h.
+	Cap *durationpb.Duration `protobuf:"bytes,3,opt,name=cap,proto3" json:"cap,omitempty"`
+	// A random fraction, up to this much, is taken off each delay so items
+	// that failed together do not come back together: 0 to 1, default 0.5.
+	Jitter        *float64 `protobuf:"fixed64,4,opt,name=jitter,proto3,oneof" json:"jitter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryBackoff) Reset() {
+	*x = RetryBackoff{}
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryBackoff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryBackoff) ProtoMessage() {}
+
+func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryBackoff.ProtoReflect.Descriptor instead.
+func (*RetryBackoff) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *RetryBackoff) GetKind() RetryBackoff_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return RetryBackoff_KIND_UNSPECIFIED
+}
+
+func (x *RetryBackoff) GetBase() *durationpb.Duration {
+	if x != nil {
+		return x.Base
+	}
+	return nil
+}
+
+func (x *RetryBackoff) GetCap() *durationpb.Duration {
+	if x != nil {
+		return x.Cap
+	}
+	return nil
+}
+
+func (x *RetryBackoff) GetJitter() float64 {
+	if x != nil && x.Jitter != nil {
+		return *x.Jitter
+	}
+	return 0
+}
+
 // Namespace is a tenant's configuration.
 type Namespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3878,7 +4072,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4084,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4097,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Namespace) GetName() string {
@@ -3999,7 +4193,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4011,7 +4205,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4024,7 +4218,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -4052,7 +4246,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4064,7 +4258,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4077,7 +4271,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -4112,7 +4306,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4318,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4331,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -4173,7 +4367,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4185,7 +4379,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4198,7 +4392,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -4240,7 +4434,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4252,7 +4446,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4265,7 +4459,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -4299,7 +4493,7 @@ type ListFailoverEventsRequest struct {
 
 func (x *ListFailoverEventsRequest) Reset() {
 	*x = ListFailoverEventsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4505,7 @@ func (x *ListFailoverEventsRequest) String() string {
 func (*ListFailoverEventsRequest) ProtoMessage() {}
 
 func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4518,7 @@ func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListFailoverEventsRequest) GetLimit() int32 {
@@ -4345,7 +4539,7 @@ type ListFailoverEventsResponse struct {
 
 func (x *ListFailoverEventsResponse) Reset() {
 	*x = ListFailoverEventsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4357,7 +4551,7 @@ func (x *ListFailoverEventsResponse) String() string {
 func (*ListFailoverEventsResponse) ProtoMessage() {}
 
 func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4370,7 +4564,7 @@ func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListFailoverEventsResponse) GetController() string {
@@ -4482,7 +4676,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\fmin_priority\x18\x06 \x01(\x05H\x00R\vminPriority\x88\x01\x01\x12&\n" +
 	"\fmax_priority\x18\a \x01(\x05H\x01R\vmaxPriority\x88\x01\x01B\x0f\n" +
 	"\r_min_priorityB\x0f\n" +
-	"\r_max_priority\"\xe7\x03\n" +
+	"\r_max_priority\"\xcb\x04\n" +
 	"\n" +
 	"LeasedItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -4497,7 +4691,11 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\venqueued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"enqueuedAt\x12?\n" +
 	"\rdeliver_after\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\fdeliverAfter\x1a;\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fdeliverAfter\x12!\n" +
+	"\fmax_attempts\x18\v \x01(\x05R\vmaxAttempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\f \x01(\tR\tlastError\x12 \n" +
+	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -4543,7 +4741,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"leaseToken\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\"[\n" +
 	"\x13ExtendLeaseResponse\x12D\n" +
-	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xb9\a\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xfe\a\n" +
 	"\x04Item\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x14\n" +
@@ -4569,7 +4767,9 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12+\n" +
 	"\x11original_priority\x18\x12 \x01(\x05R\x10originalPriority\x12.\n" +
 	"\x13priority_changed_by\x18\x13 \x01(\tR\x11priorityChangedBy\x12J\n" +
-	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x1a;\n" +
+	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x12!\n" +
+	"\fmax_attempts\x18\x15 \x01(\x05R\vmaxAttempts\x12 \n" +
+	"\vtraceparent\x18\x16 \x01(\tR\vtraceparent\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -4695,14 +4895,26 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x03all\x18\x05 \x01(\bR\x03all\x122\n" +
 	"\x06before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06before\"5\n" +
 	"\x19DeleteDeadLettersResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\x03R\adeleted\"\xe0\x01\n" +
+	"\adeleted\x18\x01 \x01(\x03R\adeleted\"\xc1\x02\n" +
 	"\vTopicConfig\x120\n" +
 	"\x06policy\x18\x01 \x01(\x0e2\x18.triage.v1.DequeuePolicyR\x06policy\x12!\n" +
 	"\fband_weights\x18\x02 \x03(\x01R\vbandWeights\x12 \n" +
 	"\fat_most_once\x18\x03 \x01(\bR\n" +
 	"atMostOnce\x12B\n" +
 	"\x0faging_threshold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eagingThreshold\x12\x16\n" +
-	"\x06paused\x18\x05 \x01(\bR\x06paused\"\xb3\x05\n" +
+	"\x06paused\x18\x05 \x01(\bR\x06paused\x12!\n" +
+	"\fmax_attempts\x18\x06 \x01(\x05R\vmaxAttempts\x12<\n" +
+	"\rretry_backoff\x18\a \x01(\v2\x17.triage.v1.RetryBackoffR\fretryBackoff\"\xfe\x01\n" +
+	"\fRetryBackoff\x120\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1c.triage.v1.RetryBackoff.KindR\x04kind\x12-\n" +
+	"\x04base\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04base\x12+\n" +
+	"\x03cap\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03cap\x12\x1b\n" +
+	"\x06jitter\x18\x04 \x01(\x01H\x00R\x06jitter\x88\x01\x01\"8\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vEXPONENTIAL\x10\x01\x12\t\n" +
+	"\x05FIXED\x10\x02B\t\n" +
+	"\a_jitter\"\xb3\x05\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\x06shards\x18\x02 \x03(\v2\x1a.triage.v1.NamespaceShardsR\x06shards\x12*\n" +
@@ -4815,212 +5027,218 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 	return file_triage_v1_triage_proto_rawDescData
 }
 
-var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
 	(DequeuePolicy)(0),                 // 2: triage.v1.DequeuePolicy
-	(*PauseTopicRequest)(nil),          // 3: triage.v1.PauseTopicRequest
-	(*ResumeTopicRequest)(nil),         // 4: triage.v1.ResumeTopicRequest
-	(*TopicPauseState)(nil),            // 5: triage.v1.TopicPauseState
-	(*DrillEvent)(nil),                 // 6: triage.v1.DrillEvent
-	(*Drill)(nil),                      // 7: triage.v1.Drill
-	(*ReportDrillRequest)(nil),         // 8: triage.v1.ReportDrillRequest
-	(*ListDrillsRequest)(nil),          // 9: triage.v1.ListDrillsRequest
-	(*ListDrillsResponse)(nil),         // 10: triage.v1.ListDrillsResponse
-	(*AddShardRequest)(nil),            // 11: triage.v1.AddShardRequest
-	(*AddNamespaceShardRequest)(nil),   // 12: triage.v1.AddNamespaceShardRequest
-	(*SetShardWeightRequest)(nil),      // 13: triage.v1.SetShardWeightRequest
-	(*DrainShardRequest)(nil),          // 14: triage.v1.DrainShardRequest
-	(*RetireShardRequest)(nil),         // 15: triage.v1.RetireShardRequest
-	(*ShardChange)(nil),                // 16: triage.v1.ShardChange
-	(*NewItem)(nil),                    // 17: triage.v1.NewItem
-	(*EnqueueRequest)(nil),             // 18: triage.v1.EnqueueRequest
-	(*EnqueueResult)(nil),              // 19: triage.v1.EnqueueResult
-	(*EnqueueResponse)(nil),            // 20: triage.v1.EnqueueResponse
-	(*TopicCount)(nil),                 // 21: triage.v1.TopicCount
-	(*DequeueRequest)(nil),             // 22: triage.v1.DequeueRequest
-	(*LeasedItem)(nil),                 // 23: triage.v1.LeasedItem
-	(*DequeueResponse)(nil),            // 24: triage.v1.DequeueResponse
-	(*LeaseRef)(nil),                   // 25: triage.v1.LeaseRef
-	(*ItemResult)(nil),                 // 26: triage.v1.ItemResult
-	(*AckRequest)(nil),                 // 27: triage.v1.AckRequest
-	(*AckResponse)(nil),                // 28: triage.v1.AckResponse
-	(*NackItem)(nil),                   // 29: triage.v1.NackItem
-	(*NackRequest)(nil),                // 30: triage.v1.NackRequest
-	(*NackResponse)(nil),               // 31: triage.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),         // 32: triage.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),        // 33: triage.v1.ExtendLeaseResponse
-	(*Item)(nil),                       // 34: triage.v1.Item
-	(*GetItemRequest)(nil),             // 35: triage.v1.GetItemRequest
-	(*UpdateItemRequest)(nil),          // 36: triage.v1.UpdateItemRequest
-	(*DeleteItemRequest)(nil),          // 37: triage.v1.DeleteItemRequest
-	(*DeleteItemResponse)(nil),         // 38: triage.v1.DeleteItemResponse
-	(*GetTopicStatsRequest)(nil),       // 39: triage.v1.GetTopicStatsRequest
-	(*PriorityDepth)(nil),              // 40: triage.v1.PriorityDepth
-	(*TopicStats)(nil),                 // 41: triage.v1.TopicStats
-	(*ListTopicsRequest)(nil),          // 42: triage.v1.ListTopicsRequest
-	(*TopicSummary)(nil),               // 43: triage.v1.TopicSummary
-	(*ListTopicsResponse)(nil),         // 44: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 45: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 46: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 47: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 48: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 49: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 50: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 51: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 52: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 53: triage.v1.RedriveDeadLettersResponse
-	(*DeleteDeadLettersRequest)(nil),   // 54: triage.v1.DeleteDeadLettersRequest
-	(*DeleteDeadLettersResponse)(nil),  // 55: triage.v1.DeleteDeadLettersResponse
-	(*TopicConfig)(nil),                // 56: triage.v1.TopicConfig
-	(*Namespace)(nil),                  // 57: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 58: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 59: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 60: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 61: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 62: triage.v1.FailoverResponse
-	(*ListFailoverEventsRequest)(nil),  // 63: triage.v1.ListFailoverEventsRequest
-	(*ListFailoverEventsResponse)(nil), // 64: triage.v1.ListFailoverEventsResponse
-	nil,                                // 65: triage.v1.NewItem.MetadataEntry
-	nil,                                // 66: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 67: triage.v1.NackItem.MetadataEntry
-	nil,                                // 68: triage.v1.Item.MetadataEntry
-	nil,                                // 69: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 70: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 71: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 72: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 73: google.protobuf.Duration
-	(*fieldmaskpb.FieldMask)(nil),      // 74: google.protobuf.FieldMask
+	(RetryBackoff_Kind)(0),             // 3: triage.v1.RetryBackoff.Kind
+	(*PauseTopicRequest)(nil),          // 4: triage.v1.PauseTopicRequest
+	(*ResumeTopicRequest)(nil),         // 5: triage.v1.ResumeTopicRequest
+	(*TopicPauseState)(nil),            // 6: triage.v1.TopicPauseState
+	(*DrillEvent)(nil),                 // 7: triage.v1.DrillEvent
+	(*Drill)(nil),                      // 8: triage.v1.Drill
+	(*ReportDrillRequest)(nil),         // 9: triage.v1.ReportDrillRequest
+	(*ListDrillsRequest)(nil),          // 10: triage.v1.ListDrillsRequest
+	(*ListDrillsResponse)(nil),         // 11: triage.v1.ListDrillsResponse
+	(*AddShardRequest)(nil),            // 12: triage.v1.AddShardRequest
+	(*AddNamespaceShardRequest)(nil),   // 13: triage.v1.AddNamespaceShardRequest
+	(*SetShardWeightRequest)(nil),      // 14: triage.v1.SetShardWeightRequest
+	(*DrainShardRequest)(nil),          // 15: triage.v1.DrainShardRequest
+	(*RetireShardRequest)(nil),         // 16: triage.v1.RetireShardRequest
+	(*ShardChange)(nil),                // 17: triage.v1.ShardChange
+	(*NewItem)(nil),                    // 18: triage.v1.NewItem
+	(*EnqueueRequest)(nil),             // 19: triage.v1.EnqueueRequest
+	(*EnqueueResult)(nil),              // 20: triage.v1.EnqueueResult
+	(*EnqueueResponse)(nil),            // 21: triage.v1.EnqueueResponse
+	(*TopicCount)(nil),                 // 22: triage.v1.TopicCount
+	(*DequeueRequest)(nil),             // 23: triage.v1.DequeueRequest
+	(*LeasedItem)(nil),                 // 24: triage.v1.LeasedItem
+	(*DequeueResponse)(nil),            // 25: triage.v1.DequeueResponse
+	(*LeaseRef)(nil),                   // 26: triage.v1.LeaseRef
+	(*ItemResult)(nil),                 // 27: triage.v1.ItemResult
+	(*AckRequest)(nil),                 // 28: triage.v1.AckRequest
+	(*AckResponse)(nil),                // 29: triage.v1.AckResponse
+	(*NackItem)(nil),                   // 30: triage.v1.NackItem
+	(*NackRequest)(nil),                // 31: triage.v1.NackRequest
+	(*NackResponse)(nil),               // 32: triage.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),         // 33: triage.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),        // 34: triage.v1.ExtendLeaseResponse
+	(*Item)(nil),                       // 35: triage.v1.Item
+	(*GetItemRequest)(nil),             // 36: triage.v1.GetItemRequest
+	(*UpdateItemRequest)(nil),          // 37: triage.v1.UpdateItemRequest
+	(*DeleteItemRequest)(nil),          // 38: triage.v1.DeleteItemRequest
+	(*DeleteItemResponse)(nil),         // 39: triage.v1.DeleteItemResponse
+	(*GetTopicStatsRequest)(nil),       // 40: triage.v1.GetTopicStatsRequest
+	(*PriorityDepth)(nil),              // 41: triage.v1.PriorityDepth
+	(*TopicStats)(nil),                 // 42: triage.v1.TopicStats
+	(*ListTopicsRequest)(nil),          // 43: triage.v1.ListTopicsRequest
+	(*TopicSummary)(nil),               // 44: triage.v1.TopicSummary
+	(*ListTopicsResponse)(nil),         // 45: triage.v1.ListTopicsResponse
+	(*GetShardMapRequest)(nil),         // 46: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 47: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 48: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 49: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 50: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 51: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 52: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 53: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 54: triage.v1.RedriveDeadLettersResponse
+	(*DeleteDeadLettersRequest)(nil),   // 55: triage.v1.DeleteDeadLettersRequest
+	(*DeleteDeadLettersResponse)(nil),  // 56: triage.v1.DeleteDeadLettersResponse
+	(*TopicConfig)(nil),                // 57: triage.v1.TopicConfig
+	(*RetryBackoff)(nil),               // 58: triage.v1.RetryBackoff
+	(*Namespace)(nil),                  // 59: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 60: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 61: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 62: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 63: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 64: triage.v1.FailoverResponse
+	(*ListFailoverEventsRequest)(nil),  // 65: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 66: triage.v1.ListFailoverEventsResponse
+	nil,                                // 67: triage.v1.NewItem.MetadataEntry
+	nil,                                // 68: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 69: triage.v1.NackItem.MetadataEntry
+	nil,                                // 70: triage.v1.Item.MetadataEntry
+	nil,                                // 71: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 72: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 73: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 74: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 75: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),      // 76: google.protobuf.FieldMask
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	72, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
-	72, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
-	72, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
-	6,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
-	6,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
-	7,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
-	46, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
-	46, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	72, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	73, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	73, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	65, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	17, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	74, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
+	74, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
+	74, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
+	7,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
+	7,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
+	8,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
+	47, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	47, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	74, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	75, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	75, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	67, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	18, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	19, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	21, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	73, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	73, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	66, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	72, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	72, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	72, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	23, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	25, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	26, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	73, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	67, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	29, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	26, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	73, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	72, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	68, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	72, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	73, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	72, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	72, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	20, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	22, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	75, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	75, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	68, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	74, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	74, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	74, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	24, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	26, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	27, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	75, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	69, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	30, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	27, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	75, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	74, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	70, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	74, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	75, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	74, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	74, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	72, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	72, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	72, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	72, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	69, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	40, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	73, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	43, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	72, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	46, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	47, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	70, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	72, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	72, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	49, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	72, // 52: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
+	74, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	74, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	74, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	74, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	71, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	41, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	75, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	44, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	74, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	47, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	48, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	72, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	74, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	74, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	50, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	74, // 52: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
 	2,  // 53: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	73, // 54: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	47, // 55: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	73, // 56: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	73, // 57: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	73, // 58: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	71, // 59: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	73, // 60: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
-	57, // 61: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	74, // 62: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	72, // 63: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	61, // 64: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	61, // 65: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	56, // 66: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	18, // 67: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	22, // 68: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	27, // 69: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	30, // 70: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	32, // 71: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	35, // 72: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	36, // 73: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	37, // 74: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	39, // 75: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	42, // 76: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	50, // 77: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	52, // 78: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	54, // 79: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
-	45, // 80: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	60, // 81: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	58, // 82: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	59, // 83: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	11, // 84: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	12, // 85: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	13, // 86: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	14, // 87: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	15, // 88: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	63, // 89: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	8,  // 90: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	9,  // 91: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	3,  // 92: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
-	4,  // 93: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
-	20, // 94: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	24, // 95: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	28, // 96: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	31, // 97: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	33, // 98: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	34, // 99: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	34, // 100: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	38, // 101: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	41, // 102: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	44, // 103: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	51, // 104: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	53, // 105: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	55, // 106: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
-	48, // 107: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	62, // 108: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	57, // 109: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	57, // 110: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	16, // 111: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	16, // 112: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	16, // 113: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	16, // 114: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	16, // 115: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	64, // 116: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	7,  // 117: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	10, // 118: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	5,  // 119: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
-	5,  // 120: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
-	94, // [94:121] is the sub-list for method output_type
-	67, // [67:94] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	75, // 54: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	58, // 55: triage.v1.TopicConfig.retry_backoff:type_name -> triage.v1.RetryBackoff
+	3,  // 56: triage.v1.RetryBackoff.kind:type_name -> triage.v1.RetryBackoff.Kind
+	75, // 57: triage.v1.RetryBackoff.base:type_name -> google.protobuf.Duration
+	75, // 58: triage.v1.RetryBackoff.cap:type_name -> google.protobuf.Duration
+	48, // 59: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	75, // 60: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	75, // 61: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	75, // 62: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	73, // 63: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	75, // 64: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	59, // 65: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	76, // 66: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	74, // 67: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	63, // 68: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	63, // 69: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	57, // 70: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	19, // 71: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	23, // 72: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	28, // 73: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	31, // 74: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	33, // 75: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	36, // 76: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	37, // 77: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	38, // 78: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	40, // 79: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	43, // 80: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	51, // 81: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	53, // 82: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	55, // 83: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
+	46, // 84: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	62, // 85: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	60, // 86: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	61, // 87: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	12, // 88: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	13, // 89: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	14, // 90: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	15, // 91: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	16, // 92: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	65, // 93: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	9,  // 94: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	10, // 95: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	4,  // 96: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
+	5,  // 97: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
+	21, // 98: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	25, // 99: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	29, // 100: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	32, // 101: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	34, // 102: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	35, // 103: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	35, // 104: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	39, // 105: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	42, // 106: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	45, // 107: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	52, // 108: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	54, // 109: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	56, // 110: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
+	49, // 111: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	64, // 112: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	59, // 113: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	59, // 114: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	17, // 115: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	17, // 116: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	17, // 117: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	17, // 118: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	17, // 119: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	66, // 120: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	8,  // 121: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	11, // 122: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	6,  // 123: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
+	6,  // 124: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
+	98, // [98:125] is the sub-list for method output_type
+	71, // [71:98] is the sub-list for method input_type
+	71, // [71:71] is the sub-list for extension type_name
+	71, // [71:71] is the sub-list for extension extendee
+	0,  // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -5030,13 +5248,14 @@ func file_triage_v1_triage_proto_init() {
 	}
 	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
 	file_triage_v1_triage_proto_msgTypes[33].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[54].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   69,
+			NumEnums:      4,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
