@@ -51,6 +51,9 @@ func newAging() *aging {
 
 // sweepAging runs the aging pass for every topic that has a threshold, on
 // every shard this dequeuer owns, each topic at most every threshold/4.
+// A paused topic does not age: nothing of it is served, so nothing
+// starves, and a long pause would otherwise promote its whole backlog to
+// priority 0 and leave it in enqueue order on the resume.
 func (s *Service) sweepAging(ctx context.Context) {
 	m := s.cfg.Maps.Current()
 	owned := s.owner.owned()
@@ -58,7 +61,7 @@ func (s *Service) sweepAging(ctx context.Context) {
 	for _, ns := range m.Namespaces {
 		for topic, tc := range ns.Topics {
 			th := time.Duration(tc.AgingThreshold)
-			if th <= 0 {
+			if th <= 0 || tc.Paused {
 				continue
 			}
 			k := [2]string{ns.Name, topic}

@@ -259,3 +259,30 @@ func TestTopicAdminIsPerNamespace(t *testing.T) {
 	_, err = queue.DeleteDeadLetters(as("admin"), &triagev1.DeleteDeadLettersRequest{Namespace: "default", Topic: "jobs", All: true})
 	require.NoError(t, err)
 }
+
+// TestPausedTopicDoesNotAge: aging skips a paused topic (nothing of it is
+// served, so nothing starves; aging through a long pause would flatten
+// its backlog to priority 0), and picks it up again on the resume.
+func TestPausedTopicDoesNotAge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	putNamespace(t, b, &triagev1.Namespace{Name: "agp", Topics: map[string]*triagev1.TopicConfig{
+		"held": {AgingThreshold: durationpb.New(200 * time.Millisecond)}}})
+	_, err := b.admin.PauseTopic(b.ctx(), &triagev1.PauseTopicRequest{Namespace: "agp", Topic: "held"})
+	require.NoError(t, err)
+	time.Sleep(time.Second) // the dequeuer's map has the pause (a KV watch, milliseconds)
+	resp, err := b.queue.Enqueue(b.ctx(), &triagev1.EnqueueRequest{Namespace: "agp", Topic: "held", Items: []*triagev1.NewItem{{Priority: 3}}})
+	require.NoError(t, err)
+	id := resp.Results[0].Id
+	priority := func() int32 {
+		it, err := b.queue.GetItem(b.ctx(), &triagev1.GetItemRequest{Namespace: "agp", Id: id})
+		require.NoError(t, err)
+		return it.Priority
+	}
+	time.Sleep(1500 * time.Millisecond) // seven thresholds: three promotions were due
+	require.Equal(t, int32(3), priority(), "a paused topic's items keep their priority")
+
+	_, err = b.admin.ResumeTopic(b.ctx(), &triagev1.ResumeTopicRequest{Namespace: "agp", Topic: "held"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return priority() < 3 }, 10*time.Second, 50*time.Millisecond, "aging resumes with the topic")
+}
