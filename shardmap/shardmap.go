@@ -146,22 +146,82 @@ type Namespace struct {
 }
 
 // DedupSlotTables maps a region to its DedupSlots shard IDs.
+//
+// In JSON a table that repeats a cycle of shard IDs, as every table New
+// fills does until a slot moves, is written as {"cycle": [IDs]}: the map
+// holds one table per region for every namespace, and written out in
+// full they made up nearly all of it (about 2.7 KB a namespace against
+// 60 bytes), which bounded a map, one KV value, to a few thousand
+// namespaces and made every process parse megabytes on each change.
 type DedupSlotTables map[string][]uint32
 
-// UnmarshalJSON reads the per-region tables. A single table (a JSON
-// array: the namespace-wide table of an earlier version, which could name
-// shards of any region) is dropped, so New fills a table per region from
-// that region's shards.
+// slotCycle is a table written as the cycle it repeats.
+type slotCycle struct {
+	Cycle []uint32 `json:"cycle"`
+}
+
+// MarshalJSON writes each table as its cycle when it repeats one at
+// least twice, in full otherwise.
+func (t DedupSlotTables) MarshalJSON() ([]byte, error) {
+	out := make(map[string]any, len(t))
+	for region, table := range t {
+		if p := period(table); p <= len(table)/2 {
+			out[region] = slotCycle{Cycle: table[:p]}
+		} else {
+			out[region] = table
+		}
+	}
+	return json.Marshal(out)
+}
+
+// period returns the least p with table[i] == table[i%p] for every i
+// (len(table) when there is none shorter).
+func period(table []uint32) int {
+	for p := 1; p < len(table); p++ {
+		if table[p] != table[0] {
+			continue
+		}
+		i := p
+		for i < len(table) && table[i] == table[i%p] {
+			i++
+		}
+		if i == len(table) {
+			return p
+		}
+	}
+	return len(table)
+}
+
+// UnmarshalJSON reads the per-region tables, each an array or a cycle. A
+// single table (a JSON array: the namespace-wide table of an earlier
+// version, which could name shards of any region) is dropped, so New
+// fills a table per region from that region's shards.
 func (t *DedupSlotTables) UnmarshalJSON(b []byte) error {
 	if trimmed := bytes.TrimSpace(b); len(trimmed) > 0 && trimmed[0] == '[' {
 		*t = nil
 		return nil
 	}
-	var m map[string][]uint32
+	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("dedup_slots must map a region to %d shard IDs: %w", DedupSlots, err)
 	}
-	*t = m
+	*t = make(DedupSlotTables, len(m))
+	for region, raw := range m {
+		var table []uint32
+		if trimmed := bytes.TrimSpace(raw); len(trimmed) > 0 && trimmed[0] == '{' {
+			var c slotCycle
+			if err := json.Unmarshal(raw, &c); err != nil || len(c.Cycle) == 0 || len(c.Cycle) > DedupSlots {
+				return fmt.Errorf("dedup_slots of region %q: a cycle must list 1 to %d shard IDs", region, DedupSlots)
+			}
+			table = make([]uint32, DedupSlots)
+			for i := range table {
+				table[i] = c.Cycle[i%len(c.Cycle)]
+			}
+		} else if err := json.Unmarshal(raw, &table); err != nil {
+			return fmt.Errorf("dedup_slots must map a region to %d shard IDs: %w", DedupSlots, err)
+		}
+		(*t)[region] = table
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package shardmap
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -256,4 +257,34 @@ func TestDedupSlotsValidated(t *testing.T) {
 	require.Empty(t, ns.Slots)
 	_, ok := ns.DedupShard("a", "t", "k")
 	require.False(t, ok)
+}
+
+// TestDedupSlotTablesWrittenAsCycles: a table that repeats a cycle of
+// shards is written as the cycle and read back whole; one that does not
+// (a slot moved) is written in full; a bad cycle is refused.
+func TestDedupSlotTablesWrittenAsCycles(t *testing.T) {
+	t.Parallel()
+	cyclic := make([]uint32, DedupSlots)
+	for i := range cyclic {
+		cyclic[i] = []uint32{4, 7, 9}[i%3]
+	}
+	moved := slices.Clone(cyclic)
+	moved[200] = 4 // was 9
+	distinct := make([]uint32, DedupSlots)
+	for i := range distinct {
+		distinct[i] = uint32(i + 1)
+	}
+	in := DedupSlotTables{"a": cyclic, "b": moved, "c": distinct, "d": slices.Repeat([]uint32{5}, DedupSlots)}
+	data, err := json.Marshal(in)
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"a":{"cycle":[4,7,9]}`)
+	require.Contains(t, string(data), `"d":{"cycle":[5]}`)
+	require.Contains(t, string(data), `"b":[4,7,9,4,`)
+	var out DedupSlotTables
+	require.NoError(t, json.Unmarshal(data, &out))
+	require.Equal(t, in, out)
+
+	for _, bad := range []string{`{"a":{"cycle":[]}}`, `{"a":{"cycle":"x"}}`} {
+		require.ErrorContains(t, json.Unmarshal([]byte(bad), &out), "a cycle must list 1 to 256 shard IDs", bad)
+	}
 }
