@@ -68,7 +68,7 @@ func toStatus(err error) error {
 	case errors.Is(err, store.ErrStaleLease), errors.Is(err, ErrFailover), errors.Is(err, shardmap.ErrShardState),
 		errors.Is(err, schema.ErrUnsupportedServer), errors.Is(err, ErrPrecondition):
 		code = codes.FailedPrecondition
-	case errors.Is(err, ErrBufferFull):
+	case errors.Is(err, ErrBufferFull), errors.Is(err, shardmap.ErrTooLarge):
 		code = codes.ResourceExhausted
 	case errors.Is(err, ErrPermissionDenied):
 		code = codes.PermissionDenied

@@ -45,6 +45,8 @@ func TestToStatusWithholdsAddresses(t *testing.T) {
 		{"invalid argument echoes the request", invalid("shard.primary %q: allowed host:port", "db-9.internal:3306"), codes.InvalidArgument,
 			nil, []string{"db-9.internal:3306"}},
 		{"nothing to withhold", errorf(ErrUnavailable, "no dequeuer owns shard 3 yet; retry"), codes.Unavailable, nil, []string{"no dequeuer owns shard 3 yet; retry"}},
+		{"map too large", fmt.Errorf("put namespace: %w: it would be 9000000 bytes", shardmap.ErrTooLarge), codes.ResourceExhausted,
+			nil, []string{"shard map too large: it would be 9000000 bytes"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := toStatus(c.err)

@@ -79,6 +79,9 @@ func (a *Admin) PutNamespace(ctx context.Context, req *triagev1.PutNamespaceRequ
 			stored, _ := next.Namespace(req.Namespace)
 			return namespaceProto(next, stored), nil
 		}
+		if errors.Is(err, shardmap.ErrTooLarge) {
+			return nil, fmt.Errorf("publish shard map: %w", err) // RESOURCE_EXHAUSTED: no retry helps
+		}
 		if !errors.Is(err, shardmap.ErrConflict) || attempt == 4 {
 			return nil, errorf(ErrUnavailable, "publish shard map: %v", err)
 		}

@@ -39,6 +39,9 @@ func (r *Router) changeMap(ctx context.Context, change func(m *shardmap.Map) (*s
 		if err == nil {
 			return next, nil
 		}
+		if errors.Is(err, shardmap.ErrTooLarge) {
+			return nil, fmt.Errorf("publish shard map: %w", err) // RESOURCE_EXHAUSTED: no retry helps
+		}
 		if !errors.Is(err, shardmap.ErrConflict) || attempt == 9 {
 			return nil, errorf(ErrUnavailable, "publish shard map: %v", err)
 		}

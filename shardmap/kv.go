@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
@@ -96,6 +97,11 @@ func LoadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
 // based on; reload and retry.
 var ErrConflict = errors.New("shard map changed concurrently")
 
+// ErrTooLarge means a change would make the map larger than one NATS
+// message carries (the server's max_payload): retrying cannot help, the
+// change must shrink it.
+var ErrTooLarge = errors.New("shard map too large")
+
 // Publish stores next if the stored map is still at version prev (optimistic
 // concurrency: two controllers cannot both publish over the same map).
 // next.Version must be greater than prev.
@@ -119,6 +125,10 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) e
 		return err
 	}
 	if _, err := kv.Update(ctx, Key, data, e.Revision()); err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return fmt.Errorf("%w: it would be %d bytes, more than one NATS message carries: remove namespaces or topic configs, or raise the NATS servers' max_payload",
+				ErrTooLarge, len(data))
+		}
 		return fmt.Errorf("%w: %v", ErrConflict, err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package shardmap_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -49,4 +50,38 @@ func TestLoadCurrentRefusesALaggingRead(t *testing.T) {
 	require.Equal(t, uint64(2), stored.Version, "proving changed the map")
 	s, _ = stored.Shard(1)
 	require.Equal(t, "new:3306", s.Primary)
+}
+
+// TestPublishTooLargeIsNotAConflict: a map larger than one NATS message
+// carries is refused as ErrTooLarge, saying its size, not as a conflict
+// (which callers retry, to the same refusal), and the stored map stays.
+func TestPublishTooLargeIsNotAConflict(t *testing.T) {
+	ctx := t.Context()
+	nc, js := natstest.JetStream(t)
+	bucket, err := shardmap.OpenBucket(ctx, js, 1)
+	require.NoError(t, err)
+	base := shardmap.Map{Version: 1, Regions: []string{"a"}}
+	for i := uint32(1); i <= 300; i++ {
+		base.Shards = append(base.Shards, shardmap.Shard{ID: i, HomeRegion: "a", Primary: fmt.Sprintf("db%d:3306", i)})
+	}
+	v1, err := shardmap.New(base)
+	require.NoError(t, err)
+	_, err = shardmap.Bootstrap(ctx, bucket, v1)
+	require.NoError(t, err)
+	// 300 shards: each namespace's slot table names 256 distinct shards
+	// and is written in full, about 1 KB.
+	big := base
+	big.Version = 2
+	for n := range int(nc.MaxPayload()/1000) + 100 {
+		big.Namespaces = append(big.Namespaces, shardmap.Namespace{Name: fmt.Sprintf("tenant-%d", n)})
+	}
+	v2, err := shardmap.New(big)
+	require.NoError(t, err)
+	err = shardmap.Publish(ctx, bucket, v1, v2)
+	require.ErrorIs(t, err, shardmap.ErrTooLarge)
+	require.NotErrorIs(t, err, shardmap.ErrConflict)
+	require.ErrorContains(t, err, "more than one NATS message carries")
+	cur, err := shardmap.LoadCurrent(ctx, bucket)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), cur.Version)
 }
