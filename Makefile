@@ -22,8 +22,9 @@ help: ## List the targets.
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install what the bed needs (MariaDB; apt-get when root).
+deps: ## Install what the bed and the bench need (MariaDB; Postgres for River's rows; apt-get when root).
 	@./.ci/ensure-mariadb
+	@./.ci/ensure-postgres
 
 .PHONY: test-deps
 test-deps: deps ## And what the tests need besides (Chromium for the console's browser test).

@@ -29,12 +29,14 @@ func goList(t *testing.T, args ...string) []string {
 
 // notInServe are what the production binary must not link: everything
 // under deploy/ (the beds, the bench, the drills, the WAN proxies, the
-// MariaDB launcher and the queue model), toxiproxy, and the test
-// libraries (the browser driver too). They live in cmd/triage-bed's
-// binary, or only in tests.
+// MariaDB and Postgres launchers and the queue model), toxiproxy, River
+// and pgx (the bench's peer), and the test libraries (the browser driver
+// too). They live in cmd/triage-bed's binary, or only in tests.
 var notInServe = []string{
 	module + "/deploy",
 	"github.com/Shopify/toxiproxy",
+	"github.com/riverqueue",
+	"github.com/jackc/pgx",
 	"github.com/stretchr/testify",
 	"go.uber.org/goleak",
 	module + "/routing/console/consoletest",
@@ -62,7 +64,8 @@ func TestServeDoesNotLinkTheBed(t *testing.T) {
 		}
 	}
 	bed := goList(t, "-deps", module+"/cmd/triage-bed")
-	for _, p := range []string{module + "/deploy/bed", module + "/deploy/bench", module + "/deploy/wan", "github.com/Shopify/toxiproxy"} {
+	for _, p := range []string{module + "/deploy/bed", module + "/deploy/bench", module + "/deploy/wan", "github.com/Shopify/toxiproxy",
+		"github.com/riverqueue/river"} {
 		require.True(t, linked(bed, p), "cmd/triage-bed should link %s", p)
 	}
 }

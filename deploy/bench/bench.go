@@ -49,16 +49,16 @@ const (
 	Enqueue3Region  = "triage-enqueue-3region"
 )
 
-// Names lists every scenario in report order.
+// Names lists every scenario in report order: River's peer rows last.
 var Names = []string{CeilingInsert, CeilingLeaseAck, NaiveEnqueue, NaiveDequeueAck, EnqueueBatch1, EnqueueBatch100,
-	EnqueueJSON, DequeueAck, Steady, Mixed, Backlog, Enqueue3Region}
+	EnqueueJSON, DequeueAck, Steady, Mixed, Backlog, Enqueue3Region, RiverInsertMany, RiverSteady, RiverBacklog}
 
 // Config of a benchmark run.
 type Config struct {
 	// Quick runs every scenario for a second or two on small backlogs (the
 	// three-region bed with one shard per region), so the whole run takes
 	// about a minute: a smoke test for CI whose numbers mean little.
-	// Default false: the full run takes seven to nine minutes on two cores.
+	// Default false: the full run takes over ten minutes on two cores.
 	Quick bool
 	// Dir receives bench.json. Default ".triage". The bed the run starts
 	// lives in a temp dir of its own, so a bed started by `make up` in Dir is
@@ -97,6 +97,9 @@ type Report struct {
 	// MariaDBPIDs are the mariadbd processes the run started. All of them
 	// have exited by the time Run returns.
 	MariaDBPIDs []int `json:"-"`
+	// PostgresPIDs are the postgres servers (postmasters) the run started
+	// for River's rows; they too have exited by the time Run returns.
+	PostgresPIDs []int `json:"-"`
 }
 
 // RunInfo says how the run was made.
@@ -128,7 +131,13 @@ type Scenario struct {
 	// where no comparison applies.
 	RatioVsNaive   float64 `json:"ratio_vs_naive"`
 	RatioVsCeiling float64 `json:"ratio_vs_ceiling"`
-	Notes          string  `json:"notes"`
+	// RatioVsRiver compares ItemsPerSec with River's matching row, named
+	// by RiverPeer (batch 100 with river-insert-many, steady state with
+	// river-steady, backlog work with river-backlog); 0 where none applies
+	// or either did not run.
+	RatioVsRiver float64 `json:"ratio_vs_river"`
+	RiverPeer    string  `json:"river_peer,omitempty"`
+	Notes        string  `json:"notes"`
 	// Latency says what the percentiles measure.
 	Latency string `json:"latency,omitempty"`
 	// Skipped is set when the scenario could not run; its numbers are zero.
@@ -204,9 +213,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		time.Since(started).Seconds(), b.Layout.Regions[0].GRPC, b.Layout.Regions[0].HTTP, rep.Machine.MariaDBVersion, rep.Machine.Cores)
 
 	results := r.runAll(ctx)
-	// The three-region bed gets the box to itself.
+	// River and then the three-region bed get the box to themselves.
 	r.close()
 	b.Stop()
+	r.runRiver(ctx, rep)
 	r.scenario(ctx, Enqueue3Region, func(ctx context.Context) (Scenario, error) {
 		return r.enqueue3Region(ctx, &rep.MariaDBPIDs)
 	})
@@ -259,6 +269,7 @@ func (rep *Report) collect(results map[string]Scenario, started time.Time) {
 		rep.Scenarios = append(rep.Scenarios, s)
 	}
 	applyRatios(rep.Scenarios)
+	applyRiverRatios(rep.Scenarios)
 	applyTargets(rep.Scenarios)
 	rep.Run.Seconds = time.Since(started).Seconds()
 	rep.Run.LoadAvgEnd = loadAvg()
@@ -324,6 +335,8 @@ type runner struct {
 	deepDepth  atomic.Int64 // ready items in deepTopic
 	best       bestConfigs
 	rechecking bool // progress lines say [recheck] instead of [i/n]
+
+	riv *riverPeer // River on its Postgres, while its rows run
 
 	results map[string]Scenario
 }
@@ -516,6 +529,8 @@ func (r *runner) scenario(ctx context.Context, name string, fn func(context.Cont
 		fmt.Fprintf(r.out, "[%d/%d] %s: FAILED: %v\n", r.step, len(Names), name, err)
 	} else if s.Skipped {
 		fmt.Fprintf(r.out, "[%d/%d] %s: %s\n", r.step, len(Names), name, s.Notes)
+	} else if s.P99MS == 0 { // no latency to report (river-backlog)
+		fmt.Fprintf(r.out, "[%d/%d] %s: %s items/s (%.0fs)\n", r.step, len(Names), name, human(s.ItemsPerSec), s.Seconds)
 	} else {
 		fmt.Fprintf(r.out, "[%d/%d] %s: %s items/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms (%.0fs)\n",
 			r.step, len(Names), name, human(s.ItemsPerSec), s.P50MS, s.P99MS, s.P999MS, s.Seconds)
@@ -565,7 +580,7 @@ func sanitize(ss []Scenario) {
 	}
 	for i := range ss {
 		s := &ss[i]
-		for _, v := range []*float64{&s.ItemsPerSec, &s.P50MS, &s.P99MS, &s.P999MS, &s.RatioVsNaive, &s.RatioVsCeiling} {
+		for _, v := range []*float64{&s.ItemsPerSec, &s.P50MS, &s.P99MS, &s.P999MS, &s.RatioVsNaive, &s.RatioVsCeiling, &s.RatioVsRiver} {
 			fix(v)
 		}
 		for k, v := range s.Metrics {

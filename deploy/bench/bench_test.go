@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,9 +17,12 @@ import (
 )
 
 // TestRunQuick runs the whole benchmark in quick mode on real beds (one
-// region, then three): every scenario must produce a number (or be marked
-// skipped), bench.json must parse, and no mariadbd the run started may
-// outlive it. It asserts nothing about speed: CI boxes vary.
+// region, then three) and River on a private Postgres: every scenario must
+// produce a number (or be marked skipped), bench.json must parse, and no
+// mariadbd or postgres the run started may outlive it. River's rows may be
+// skipped only where Postgres cannot be installed, and the test then
+// reports itself skipped, not passed. It asserts nothing about speed: CI
+// boxes vary.
 func TestRunQuick(t *testing.T) {
 	dir := t.TempDir()
 	var out bytes.Buffer
@@ -32,8 +36,12 @@ func TestRunQuick(t *testing.T) {
 
 	// Every scenario, in order, with a number unless marked skipped.
 	var names []string
+	var riverSkipped []string
 	for _, s := range rep.Scenarios {
 		names = append(names, s.Name)
+		if s.Skipped && slices.Contains(riverNames, s.Name) {
+			riverSkipped = append(riverSkipped, s.Name+": "+s.Notes)
+		}
 		if s.Skipped {
 			require.Zero(t, s.ItemsPerSec, s.Name)
 			require.Contains(t, s.Notes, "skipped", s.Name)
@@ -55,7 +63,7 @@ func TestRunQuick(t *testing.T) {
 	require.Len(t, doc.Scenarios, len(Names))
 	for i, s := range doc.Scenarios {
 		require.Equal(t, Names[i], s["name"])
-		for _, k := range []string{"items_per_sec", "p50_ms", "p99_ms", "p999_ms", "ratio_vs_naive", "ratio_vs_ceiling", "notes"} {
+		for _, k := range []string{"items_per_sec", "p50_ms", "p99_ms", "p999_ms", "ratio_vs_naive", "ratio_vs_ceiling", "ratio_vs_river", "notes"} {
 			require.Contains(t, s, k, Names[i])
 		}
 	}
@@ -75,6 +83,61 @@ func TestRunQuick(t *testing.T) {
 			require.NotContains(t, string(cmd), "mariadbd", "mariadbd pid %d outlived the run", pid)
 		}
 	}
+	for _, pid := range rep.PostgresPIDs {
+		cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err == nil {
+			require.NotContains(t, string(cmd), "postgres", "postgres pid %d outlived the run", pid)
+		}
+	}
+
+	// River's rows ran beside Triage's, with durable commits, and the
+	// Triage rows they compare with carry the ratio.
+	if len(riverSkipped) > 0 {
+		t.Skipf("River's rows did not run: %s", strings.Join(riverSkipped, "; "))
+	}
+	pg, _ := doc.Machine["postgres"].(map[string]any)
+	settings, _ := pg["settings"].(map[string]any)
+	require.Equal(t, "on", settings["fsync"])
+	require.Equal(t, "on", settings["synchronous_commit"])
+	require.NotEmpty(t, rep.PostgresPIDs)
+	for name, peer := range riverPeers {
+		require.Equal(t, peer, find(rep.Scenarios, name).RiverPeer, name)
+		require.Greater(t, find(rep.Scenarios, name).RatioVsRiver, 0.0, name)
+	}
+	require.Contains(t, out.String(), "x "+RiverInsertMany)
+}
+
+// TestRiverRatios: Triage's rows carry their ratio to the River row they
+// compare with, and triage-steady compares each producer count both ran.
+func TestRiverRatios(t *testing.T) {
+	t.Parallel()
+	ss := []Scenario{
+		{Name: EnqueueBatch100, ItemsPerSec: 125_000},
+		{Name: Steady, ItemsPerSec: 5_000, Metrics: map[string]float64{"p64_delivered_per_sec": 5_200, "p64_e2e_p99_ms": 60,
+			"p512_delivered_per_sec": 5_000, "p512_e2e_p99_ms": 160, "sustained_delivered_per_sec": 5_200}},
+		{Name: DequeueAck, ItemsPerSec: 27_000},
+		{Name: Backlog, Skipped: true},
+		{Name: RiverInsertMany, ItemsPerSec: 100_000},
+		{Name: RiverSteady, ItemsPerSec: 2_500, Metrics: map[string]float64{"p64_worked_per_sec": 2_600, "p64_e2e_p99_ms": 40,
+			"p512_worked_per_sec": 2_500, "p512_e2e_p99_ms": 5_800}},
+		{Name: RiverBacklog, ItemsPerSec: 22_500},
+	}
+	applyRiverRatios(ss)
+	require.InDelta(t, 1.25, find(ss, EnqueueBatch100).RatioVsRiver, 1e-9)
+	require.Equal(t, RiverInsertMany, find(ss, EnqueueBatch100).RiverPeer)
+	require.InDelta(t, 1.2, find(ss, DequeueAck).RatioVsRiver, 1e-9)
+	require.Zero(t, find(ss, Backlog).RatioVsRiver, "a row that did not run has no ratio")
+	require.Zero(t, find(ss, RiverSteady).RatioVsRiver, "River's rows have no peer")
+	steady := find(ss, Steady)
+	require.InDelta(t, 2.0, steady.RatioVsRiver, 1e-9)
+	require.InDelta(t, 2.0, steady.Metrics["vs_river_p64_delivered"], 1e-9)
+	require.InDelta(t, 1.5, steady.Metrics["vs_river_p64_e2e_p99"], 1e-9)
+	require.Contains(t, steady.Notes, "against river-steady: 64 producers: delivered 2.00x River's worked rate")
+	require.Less(t, strings.Index(steady.Notes, "64 producers"), strings.Index(steady.Notes, "512 producers"))
+
+	var out bytes.Buffer
+	printTable(&out, &Report{Scenarios: ss})
+	require.Contains(t, out.String(), "1.25x river-insert-many")
 }
 
 func TestCountInversions(t *testing.T) {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"strconv"
@@ -91,6 +92,10 @@ func procStat() (busy, iowait, total uint64) {
 // cpuUse is what a scenario used, in cores.
 type cpuUse struct {
 	self, mariadbd, other, iowait, box float64
+	// server names the database processes counted in mariadbd, and
+	// process what ran in this one; defaults: the bed's mariadbd, and the
+	// Triage node, NATS and the load generators. River's rows set them.
+	server, process string
 }
 
 func cpuSince(a, b cpuSnap, cores int) cpuUse {
@@ -111,13 +116,14 @@ func cpuSince(a, b cpuSnap, cores int) cpuUse {
 }
 
 func (u cpuUse) note(cores int) string {
-	return fmt.Sprintf("CPU in cores of %d: this process (Triage node, NATS, load generators) %.2f, mariadbd %.2f, other processes %.2f, idle %.2f (iowait %.2f)",
-		cores, u.self, u.mariadbd, u.other, max(0, float64(cores)-u.box), u.iowait)
+	return fmt.Sprintf("CPU in cores of %d: this process (%s) %.2f, %s %.2f, other processes %.2f, idle %.2f (iowait %.2f)",
+		cores, cmp.Or(u.process, "Triage node, NATS, load generators"), u.self, cmp.Or(u.server, "mariadbd"), u.mariadbd,
+		u.other, max(0, float64(cores)-u.box), u.iowait)
 }
 
 func (u cpuUse) metrics(m map[string]float64) {
 	m["cpu_this_process_cores"] = u.self
-	m["cpu_mariadbd_cores"] = u.mariadbd
+	m["cpu_"+cmp.Or(u.server, "mariadbd")+"_cores"] = u.mariadbd
 	m["cpu_other_processes_cores"] = u.other
 	m["cpu_box_busy_cores"] = u.box
 	m["cpu_iowait_cores"] = u.iowait

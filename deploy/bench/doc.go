@@ -1,12 +1,14 @@
 // Package bench is `make bench`: Triage's throughput and latency, side by
-// side with what MariaDB itself can do and with the queue people write by
-// hand on a SQL table, all measured in one run on one box.
+// side with what MariaDB itself can do, with the queue people write by
+// hand on a SQL table, and with River, the job queue on Postgres a Go user
+// would pick instead, all measured in one run on one box.
 //
 // Run starts a private bed (bed.Start in a temp dir, free ports, so a bed
-// from `make up` is left alone), runs the scenarios below (the last on a
-// private three-region bed started once the first is stopped), prints
-// progress and a table, writes <Dir>/bench.json ({"machine": ..., "run":
-// ..., "scenarios": [...]}) and stops everything it started. Quick mode runs
+// from `make up` is left alone), runs the scenarios below (River's on a
+// private Postgres started once the bed is stopped, the three-region one
+// on a private three-region bed started after that), prints progress and
+// a table, writes <Dir>/bench.json ({"machine": ..., "run": ...,
+// "scenarios": [...]}) and stops everything it started. Quick mode runs
 // every scenario for a second or two on small backlogs: a CI smoke test
 // whose numbers mean little.
 //
@@ -95,19 +97,60 @@
 //     are the commits the replica acknowledged and those that fell back to
 //     async (which would not be zero-RPO).
 //
+// River's rows run River (github.com/riverqueue/river, pgx v5 driver) on a
+// private Postgres (package deploy/postgres: Debian's postgresql-15,
+// installed with apt-get when missing and the bench runs as root; fsync=on,
+// synchronous_commit=on, full_page_writes=on, shared_buffers 256 MB as the
+// shards' buffer pool), started once the one-region bed is stopped, so
+// River has the box to itself as each bed does, and stopped after them.
+// Jobs carry the same 128-byte payload, spread over River's priorities
+// 1-4. Inserting clients use a pool of 64 connections; a working client
+// (MaxWorkers 160, as many jobs in hand as triage-steady's 16 consumers x
+// count 10; FetchCooldown 10 ms, since with River's default, 100 ms, a job
+// can wait up to 100 ms for the next fetch; a pool of its own, 16
+// connections) is
+// started for a measurement and stopped after it; its workers do nothing
+// but count. machine.postgres in bench.json holds the server's version
+// and settings, read from it. Where Postgres cannot be installed the rows
+// are reported skipped, with the reason.
+//
+//   - river-insert-many: closed-loop InsertMany of 100 jobs (one
+//     transaction each) from 8 goroutines into an emptied job table —
+//     beside triage-enqueue-batch100.
+//   - river-steady: triage-steady's method: single-job Insert producers (64,
+//     then 512), each Insert its own transaction, closed loop, beside the
+//     working client, for 20 s each (quick: 64 producers for 1.5 s) on an
+//     emptied job table. Reported: jobs worked per second (Work started),
+//     end-to-end latency (Insert sent to Work start, from a send time in
+//     the job's args) and, per trial, inserted/s, worked/s and the backlog
+//     left when the load stopped; its figures are the trial that kept up
+//     least, and a trial kept up when it worked >= 0.95x what it inserted.
+//   - river-backlog: 100k jobs (quick: 5k) inserted first with InsertMany
+//     of 1,000 and a CHECKPOINT, then the working client started: jobs/s
+//     from its start to the last job's Work start. Notes say when every
+//     job was completed (River writes completions in batches) — beside
+//     triage-backlog and triage-dequeue-ack.
+//
 // At the end of the run each baseline is measured once more at its best
 // configuration and the better of its two measurements is reported: other
 // work on a shared box can depress a baseline during its one window, which
 // would flatter Triage's ratios.
 //
 // Every scenario's notes end with where the box's CPU went while it ran:
-// this process (Triage node, NATS, load generators), the mariadbd
-// processes, other processes, idle and iowait — the first thing to read
-// when asking what limited a number.
+// this process (Triage node, NATS, load generators; for River's rows the
+// River clients and load generators), the mariadbd processes (for River's
+// rows the Postgres processes), other processes, idle and iowait — the
+// first thing to read when asking what limited a number.
 //
 // ratio_vs_naive and ratio_vs_ceiling compare items/s with the matching
 // baselines: enqueue scenarios with naive-enqueue and ceiling-insert,
 // dequeue scenarios with naive-dequeue-ack and ceiling-lease-ack.
+// ratio_vs_river compares a Triage row's items/s with its River peer,
+// named by river_peer, and the table prints both ("1.25x
+// river-insert-many"): triage-enqueue-batch100 with river-insert-many,
+// triage-steady with river-steady (its notes and vs_river_p<N>_* metrics
+// also compare each producer count's delivered rate and end-to-end p99),
+// triage-backlog and triage-dequeue-ack with river-backlog.
 //
 // # Targets
 //

@@ -28,6 +28,9 @@ type Machine struct {
 	Tuning map[string]string `json:"tuning"`
 	// Note says what shares the box.
 	Note string `json:"note"`
+	// Postgres describes the server River's rows ran on; nil when they
+	// did not run.
+	Postgres *PostgresFacts `json:"postgres,omitempty"`
 }
 
 var durabilityVars = []string{
@@ -51,7 +54,8 @@ func machineFacts(ctx context.Context, db *sql.DB) (Machine, error) {
 		Durability: map[string]string{},
 		Tuning:     map[string]string{},
 		Note: "one box runs everything: the shards' mariadbd processes, the embedded NATS server, the Triage node and the load " +
-			"generators share its cores and its disk; queue sessions use READ COMMITTED (the server default is listed under tuning)",
+			"generators share its cores and its disk; queue sessions use READ COMMITTED (the server default is listed under tuning); " +
+			"River's rows run on a private Postgres once the one-region bed is stopped",
 	}
 	if kb, err := strconv.Atoi(strings.Fields(procField("/proc/meminfo", "MemTotal") + " 0")[0]); err == nil {
 		m.MemoryMB = kb / 1024

@@ -34,6 +34,10 @@ type params struct {
 	// mixed scenario's), each measured for steadyMeasure.
 	steadyProducers []int
 	steadyMeasure   time.Duration
+
+	// River's rows: river-insert-many's goroutines, river-backlog's jobs.
+	// river-steady runs triage-steady's producer counts and windows.
+	riverInsertClients, riverBacklog int
 }
 
 // insertTrial writes with workers writers per shard, on one shard or on
@@ -86,6 +90,10 @@ func paramsFor(quick bool) params {
 		mixedSenders:      512,
 		steadyProducers:   []int{64, 512},
 		steadyMeasure:     20 * time.Second,
+		// A few goroutines: each InsertMany of 100 is one transaction,
+		// so a few keep Postgres's group commit busy.
+		riverInsertClients: 8,
+		riverBacklog:       100_000,
 	}
 	if quick {
 		p.progressEvery = time.Second
@@ -102,6 +110,7 @@ func paramsFor(quick bool) params {
 		p.mixedWarmup, p.mixedMeasure = 500*time.Millisecond, 3*time.Second
 		p.probeWarmup, p.probeMeasure = 500*time.Millisecond, 1500*time.Millisecond
 		p.steadyProducers, p.steadyMeasure = []int{64}, 1500*time.Millisecond
+		p.riverBacklog = 5_000
 	}
 	return p
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -53,6 +54,67 @@ func applyRatios(ss []Scenario) {
 		if c := find(ss, b[1]); c != nil {
 			s.RatioVsCeiling = ratio(s.ItemsPerSec, c.ItemsPerSec)
 		}
+	}
+}
+
+// riverPeers names the River row each Triage row is compared with: bulk
+// enqueue with InsertMany, steady state with steady state, working off a
+// backlog with working off a backlog.
+var riverPeers = map[string]string{
+	EnqueueBatch100: RiverInsertMany,
+	Steady:          RiverSteady,
+	Backlog:         RiverBacklog,
+	DequeueAck:      RiverBacklog,
+}
+
+// applyRiverRatios fills RatioVsRiver and RiverPeer of the Triage rows
+// that have a River peer, where both ran. triage-steady's notes and
+// metrics also compare each producer count both ran: delivered against
+// worked per second, and end-to-end p99 (vs_river_p<N>_e2e_p99 below 1
+// means Triage's tail is the shorter).
+func applyRiverRatios(ss []Scenario) {
+	ran := func(s *Scenario) bool { return s != nil && !s.Skipped && s.Error == "" && s.ItemsPerSec > 0 }
+	for i := range ss {
+		s := &ss[i]
+		name, ok := riverPeers[s.Name]
+		peer := find(ss, name)
+		if !ok || !ran(s) || !ran(peer) {
+			continue
+		}
+		s.RatioVsRiver, s.RiverPeer = ratio(s.ItemsPerSec, peer.ItemsPerSec), name
+		if s.Name == Steady {
+			compareSteady(s, peer)
+		}
+	}
+}
+
+// compareSteady adds to triage-steady's notes and metrics its ratios to
+// river-steady at each producer count both ran.
+func compareSteady(s, river *Scenario) {
+	var producers []int
+	for k := range s.Metrics {
+		var n int
+		if _, err := fmt.Sscanf(k, "p%d_delivered_per_sec", &n); err == nil && k == fmt.Sprintf("p%d_delivered_per_sec", n) {
+			producers = append(producers, n)
+		}
+	}
+	slices.Sort(producers)
+	var parts []string
+	for _, n := range producers {
+		pre := fmt.Sprintf("p%d_", n)
+		worked, ok := river.Metrics[pre+"worked_per_sec"]
+		rate := ratio(s.Metrics[pre+"delivered_per_sec"], worked)
+		if !ok || rate == 0 {
+			continue
+		}
+		tail := ratio(s.Metrics[pre+"e2e_p99_ms"], river.Metrics[pre+"e2e_p99_ms"])
+		s.Metrics["vs_river_"+pre+"delivered"] = rate
+		s.Metrics["vs_river_"+pre+"e2e_p99"] = tail
+		parts = append(parts, fmt.Sprintf("%d producers: delivered %.2fx River's worked rate (%s/s against %s/s), end-to-end p99 %.2fx River's (%.1f against %.1f ms)",
+			n, rate, human(s.Metrics[pre+"delivered_per_sec"]), human(worked), tail, s.Metrics[pre+"e2e_p99_ms"], river.Metrics[pre+"e2e_p99_ms"]))
+	}
+	if len(parts) > 0 {
+		s.Notes += "; against " + RiverSteady + ": " + strings.Join(parts, "; ")
 	}
 }
 
@@ -129,8 +191,17 @@ func fmtRatio(v float64) string {
 	return fmt.Sprintf("%.2fx", v)
 }
 
+// fmtRiver is a row's ratio to its River peer: "1.25x river-insert-many".
+func fmtRiver(s Scenario) string {
+	if s.RatioVsRiver == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx %s", s.RatioVsRiver, s.RiverPeer)
+}
+
+// fmtMS prints a percentile; "-" where the row measured none.
 func fmtMS(v float64, s Scenario) string {
-	if s.Skipped || s.Error != "" {
+	if s.Skipped || s.Error != "" || v == 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", v)
@@ -148,8 +219,13 @@ func printTable(out io.Writer, rep *Report) {
 		mode, rep.Run.Shards, rep.Run.PayloadBytes, m.Cores, m.CPU, m.GoVersion, m.MariaDBVersion,
 		m.Durability["innodb_flush_log_at_trx_commit"], m.Durability["sync_binlog"], m.Durability["binlog_format"],
 		rep.Run.LoadAvgStart, rep.Run.LoadAvgEnd)
+	if pg := m.Postgres; pg != nil {
+		fmt.Fprintf(out, "%s on Postgres %s: fsync=%s synchronous_commit=%s full_page_writes=%s shared_buffers=%s\n\n",
+			pg.river(), pg.Version, pg.Settings["fsync"], pg.Settings["synchronous_commit"], pg.Settings["full_page_writes"],
+			pg.Settings["shared_buffers"])
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\titems/s\tp50 ms\tp99 ms\tp99.9 ms\tvs naive\tvs ceiling\t")
+	fmt.Fprintln(tw, "scenario\titems/s\tp50 ms\tp99 ms\tp99.9 ms\tvs naive\tvs ceiling\tvs River\t")
 	for _, s := range rep.Scenarios {
 		rate := human(s.ItemsPerSec)
 		switch {
@@ -158,8 +234,8 @@ func printTable(out io.Writer, rep *Report) {
 		case s.Skipped:
 			rate = "skipped"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Name, rate, fmtMS(s.P50MS, s), fmtMS(s.P99MS, s), fmtMS(s.P999MS, s),
-			fmtRatio(s.RatioVsNaive), fmtRatio(s.RatioVsCeiling))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", s.Name, rate, fmtMS(s.P50MS, s), fmtMS(s.P99MS, s), fmtMS(s.P999MS, s),
+			fmtRatio(s.RatioVsNaive), fmtRatio(s.RatioVsCeiling), fmtRiver(s))
 	}
 	tw.Flush()
 
@@ -184,6 +260,9 @@ func printTable(out io.Writer, rep *Report) {
 		var parts []string
 		if s.Latency != "" {
 			parts = append(parts, "latency = "+s.Latency)
+		}
+		if s.RatioVsRiver > 0 {
+			parts = append(parts, fmtRiver(s))
 		}
 		if s.Notes != "" {
 			parts = append(parts, s.Notes)
