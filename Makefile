@@ -22,13 +22,13 @@ help: ## List the targets.
 	@grep -hE '^[a-zA-Z0-9/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install what the bed and the bench need (MariaDB; Postgres for River's rows; apt-get when root).
+deps: ## Install what the bed needs (MariaDB; apt-get when root).
 	@./.ci/ensure-mariadb
-	@./.ci/ensure-postgres
 
 .PHONY: test-deps
-test-deps: deps ## And what the tests need besides (Chromium for the console's browser test).
+test-deps: deps ## And what the tests need besides (Chromium for the console's browser test, Postgres for the bench's River rows).
 	@./.ci/ensure-chromium
+	@./.ci/ensure-postgres
 
 .PHONY: build
 build: ## Build the binaries into .bin/: triage (production) and triage-bed (bed, drills, bench).
@@ -124,7 +124,8 @@ generate: gen-tools ## Regenerate Go, gateway and OpenAPI code from proto/.
 	protoc -I proto -I $$gapis -I $$wkt --openapiv2_out=proto proto/triage/v1/triage.proto
 
 .PHONY: bench
-bench: deps build ## Benchmarks side by side with baselines (BENCH_QUICK=1 for a short run).
+bench: deps build ## Benchmarks side by side with baselines and River on Postgres (BENCH_QUICK=1 for a short run).
+	@./.ci/ensure-postgres
 	$(BIN)/triage-bed bench $(if $(BENCH_QUICK),--quick,)
 
 .PHONY: clean
