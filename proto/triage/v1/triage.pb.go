@@ -2134,8 +2134,10 @@ type Item struct {
 	OriginalPriority  int32                  `protobuf:"varint,18,opt,name=original_priority,json=originalPriority,proto3" json:"original_priority,omitempty"`
 	PriorityChangedBy string                 `protobuf:"bytes,19,opt,name=priority_changed_by,json=priorityChangedBy,proto3" json:"priority_changed_by,omitempty"`
 	PriorityChangedAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=priority_changed_at,json=priorityChangedAt,proto3" json:"priority_changed_at,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set by ListItems when payload holds only the payload's first 1 KiB.
+	PayloadTruncated bool `protobuf:"varint,21,opt,name=payload_truncated,json=payloadTruncated,proto3" json:"payload_truncated,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -2306,6 +2308,13 @@ func (x *Item) GetPriorityChangedAt() *timestamppb.Timestamp {
 		return x.PriorityChangedAt
 	}
 	return nil
+}
+
+func (x *Item) GetPayloadTruncated() bool {
+	if x != nil {
+		return x.PayloadTruncated
+	}
+	return false
 }
 
 type GetItemRequest struct {
@@ -2964,6 +2973,312 @@ func (x *ListTopicsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type ListItemsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// "ready", "leased" or "delayed" (as ItemState names them, in any
+	// case).
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Only items of priority at least min_priority and at most
+	// max_priority, when set.
+	MinPriority *int32 `protobuf:"varint,4,opt,name=min_priority,json=minPriority,proto3,oneof" json:"min_priority,omitempty"`
+	MaxPriority *int32 `protobuf:"varint,5,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
+	// Up to this many items. Default 50, at most 500.
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token, with the same state.
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Region whose shards are listed. Empty: the router's own region.
+	Region        string `protobuf:"bytes,8,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListItemsRequest) Reset() {
+	*x = ListItemsRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListItemsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListItemsRequest) ProtoMessage() {}
+
+func (x *ListItemsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListItemsRequest.ProtoReflect.Descriptor instead.
+func (*ListItemsRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListItemsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetMinPriority() int32 {
+	if x != nil && x.MinPriority != nil {
+		return *x.MinPriority
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetMaxPriority() int32 {
+	if x != nil && x.MaxPriority != nil {
+		return *x.MaxPriority
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type ListItemsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*Item                `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListItemsResponse) Reset() {
+	*x = ListItemsResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListItemsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListItemsResponse) ProtoMessage() {}
+
+func (x *ListItemsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListItemsResponse.ProtoReflect.Descriptor instead.
+func (*ListItemsResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ListItemsResponse) GetItems() []*Item {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListItemsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetThroughputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetThroughputRequest) Reset() {
+	*x = GetThroughputRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetThroughputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetThroughputRequest) ProtoMessage() {}
+
+func (x *GetThroughputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetThroughputRequest.ProtoReflect.Descriptor instead.
+func (*GetThroughputRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetThroughputRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+// Throughput is a namespace's rates over the last hour, oldest interval
+// first. Each series holds one rate (items per second) per interval; the
+// last interval is the current one, averaged over its elapsed part.
+type Throughput struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Start of the first interval.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	// Length of each interval (10 s).
+	Interval *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
+	// Items routers accepted (Enqueue).
+	Enqueued []float64 `protobuf:"fixed64,4,rep,packed,name=enqueued,proto3" json:"enqueued,omitempty"`
+	// Items dequeuers delivered (Dequeue).
+	Delivered []float64 `protobuf:"fixed64,5,rep,packed,name=delivered,proto3" json:"delivered,omitempty"`
+	// Items acked.
+	Acked []float64 `protobuf:"fixed64,6,rep,packed,name=acked,proto3" json:"acked,omitempty"`
+	// Items moved to the dead letters (a nack or a lapsed lease used up
+	// their attempts, or a nack asked for it).
+	DeadLettered  []float64 `protobuf:"fixed64,7,rep,packed,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Throughput) Reset() {
+	*x = Throughput{}
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Throughput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Throughput) ProtoMessage() {}
+
+func (x *Throughput) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Throughput.ProtoReflect.Descriptor instead.
+func (*Throughput) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *Throughput) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Throughput) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *Throughput) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *Throughput) GetEnqueued() []float64 {
+	if x != nil {
+		return x.Enqueued
+	}
+	return nil
+}
+
+func (x *Throughput) GetDelivered() []float64 {
+	if x != nil {
+		return x.Delivered
+	}
+	return nil
+}
+
+func (x *Throughput) GetAcked() []float64 {
+	if x != nil {
+		return x.Acked
+	}
+	return nil
+}
+
+func (x *Throughput) GetDeadLettered() []float64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return nil
+}
+
 type GetShardMapRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2972,7 +3287,7 @@ type GetShardMapRequest struct {
 
 func (x *GetShardMapRequest) Reset() {
 	*x = GetShardMapRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3299,7 @@ func (x *GetShardMapRequest) String() string {
 func (*GetShardMapRequest) ProtoMessage() {}
 
 func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3312,7 @@ func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetShardMapRequest.ProtoReflect.Descriptor instead.
 func (*GetShardMapRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
 }
 
 type Shard struct {
@@ -3027,7 +3342,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3354,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3367,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -3150,7 +3465,7 @@ type NamespaceShards struct {
 
 func (x *NamespaceShards) Reset() {
 	*x = NamespaceShards{}
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3477,7 @@ func (x *NamespaceShards) String() string {
 func (*NamespaceShards) ProtoMessage() {}
 
 func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3490,7 @@ func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceShards.ProtoReflect.Descriptor instead.
 func (*NamespaceShards) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NamespaceShards) GetNamespace() string {
@@ -3211,7 +3526,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3223,7 +3538,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3236,7 +3551,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShardMap) GetVersion() uint64 {
@@ -3284,7 +3599,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3611,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3624,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -3389,7 +3704,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3716,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3729,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -3462,7 +3777,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3474,7 +3789,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3487,7 +3802,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -3517,7 +3832,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +3844,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +3857,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -3582,7 +3897,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +3909,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +3922,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
@@ -3636,7 +3951,7 @@ type DeleteDeadLettersRequest struct {
 
 func (x *DeleteDeadLettersRequest) Reset() {
 	*x = DeleteDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3648,7 +3963,7 @@ func (x *DeleteDeadLettersRequest) String() string {
 func (*DeleteDeadLettersRequest) ProtoMessage() {}
 
 func (x *DeleteDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3661,7 +3976,7 @@ func (x *DeleteDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DeleteDeadLettersRequest) GetNamespace() string {
@@ -3717,7 +4032,7 @@ type DeleteDeadLettersResponse struct {
 
 func (x *DeleteDeadLettersResponse) Reset() {
 	*x = DeleteDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3729,7 +4044,7 @@ func (x *DeleteDeadLettersResponse) String() string {
 func (*DeleteDeadLettersResponse) ProtoMessage() {}
 
 func (x *DeleteDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3742,7 +4057,7 @@ func (x *DeleteDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteDeadLettersResponse) GetDeleted() int64 {
@@ -3775,7 +4090,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3787,7 +4102,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3800,7 +4115,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TopicConfig) GetPolicy() DequeuePolicy {
@@ -3878,7 +4193,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4205,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4218,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Namespace) GetName() string {
@@ -3999,7 +4314,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4011,7 +4326,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4024,7 +4339,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -4052,7 +4367,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4064,7 +4379,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4077,7 +4392,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -4112,7 +4427,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4439,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4452,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -4173,7 +4488,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4185,7 +4500,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4198,7 +4513,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -4240,7 +4555,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4252,7 +4567,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4265,7 +4580,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -4299,7 +4614,7 @@ type ListFailoverEventsRequest struct {
 
 func (x *ListFailoverEventsRequest) Reset() {
 	*x = ListFailoverEventsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4626,7 @@ func (x *ListFailoverEventsRequest) String() string {
 func (*ListFailoverEventsRequest) ProtoMessage() {}
 
 func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4639,7 @@ func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListFailoverEventsRequest) GetLimit() int32 {
@@ -4345,7 +4660,7 @@ type ListFailoverEventsResponse struct {
 
 func (x *ListFailoverEventsResponse) Reset() {
 	*x = ListFailoverEventsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4357,7 +4672,7 @@ func (x *ListFailoverEventsResponse) String() string {
 func (*ListFailoverEventsResponse) ProtoMessage() {}
 
 func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4370,7 +4685,7 @@ func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListFailoverEventsResponse) GetController() string {
@@ -4543,7 +4858,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"leaseToken\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\"[\n" +
 	"\x13ExtendLeaseResponse\x12D\n" +
-	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xb9\a\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xe6\a\n" +
 	"\x04Item\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x14\n" +
@@ -4569,7 +4884,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12+\n" +
 	"\x11original_priority\x18\x12 \x01(\x05R\x10originalPriority\x12.\n" +
 	"\x13priority_changed_by\x18\x13 \x01(\tR\x11priorityChangedBy\x12J\n" +
-	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x1a;\n" +
+	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x12+\n" +
+	"\x11payload_truncated\x18\x15 \x01(\bR\x10payloadTruncated\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -4625,7 +4941,33 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06paused\x18\x04 \x01(\bR\x06paused\"m\n" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa2\x02\n" +
+	"\x10ListItemsRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12&\n" +
+	"\fmin_priority\x18\x04 \x01(\x05H\x00R\vminPriority\x88\x01\x01\x12&\n" +
+	"\fmax_priority\x18\x05 \x01(\x05H\x01R\vmaxPriority\x88\x01\x01\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x12\x16\n" +
+	"\x06region\x18\b \x01(\tR\x06regionB\x0f\n" +
+	"\r_min_priorityB\x0f\n" +
+	"\r_max_priority\"b\n" +
+	"\x11ListItemsResponse\x12%\n" +
+	"\x05items\x18\x01 \x03(\v2\x0f.triage.v1.ItemR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"4\n" +
+	"\x14GetThroughputRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x88\x02\n" +
+	"\n" +
+	"Throughput\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
+	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x1a\n" +
+	"\benqueued\x18\x04 \x03(\x01R\benqueued\x12\x1c\n" +
+	"\tdelivered\x18\x05 \x03(\x01R\tdelivered\x12\x14\n" +
+	"\x05acked\x18\x06 \x03(\x01R\x05acked\x12#\n" +
+	"\rdead_lettered\x18\a \x03(\x01R\fdeadLettered\"\x14\n" +
 	"\x12GetShardMapRequest\"\xf7\x02\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1f\n" +
@@ -4764,7 +5106,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x1aDEQUEUE_POLICY_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STRICT\x10\x01\x12\f\n" +
-	"\bWEIGHTED\x10\x022\x83\r\n" +
+	"\bWEIGHTED\x10\x022\xfc\x0e\n" +
 	"\x05Queue\x12|\n" +
 	"\aEnqueue\x12\x19.triage.v1.EnqueueRequest\x1a\x1a.triage.v1.EnqueueResponse\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/namespaces/{namespace}/topics/{topic}/items\x12o\n" +
 	"\aDequeue\x12\x19.triage.v1.DequeueRequest\x1a\x1a.triage.v1.DequeueResponse\"-\x82\xd3\xe4\x93\x02':\x01*\"\"/v1/namespaces/{namespace}:dequeue\x12_\n" +
@@ -4778,7 +5120,9 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"DeleteItem\x12\x1c.triage.v1.DeleteItemRequest\x1a\x1d.triage.v1.DeleteItemResponse\"-\x82\xd3\xe4\x93\x02'*%/v1/namespaces/{namespace}/items/{id}\x12\x80\x01\n" +
 	"\rGetTopicStats\x12\x1f.triage.v1.GetTopicStatsRequest\x1a\x15.triage.v1.TopicStats\"7\x82\xd3\xe4\x93\x021\x12//v1/namespaces/{namespace}/topics/{topic}/stats\x12t\n" +
 	"\n" +
-	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
+	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x7f\n" +
+	"\tListItems\x12\x1b.triage.v1.ListItemsRequest\x1a\x1c.triage.v1.ListItemsResponse\"7\x82\xd3\xe4\x93\x021\x12//v1/namespaces/{namespace}/topics/{topic}/items\x12v\n" +
+	"\rGetThroughput\x12\x1f.triage.v1.GetThroughputRequest\x1a\x15.triage.v1.Throughput\"-\x82\xd3\xe4\x93\x02'\x12%/v1/namespaces/{namespace}/throughput\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
 	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive\x12\xa7\x01\n" +
 	"\x11DeleteDeadLetters\x12#.triage.v1.DeleteDeadLettersRequest\x1a$.triage.v1.DeleteDeadLettersResponse\"G\x82\xd3\xe4\x93\x02A:\x01*\"</v1/namespaces/{namespace}/topics/{topic}/deadletters:delete2\xb7\f\n" +
@@ -4816,7 +5160,7 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
@@ -4863,164 +5207,175 @@ var file_triage_v1_triage_proto_goTypes = []any{
 	(*ListTopicsRequest)(nil),          // 42: triage.v1.ListTopicsRequest
 	(*TopicSummary)(nil),               // 43: triage.v1.TopicSummary
 	(*ListTopicsResponse)(nil),         // 44: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 45: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 46: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 47: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 48: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 49: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 50: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 51: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 52: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 53: triage.v1.RedriveDeadLettersResponse
-	(*DeleteDeadLettersRequest)(nil),   // 54: triage.v1.DeleteDeadLettersRequest
-	(*DeleteDeadLettersResponse)(nil),  // 55: triage.v1.DeleteDeadLettersResponse
-	(*TopicConfig)(nil),                // 56: triage.v1.TopicConfig
-	(*Namespace)(nil),                  // 57: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 58: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 59: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 60: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 61: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 62: triage.v1.FailoverResponse
-	(*ListFailoverEventsRequest)(nil),  // 63: triage.v1.ListFailoverEventsRequest
-	(*ListFailoverEventsResponse)(nil), // 64: triage.v1.ListFailoverEventsResponse
-	nil,                                // 65: triage.v1.NewItem.MetadataEntry
-	nil,                                // 66: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 67: triage.v1.NackItem.MetadataEntry
-	nil,                                // 68: triage.v1.Item.MetadataEntry
-	nil,                                // 69: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 70: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 71: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 72: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 73: google.protobuf.Duration
-	(*fieldmaskpb.FieldMask)(nil),      // 74: google.protobuf.FieldMask
+	(*ListItemsRequest)(nil),           // 45: triage.v1.ListItemsRequest
+	(*ListItemsResponse)(nil),          // 46: triage.v1.ListItemsResponse
+	(*GetThroughputRequest)(nil),       // 47: triage.v1.GetThroughputRequest
+	(*Throughput)(nil),                 // 48: triage.v1.Throughput
+	(*GetShardMapRequest)(nil),         // 49: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 50: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 51: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 52: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 53: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 54: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 55: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 56: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 57: triage.v1.RedriveDeadLettersResponse
+	(*DeleteDeadLettersRequest)(nil),   // 58: triage.v1.DeleteDeadLettersRequest
+	(*DeleteDeadLettersResponse)(nil),  // 59: triage.v1.DeleteDeadLettersResponse
+	(*TopicConfig)(nil),                // 60: triage.v1.TopicConfig
+	(*Namespace)(nil),                  // 61: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 62: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 63: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 64: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 65: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 66: triage.v1.FailoverResponse
+	(*ListFailoverEventsRequest)(nil),  // 67: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 68: triage.v1.ListFailoverEventsResponse
+	nil,                                // 69: triage.v1.NewItem.MetadataEntry
+	nil,                                // 70: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 71: triage.v1.NackItem.MetadataEntry
+	nil,                                // 72: triage.v1.Item.MetadataEntry
+	nil,                                // 73: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 74: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 75: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 76: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 77: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),      // 78: google.protobuf.FieldMask
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	72, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
-	72, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
-	72, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
+	76, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
+	76, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
+	76, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
 	6,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
 	7,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
-	46, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
-	46, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	72, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	73, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	73, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	65, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	50, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	50, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	76, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	77, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	77, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	69, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
 	17, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
 	0,  // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
 	19, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
 	21, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	73, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	73, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	66, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	72, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	72, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	72, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	77, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	77, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	70, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	76, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	76, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	76, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
 	23, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
 	25, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
 	26, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	73, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	67, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	77, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	71, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
 	29, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
 	26, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	73, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	72, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	68, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	72, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	73, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	72, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	72, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	77, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	76, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	72, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	76, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	77, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	76, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	76, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
 	1,  // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	72, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	72, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	72, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	72, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	69, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	76, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	76, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	76, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	76, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	73, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
 	40, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	73, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	77, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
 	43, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	72, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	46, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	47, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	70, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	72, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	72, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	49, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	72, // 52: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
-	2,  // 53: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	73, // 54: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	47, // 55: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	73, // 56: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	73, // 57: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	73, // 58: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	71, // 59: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	73, // 60: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
-	57, // 61: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	74, // 62: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	72, // 63: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	61, // 64: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	61, // 65: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	56, // 66: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	18, // 67: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	22, // 68: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	27, // 69: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	30, // 70: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	32, // 71: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	35, // 72: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	36, // 73: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	37, // 74: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	39, // 75: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	42, // 76: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	50, // 77: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	52, // 78: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	54, // 79: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
-	45, // 80: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	60, // 81: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	58, // 82: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	59, // 83: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	11, // 84: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	12, // 85: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	13, // 86: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	14, // 87: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	15, // 88: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	63, // 89: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	8,  // 90: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	9,  // 91: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	3,  // 92: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
-	4,  // 93: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
-	20, // 94: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	24, // 95: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	28, // 96: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	31, // 97: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	33, // 98: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	34, // 99: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	34, // 100: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	38, // 101: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	41, // 102: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	44, // 103: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	51, // 104: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	53, // 105: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	55, // 106: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
-	48, // 107: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	62, // 108: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	57, // 109: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	57, // 110: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	16, // 111: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	16, // 112: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	16, // 113: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	16, // 114: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	16, // 115: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	64, // 116: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	7,  // 117: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	10, // 118: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	5,  // 119: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
-	5,  // 120: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
-	94, // [94:121] is the sub-list for method output_type
-	67, // [67:94] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	34, // 45: triage.v1.ListItemsResponse.items:type_name -> triage.v1.Item
+	76, // 46: triage.v1.Throughput.start:type_name -> google.protobuf.Timestamp
+	77, // 47: triage.v1.Throughput.interval:type_name -> google.protobuf.Duration
+	76, // 48: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	50, // 49: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	51, // 50: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	74, // 51: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	76, // 52: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	76, // 53: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	53, // 54: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	76, // 55: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
+	2,  // 56: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	77, // 57: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	51, // 58: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	77, // 59: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	77, // 60: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	77, // 61: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	75, // 62: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	77, // 63: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	61, // 64: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	78, // 65: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	76, // 66: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	65, // 67: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	65, // 68: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	60, // 69: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	18, // 70: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	22, // 71: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	27, // 72: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	30, // 73: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	32, // 74: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	35, // 75: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	36, // 76: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	37, // 77: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	39, // 78: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	42, // 79: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	45, // 80: triage.v1.Queue.ListItems:input_type -> triage.v1.ListItemsRequest
+	47, // 81: triage.v1.Queue.GetThroughput:input_type -> triage.v1.GetThroughputRequest
+	54, // 82: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	56, // 83: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	58, // 84: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
+	49, // 85: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	64, // 86: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	62, // 87: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	63, // 88: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	11, // 89: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	12, // 90: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	13, // 91: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	14, // 92: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	15, // 93: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	67, // 94: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	8,  // 95: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	9,  // 96: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	3,  // 97: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
+	4,  // 98: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
+	20, // 99: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	24, // 100: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	28, // 101: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	31, // 102: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	33, // 103: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	34, // 104: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	34, // 105: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	38, // 106: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	41, // 107: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	44, // 108: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	46, // 109: triage.v1.Queue.ListItems:output_type -> triage.v1.ListItemsResponse
+	48, // 110: triage.v1.Queue.GetThroughput:output_type -> triage.v1.Throughput
+	55, // 111: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	57, // 112: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	59, // 113: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
+	52, // 114: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	66, // 115: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	61, // 116: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	61, // 117: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	16, // 118: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	16, // 119: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	16, // 120: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	16, // 121: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	16, // 122: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	68, // 123: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	7,  // 124: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	10, // 125: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	5,  // 126: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
+	5,  // 127: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
+	99, // [99:128] is the sub-list for method output_type
+	70, // [70:99] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -5030,13 +5385,14 @@ func file_triage_v1_triage_proto_init() {
 	}
 	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
 	file_triage_v1_triage_proto_msgTypes[33].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[42].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   69,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
