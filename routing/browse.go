@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -110,7 +111,9 @@ type itemRow struct {
 // its first page_size+1 rows after the cursor (store.ItemList: ranges of
 // the ready index), and the merge keeps the first page_size of them all,
 // so a page is what one list of every shard's rows would show. Every
-// shard's read names the namespace: the list holds only its items.
+// shard's read names the namespace: the list holds only its items. A
+// shard's read that runs past its budget (store.ErrListTooSlow) is
+// ErrPrecondition, which says to narrow the priority range.
 func (r *Router) ListItems(ctx context.Context, req *triagev1.ListItemsRequest) (*triagev1.ListItemsResponse, error) {
 	m := r.cfg.Maps.Current()
 	shards, err := r.topicShards(m, req.Namespace, req.Topic, req.Region)
@@ -129,6 +132,10 @@ func (r *Router) ListItems(ctx context.Context, req *triagev1.ListItemsRequest) 
 	var all []itemRow
 	err = r.eachShard(ctx, m, shards, false, func(ctx context.Context, shard uint32, db *sqlx.DB) error {
 		rows, err := store.New(db).ItemList(ctx, p)
+		if errors.Is(err, store.ErrListTooSlow) {
+			return fmt.Errorf("%w: listing %s items of %q read past its time budget on shard %d (%v); narrow it with min_priority and max_priority",
+				ErrPrecondition, state, req.Topic, shard, err)
+		}
 		if err != nil {
 			return err
 		}

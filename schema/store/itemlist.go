@@ -2,9 +2,17 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
+
+// ErrListTooSlow is ItemList's statement ending at its budget
+// (max_statement_time, MariaDB error 1969): too many rows of other states
+// sit before the page in the index for one read.
+var ErrListTooSlow = errors.New("store: the list read past its time budget")
 
 // ItemState is a state an item is listed by: what itemProto in routing
 // and TopicStats call ready, leased and delayed.
@@ -80,6 +88,7 @@ type ItemListParams struct {
 // ItemList returns up to Limit items of a topic in State, after the
 // cursor, in (priority, deliver_after, id) order. Payload holds at most
 // ListPayloadBytes of each payload; PayloadBytes is its whole length.
+// A read that runs past Budget is ErrListTooSlow.
 func (s Store) ItemList(ctx context.Context, p ItemListParams) ([]Item, error) {
 	state, ok := stateConds[p.State]
 	if !ok {
@@ -102,6 +111,9 @@ func (s Store) ItemList(ctx context.Context, p ItemListParams) ([]Item, error) {
 	var rows []Item
 	q := fmt.Sprintf(itemListSQL, budget.Seconds(), ListPayloadBytes, after, state.sql)
 	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+		if me := (*mysql.MySQLError)(nil); errors.As(err, &me) && me.Number == 1969 {
+			return nil, fmt.Errorf("%w (%s)", ErrListTooSlow, budget)
+		}
 		return nil, err
 	}
 	return rows, nil

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -91,4 +92,27 @@ func TestItemList(t *testing.T) {
 
 	_, err = f.s.ItemList(f.ctx, ItemListParams{Namespace: ns, Topic: topic, Limit: 1})
 	require.Error(t, err, "a state is required")
+}
+
+// TestItemListPastItsBudget: a list that must read past many rows of
+// another state to fill its page stops at its budget with
+// ErrListTooSlow, instead of holding a connection.
+func TestItemListPastItsBudget(t *testing.T) {
+	f := newFixture(t)
+	for batch := range 20 {
+		b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: uint64(batch + 1), EnqueuedAtUs: f.nowUS}
+		for i := range 1000 {
+			b.Items = append(b.Items, &peerv1.BufferedItem{Key: uint64(batch*1000 + i + 1), DeliverAfterUs: f.nowUS - 1, LeaseMs: 1000})
+		}
+		_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
+		require.NoError(t, err)
+	}
+	// No item is leased: the read goes through all 20000 ready ones.
+	_, err := f.s.ItemList(f.ctx, ItemListParams{Namespace: ns, Topic: topic, State: StateLeased, MinPriority: math.MinInt32, MaxPriority: math.MaxInt32,
+		Limit: 10, NowUS: f.nowUS, Budget: time.Millisecond})
+	require.ErrorIs(t, err, ErrListTooSlow)
+	rows, err := f.s.ItemList(f.ctx, ItemListParams{Namespace: ns, Topic: topic, State: StateReady, MinPriority: math.MinInt32, MaxPriority: math.MaxInt32,
+		Limit: 10, NowUS: f.nowUS, Budget: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, rows, 10)
 }

@@ -76,7 +76,9 @@ type QueueClient interface {
 	// or delayed) across the region's shards, in delivery order (priority,
 	// deliver_after, id), optionally within a range of priorities. Payloads
 	// longer than 1 KiB are cut to their first 1 KiB (payload_truncated);
-	// GetItem reads the whole item.
+	// GetItem reads the whole item. A shard that reads for 5 s without
+	// filling the page (many items of other states before it) answers
+	// FAILED_PRECONDITION: narrow the priority range.
 	ListItems(ctx context.Context, in *ListItemsRequest, opts ...grpc.CallOption) (*ListItemsResponse, error)
 	// GetThroughput reports the namespace's items enqueued, delivered,
 	// acked and dead-lettered per second over the last hour, as counted by
@@ -291,7 +293,9 @@ type QueueServer interface {
 	// or delayed) across the region's shards, in delivery order (priority,
 	// deliver_after, id), optionally within a range of priorities. Payloads
 	// longer than 1 KiB are cut to their first 1 KiB (payload_truncated);
-	// GetItem reads the whole item.
+	// GetItem reads the whole item. A shard that reads for 5 s without
+	// filling the page (many items of other states before it) answers
+	// FAILED_PRECONDITION: narrow the priority range.
 	ListItems(context.Context, *ListItemsRequest) (*ListItemsResponse, error)
 	// GetThroughput reports the namespace's items enqueued, delivered,
 	// acked and dead-lettered per second over the last hour, as counted by
