@@ -188,6 +188,7 @@ var specRoles = map[string]auth.Role{
 	"Enqueue": auth.Producer, "UpdateItem": auth.Producer, "DeleteItem": auth.Producer,
 	"Dequeue": auth.Consumer, "Ack": auth.Consumer, "Nack": auth.Consumer, "ExtendLease": auth.Consumer,
 	"GetItem": auth.Reader, "GetTopicStats": auth.Reader, "ListTopics": auth.Reader, "ListDeadLetters": auth.Reader,
+	"ListItems": auth.Reader, "GetThroughput": auth.Reader,
 	"RedriveDeadLetters": auth.Admin, "DeleteDeadLetters": auth.Admin, "GetNamespace": auth.Admin, "PutNamespace": auth.Admin,
 	"PauseTopic": auth.Admin, "ResumeTopic": auth.Admin,
 	"GetShardMap": auth.ClusterAdmin, "Failover": auth.ClusterAdmin, "AddShard": auth.ClusterAdmin,
@@ -217,7 +218,7 @@ func TestAuthTable(t *testing.T) {
 
 	cases := rpcCases(t, pub)
 	adminCases := rpcCases(t, adm)
-	require.Len(t, cases, 27, "Queue (13) and Admin (14) RPCs on the public listener")
+	require.Len(t, cases, 29, "Queue (15) and Admin (14) RPCs on the public listener")
 	require.Len(t, adminCases, 14)
 
 	type cred struct{ name, key string }

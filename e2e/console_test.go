@@ -68,7 +68,7 @@ func TestConsole(t *testing.T) {
 
 	// Every route the script calls is a route of the API.
 	routes := consoleRoutes(t, js)
-	require.Len(t, routes, 11)
+	require.Len(t, routes, 15)
 	data, err := os.ReadFile("../proto/triage/v1/triage.swagger.json")
 	require.NoError(t, err)
 	var doc struct {
@@ -170,6 +170,45 @@ func TestConsole(t *testing.T) {
 	code, out := call("getItem", with("id", "nope"), nil, nil)
 	require.Equal(t, http.StatusBadRequest, code, "%v", out)
 	require.NotEmpty(t, out["message"], "errors carry the message the script shows")
+
+	// Items page: alpha's ready items two a page, as the script pages
+	// them, then of priority 1 and up; a priority change and a delete
+	// from the list.
+	ids := func(lp map[string]any) []string {
+		var out []string
+		for _, it := range lp["items"].([]any) {
+			out = append(out, it.(map[string]any)["id"].(string))
+		}
+		return out
+	}
+	lp := ok("listItems", with("topic", "alpha"), url.Values{"state": {"ready"}, "page_size": {"2"}}, nil)
+	require.ElementsMatch(t, []string{alpha[0].Id, alpha[1].Id}, ids(lp))
+	require.NotEmpty(t, lp["next_page_token"])
+	lp = ok("listItems", with("topic", "alpha"), url.Values{"state": {"ready"}, "page_size": {"2"}, "page_token": {lp["next_page_token"].(string)}}, nil)
+	require.Equal(t, []string{alpha[2].Id}, ids(lp))
+	require.Empty(t, lp["next_page_token"])
+	lp = ok("listItems", with("topic", "alpha"), url.Values{"state": {"ready"}, "min_priority": {"1"}, "max_priority": {"9"}}, nil)
+	require.Equal(t, []string{alpha[2].Id}, ids(lp))
+	code, out = call("listItems", with("topic", "alpha"), url.Values{"state": {"gone"}}, nil)
+	require.Equal(t, http.StatusBadRequest, code, "%v", out)
+	require.Contains(t, out["message"], "allowed ready, leased or delayed")
+	item = ok("updateItem", with("id", alpha[0].Id), nil, map[string]any{"priority": 5, "updated_by": "console"})
+	require.Equal(t, []any{float64(5), "console"}, []any{item["priority"], item["priority_changed_by"]})
+	require.Empty(t, ok("deleteItem", with("id", alpha[1].Id), nil, nil))
+	code, out = call("getItem", with("id", alpha[1].Id), nil, nil)
+	require.Equal(t, http.StatusNotFound, code, "%v", out)
+
+	// The throughput chart: the hour in 10-second intervals, with the
+	// workload's enqueues in it.
+	tp := ok("throughput", ns, nil, nil)
+	require.Equal(t, "10s", tp["interval"])
+	enqueued := tp["enqueued"].([]any)
+	require.Len(t, enqueued, 360)
+	sum := 0.0
+	for _, v := range enqueued {
+		sum += v.(float64)
+	}
+	require.Greater(t, sum, 0.0)
 
 	// Dead letters page, and redrive of the selected one.
 	dl := ok("listDeadLetters", with("topic", "dead"), url.Values{"page_size": {"100"}}, nil)

@@ -145,7 +145,13 @@
 // transactions (store.DeadLetterDelete), so a huge dead-letter queue
 // never makes one giant transaction and a failure midway keeps what was
 // deleted. DeleteDeadLetters refuses a request that names neither IDs
-// nor all, so an empty list never means everything. UpdateItem's rules (what a lease forbids, priority history,
+// nor all, so an empty list never means everything. ListItems pages
+// through a topic's items in one state the same way: each shard reads
+// its rows after the page token's (priority, deliver_after, key) in
+// the ready index's order, and the merge keeps the first page of them
+// all, so paging goes on across shards without gaps or repeats (keys
+// are unique cluster-wide). GetThroughput answers from the node's own
+// counters (metrics.Throughput), no database. UpdateItem's rules (what a lease forbids, priority history,
 // taking back a row an older version prefetched) run in the store's
 // transaction as a
 // callback, under the row's lock.

@@ -39,6 +39,8 @@ var methodRoles = map[string]Role{
 	"/triage.v1.Queue/GetTopicStats":      Reader,
 	"/triage.v1.Queue/ListTopics":         Reader,
 	"/triage.v1.Queue/ListDeadLetters":    Reader,
+	"/triage.v1.Queue/ListItems":          Reader,
+	"/triage.v1.Queue/GetThroughput":      Reader,
 	"/triage.v1.Queue/RedriveDeadLetters": Admin,
 	"/triage.v1.Queue/DeleteDeadLetters":  Admin,
 	"/triage.v1.Admin/GetNamespace":       Admin,

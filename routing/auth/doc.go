@@ -28,7 +28,8 @@
 //
 //	producer       Enqueue, UpdateItem, DeleteItem
 //	consumer       Dequeue, Ack, Nack, ExtendLease
-//	reader         GetItem, GetTopicStats, ListTopics, ListDeadLetters
+//	reader         GetItem, GetTopicStats, ListTopics, ListDeadLetters,
+//	               ListItems, GetThroughput
 //	admin          GetNamespace, PutNamespace (behaviour fields only),
 //	               RedriveDeadLetters, DeleteDeadLetters, PauseTopic,
 //	               ResumeTopic

@@ -75,6 +75,14 @@ func (g queueGuard) ListDeadLetters(ctx context.Context, r *triagev1.ListDeadLet
 	return call(ctx, g.a, triagev1.Queue_ListDeadLetters_FullMethodName, r, g.inner.ListDeadLetters)
 }
 
+func (g queueGuard) ListItems(ctx context.Context, r *triagev1.ListItemsRequest) (*triagev1.ListItemsResponse, error) {
+	return call(ctx, g.a, triagev1.Queue_ListItems_FullMethodName, r, g.inner.ListItems)
+}
+
+func (g queueGuard) GetThroughput(ctx context.Context, r *triagev1.GetThroughputRequest) (*triagev1.Throughput, error) {
+	return call(ctx, g.a, triagev1.Queue_GetThroughput_FullMethodName, r, g.inner.GetThroughput)
+}
+
 func (g queueGuard) RedriveDeadLetters(ctx context.Context, r *triagev1.RedriveDeadLettersRequest) (*triagev1.RedriveDeadLettersResponse, error) {
 	return call(ctx, g.a, triagev1.Queue_RedriveDeadLetters_FullMethodName, r, g.inner.RedriveDeadLetters)
 }

@@ -95,7 +95,8 @@ func TestRoutesAreInTheAPI(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(data, &doc))
 	rs := routes(t)
-	for _, want := range []string{"listTopics", "topicStats", "getItem", "listDeadLetters", "redrive", "deleteDeadLetters", "pauseTopic", "resumeTopic", "shardMap", "failovers"} {
+	for _, want := range []string{"listTopics", "topicStats", "getItem", "listItems", "updateItem", "deleteItem", "throughput",
+		"listDeadLetters", "redrive", "deleteDeadLetters", "pauseTopic", "resumeTopic", "shardMap", "failovers"} {
 		require.Contains(t, rs, want)
 	}
 	for name, r := range rs {

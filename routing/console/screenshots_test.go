@@ -30,7 +30,8 @@ var screenshots = flag.String("screenshots", "", "TestConsoleScreenshots writes 
 // TestConsoleScreenshots refreshes the README's screenshots of the console
 // (routing/console/screenshots): it starts the three-region bed with
 // authentication in this process, puts some load on it (topics at several
-// priorities, leased and delayed items, dead letters), fails a shard over
+// priorities, leased and delayed items, dead letters, so the throughput
+// chart has lines), fails a shard over
 // (planned) for the failover history, and photographs each page through
 // headless Chromium, as an operator with the bed's key sees it:
 //
@@ -132,7 +133,18 @@ func TestConsoleScreenshots(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(out, name+".png"), data, 0o644))
 		t.Logf("%s.png: %d KB", name, len(data)>>10)
 	}
+	br.WaitFor("the throughput chart", `document.querySelectorAll("#throughput-chart polyline").length === 4`)
 	shot("topics")
+
+	// The item browser: emails' ready items of priority 1 to 3, the first
+	// page of ten.
+	br.Do("stop the auto refresh", chromedp.Click(chromedp.ID("auto")))
+	br.Do("browse emails", chromedp.Click(chromedp.CSS(`#topics-table tr[data-topic="emails"] button.browse`)))
+	br.WaitFor("emails' items", `!document.getElementById("view-items").hidden && document.querySelectorAll("#items-table tbody tr[data-id]").length > 0`)
+	br.Do("filter and page", chromedp.SetValue(chromedp.ID("items-min"), "1"), chromedp.SetValue(chromedp.ID("items-max"), "3"),
+		chromedp.SetValue(chromedp.ID("items-size"), "10"), chromedp.Click(chromedp.CSS(`#items-form button[type="submit"]`)))
+	br.WaitFor("the first page of ten", `document.getElementById("items-page").textContent === "page 1, 10 ready item(s)"`)
+	shot("items")
 
 	br.Show("item")
 	br.Do("look up an item", chromedp.SetValue(chromedp.ID("item-id"), itemID), chromedp.Click(chromedp.CSS(`#item-form button[type="submit"]`)))

@@ -36,4 +36,15 @@
 // backlog; max_statement_time bounds it, and a shard over budget shows in
 // triage_depth_collect_errors_total instead of stalling the scrape.
 // Exact per-topic depth on demand stays GetTopicStats.
+//
+// # Throughput
+//
+// The counters of enqueued, delivered, acked and dead-lettered items
+// also count into a ring per namespace of 10-second intervals over the
+// last hour (Throughput), which GetThroughput serves to the console's
+// chart: an operator sees the last hour's rates without a Prometheus.
+// The ring is the node's own memory, so it starts empty with the node and
+// counts only what this node's router and dequeuer did. A namespace's
+// ring holds only its own counts, so one tenant's chart never shows
+// another's traffic.
 package metrics

@@ -64,6 +64,9 @@ type Set struct {
 	topics map[string]map[string]*Topic // namespace → topic → metrics
 	nss    map[string]*Namespace
 	shards map[uint32]*Shard
+	rings  map[string]*ring // namespace → its throughput (Throughput)
+	// now is the time the rings count at.
+	now func() time.Time
 }
 
 // New returns a Set registered on reg, with Go runtime and process
@@ -73,7 +76,8 @@ func New(reg *prometheus.Registry, opts Options) *Set {
 		opts.MaxTopics = 100
 	}
 	s := &Set{Registry: reg, opts: opts,
-		topics: map[string]map[string]*Topic{}, nss: map[string]*Namespace{}, shards: map[uint32]*Shard{}}
+		topics: map[string]map[string]*Topic{}, nss: map[string]*Namespace{}, shards: map[uint32]*Shard{},
+		rings: map[string]*ring{}, now: time.Now}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 		reg.MustRegister(v)
@@ -185,13 +189,13 @@ func (s *Set) TopicLabel(ns, topic string) string { return s.Topic(ns, topic).La
 func (s *Set) newTopic(ns, label string) *Topic {
 	t := &Topic{Label: label,
 		LeaseExpiries:      s.leaseExpiries.WithLabelValues(ns, label),
-		DeadLettered:       s.deadLettered.WithLabelValues(ns, label),
+		DeadLettered:       s.counting(s.deadLettered.WithLabelValues(ns, label), ns, RateDeadLettered),
 		Redriven:           s.redriven.WithLabelValues(ns, label),
 		DeadLettersDeleted: s.deadLettersDeleted.WithLabelValues(ns, label),
 	}
 	for i, b := range Bands {
-		t.Enqueued[i] = s.enqueued.WithLabelValues(ns, label, b)
-		t.Dequeued[i] = s.dequeued.WithLabelValues(ns, label, b)
+		t.Enqueued[i] = s.counting(s.enqueued.WithLabelValues(ns, label, b), ns, RateEnqueued)
+		t.Dequeued[i] = s.counting(s.dequeued.WithLabelValues(ns, label, b), ns, RateDelivered)
 	}
 	return t
 }
@@ -227,7 +231,7 @@ func (s *Set) Namespace(ns string) *Namespace {
 		Nack:              s.nackSeconds.WithLabelValues(ns),
 		EnqueueToDelivery: s.deliverySeconds.WithLabelValues(ns),
 		Attempts:          s.attempts.WithLabelValues(ns),
-		AckOK:             s.acks.WithLabelValues(ns, "ok"),
+		AckOK:             s.counting(s.acks.WithLabelValues(ns, "ok"), ns, RateAcked),
 		AckRefused:        s.acks.WithLabelValues(ns, "refused"),
 		NackOK:            s.nacks.WithLabelValues(ns, "ok"),
 		NackRefused:       s.nacks.WithLabelValues(ns, "refused"),

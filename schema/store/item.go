@@ -27,8 +27,11 @@ type Item struct {
 	LeasedUntil sql.NullInt64  `db:"leased_until"`
 	DedupKey    sql.NullString `db:"dedup_key"`
 	Payload     []byte         `db:"payload"`
-	Metadata    []byte         `db:"metadata"`
-	LastError   sql.NullString `db:"last_error"`
+	// PayloadBytes is the whole payload's length where a statement reads
+	// only its start (ItemList); zero elsewhere.
+	PayloadBytes int64          `db:"payload_bytes"`
+	Metadata     []byte         `db:"metadata"`
+	LastError    sql.NullString `db:"last_error"`
 	// UpdatedAt is the row's version as well as its time: every UPDATE
 	// moves it forward (bumpUpdatedAt), and a serve compares it.
 	UpdatedAt    int64          `db:"updated_at"`

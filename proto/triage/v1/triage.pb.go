@@ -243,7 +243,7 @@ func (x RetryBackoff_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RetryBackoff_Kind.Descriptor instead.
 func (RetryBackoff_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54, 0}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58, 0}
 }
 
 type PauseTopicRequest struct {
@@ -2219,9 +2219,11 @@ type Item struct {
 	// max_attempts, or the namespace's. 0: no limit.
 	MaxAttempts int32 `protobuf:"varint,21,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
 	// The W3C trace context of the enqueue that stored the item, if traced.
-	Traceparent   string `protobuf:"bytes,22,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Traceparent string `protobuf:"bytes,22,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// Set by ListItems when payload holds only the payload's first 1 KiB.
+	PayloadTruncated bool `protobuf:"varint,23,opt,name=payload_truncated,json=payloadTruncated,proto3" json:"payload_truncated,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -2406,6 +2408,13 @@ func (x *Item) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *Item) GetPayloadTruncated() bool {
+	if x != nil {
+		return x.PayloadTruncated
+	}
+	return false
 }
 
 type GetItemRequest struct {
@@ -3064,6 +3073,312 @@ func (x *ListTopicsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type ListItemsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// "ready", "leased" or "delayed" (as ItemState names them, in any
+	// case).
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// Only items of priority at least min_priority and at most
+	// max_priority, when set.
+	MinPriority *int32 `protobuf:"varint,4,opt,name=min_priority,json=minPriority,proto3,oneof" json:"min_priority,omitempty"`
+	MaxPriority *int32 `protobuf:"varint,5,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
+	// Up to this many items. Default 50, at most 500.
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token, with the same state.
+	PageToken string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Region whose shards are listed. Empty: the router's own region.
+	Region        string `protobuf:"bytes,8,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListItemsRequest) Reset() {
+	*x = ListItemsRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListItemsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListItemsRequest) ProtoMessage() {}
+
+func (x *ListItemsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListItemsRequest.ProtoReflect.Descriptor instead.
+func (*ListItemsRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListItemsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetMinPriority() int32 {
+	if x != nil && x.MinPriority != nil {
+		return *x.MinPriority
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetMaxPriority() int32 {
+	if x != nil && x.MaxPriority != nil {
+		return *x.MaxPriority
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListItemsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListItemsRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type ListItemsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*Item                `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListItemsResponse) Reset() {
+	*x = ListItemsResponse{}
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListItemsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListItemsResponse) ProtoMessage() {}
+
+func (x *ListItemsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListItemsResponse.ProtoReflect.Descriptor instead.
+func (*ListItemsResponse) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ListItemsResponse) GetItems() []*Item {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListItemsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetThroughputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetThroughputRequest) Reset() {
+	*x = GetThroughputRequest{}
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetThroughputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetThroughputRequest) ProtoMessage() {}
+
+func (x *GetThroughputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetThroughputRequest.ProtoReflect.Descriptor instead.
+func (*GetThroughputRequest) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetThroughputRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+// Throughput is a namespace's rates over the last hour, oldest interval
+// first. Each series holds one rate (items per second) per interval; the
+// last interval is the current one, averaged over its elapsed part.
+type Throughput struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Start of the first interval.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	// Length of each interval (10 s).
+	Interval *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
+	// Items routers accepted (Enqueue).
+	Enqueued []float64 `protobuf:"fixed64,4,rep,packed,name=enqueued,proto3" json:"enqueued,omitempty"`
+	// Items dequeuers delivered (Dequeue).
+	Delivered []float64 `protobuf:"fixed64,5,rep,packed,name=delivered,proto3" json:"delivered,omitempty"`
+	// Items acked.
+	Acked []float64 `protobuf:"fixed64,6,rep,packed,name=acked,proto3" json:"acked,omitempty"`
+	// Items moved to the dead letters (a nack or a lapsed lease used up
+	// their attempts, or a nack asked for it).
+	DeadLettered  []float64 `protobuf:"fixed64,7,rep,packed,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Throughput) Reset() {
+	*x = Throughput{}
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Throughput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Throughput) ProtoMessage() {}
+
+func (x *Throughput) ProtoReflect() protoreflect.Message {
+	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Throughput.ProtoReflect.Descriptor instead.
+func (*Throughput) Descriptor() ([]byte, []int) {
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *Throughput) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Throughput) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *Throughput) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *Throughput) GetEnqueued() []float64 {
+	if x != nil {
+		return x.Enqueued
+	}
+	return nil
+}
+
+func (x *Throughput) GetDelivered() []float64 {
+	if x != nil {
+		return x.Delivered
+	}
+	return nil
+}
+
+func (x *Throughput) GetAcked() []float64 {
+	if x != nil {
+		return x.Acked
+	}
+	return nil
+}
+
+func (x *Throughput) GetDeadLettered() []float64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return nil
+}
+
 type GetShardMapRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3072,7 +3387,7 @@ type GetShardMapRequest struct {
 
 func (x *GetShardMapRequest) Reset() {
 	*x = GetShardMapRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3084,7 +3399,7 @@ func (x *GetShardMapRequest) String() string {
 func (*GetShardMapRequest) ProtoMessage() {}
 
 func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[42]
+	mi := &file_triage_v1_triage_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3097,7 +3412,7 @@ func (x *GetShardMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetShardMapRequest.ProtoReflect.Descriptor instead.
 func (*GetShardMapRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{42}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
 }
 
 type Shard struct {
@@ -3127,7 +3442,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3139,7 +3454,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[43]
+	mi := &file_triage_v1_triage_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3152,7 +3467,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{43}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -3250,7 +3565,7 @@ type NamespaceShards struct {
 
 func (x *NamespaceShards) Reset() {
 	*x = NamespaceShards{}
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3577,7 @@ func (x *NamespaceShards) String() string {
 func (*NamespaceShards) ProtoMessage() {}
 
 func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[44]
+	mi := &file_triage_v1_triage_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3590,7 @@ func (x *NamespaceShards) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceShards.ProtoReflect.Descriptor instead.
 func (*NamespaceShards) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{44}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NamespaceShards) GetNamespace() string {
@@ -3311,7 +3626,7 @@ type ShardMap struct {
 
 func (x *ShardMap) Reset() {
 	*x = ShardMap{}
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3638,7 @@ func (x *ShardMap) String() string {
 func (*ShardMap) ProtoMessage() {}
 
 func (x *ShardMap) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[45]
+	mi := &file_triage_v1_triage_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3651,7 @@ func (x *ShardMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMap.ProtoReflect.Descriptor instead.
 func (*ShardMap) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{45}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ShardMap) GetVersion() uint64 {
@@ -3384,7 +3699,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3711,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[46]
+	mi := &file_triage_v1_triage_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3724,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{46}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -3489,7 +3804,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3816,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[47]
+	mi := &file_triage_v1_triage_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3829,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{47}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListDeadLettersRequest) GetNamespace() string {
@@ -3562,7 +3877,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +3889,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[48]
+	mi := &file_triage_v1_triage_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +3902,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{48}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -3617,7 +3932,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3944,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[49]
+	mi := &file_triage_v1_triage_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3957,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{49}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RedriveDeadLettersRequest) GetNamespace() string {
@@ -3682,7 +3997,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +4009,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[50]
+	mi := &file_triage_v1_triage_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +4022,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{50}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() int64 {
@@ -3736,7 +4051,7 @@ type DeleteDeadLettersRequest struct {
 
 func (x *DeleteDeadLettersRequest) Reset() {
 	*x = DeleteDeadLettersRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3748,7 +4063,7 @@ func (x *DeleteDeadLettersRequest) String() string {
 func (*DeleteDeadLettersRequest) ProtoMessage() {}
 
 func (x *DeleteDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[51]
+	mi := &file_triage_v1_triage_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3761,7 +4076,7 @@ func (x *DeleteDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{51}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DeleteDeadLettersRequest) GetNamespace() string {
@@ -3817,7 +4132,7 @@ type DeleteDeadLettersResponse struct {
 
 func (x *DeleteDeadLettersResponse) Reset() {
 	*x = DeleteDeadLettersResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3829,7 +4144,7 @@ func (x *DeleteDeadLettersResponse) String() string {
 func (*DeleteDeadLettersResponse) ProtoMessage() {}
 
 func (x *DeleteDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[52]
+	mi := &file_triage_v1_triage_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3842,7 +4157,7 @@ func (x *DeleteDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{52}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteDeadLettersResponse) GetDeleted() int64 {
@@ -3881,7 +4196,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3893,7 +4208,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[53]
+	mi := &file_triage_v1_triage_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3906,7 +4221,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{53}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TopicConfig) GetPolicy() DequeuePolicy {
@@ -3976,7 +4291,7 @@ type RetryBackoff struct {
 
 func (x *RetryBackoff) Reset() {
 	*x = RetryBackoff{}
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3988,7 +4303,7 @@ func (x *RetryBackoff) String() string {
 func (*RetryBackoff) ProtoMessage() {}
 
 func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[54]
+	mi := &file_triage_v1_triage_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4001,7 +4316,7 @@ func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryBackoff.ProtoReflect.Descriptor instead.
 func (*RetryBackoff) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{54}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RetryBackoff) GetKind() RetryBackoff_Kind {
@@ -4072,7 +4387,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4399,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[55]
+	mi := &file_triage_v1_triage_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4412,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{55}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Namespace) GetName() string {
@@ -4193,7 +4508,7 @@ type GetNamespaceRequest struct {
 
 func (x *GetNamespaceRequest) Reset() {
 	*x = GetNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4520,7 @@ func (x *GetNamespaceRequest) String() string {
 func (*GetNamespaceRequest) ProtoMessage() {}
 
 func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[56]
+	mi := &file_triage_v1_triage_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4533,7 @@ func (x *GetNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*GetNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{56}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetNamespaceRequest) GetNamespace() string {
@@ -4246,7 +4561,7 @@ type PutNamespaceRequest struct {
 
 func (x *PutNamespaceRequest) Reset() {
 	*x = PutNamespaceRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4258,7 +4573,7 @@ func (x *PutNamespaceRequest) String() string {
 func (*PutNamespaceRequest) ProtoMessage() {}
 
 func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[57]
+	mi := &file_triage_v1_triage_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4271,7 +4586,7 @@ func (x *PutNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*PutNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{57}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PutNamespaceRequest) GetNamespace() string {
@@ -4306,7 +4621,7 @@ type FailoverRequest struct {
 
 func (x *FailoverRequest) Reset() {
 	*x = FailoverRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4318,7 +4633,7 @@ func (x *FailoverRequest) String() string {
 func (*FailoverRequest) ProtoMessage() {}
 
 func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[58]
+	mi := &file_triage_v1_triage_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4331,7 +4646,7 @@ func (x *FailoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverRequest.ProtoReflect.Descriptor instead.
 func (*FailoverRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{58}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *FailoverRequest) GetShard() uint32 {
@@ -4367,7 +4682,7 @@ type FailoverEvent struct {
 
 func (x *FailoverEvent) Reset() {
 	*x = FailoverEvent{}
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4379,7 +4694,7 @@ func (x *FailoverEvent) String() string {
 func (*FailoverEvent) ProtoMessage() {}
 
 func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[59]
+	mi := &file_triage_v1_triage_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4392,7 +4707,7 @@ func (x *FailoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverEvent.ProtoReflect.Descriptor instead.
 func (*FailoverEvent) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{59}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *FailoverEvent) GetAt() *timestamppb.Timestamp {
@@ -4434,7 +4749,7 @@ type FailoverResponse struct {
 
 func (x *FailoverResponse) Reset() {
 	*x = FailoverResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4446,7 +4761,7 @@ func (x *FailoverResponse) String() string {
 func (*FailoverResponse) ProtoMessage() {}
 
 func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[60]
+	mi := &file_triage_v1_triage_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4459,7 +4774,7 @@ func (x *FailoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailoverResponse.ProtoReflect.Descriptor instead.
 func (*FailoverResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{60}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FailoverResponse) GetNewPrimary() string {
@@ -4493,7 +4808,7 @@ type ListFailoverEventsRequest struct {
 
 func (x *ListFailoverEventsRequest) Reset() {
 	*x = ListFailoverEventsRequest{}
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4820,7 @@ func (x *ListFailoverEventsRequest) String() string {
 func (*ListFailoverEventsRequest) ProtoMessage() {}
 
 func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[61]
+	mi := &file_triage_v1_triage_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4833,7 @@ func (x *ListFailoverEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsRequest) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{61}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListFailoverEventsRequest) GetLimit() int32 {
@@ -4539,7 +4854,7 @@ type ListFailoverEventsResponse struct {
 
 func (x *ListFailoverEventsResponse) Reset() {
 	*x = ListFailoverEventsResponse{}
-	mi := &file_triage_v1_triage_proto_msgTypes[62]
+	mi := &file_triage_v1_triage_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4551,7 +4866,7 @@ func (x *ListFailoverEventsResponse) String() string {
 func (*ListFailoverEventsResponse) ProtoMessage() {}
 
 func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_triage_v1_triage_proto_msgTypes[62]
+	mi := &file_triage_v1_triage_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4564,7 +4879,7 @@ func (x *ListFailoverEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailoverEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListFailoverEventsResponse) Descriptor() ([]byte, []int) {
-	return file_triage_v1_triage_proto_rawDescGZIP(), []int{62}
+	return file_triage_v1_triage_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListFailoverEventsResponse) GetController() string {
@@ -4741,7 +5056,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"leaseToken\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\"[\n" +
 	"\x13ExtendLeaseResponse\x12D\n" +
-	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xfe\a\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xab\b\n" +
 	"\x04Item\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x14\n" +
@@ -4769,7 +5084,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x13priority_changed_by\x18\x13 \x01(\tR\x11priorityChangedBy\x12J\n" +
 	"\x13priority_changed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11priorityChangedAt\x12!\n" +
 	"\fmax_attempts\x18\x15 \x01(\x05R\vmaxAttempts\x12 \n" +
-	"\vtraceparent\x18\x16 \x01(\tR\vtraceparent\x1a;\n" +
+	"\vtraceparent\x18\x16 \x01(\tR\vtraceparent\x12+\n" +
+	"\x11payload_truncated\x18\x17 \x01(\bR\x10payloadTruncated\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -4825,7 +5141,33 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x06paused\x18\x04 \x01(\bR\x06paused\"m\n" +
 	"\x12ListTopicsResponse\x12/\n" +
 	"\x06topics\x18\x01 \x03(\v2\x17.triage.v1.TopicSummaryR\x06topics\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa2\x02\n" +
+	"\x10ListItemsRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12&\n" +
+	"\fmin_priority\x18\x04 \x01(\x05H\x00R\vminPriority\x88\x01\x01\x12&\n" +
+	"\fmax_priority\x18\x05 \x01(\x05H\x01R\vmaxPriority\x88\x01\x01\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x12\x16\n" +
+	"\x06region\x18\b \x01(\tR\x06regionB\x0f\n" +
+	"\r_min_priorityB\x0f\n" +
+	"\r_max_priority\"b\n" +
+	"\x11ListItemsResponse\x12%\n" +
+	"\x05items\x18\x01 \x03(\v2\x0f.triage.v1.ItemR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"4\n" +
+	"\x14GetThroughputRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x88\x02\n" +
+	"\n" +
+	"Throughput\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
+	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x1a\n" +
+	"\benqueued\x18\x04 \x03(\x01R\benqueued\x12\x1c\n" +
+	"\tdelivered\x18\x05 \x03(\x01R\tdelivered\x12\x14\n" +
+	"\x05acked\x18\x06 \x03(\x01R\x05acked\x12#\n" +
+	"\rdead_lettered\x18\a \x03(\x01R\fdeadLettered\"\x14\n" +
 	"\x12GetShardMapRequest\"\xf7\x02\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1f\n" +
@@ -4976,7 +5318,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x1aDEQUEUE_POLICY_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06STRICT\x10\x01\x12\f\n" +
-	"\bWEIGHTED\x10\x022\x83\r\n" +
+	"\bWEIGHTED\x10\x022\xfc\x0e\n" +
 	"\x05Queue\x12|\n" +
 	"\aEnqueue\x12\x19.triage.v1.EnqueueRequest\x1a\x1a.triage.v1.EnqueueResponse\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/namespaces/{namespace}/topics/{topic}/items\x12o\n" +
 	"\aDequeue\x12\x19.triage.v1.DequeueRequest\x1a\x1a.triage.v1.DequeueResponse\"-\x82\xd3\xe4\x93\x02':\x01*\"\"/v1/namespaces/{namespace}:dequeue\x12_\n" +
@@ -4990,7 +5332,9 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"DeleteItem\x12\x1c.triage.v1.DeleteItemRequest\x1a\x1d.triage.v1.DeleteItemResponse\"-\x82\xd3\xe4\x93\x02'*%/v1/namespaces/{namespace}/items/{id}\x12\x80\x01\n" +
 	"\rGetTopicStats\x12\x1f.triage.v1.GetTopicStatsRequest\x1a\x15.triage.v1.TopicStats\"7\x82\xd3\xe4\x93\x021\x12//v1/namespaces/{namespace}/topics/{topic}/stats\x12t\n" +
 	"\n" +
-	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x97\x01\n" +
+	"ListTopics\x12\x1c.triage.v1.ListTopicsRequest\x1a\x1d.triage.v1.ListTopicsResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/namespaces/{namespace}/topics\x12\x7f\n" +
+	"\tListItems\x12\x1b.triage.v1.ListItemsRequest\x1a\x1c.triage.v1.ListItemsResponse\"7\x82\xd3\xe4\x93\x021\x12//v1/namespaces/{namespace}/topics/{topic}/items\x12v\n" +
+	"\rGetThroughput\x12\x1f.triage.v1.GetThroughputRequest\x1a\x15.triage.v1.Throughput\"-\x82\xd3\xe4\x93\x02'\x12%/v1/namespaces/{namespace}/throughput\x12\x97\x01\n" +
 	"\x0fListDeadLetters\x12!.triage.v1.ListDeadLettersRequest\x1a\".triage.v1.ListDeadLettersResponse\"=\x82\xd3\xe4\x93\x027\x125/v1/namespaces/{namespace}/topics/{topic}/deadletters\x12\xab\x01\n" +
 	"\x12RedriveDeadLetters\x12$.triage.v1.RedriveDeadLettersRequest\x1a%.triage.v1.RedriveDeadLettersResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\"=/v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive\x12\xa7\x01\n" +
 	"\x11DeleteDeadLetters\x12#.triage.v1.DeleteDeadLettersRequest\x1a$.triage.v1.DeleteDeadLettersResponse\"G\x82\xd3\xe4\x93\x02A:\x01*\"</v1/namespaces/{namespace}/topics/{topic}/deadletters:delete2\xb7\f\n" +
@@ -5028,7 +5372,7 @@ func file_triage_v1_triage_proto_rawDescGZIP() []byte {
 }
 
 var file_triage_v1_triage_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_triage_v1_triage_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_triage_v1_triage_proto_goTypes = []any{
 	(Durability)(0),                    // 0: triage.v1.Durability
 	(ItemState)(0),                     // 1: triage.v1.ItemState
@@ -5076,169 +5420,180 @@ var file_triage_v1_triage_proto_goTypes = []any{
 	(*ListTopicsRequest)(nil),          // 43: triage.v1.ListTopicsRequest
 	(*TopicSummary)(nil),               // 44: triage.v1.TopicSummary
 	(*ListTopicsResponse)(nil),         // 45: triage.v1.ListTopicsResponse
-	(*GetShardMapRequest)(nil),         // 46: triage.v1.GetShardMapRequest
-	(*Shard)(nil),                      // 47: triage.v1.Shard
-	(*NamespaceShards)(nil),            // 48: triage.v1.NamespaceShards
-	(*ShardMap)(nil),                   // 49: triage.v1.ShardMap
-	(*DeadLetter)(nil),                 // 50: triage.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),     // 51: triage.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),    // 52: triage.v1.ListDeadLettersResponse
-	(*RedriveDeadLettersRequest)(nil),  // 53: triage.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil), // 54: triage.v1.RedriveDeadLettersResponse
-	(*DeleteDeadLettersRequest)(nil),   // 55: triage.v1.DeleteDeadLettersRequest
-	(*DeleteDeadLettersResponse)(nil),  // 56: triage.v1.DeleteDeadLettersResponse
-	(*TopicConfig)(nil),                // 57: triage.v1.TopicConfig
-	(*RetryBackoff)(nil),               // 58: triage.v1.RetryBackoff
-	(*Namespace)(nil),                  // 59: triage.v1.Namespace
-	(*GetNamespaceRequest)(nil),        // 60: triage.v1.GetNamespaceRequest
-	(*PutNamespaceRequest)(nil),        // 61: triage.v1.PutNamespaceRequest
-	(*FailoverRequest)(nil),            // 62: triage.v1.FailoverRequest
-	(*FailoverEvent)(nil),              // 63: triage.v1.FailoverEvent
-	(*FailoverResponse)(nil),           // 64: triage.v1.FailoverResponse
-	(*ListFailoverEventsRequest)(nil),  // 65: triage.v1.ListFailoverEventsRequest
-	(*ListFailoverEventsResponse)(nil), // 66: triage.v1.ListFailoverEventsResponse
-	nil,                                // 67: triage.v1.NewItem.MetadataEntry
-	nil,                                // 68: triage.v1.LeasedItem.MetadataEntry
-	nil,                                // 69: triage.v1.NackItem.MetadataEntry
-	nil,                                // 70: triage.v1.Item.MetadataEntry
-	nil,                                // 71: triage.v1.UpdateItemRequest.MetadataEntry
-	nil,                                // 72: triage.v1.DeadLetter.MetadataEntry
-	nil,                                // 73: triage.v1.Namespace.TopicsEntry
-	(*timestamppb.Timestamp)(nil),      // 74: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 75: google.protobuf.Duration
-	(*fieldmaskpb.FieldMask)(nil),      // 76: google.protobuf.FieldMask
+	(*ListItemsRequest)(nil),           // 46: triage.v1.ListItemsRequest
+	(*ListItemsResponse)(nil),          // 47: triage.v1.ListItemsResponse
+	(*GetThroughputRequest)(nil),       // 48: triage.v1.GetThroughputRequest
+	(*Throughput)(nil),                 // 49: triage.v1.Throughput
+	(*GetShardMapRequest)(nil),         // 50: triage.v1.GetShardMapRequest
+	(*Shard)(nil),                      // 51: triage.v1.Shard
+	(*NamespaceShards)(nil),            // 52: triage.v1.NamespaceShards
+	(*ShardMap)(nil),                   // 53: triage.v1.ShardMap
+	(*DeadLetter)(nil),                 // 54: triage.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),     // 55: triage.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),    // 56: triage.v1.ListDeadLettersResponse
+	(*RedriveDeadLettersRequest)(nil),  // 57: triage.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil), // 58: triage.v1.RedriveDeadLettersResponse
+	(*DeleteDeadLettersRequest)(nil),   // 59: triage.v1.DeleteDeadLettersRequest
+	(*DeleteDeadLettersResponse)(nil),  // 60: triage.v1.DeleteDeadLettersResponse
+	(*TopicConfig)(nil),                // 61: triage.v1.TopicConfig
+	(*RetryBackoff)(nil),               // 62: triage.v1.RetryBackoff
+	(*Namespace)(nil),                  // 63: triage.v1.Namespace
+	(*GetNamespaceRequest)(nil),        // 64: triage.v1.GetNamespaceRequest
+	(*PutNamespaceRequest)(nil),        // 65: triage.v1.PutNamespaceRequest
+	(*FailoverRequest)(nil),            // 66: triage.v1.FailoverRequest
+	(*FailoverEvent)(nil),              // 67: triage.v1.FailoverEvent
+	(*FailoverResponse)(nil),           // 68: triage.v1.FailoverResponse
+	(*ListFailoverEventsRequest)(nil),  // 69: triage.v1.ListFailoverEventsRequest
+	(*ListFailoverEventsResponse)(nil), // 70: triage.v1.ListFailoverEventsResponse
+	nil,                                // 71: triage.v1.NewItem.MetadataEntry
+	nil,                                // 72: triage.v1.LeasedItem.MetadataEntry
+	nil,                                // 73: triage.v1.NackItem.MetadataEntry
+	nil,                                // 74: triage.v1.Item.MetadataEntry
+	nil,                                // 75: triage.v1.UpdateItemRequest.MetadataEntry
+	nil,                                // 76: triage.v1.DeadLetter.MetadataEntry
+	nil,                                // 77: triage.v1.Namespace.TopicsEntry
+	(*timestamppb.Timestamp)(nil),      // 78: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 79: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),      // 80: google.protobuf.FieldMask
 }
 var file_triage_v1_triage_proto_depIdxs = []int32{
-	74, // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
-	74, // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
-	74, // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
-	7,  // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
-	7,  // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
-	8,  // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
-	47, // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
-	47, // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
-	74, // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
-	75, // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
-	75, // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
-	67, // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
-	18, // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
-	0,  // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
-	20, // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
-	22, // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
-	75, // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
-	75, // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	68, // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	74, // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	74, // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	74, // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	24, // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	26, // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	27, // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	75, // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	69, // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	30, // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	27, // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	75, // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	74, // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	70, // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	74, // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	75, // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	74, // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	74, // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
-	1,  // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	74, // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	74, // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	74, // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	74, // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	71, // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	41, // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	75, // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	44, // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	74, // 45: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	47, // 46: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	48, // 47: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	72, // 48: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	74, // 49: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	74, // 50: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	50, // 51: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	74, // 52: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
-	2,  // 53: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	75, // 54: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	58, // 55: triage.v1.TopicConfig.retry_backoff:type_name -> triage.v1.RetryBackoff
-	3,  // 56: triage.v1.RetryBackoff.kind:type_name -> triage.v1.RetryBackoff.Kind
-	75, // 57: triage.v1.RetryBackoff.base:type_name -> google.protobuf.Duration
-	75, // 58: triage.v1.RetryBackoff.cap:type_name -> google.protobuf.Duration
-	48, // 59: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	75, // 60: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	75, // 61: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	75, // 62: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	73, // 63: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	75, // 64: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
-	59, // 65: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	76, // 66: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	74, // 67: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	63, // 68: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	63, // 69: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	57, // 70: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	19, // 71: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	23, // 72: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	28, // 73: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	31, // 74: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	33, // 75: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	36, // 76: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	37, // 77: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	38, // 78: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	40, // 79: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	43, // 80: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	51, // 81: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	53, // 82: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	55, // 83: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
-	46, // 84: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	62, // 85: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	60, // 86: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	61, // 87: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	12, // 88: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	13, // 89: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	14, // 90: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	15, // 91: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	16, // 92: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	65, // 93: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	9,  // 94: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	10, // 95: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	4,  // 96: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
-	5,  // 97: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
-	21, // 98: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	25, // 99: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	29, // 100: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	32, // 101: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	34, // 102: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	35, // 103: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	35, // 104: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	39, // 105: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	42, // 106: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	45, // 107: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	52, // 108: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	54, // 109: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	56, // 110: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
-	49, // 111: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	64, // 112: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	59, // 113: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	59, // 114: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	17, // 115: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	17, // 116: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	17, // 117: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	17, // 118: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	17, // 119: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	66, // 120: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	8,  // 121: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	11, // 122: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	6,  // 123: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
-	6,  // 124: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
-	98, // [98:125] is the sub-list for method output_type
-	71, // [71:98] is the sub-list for method input_type
-	71, // [71:71] is the sub-list for extension type_name
-	71, // [71:71] is the sub-list for extension extendee
-	0,  // [0:71] is the sub-list for field type_name
+	78,  // 0: triage.v1.DrillEvent.at:type_name -> google.protobuf.Timestamp
+	78,  // 1: triage.v1.Drill.started_at:type_name -> google.protobuf.Timestamp
+	78,  // 2: triage.v1.Drill.updated_at:type_name -> google.protobuf.Timestamp
+	7,   // 3: triage.v1.Drill.events:type_name -> triage.v1.DrillEvent
+	7,   // 4: triage.v1.ReportDrillRequest.events:type_name -> triage.v1.DrillEvent
+	8,   // 5: triage.v1.ListDrillsResponse.drills:type_name -> triage.v1.Drill
+	51,  // 6: triage.v1.AddShardRequest.shard:type_name -> triage.v1.Shard
+	51,  // 7: triage.v1.ShardChange.shard:type_name -> triage.v1.Shard
+	78,  // 8: triage.v1.NewItem.deliver_after:type_name -> google.protobuf.Timestamp
+	79,  // 9: triage.v1.NewItem.lease_duration:type_name -> google.protobuf.Duration
+	79,  // 10: triage.v1.NewItem.ttl:type_name -> google.protobuf.Duration
+	71,  // 11: triage.v1.NewItem.metadata:type_name -> triage.v1.NewItem.MetadataEntry
+	18,  // 12: triage.v1.EnqueueRequest.items:type_name -> triage.v1.NewItem
+	0,   // 13: triage.v1.EnqueueRequest.durability:type_name -> triage.v1.Durability
+	20,  // 14: triage.v1.EnqueueResponse.results:type_name -> triage.v1.EnqueueResult
+	22,  // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
+	79,  // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
+	79,  // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
+	72,  // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	78,  // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	78,  // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	24,  // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	26,  // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	27,  // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	79,  // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	73,  // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	30,  // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	27,  // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	79,  // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	78,  // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	74,  // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	78,  // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	79,  // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	78,  // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	1,   // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
+	78,  // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	78,  // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	78,  // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	75,  // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	41,  // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	79,  // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	44,  // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	35,  // 45: triage.v1.ListItemsResponse.items:type_name -> triage.v1.Item
+	78,  // 46: triage.v1.Throughput.start:type_name -> google.protobuf.Timestamp
+	79,  // 47: triage.v1.Throughput.interval:type_name -> google.protobuf.Duration
+	78,  // 48: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	51,  // 49: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	52,  // 50: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	76,  // 51: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	78,  // 52: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	78,  // 53: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	54,  // 54: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	78,  // 55: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
+	2,   // 56: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	79,  // 57: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	62,  // 58: triage.v1.TopicConfig.retry_backoff:type_name -> triage.v1.RetryBackoff
+	3,   // 59: triage.v1.RetryBackoff.kind:type_name -> triage.v1.RetryBackoff.Kind
+	79,  // 60: triage.v1.RetryBackoff.base:type_name -> google.protobuf.Duration
+	79,  // 61: triage.v1.RetryBackoff.cap:type_name -> google.protobuf.Duration
+	52,  // 62: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	79,  // 63: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	79,  // 64: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	79,  // 65: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	77,  // 66: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	79,  // 67: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	63,  // 68: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	80,  // 69: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	78,  // 70: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	67,  // 71: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	67,  // 72: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	61,  // 73: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	19,  // 74: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	23,  // 75: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	28,  // 76: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	31,  // 77: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	33,  // 78: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	36,  // 79: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	37,  // 80: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	38,  // 81: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	40,  // 82: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	43,  // 83: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	46,  // 84: triage.v1.Queue.ListItems:input_type -> triage.v1.ListItemsRequest
+	48,  // 85: triage.v1.Queue.GetThroughput:input_type -> triage.v1.GetThroughputRequest
+	55,  // 86: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	57,  // 87: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	59,  // 88: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
+	50,  // 89: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	66,  // 90: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	64,  // 91: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	65,  // 92: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	12,  // 93: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	13,  // 94: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	14,  // 95: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	15,  // 96: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	16,  // 97: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	69,  // 98: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	9,   // 99: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	10,  // 100: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	4,   // 101: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
+	5,   // 102: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
+	21,  // 103: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	25,  // 104: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	29,  // 105: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	32,  // 106: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	34,  // 107: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	35,  // 108: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	35,  // 109: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	39,  // 110: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	42,  // 111: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	45,  // 112: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	47,  // 113: triage.v1.Queue.ListItems:output_type -> triage.v1.ListItemsResponse
+	49,  // 114: triage.v1.Queue.GetThroughput:output_type -> triage.v1.Throughput
+	56,  // 115: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	58,  // 116: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	60,  // 117: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
+	53,  // 118: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	68,  // 119: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	63,  // 120: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	63,  // 121: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	17,  // 122: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	17,  // 123: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	17,  // 124: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	17,  // 125: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	17,  // 126: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	70,  // 127: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	8,   // 128: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	11,  // 129: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	6,   // 130: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
+	6,   // 131: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
+	103, // [103:132] is the sub-list for method output_type
+	74,  // [74:103] is the sub-list for method input_type
+	74,  // [74:74] is the sub-list for extension type_name
+	74,  // [74:74] is the sub-list for extension extendee
+	0,   // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }
@@ -5248,14 +5603,15 @@ func file_triage_v1_triage_proto_init() {
 	}
 	file_triage_v1_triage_proto_msgTypes[19].OneofWrappers = []any{}
 	file_triage_v1_triage_proto_msgTypes[33].OneofWrappers = []any{}
-	file_triage_v1_triage_proto_msgTypes[54].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[42].OneofWrappers = []any{}
+	file_triage_v1_triage_proto_msgTypes[58].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_triage_v1_triage_proto_rawDesc), len(file_triage_v1_triage_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   70,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -34,6 +34,8 @@ const (
 	Queue_DeleteItem_FullMethodName         = "/triage.v1.Queue/DeleteItem"
 	Queue_GetTopicStats_FullMethodName      = "/triage.v1.Queue/GetTopicStats"
 	Queue_ListTopics_FullMethodName         = "/triage.v1.Queue/ListTopics"
+	Queue_ListItems_FullMethodName          = "/triage.v1.Queue/ListItems"
+	Queue_GetThroughput_FullMethodName      = "/triage.v1.Queue/GetThroughput"
 	Queue_ListDeadLetters_FullMethodName    = "/triage.v1.Queue/ListDeadLetters"
 	Queue_RedriveDeadLetters_FullMethodName = "/triage.v1.Queue/RedriveDeadLetters"
 	Queue_DeleteDeadLetters_FullMethodName  = "/triage.v1.Queue/DeleteDeadLetters"
@@ -70,6 +72,20 @@ type QueueClient interface {
 	// ListTopics lists topics that hold items or dead letters, or are
 	// paused.
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
+	// ListItems pages through a topic's items in one state (ready, leased
+	// or delayed) across the region's shards, in delivery order (priority,
+	// deliver_after, id), optionally within a range of priorities. Payloads
+	// longer than 1 KiB are cut to their first 1 KiB (payload_truncated);
+	// GetItem reads the whole item. A shard that reads for 5 s without
+	// filling the page (many items of other states before it) answers
+	// FAILED_PRECONDITION: narrow the priority range.
+	ListItems(ctx context.Context, in *ListItemsRequest, opts ...grpc.CallOption) (*ListItemsResponse, error)
+	// GetThroughput reports the namespace's items enqueued, delivered,
+	// acked and dead-lettered per second over the last hour, as counted by
+	// the node that answers (its router and dequeuer), in 10-second
+	// intervals. The counts live in the node's memory: they start empty
+	// when the node starts and are not summed across nodes.
+	GetThroughput(ctx context.Context, in *GetThroughputRequest, opts ...grpc.CallOption) (*Throughput, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
 	// RedriveDeadLetters moves dead letters back to their topic, ready now,
@@ -192,6 +208,26 @@ func (c *queueClient) ListTopics(ctx context.Context, in *ListTopicsRequest, opt
 	return out, nil
 }
 
+func (c *queueClient) ListItems(ctx context.Context, in *ListItemsRequest, opts ...grpc.CallOption) (*ListItemsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListItemsResponse)
+	err := c.cc.Invoke(ctx, Queue_ListItems_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueClient) GetThroughput(ctx context.Context, in *GetThroughputRequest, opts ...grpc.CallOption) (*Throughput, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Throughput)
+	err := c.cc.Invoke(ctx, Queue_GetThroughput_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *queueClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListDeadLettersResponse)
@@ -253,6 +289,20 @@ type QueueServer interface {
 	// ListTopics lists topics that hold items or dead letters, or are
 	// paused.
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
+	// ListItems pages through a topic's items in one state (ready, leased
+	// or delayed) across the region's shards, in delivery order (priority,
+	// deliver_after, id), optionally within a range of priorities. Payloads
+	// longer than 1 KiB are cut to their first 1 KiB (payload_truncated);
+	// GetItem reads the whole item. A shard that reads for 5 s without
+	// filling the page (many items of other states before it) answers
+	// FAILED_PRECONDITION: narrow the priority range.
+	ListItems(context.Context, *ListItemsRequest) (*ListItemsResponse, error)
+	// GetThroughput reports the namespace's items enqueued, delivered,
+	// acked and dead-lettered per second over the last hour, as counted by
+	// the node that answers (its router and dequeuer), in 10-second
+	// intervals. The counts live in the node's memory: they start empty
+	// when the node starts and are not summed across nodes.
+	GetThroughput(context.Context, *GetThroughputRequest) (*Throughput, error)
 	// ListDeadLetters pages through a topic's dead letters, oldest first.
 	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
 	// RedriveDeadLetters moves dead letters back to their topic, ready now,
@@ -304,6 +354,12 @@ func (UnimplementedQueueServer) GetTopicStats(context.Context, *GetTopicStatsReq
 }
 func (UnimplementedQueueServer) ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTopics not implemented")
+}
+func (UnimplementedQueueServer) ListItems(context.Context, *ListItemsRequest) (*ListItemsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListItems not implemented")
+}
+func (UnimplementedQueueServer) GetThroughput(context.Context, *GetThroughputRequest) (*Throughput, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetThroughput not implemented")
 }
 func (UnimplementedQueueServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
@@ -515,6 +571,42 @@ func _Queue_ListTopics_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Queue_ListItems_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListItemsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).ListItems(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_ListItems_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).ListItems(ctx, req.(*ListItemsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Queue_GetThroughput_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetThroughputRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).GetThroughput(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_GetThroughput_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).GetThroughput(ctx, req.(*GetThroughputRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Queue_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListDeadLettersRequest)
 	if err := dec(in); err != nil {
@@ -615,6 +707,14 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTopics",
 			Handler:    _Queue_ListTopics_Handler,
+		},
+		{
+			MethodName: "ListItems",
+			Handler:    _Queue_ListItems_Handler,
+		},
+		{
+			MethodName: "GetThroughput",
+			Handler:    _Queue_GetThroughput_Handler,
 		},
 		{
 			MethodName: "ListDeadLetters",

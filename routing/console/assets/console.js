@@ -8,6 +8,10 @@ const ROUTES = {
   listTopics: "GET /v1/namespaces/{namespace}/topics",
   topicStats: "GET /v1/namespaces/{namespace}/topics/{topic}/stats",
   getItem: "GET /v1/namespaces/{namespace}/items/{id}",
+  listItems: "GET /v1/namespaces/{namespace}/topics/{topic}/items",
+  updateItem: "PATCH /v1/namespaces/{namespace}/items/{id}",
+  deleteItem: "DELETE /v1/namespaces/{namespace}/items/{id}",
+  throughput: "GET /v1/namespaces/{namespace}/throughput",
   listDeadLetters: "GET /v1/namespaces/{namespace}/topics/{topic}/deadletters",
   redrive: "POST /v1/namespaces/{namespace}/topics/{topic}/deadletters:redrive",
   deleteDeadLetters: "POST /v1/namespaces/{namespace}/topics/{topic}/deadletters:delete",
@@ -176,12 +180,107 @@ function priorityChart(bands) {
   return svg;
 }
 
+// SERIES are the throughput chart's lines: the field of
+// GetThroughput's answer and its label.
+const SERIES = [["enqueued", "enqueued"], ["delivered", "delivered"], ["acked", "acked"], ["dead_lettered", "dead-lettered"]];
+
+// niceMax rounds a peak up to 1, 2 or 5 times a power of ten, the top of
+// the chart's scale.
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map((m) => m * p).find((m) => v <= m);
+}
+
+// rateText formats items per second.
+function rateText(v) {
+  if (v === 0) return "0";
+  return v >= 100 ? String(Math.round(v)) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+}
+
+// throughputChart draws GetThroughput's series as lines over the last
+// hour, one point per interval, with a legend of each line's latest and
+// peak rate. Each line carries its peak in data-peak (for tests and
+// tools).
+function throughputChart(t) {
+  const width = 760, left = 52, plotW = width - left - 12, plotH = 110, top = 8, height = top + plotH + 60;
+  const series = SERIES.map(([key, label]) => ({ key, label, values: (t[key] || []).map(Number) }));
+  const n = Math.max(2, ...series.map((s) => s.values.length));
+  const max = niceMax(Math.max(0, ...series.flatMap((s) => s.values)));
+  const x = (i) => left + (i / (n - 1)) * plotW;
+  const y = (v) => top + plotH - (v / max) * plotH;
+  const svg = svgEl("svg", { width, height, viewBox: "0 0 " + width + " " + height, role: "img", "aria-label": "Items per second over the last hour" });
+  for (const v of [0, max / 2, max]) {
+    svg.appendChild(svgEl("line", { x1: left, x2: left + plotW, y1: y(v), y2: y(v), class: "grid" }));
+    svg.appendChild(svgEl("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end" }, rateText(v) + "/s"));
+  }
+  const minutes = (n * durationSeconds(t.interval)) / 60;
+  [0, 0.25, 0.5, 0.75, 1].forEach((f) => {
+    const label = f === 1 ? "now" : "-" + Math.round(minutes * (1 - f)) + " min";
+    svg.appendChild(svgEl("text", { x: left + f * plotW, y: top + plotH + 16, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle" }, label));
+  });
+  series.forEach((s, k) => {
+    const peak = Math.max(0, ...s.values);
+    const line = svgEl("polyline", { points: s.values.map((v, i) => x(i).toFixed(1) + "," + y(v).toFixed(1)).join(" "),
+      class: "tp tp-" + s.key, "data-series": s.key, "data-peak": String(peak) });
+    line.appendChild(svgEl("title", {}, s.label + ": peak " + rateText(peak) + "/s"));
+    svg.appendChild(line);
+    const lx = left + (k % 2) * 300, ly = top + plotH + 38 + Math.floor(k / 2) * 16;
+    svg.appendChild(svgEl("rect", { x: lx, y: ly - 9, width: 14, height: 4, class: "tp-key tp-" + s.key }));
+    const now = s.values.length ? s.values[s.values.length - 1] : 0;
+    svg.appendChild(svgEl("text", { x: lx + 18, y: ly }, s.label + " " + rateText(now) + "/s (peak " + rateText(peak) + ")"));
+  });
+  return svg;
+}
+
 // ---- views ----
+
+// Pager keeps the page tokens of a paged list, so that Previous goes
+// back without the API paging backwards. key names the list the tokens
+// belong to: a different list starts again at its first page.
+class Pager {
+  constructor() { this.reset(""); }
+  reset(key) { this.key = key; this.tokens = [""]; this.at = 0; this.next = ""; }
+  use(key) { if (key !== this.key) this.reset(key); return this.tokens[this.at]; }
+  forward() {
+    if (!this.next) return false;
+    this.tokens.length = this.at + 1;
+    this.tokens.push(this.next);
+    this.at++;
+    return true;
+  }
+  back() { if (this.at === 0) return false; this.at--; return true; }
+  show(prefix, text) {
+    $(prefix + "-prev").disabled = this.at === 0;
+    $(prefix + "-next").disabled = !this.next;
+    $(prefix + "-page").textContent = "page " + (this.at + 1) + (text ? ", " + text : "");
+  }
+}
+
+const itemsPager = new Pager();
+const dlPager = new Pager();
+
+// loadThroughput draws the namespace's throughput, or says why it
+// cannot.
+async function loadThroughput(namespace) {
+  const box = $("throughput-chart");
+  try {
+    const t = await call("throughput", { namespace });
+    clear(box);
+    box.appendChild(throughputChart(t));
+  } catch (err) {
+    clear(box);
+    const p = document.createElement("p");
+    p.className = "muted";
+    p.textContent = "Throughput unavailable: " + err.message;
+    box.appendChild(p);
+  }
+}
 
 async function loadTopics() {
   const { namespace, region } = settings();
   document.querySelectorAll(".ns").forEach((e) => { e.textContent = namespace; });
-  const list = await call("listTopics", { namespace }, { region, page_size: 1000 });
+  const [list] = await Promise.all([call("listTopics", { namespace }, { region, page_size: 1000 }), loadThroughput(namespace)]);
   const names = (list.topics || []).map((t) => t.topic).slice(0, MAX_TOPICS);
   const stats = await Promise.all(names.map((topic) => call("topicStats", { namespace, topic }, { region })));
   const names_ = $("topic-names");
@@ -225,23 +324,136 @@ async function loadTopics() {
     toggle.textContent = s.paused ? "Resume" : "Pause";
     toggle.addEventListener("click", () => setPaused(s.topic, !s.paused).catch(showError));
     cell(tr, toggle);
+    const browse = document.createElement("button");
+    browse.type = "button";
+    browse.className = "browse";
+    browse.textContent = "Browse";
+    browse.addEventListener("click", () => browseTopic(s.topic));
+    cell(tr, browse);
     tbody.appendChild(tr);
   }
   if (!stats.length) {
     const tr = document.createElement("tr");
-    cell(tr, "No topics hold items in " + namespace + ".").colSpan = 9;
+    cell(tr, "No topics hold items in " + namespace + ".").colSpan = 10;
     tbody.appendChild(tr);
   }
   $("topics-at").textContent = "as of " + new Date().toLocaleTimeString();
 }
 
 // setPaused pauses or resumes a topic's deliveries, then shows the
-// topics again.
+// page again.
 async function setPaused(topic, paused) {
   const { namespace } = settings();
   if (paused && !confirm("Pause deliveries of " + topic + "? Dequeues get nothing of it until it is resumed; enqueues go on.")) return;
   await call(paused ? "pauseTopic" : "resumeTopic", { namespace, topic }, null, {});
-  await loadTopics();
+  await loaders[current]();
+}
+
+// browseTopic shows a topic's ready items from the first page.
+function browseTopic(topic) {
+  $("items-topic").value = topic;
+  $("items-state").value = "ready";
+  $("items-min").value = "";
+  $("items-max").value = "";
+  location.hash = "#items";
+  if (current === "items") run("items");
+}
+
+// itemsQuery is the item list's form: the topic and what to list of it.
+function itemsQuery() {
+  return { topic: $("items-topic").value.trim(), state: $("items-state").value, min: $("items-min").value.trim(),
+    max: $("items-max").value.trim(), size: $("items-size").value };
+}
+
+// loadItems lists a page of a topic's items in the state and priority
+// range asked, with the topic's pause state.
+async function loadItems() {
+  const { namespace, region } = settings();
+  const f = itemsQuery();
+  if (!f.topic) return;
+  const token = itemsPager.use(JSON.stringify([namespace, region, f]));
+  const [res, stats] = await Promise.all([
+    call("listItems", { namespace, topic: f.topic }, { region, state: f.state, min_priority: f.min, max_priority: f.max, page_size: f.size, page_token: token }),
+    call("topicStats", { namespace, topic: f.topic }, { region }),
+  ]);
+  $("items-title").textContent = f.topic;
+  $("items-paused").hidden = !stats.paused;
+  const toggle = $("items-toggle");
+  toggle.hidden = false;
+  toggle.className = stats.paused ? "resume" : "pause";
+  toggle.textContent = stats.paused ? "Resume" : "Pause";
+  toggle.dataset.topic = f.topic;
+  toggle.dataset.paused = stats.paused ? "true" : "";
+  itemsPager.next = res.next_page_token || "";
+  const tbody = $("items-table").tBodies[0];
+  clear(tbody);
+  const items = res.items || [];
+  items.forEach((it) => tbody.appendChild(itemRow(it)));
+  if (!items.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "No " + f.state + " items of " + f.topic + (f.min || f.max ? " in that priority range" : "") + ".").colSpan = 8;
+    tbody.appendChild(tr);
+  }
+  itemsPager.show("items", items.length + " " + f.state + " item(s)");
+}
+
+// itemRow is one item of the list with its actions: change its
+// priority, delete it.
+function itemRow(it) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = it.id;
+  const link = document.createElement("a");
+  link.href = "#item";
+  link.textContent = it.id;
+  link.addEventListener("click", () => { $("item-id").value = it.id; });
+  cell(tr, link, "id");
+  cell(tr, String(num(it.priority)), "num");
+  cell(tr, String(num(it.attempts)), "num");
+  cell(tr, it.state === "LEASED" ? "leased until " + when(it.lease_expires_at) : when(it.deliver_after));
+  cell(tr, when(it.enqueued_at));
+  cell(tr, it.last_error || "");
+  cell(tr, payload(it.payload) + (it.payload_truncated ? "…" : ""), "payload");
+  const actions = document.createElement("span");
+  actions.className = "actions";
+  const prio = document.createElement("input");
+  prio.type = "number";
+  prio.className = "prio-input";
+  prio.value = String(num(it.priority));
+  prio.setAttribute("aria-label", "New priority of " + it.id);
+  const set = document.createElement("button");
+  set.type = "button";
+  set.className = "set-priority";
+  set.textContent = "Set priority";
+  set.addEventListener("click", () => setPriority(it.id, prio.value).catch(showError));
+  const del = document.createElement("button");
+  del.type = "button";
+  del.className = "danger delete-item";
+  del.textContent = "Delete";
+  del.addEventListener("click", () => deleteItem(it.id).catch(showError));
+  actions.append(prio, set, del);
+  cell(tr, actions);
+  return tr;
+}
+
+// setPriority changes an item's priority (UpdateItem, recorded as the
+// console's change) and lists the page again.
+async function setPriority(id, value) {
+  const { namespace } = settings();
+  const priority = Number(value);
+  if (value.trim() === "" || !Number.isInteger(priority)) { $("items-status").textContent = "A priority is a whole number."; return; }
+  await call("updateItem", { namespace, id }, null, { priority, updated_by: "console" });
+  await loadItems();
+  $("items-status").textContent = "Priority of " + id + " set to " + priority + ".";
+}
+
+// deleteItem deletes an item for good, whatever its state, and lists the
+// page again.
+async function deleteItem(id) {
+  const { namespace } = settings();
+  if (!confirm("Delete item " + id + " for good?")) return;
+  await call("deleteItem", { namespace, id });
+  await loadItems();
+  $("items-status").textContent = "Deleted " + id + ".";
 }
 
 async function loadItem() {
@@ -267,16 +479,21 @@ async function loadItem() {
   }
 }
 
+// loadDeadLetters lists a page of a topic's dead letters, oldest first,
+// each with its own redrive and delete.
 async function loadDeadLetters() {
   const { namespace, region } = settings();
   const topic = $("dl-topic").value.trim();
   if (!topic) return;
-  const res = await call("listDeadLetters", { namespace, topic }, { region, page_size: 100 });
+  const token = dlPager.use(JSON.stringify([namespace, region, topic]));
+  const res = await call("listDeadLetters", { namespace, topic }, { region, page_size: 100, page_token: token });
+  dlPager.next = res.next_page_token || "";
   const tbody = $("dl-table").tBodies[0];
   clear(tbody);
   const letters = res.dead_letters || [];
   for (const d of letters) {
     const tr = document.createElement("tr");
+    tr.dataset.id = d.id;
     const box = document.createElement("input");
     box.type = "checkbox";
     box.value = d.id;
@@ -289,34 +506,58 @@ async function loadDeadLetters() {
     cell(tr, when(d.enqueued_at));
     cell(tr, when(d.died_at));
     cell(tr, payload(d.payload), "payload");
+    const again = document.createElement("button");
+    again.type = "button";
+    again.className = "redrive-one";
+    again.textContent = "Redrive";
+    again.addEventListener("click", () => redrive(false, [d.id]).catch(showError));
+    const del = document.createElement("button");
+    del.type = "button";
+    del.className = "danger delete-one";
+    del.textContent = "Delete";
+    del.addEventListener("click", () => deleteDeadLetters(false, [d.id]).catch(showError));
+    const actions = document.createElement("span");
+    actions.className = "actions";
+    actions.append(again, del);
+    cell(tr, actions);
     tbody.appendChild(tr);
   }
   $("dl-all").checked = false;
-  for (const b of ["dl-redrive-selected", "dl-redrive-all", "dl-delete-selected", "dl-delete-all"]) $(b).disabled = letters.length === 0;
-  $("dl-status").textContent = letters.length + " dead letter(s)" + (res.next_page_token ? ", more not shown" : "");
+  for (const b of ["dl-redrive-selected", "dl-redrive-all", "dl-delete-selected", "dl-delete-all"]) $(b).disabled = letters.length === 0 && dlPager.at === 0;
+  $("dl-status").textContent = letters.length + " dead letter(s)" + (dlPager.next ? ", more on the next page" : "");
+  dlPager.show("dl");
 }
 
-async function redrive(all) {
+// pickedLetters are the IDs of the dead letters ticked on the page.
+function pickedLetters() {
+  return [...document.querySelectorAll(".dl-pick:checked")].map((b) => b.value);
+}
+
+// redrive puts dead letters back in their topic: ids (the ticked ones
+// when not given), or with all every one of the topic's.
+async function redrive(all, ids) {
   const { namespace, region } = settings();
   const topic = $("dl-topic").value.trim();
-  const ids = all ? [] : [...document.querySelectorAll(".dl-pick:checked")].map((b) => b.value);
+  ids = all ? [] : ids || pickedLetters();
   if (!all && ids.length === 0) { $("dl-status").textContent = "Select dead letters first."; return; }
   if (!confirm(all ? "Redrive every dead letter of " + topic + "?" : "Redrive " + ids.length + " dead letter(s)?")) return;
   const res = await call("redrive", { namespace, topic }, null, { region, ids });
+  if (all) dlPager.reset(dlPager.key);
   await loadDeadLetters();
   $("dl-status").textContent = "Redriven: " + num(res.redriven) + ". " + $("dl-status").textContent;
 }
 
-// deleteDeadLetters deletes the selected dead letters, or all of the
-// topic's, for good.
-async function deleteDeadLetters(all) {
+// deleteDeadLetters deletes dead letters for good: ids (the ticked ones
+// when not given), or with all every one of the topic's.
+async function deleteDeadLetters(all, ids) {
   const { namespace, region } = settings();
   const topic = $("dl-topic").value.trim();
-  const ids = all ? [] : [...document.querySelectorAll(".dl-pick:checked")].map((b) => b.value);
+  ids = all ? [] : ids || pickedLetters();
   if (!all && ids.length === 0) { $("dl-status").textContent = "Select dead letters first."; return; }
   if (!confirm(all ? "Delete every dead letter of " + topic + " for good?" : "Delete " + ids.length + " dead letter(s) for good?")) return;
   const body = all ? { region, all: true } : { region, ids };
   const res = await call("deleteDeadLetters", { namespace, topic }, null, body);
+  if (all) dlPager.reset(dlPager.key);
   await loadDeadLetters();
   $("dl-status").textContent = "Deleted: " + num(res.deleted) + ". " + $("dl-status").textContent;
 }
@@ -423,7 +664,7 @@ async function loadDrills() {
 
 // ---- wiring ----
 
-const loaders = { topics: loadTopics, item: loadItem, deadletters: loadDeadLetters, shards: loadShards, drills: loadDrills };
+const loaders = { topics: loadTopics, items: loadItems, item: loadItem, deadletters: loadDeadLetters, shards: loadShards, drills: loadDrills };
 let current = "topics";
 
 function run(view) {
@@ -460,7 +701,13 @@ document.addEventListener("DOMContentLoaded", () => {
   $("refresh-topics").addEventListener("click", () => run("topics"));
   $("refresh-shards").addEventListener("click", () => run("shards"));
   $("item-form").addEventListener("submit", (e) => { e.preventDefault(); run("item"); });
-  $("dl-form").addEventListener("submit", (e) => { e.preventDefault(); run("deadletters"); });
+  $("dl-form").addEventListener("submit", (e) => { e.preventDefault(); dlPager.reset(""); run("deadletters"); });
+  $("dl-prev").addEventListener("click", () => { if (dlPager.back()) run("deadletters"); });
+  $("dl-next").addEventListener("click", () => { if (dlPager.forward()) run("deadletters"); });
+  $("items-form").addEventListener("submit", (e) => { e.preventDefault(); itemsPager.reset(""); $("items-status").textContent = ""; run("items"); });
+  $("items-prev").addEventListener("click", () => { if (itemsPager.back()) run("items"); });
+  $("items-next").addEventListener("click", () => { if (itemsPager.forward()) run("items"); });
+  $("items-toggle").addEventListener("click", (e) => setPaused(e.target.dataset.topic, !e.target.dataset.paused).catch(showError));
   $("dl-all").addEventListener("change", (e) => { document.querySelectorAll(".dl-pick").forEach((b) => { b.checked = e.target.checked; }); });
   $("dl-redrive-selected").addEventListener("click", () => redrive(false).catch(showError));
   $("dl-redrive-all").addEventListener("click", () => redrive(true).catch(showError));

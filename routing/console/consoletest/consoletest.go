@@ -196,7 +196,7 @@ func (b *Browser) UseKey(namespace, key string) {
 	b.WaitFor("the key kept in sessionStorage", `sessionStorage.getItem("triage.console.key") !== null && document.getElementById("key").value === ""`)
 }
 
-// Show clicks the navigation link of view (topics, item, deadletters,
+// Show clicks the navigation link of view (topics, items, item, deadletters,
 // shards, drills) and waits until its section is the one shown.
 func (b *Browser) Show(view string) {
 	b.t.Helper()
