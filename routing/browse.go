@@ -155,10 +155,12 @@ func (r *Router) ListItems(ctx context.Context, req *triagev1.ListItemsRequest) 
 		all = all[:size]
 		resp.NextPageToken = itemCursor{state: state, row: all[size-1].Item}.String()
 	}
+	ns, _ := m.Namespace(req.Namespace) // topicShards found it
 	for _, row := range all {
 		s, _ := m.Shard(row.shard)
 		it := itemProto(&row.Item, row.shard, s.HomeRegion, now)
 		it.PayloadTruncated = row.PayloadBytes > int64(len(row.Payload))
+		it.MaxAttempts = maxAttempts(ns, req.Topic)
 		resp.Items = append(resp.Items, it)
 	}
 	return resp, nil
