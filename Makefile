@@ -99,6 +99,12 @@ lint: ## gofmt, go vet, staticcheck (default checks), a doc.go with a package co
 	$(BIN)/staticcheck ./...
 	$(GO) test -count=1 -run 'TestEveryPackageHasADocComment|TestServeDoesNotLinkTheBed|TestNoLongFunctions' ./cmd/triage/
 
+.PHONY: check-alerts
+check-alerts: ## Check the Prometheus alert rules (deploy/prometheus): promtool check rules, then their unit tests.
+	@./.ci/ensure-promtool
+	@promtool check rules deploy/prometheus/alerts.yml
+	@promtool test rules deploy/prometheus/alerts_test.yml
+
 .PHONY: tools
 tools: gen-tools ## Install code generators and grpcurl into .bin/.
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
