@@ -56,6 +56,10 @@ chaos: deps build ## Start a three-region bed, run the nemesis on it, stop it: N
 	for i in $$(seq 180); do [ -f "$$dir/bed.json" ] && break; kill -0 $$pid 2>/dev/null || { tail -30 .triage/chaos.log; exit 1; }; sleep 1; done; \
 	$(BIN)/triage-bed nemesis --dir "$$dir" $(NEMESIS_FLAGS)
 
+.PHONY: image
+image: ## Build the production image triage:<hash>: the static triage binary alone, CA certificates, user 65532.
+	@./deploy/image/build.sh
+
 .PHONY: compose-images
 compose-images: ## Build the compose bed's images (no registry; cached by content hash).
 	@./deploy/compose/build-images.sh
