@@ -57,6 +57,10 @@ chaos: deps build ## Start a three-region bed, run the nemesis on it, stop it: N
 	for i in $$(seq 180); do [ -f "$$dir/bed.json" ] && break; kill -0 $$pid 2>/dev/null || { tail -30 .triage/chaos.log; exit 1; }; sleep 1; done; \
 	$(BIN)/triage-bed nemesis --dir "$$dir" $(NEMESIS_FLAGS)
 
+.PHONY: image
+image: ## Build the production image triage:<hash>: the static triage binary alone, CA certificates, user 65532.
+	@./deploy/image/build.sh
+
 .PHONY: compose-images
 compose-images: ## Build the compose bed's images (no registry; cached by content hash).
 	@./deploy/compose/build-images.sh
@@ -99,6 +103,12 @@ lint: ## gofmt, go vet, staticcheck (default checks), a doc.go with a package co
 	@[ -x $(BIN)/staticcheck ] && $(BIN)/staticcheck -version | grep -qF '($(STATICCHECK_VERSION:v%=%))' || GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	$(BIN)/staticcheck ./...
 	$(GO) test -count=1 -run 'TestEveryPackageHasADocComment|TestServeDoesNotLinkTheBed|TestNoLongFunctions' ./cmd/triage/
+
+.PHONY: check-alerts
+check-alerts: ## Check the Prometheus alert rules (deploy/prometheus): promtool check rules, then their unit tests.
+	@./.ci/ensure-promtool
+	@promtool check rules deploy/prometheus/alerts.yml
+	@promtool test rules deploy/prometheus/alerts_test.yml
 
 .PHONY: tools
 tools: gen-tools ## Install code generators and grpcurl into .bin/.

@@ -75,6 +75,9 @@ type composeBed struct {
 //   - a tour: enqueue through every region's JSON gateway, into its own
 //     region and into the next one, dequeue each item back (through the
 //     same gateway, and through the third region's) and ack it;
+//   - Prometheus: the bed's scrapes every role container of every region
+//     and finds it up, and evaluates every alert rule of
+//     deploy/prometheus/alerts.yml without an error;
 //   - the partition drill on us-east (its gateway disconnected from the
 //     network between regions for 25 s) and then the primary-kill drill
 //     on eu-west (docker kill of shard 2's primary), with clients on all
@@ -147,6 +150,7 @@ func TestCompose(t *testing.T) {
 	}
 	t.Logf("compose bed up and toured %.1fs after the start", time.Since(start).Seconds())
 	require.Empty(t, snooped(), "the client login's subscription to \">\" received Triage's traffic during the tour")
+	b.checkPrometheus(rec)
 
 	drills := time.Now()
 	rec.at("partition drill")
@@ -311,6 +315,7 @@ func startCompose(t *testing.T) *composeBed {
 		k := strings.ToUpper(strings.ReplaceAll(r, "-", "_"))
 		b.env = append(b.env, "TRIAGE_HTTP_"+k+"=0", "TRIAGE_GRPC_"+k+"=0") // free ports, beside make compose-up
 	}
+	b.env = append(b.env, "TRIAGE_PROMETHEUS=0")
 	t.Cleanup(b.down)
 	start := time.Now()
 	out, err := b.script(15*time.Minute, "up.sh") // a first build takes 5-8 minutes on 2 cores

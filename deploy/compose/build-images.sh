@@ -3,17 +3,25 @@
 # registry, each tagged by a content hash of its inputs, and skips every
 # image whose tag exists already (a second run takes seconds):
 #
-#   triage-rootfs:H1   Debian bookworm minbase + mariadb/packages.txt, made
-#                      by mariadb/rootfs.sh with debootstrap and imported
-#                      with docker import (H1: rootfs.sh + packages.txt)
+#   triage-rootfs:H1   Debian bookworm minbase + mariadb/packages.txt
+#                      (MariaDB and Prometheus), made by mariadb/rootfs.sh
+#                      with debootstrap and imported with docker import
+#                      (H1: rootfs.sh + packages.txt)
 #   triage-mariadb:H2  FROM triage-rootfs:H1 + entrypoint.sh
 #                      (H2: H1 + the Dockerfile and entrypoint.sh)
-#   triage:H3          FROM scratch + the static triage binary, built from a
-#                      context that holds only the binary (H3: the binary)
+#   triage-prometheus:H3  FROM triage-rootfs:H1, run as user prometheus
+#                      (H3: H1 + prometheus/Dockerfile)
+#   triage:H4          the production image, deploy/image/build.sh: FROM
+#                      scratch + the static triage binary, CA certificates
+#                      and user 65532 (H4: its whole build context)
+#   triage-bed:H5      FROM triage:H4 + the static triage-bed binary, for
+#                      the WAN gateways: bed tooling stays out of the
+#                      production image (H5: H4 + the binary)
 #
-# It writes TRIAGE_IMAGE and TRIAGE_MARIADB_IMAGE to ENV_FILE (default
-# deploy/compose/.images.env), which docker-compose --env-file reads.
-# Needs root for debootstrap (installed with apt-get when missing).
+# It writes TRIAGE_IMAGE, TRIAGE_BED_IMAGE, TRIAGE_MARIADB_IMAGE and
+# TRIAGE_PROMETHEUS_IMAGE to ENV_FILE (default deploy/compose/.images.env),
+# which docker-compose --env-file reads. Needs root for debootstrap
+# (installed with apt-get when missing).
 #
 # Runs take turns (a lock): a second one waits for the first and then finds
 # its images instead of building them again beside it. .ci/run starts one
@@ -84,7 +92,18 @@ else
   quiet docker build -q --build-arg BASE="$rootfs" -t "$mariadb" "$here/mariadb"
 fi
 
-# 3. Triage: FROM scratch plus the static binary.
+# 3. Prometheus: the root file system (Debian's prometheus package) run as
+# its own user; the bed mounts its config and alert rules.
+h3=$(echo "$h1" | cat - "$here/prometheus/Dockerfile" | sha256sum | cut -c1-12)
+prometheus=triage-prometheus:$h3
+if have "$prometheus"; then
+  say "$prometheus cached"
+else
+  say "docker build -> $prometheus"
+  quiet docker build -q --build-arg BASE="$rootfs" -t "$prometheus" "$here/prometheus"
+fi
+
+# 4. Triage: the production image, FROM scratch, and the bed tools on it.
 if ! wait "$gobuild"; then
   gobuild=
   cat "$ctx/build.log" >&2
@@ -93,19 +112,23 @@ fi
 gobuild=
 rm -f "$ctx/build.log"
 say "go build done"
-h3=$(hash "$ctx/triage" "$ctx/triage-bed")
-triage=triage:$h3
-if have "$triage"; then
-  say "$triage cached"
+triage=$("$root/deploy/image/build.sh" "$ctx/triage" 2>"$ctx/image.log") || { cat "$ctx/image.log" >&2; exit 1; }
+while read -r line; do say "$line"; done <"$ctx/image.log"
+h5=$(echo "$triage" | cat - "$ctx/triage-bed" | sha256sum | cut -c1-12)
+bed=triage-bed:$h5
+if have "$bed"; then
+  say "$bed cached"
 else
-  cat >"$ctx/Dockerfile" <<'DOCKERFILE'
-FROM scratch
-COPY triage /triage
+  mkdir "$ctx/bed"
+  mv "$ctx/triage-bed" "$ctx/bed/"
+  cat >"$ctx/bed/Dockerfile" <<DOCKERFILE
+FROM $triage
 COPY triage-bed /triage-bed
-ENTRYPOINT ["/triage"]
+ENTRYPOINT ["/triage-bed"]
 DOCKERFILE
-  say "docker build -> $triage"
-  quiet docker build -q -t "$triage" "$ctx"
+  say "docker build -> $bed"
+  quiet docker build -q -t "$bed" "$ctx/bed"
 fi
-printf 'TRIAGE_IMAGE=%s\nTRIAGE_MARIADB_IMAGE=%s\n' "$triage" "$mariadb" >"$env_file"
-say "images ready: $triage $mariadb (written to $env_file)"
+printf 'TRIAGE_IMAGE=%s\nTRIAGE_BED_IMAGE=%s\nTRIAGE_MARIADB_IMAGE=%s\nTRIAGE_PROMETHEUS_IMAGE=%s\n' \
+  "$triage" "$bed" "$mariadb" "$prometheus" >"$env_file"
+say "images ready: $triage $bed $mariadb $prometheus (written to $env_file)"

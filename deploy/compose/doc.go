@@ -49,8 +49,19 @@
 //
 // build-images.sh makes every image locally and tags it by a content hash
 // of its inputs, so a second build only rebuilds the Go binary: the MariaDB
-// image from a Debian bookworm root file system (debootstrap minbase,
-// docker import) and the Triage image FROM scratch with the static binary.
+// and Prometheus images from one Debian bookworm root file system
+// (debootstrap minbase, docker import), the production image (deploy/image:
+// FROM scratch, the static triage binary alone, run as uid 65532), which
+// every Triage container runs, and on it a bed-tools image adding
+// triage-bed, which only the WAN gateways run, so no bed code ships in the
+// production image.
+//
+// # Prometheus
+//
+// One Prometheus on every region's network scrapes every role's metrics
+// listener and evaluates deploy/prometheus/alerts.yml (prometheus.go), so
+// the alert rules run against a live multi-region bed, not only promtool's
+// unit tests.
 //
 // # Bootstrap
 //

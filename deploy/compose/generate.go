@@ -260,6 +260,7 @@ func Generate(t Topology) (map[string][]byte, error) {
 			return nil, err
 		}
 	}
+	g.files["config/prometheus.yml"] = prometheusConfig(t)
 	g.files["docker-compose.yml"] = composeFile(t, g.inMap)
 	return g.files, nil
 }
@@ -425,8 +426,9 @@ func (g *generation) node(r, role string) genNode {
 }
 
 // metricsListen is every role container's metrics listener
-// (node.Config.Metrics): /metrics on the region's network, for a
-// Prometheus that joins it; not published on the host.
+// (node.Config.Metrics): /metrics on the region's network, for the bed's
+// Prometheus, which joins every region's (prometheus.go); not published
+// on the host.
 const metricsListen = "0.0.0.0:9100"
 
 // The MySQL password files under config/, and where containers see them.
@@ -582,7 +584,7 @@ func (b *writer) mariadb(s server, i int) {
 func composeFile(t Topology, servers []server) []byte {
 	var b writer
 	ex := mysqlPort(1, 1)
-	b.w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1])
+	b.w(composeHeader, t.WANLatency, ex, t.Regions[1], t.Regions[0], gateway(t.Regions[0]), ex, gateway(t.Regions[1]), t.Regions[1], PrometheusPort)
 	b.w("%s", mariadbAnchor)
 	b.w("%s", triageAnchor)
 	b.w("\nservices:\n")
@@ -603,6 +605,7 @@ func composeFile(t Topology, servers []server) []byte {
 			b.roleService(r, i, role)
 		}
 	}
+	b.prometheusService(t)
 	b.networksAndVolumes(t, servers)
 	return b.Bytes()
 }
@@ -614,7 +617,7 @@ func (b *writer) gatewayService(r string, i int) {
 	w("\n  # %s's WAN gateway (`triage-bed wan`), the region's only container on \"wan\":\n", r)
 	w("  # the region's processes reach other regions' servers through it (delayed),\n")
 	w("  # other regions reach this region's servers through it (as is).\n")
-	w("  %s:\n    image: %s\n", gateway(r), triageImage)
+	w("  %s:\n    image: %s\n", gateway(r), bedImage)
 	w("    entrypoint: [\"/triage-bed\"]\n")
 	w("    command: [\"wan\", \"--config\", \"/etc/triage/wan.json\"]\n")
 	w("%s", probe)
@@ -786,7 +789,15 @@ func spareFile(t Topology, spares []server) []byte {
 	return b.Bytes()
 }
 
+// triageImage is the production image (deploy/image: the triage binary
+// alone, run as uid 65532), which every Triage container runs: the roles,
+// NATS, the bootstrap.
 const triageImage = "${TRIAGE_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
+
+// bedImage is the bed-tools image: the production image plus triage-bed,
+// which only the WAN gateways run, so no test-bed code reaches the
+// production image.
+const bedImage = "${TRIAGE_BED_IMAGE:?run deploy/compose/build-images.sh and pass --env-file}"
 
 // Health checks run every 15 s (the first 15 s after start). Each is a
 // docker exec, a runc process and the probe, and on a 2-core machine
@@ -805,14 +816,16 @@ const probe = `    healthcheck:
       retries: 120
 `
 
-// composeHeader takes the WAN latency and an example (see composeFile).
+// composeHeader takes the WAN latency, an example (see composeFile) and
+// PrometheusPort.
 const composeHeader = `# The multi-region compose bed of Triage, written by generate.go (go generate
 # ./deploy/compose; do not edit). One Docker network per region and "wan"
 # between them, on which only the regions' gateways sit. Per region: a WAN
 # gateway, the primaries of the region's shards and replicas of the other
 # regions' shards (MariaDB, GTID, semi-sync), one NATS server of a JetStream
 # cluster, and the Triage roles router, enqueuer, dequeuer and controller in
-# containers of their own. See README.md beside this file.
+# containers of their own; and one Prometheus on every region's network. See
+# README.md beside this file.
 #
 # Images come from build-images.sh (no registry), the bed's API key, NATS
 # passwords and NATS certificates from a bed directory that
@@ -831,7 +844,7 @@ const composeHeader = `# The multi-region compose bed of Triage, written by gene
 # (region order); TRIAGE_HTTP_US_EAST, TRIAGE_GRPC_US_EAST ... override
 # them (0: a free port, see docker port). They want the bed's API key
 # (authorization: Bearer $(cat $TRIAGE_BED_DIR/token)); NATS wants TLS and
-# a login.
+# a login. Prometheus is published on 127.0.0.1:%d (TRIAGE_PROMETHEUS).
 version: "3.9"
 `
 

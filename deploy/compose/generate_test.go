@@ -145,7 +145,9 @@ type composeYAML struct {
 	Version  string `yaml:"version"`
 	Services map[string]struct {
 		Command     []string                     `yaml:"command"`
+		Entrypoint  []string                     `yaml:"entrypoint"`
 		Image       string                       `yaml:"image"`
+		Ports       []string                     `yaml:"ports"`
 		Environment map[string]string            `yaml:"environment"`
 		Volumes     []string                     `yaml:"volumes"`
 		Labels      map[string]string            `yaml:"labels"`
@@ -337,7 +339,8 @@ func TestComposeFilesValidate(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command("docker-compose", append([]string{"-p", "triage-config-check"}, args...)...)
-		cmd.Env = append(os.Environ(), "TRIAGE_IMAGE=triage:check", "TRIAGE_MARIADB_IMAGE=triage-mariadb:check", "TRIAGE_BED_DIR=/nonexistent/bed")
+		cmd.Env = append(os.Environ(), "TRIAGE_IMAGE=triage:check", "TRIAGE_BED_IMAGE=triage-bed:check", "TRIAGE_MARIADB_IMAGE=triage-mariadb:check",
+			"TRIAGE_PROMETHEUS_IMAGE=triage-prometheus:check", "TRIAGE_BED_DIR=/nonexistent/bed")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()

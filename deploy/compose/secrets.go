@@ -64,9 +64,13 @@ const keysPath = "/etc/triage/keys.json"
 // name (the routes dial the gateways) and the MariaDB servers' for every
 // MariaDB server's and every gateway's name (another region's server is
 // dialed as its gateway, by nodes and replicas alike, and is verified
-// against the name dialed). Files are 0600 but the CA's certificate and
-// the keys file, which hold nothing secret. It reports whether it wrote
-// anything.
+// against the name dialed). The directory is made 0700, which keeps its
+// files from the host's other users (up.sh's mkdir -p leaves it 0755);
+// in it, every file a container mounts is 0644, because the containers
+// run as the production image's user (uid 65532), not as the host user
+// who writes them, and a bind mount keeps the host's owner and mode. The
+// API key, which no container mounts, stays 0600. It reports whether it
+// wrote anything.
 func WriteBedDir(dir string, t Topology) (bool, error) {
 	complete := true
 	for _, f := range bedFiles {
@@ -78,6 +82,9 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 		return false, nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return false, err
 	}
 	token, hash, err := auth.NewToken()
@@ -99,13 +106,13 @@ func WriteBedDir(dir string, t Topology) (bool, error) {
 	}{
 		{bedKeys, append(keys, '\n'), 0o644},
 		{bedCA, c.ca, 0o644},
-		{bedNATSCert, c.natsCert, 0o600},
-		{bedNATSKey, c.natsKey, 0o600},
-		{bedMySQLCert, c.mysqlCert, 0o600},
-		{bedMySQLKey, c.mysqlKey, 0o600},
-		{bedNATSTriage, []byte(rand.Text() + "\n"), 0o600},
-		{bedNATSClient, []byte(rand.Text() + "\n"), 0o600},
-		{bedNATSRoute, []byte(rand.Text() + "\n"), 0o600},
+		{bedNATSCert, c.natsCert, 0o644},
+		{bedNATSKey, c.natsKey, 0o644},
+		{bedMySQLCert, c.mysqlCert, 0o644},
+		{bedMySQLKey, c.mysqlKey, 0o644},
+		{bedNATSTriage, []byte(rand.Text() + "\n"), 0o644},
+		{bedNATSClient, []byte(rand.Text() + "\n"), 0o644},
+		{bedNATSRoute, []byte(rand.Text() + "\n"), 0o644},
 		// Last: a directory without it is one whose writing did not
 		// finish, and is written again whole.
 		{bedToken, []byte(token + "\n"), 0o600},

@@ -19,11 +19,14 @@ import (
 // gateway's name, as a server and as a client (the routes), and the
 // MariaDB servers' for every MariaDB server's and gateway's name (another
 // region's server is dialed as the gateway), both for localhost and
-// 127.0.0.1 too; the secrets are 0600 and the CA's key is nowhere. A
-// complete directory is kept, an incomplete one made again.
+// 127.0.0.1 too; the directory is 0700, even when it existed before as
+// up.sh's mkdir -p leaves it, the files in it the containers' user reads
+// are 0644, the API key 0600, and the CA's key is nowhere. A complete
+// directory is kept, an incomplete one made again.
 func TestWriteBedDir(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "bed")
+	require.NoError(t, os.Mkdir(dir, 0o755))
 	top := DefaultTopology()
 	wrote, err := WriteBedDir(dir, top)
 	require.NoError(t, err)
@@ -38,12 +41,15 @@ func TestWriteBedDir(t *testing.T) {
 	for _, f := range bedFiles {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err)
-		want := os.FileMode(0o600)
-		if f == bedKeys || f == bedCA {
-			want = 0o644
+		want := os.FileMode(0o644)
+		if f == bedToken {
+			want = 0o600
 		}
 		require.Equal(t, want, fi.Mode().Perm(), f)
 	}
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "the directory keeps the files from the host's other users")
 
 	token, err := readToken(dir)
 	require.NoError(t, err)

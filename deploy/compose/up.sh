@@ -14,7 +14,8 @@
 # Environment: COMPOSE_PROJECT_NAME (default triage), IMAGES_ENV (the env
 # file build-images.sh writes; default deploy/compose/.images.env),
 # TRIAGE_BED_DIR (see above),
-# TRIAGE_HTTP_US_EAST ... (published ports, see docker-compose.yml),
+# TRIAGE_HTTP_US_EAST ..., TRIAGE_PROMETHEUS (published ports, see
+# docker-compose.yml),
 # UP_TIMEOUT seconds (default 300), SPARE_SHARDS (default 0; n adds
 # docker-compose.spare.yml, whose n spare shards start and are replicated
 # but stay out of the shard map until triage shard add: README.md).
@@ -87,6 +88,7 @@ for r in us-east eu-west ap-south; do
   printf '  region %-9s JSON http://%s   gRPC %s\n' "$r" "$http" "$grpc"
 done
 last=$http
+printf '  %-21s http://%s   (/targets; /alerts: deploy/prometheus/alerts.yml)\n' Prometheus "$(port prometheus 9090)"
 cat <<TOUR
 
 The routers want the bed's API key (cluster-admin; the triage CLI reads TRIAGE_TOKEN).
