@@ -42,16 +42,23 @@ func (b *composeBed) checkPrometheus(rec *recap) {
 		}
 	}
 	start := time.Now()
-	var up, rules []string
+	var up, rules, lags, stopped []string
 	for {
 		up, rules = promUp(ctx, t, api), promRules(ctx, t, api)
+		lags = promSeries(ctx, t, api, `triage_shard_replication_lag_seconds >= 0`)
+		stopped = promSeries(ctx, t, api, `triage_shard_replication_lag_seconds < 0`)
 		healthy := !slices.ContainsFunc(rules, func(r string) bool { return !strings.HasSuffix(r, "=ok") })
-		if slices.Equal(up, want) && len(rules) > 0 && healthy || time.Since(start) > time.Minute {
+		if slices.Equal(up, want) && len(rules) > 0 && healthy && len(lags) > 0 && len(stopped) == 0 || time.Since(start) > time.Minute {
 			break
 		}
 		time.Sleep(2 * time.Second)
 	}
 	require.Equal(t, want, up, "the targets Prometheus finds up (role/region)")
+	// The replicas replicate after the tour: only the controller, whose
+	// account may read replica status, reports their lag, and no node
+	// reports a replica as stopped (-1) for want of that privilege.
+	require.NotEmpty(t, lags, "the controllers report every replica's lag")
+	require.Empty(t, stopped, "replicas reported stopped (role/replica)")
 	require.NotEmpty(t, rules, "the alert rules Prometheus loaded")
 	for _, r := range rules {
 		require.True(t, strings.HasSuffix(r, "=ok"), "alert rule %s", r)
@@ -79,6 +86,21 @@ func promUp(ctx context.Context, t *testing.T, api string) []string {
 		return slices.Index(composeRegions, region)*len(composeRoles) + slices.Index(composeRoles, role)
 	}
 	slices.SortFunc(out, func(a, b string) int { return order(a) - order(b) })
+	return out
+}
+
+// promSeries is role/replica of every series the instant query q answers.
+func promSeries(ctx context.Context, t *testing.T, api, q string) []string {
+	var data struct {
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+		} `json:"result"`
+	}
+	promGet(ctx, t, api+"query?query="+url.QueryEscape(q), &data)
+	var out []string
+	for _, r := range data.Result {
+		out = append(out, r.Metric["role"]+"/"+r.Metric["replica"])
+	}
 	return out
 }
 

@@ -314,12 +314,25 @@ func (o *Observer) measure(ctx context.Context, s shardmap.Shard, r Report, semi
 			continue
 		}
 		st, err := a.Status(ctx)
+		if noPrivilege(err) {
+			// This node's account may not read replica status; the
+			// controller's monitor account does, and reports the lag. A
+			// -1 from every other node would read as a stopped replica.
+			continue
+		}
 		if err != nil {
 			sm.ReplicaLag(addr, 0, false)
 			continue
 		}
 		sm.ReplicaLag(addr, st.Lag, st.LagKnown)
 	}
+}
+
+// noPrivilege tells a statement refused for want of a privilege (1044,
+// 1142, 1227) from one that failed.
+func noPrivilege(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1044 || me.Number == 1142 || me.Number == 1227)
 }
 
 // refusedAtOnce tells a ping that failed because the far side refused or
