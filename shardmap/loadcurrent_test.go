@@ -68,15 +68,22 @@ func TestPublishTooLargeIsNotAConflict(t *testing.T) {
 	require.NoError(t, err)
 	_, err = shardmap.Bootstrap(ctx, bucket, v1)
 	require.NoError(t, err)
-	// 300 shards: each namespace's slot table names 256 distinct shards
-	// and is written in full, about 1 KB.
+	// Namespaces share their slot tables in the stored map; 64 topic
+	// configs with long names make each about 10 KB.
 	big := base
 	big.Version = 2
-	for n := range int(nc.MaxPayload()/1000) + 100 {
-		big.Namespaces = append(big.Namespaces, shardmap.Namespace{Name: fmt.Sprintf("tenant-%d", n)})
+	for n := range int(nc.MaxPayload()/8_000) + 20 {
+		ns := shardmap.Namespace{Name: fmt.Sprintf("tenant-%d", n), Topics: map[string]shardmap.TopicConfig{}}
+		for k := range 64 {
+			ns.Topics[fmt.Sprintf("%0120d", k)] = shardmap.TopicConfig{Policy: shardmap.PolicyStrict}
+		}
+		big.Namespaces = append(big.Namespaces, ns)
 	}
 	v2, err := shardmap.New(big)
 	require.NoError(t, err)
+	data, err := v2.Marshal()
+	require.NoError(t, err)
+	require.Greater(t, int64(len(data)), nc.MaxPayload(), "the map outgrows one message")
 	err = shardmap.Publish(ctx, bucket, v1, v2)
 	require.ErrorIs(t, err, shardmap.ErrTooLarge)
 	require.NotErrorIs(t, err, shardmap.ErrConflict)

@@ -130,7 +130,8 @@ func TestDedupSlotsFilledPerRegion(t *testing.T) {
 	// Round trip: the stored tables are read back as they are.
 	data, err := m.Marshal()
 	require.NoError(t, err)
-	require.Contains(t, string(data), `"dedup_slots"`)
+	require.Contains(t, string(data), `"slot_tables":[{"cycle":[1,2]},{"cycle":[3]},{"cycle":[2]}]`, "each distinct table once")
+	require.Contains(t, string(data), `"dedup_slot_refs":{"eu-west":1,"us-east":2}`)
 	again, err := Parse(data)
 	require.NoError(t, err)
 	require.Equal(t, m.Namespaces, again.Namespaces)
@@ -287,4 +288,31 @@ func TestDedupSlotTablesWrittenAsCycles(t *testing.T) {
 	for _, bad := range []string{`{"a":{"cycle":[]}}`, `{"a":{"cycle":"x"}}`} {
 		require.ErrorContains(t, json.Unmarshal([]byte(bad), &out), "a cycle must list 1 to 256 shard IDs", bad)
 	}
+}
+
+// TestStoredMapSharesSlotTables: namespaces with the same slot table store
+// it once; the map reads back as it was; a reference to a table the map
+// does not list is refused.
+func TestStoredMapSharesSlotTables(t *testing.T) {
+	t.Parallel()
+	in := Map{Version: 1, Regions: []string{"a", "b"}}
+	for i := uint32(1); i <= 600; i++ {
+		in.Shards = append(in.Shards, Shard{ID: i, HomeRegion: []string{"a", "b"}[i%2], Primary: fmt.Sprintf("db%d:3306", i)})
+	}
+	for n := range 200 {
+		in.Namespaces = append(in.Namespaces, Namespace{Name: fmt.Sprintf("t%d", n)})
+	}
+	in.Namespaces = append(in.Namespaces, Namespace{Name: "pinned", Shards: map[string][]uint32{"a": {2, 4}}})
+	m, err := New(in)
+	require.NoError(t, err)
+	data, err := m.Marshal()
+	require.NoError(t, err)
+	require.Less(t, len(data), 100_000, "201 namespaces of 300 shards a region: 3 distinct tables, not 402 (480 KB)")
+	again, err := Parse(data)
+	require.NoError(t, err)
+	require.Equal(t, m.Namespaces, again.Namespaces)
+
+	bad := strings.Replace(string(data), `"dedup_slot_refs":{"a":`, `"dedup_slot_refs":{"a":7`, 1)
+	_, err = Parse([]byte(bad))
+	require.ErrorContains(t, err, "names table 7")
 }
