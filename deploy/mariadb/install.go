@@ -1,16 +1,15 @@
 package mariadb
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+
+	"github.com/triage-queue/triage/deploy/aptget"
 )
 
 // searchDirs are tried after PATH: Debian puts mariadbd in /usr/sbin, which
@@ -52,65 +51,14 @@ func findBinaries() (binaries, error) {
 // run only if the first install attempt fails, because it is slow and usually
 // unnecessary. Progress lines go to logger (nil means discard).
 func EnsureInstalled(ctx context.Context, logger *slog.Logger) error {
-	if logger == nil {
-		logger = discardLogger
-	}
 	if _, err := findBinaries(); err == nil {
 		return nil
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("mariadb: mariadbd not found and not running as root, cannot install it: %s", installHint)
-	}
-	aptGet, err := exec.LookPath("apt-get")
-	if err != nil {
-		return fmt.Errorf("mariadb: mariadbd not found and apt-get unavailable: %s", installHint)
-	}
-	logger.Info("mariadb: mariadbd not found, installing mariadb-server with apt-get")
-	install := []string{"install", "-y", "mariadb-server"}
-	if err := runLogged(ctx, logger, aptGet, install...); err != nil {
-		logger.Info("mariadb: apt-get install failed, running apt-get update and retrying", "err", err)
-		if err := runLogged(ctx, logger, aptGet, "update"); err != nil {
-			return fmt.Errorf("mariadb: apt-get update: %w; %s", err, installHint)
-		}
-		if err := runLogged(ctx, logger, aptGet, install...); err != nil {
-			return fmt.Errorf("mariadb: apt-get install mariadb-server: %w; %s", err, installHint)
-		}
+	if err := aptget.Install(ctx, logger, "mariadb-server"); err != nil {
+		return fmt.Errorf("mariadb: mariadbd not found, %w; %s", err, installHint)
 	}
 	if _, err := findBinaries(); err != nil {
 		return fmt.Errorf("mariadb: installed mariadb-server but still: %w", err)
 	}
 	return nil
 }
-
-// runLogged runs a command non-interactively, logging each output line and
-// keeping the last lines for the error.
-func runLogged(ctx context.Context, logger *slog.Logger, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	waitErr := make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		pw.Close()
-		waitErr <- err
-	}()
-	var tail []string
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		logger.Info("mariadb: "+filepath.Base(name), "line", sc.Text())
-		if tail = append(tail, sc.Text()); len(tail) > 10 {
-			tail = tail[1:]
-		}
-	}
-	_, _ = io.Copy(io.Discard, pr) // drain after an over-long line so Wait can finish
-	if err := <-waitErr; err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.Join(tail, "\n"))
-	}
-	return nil
-}
-
-var discardLogger = slog.New(slog.DiscardHandler)

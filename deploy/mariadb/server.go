@@ -22,6 +22,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver used for readiness and DDL
 
+	"github.com/triage-queue/triage/deploy/aptget"
 	"github.com/triage-queue/triage/deploy/freeport"
 )
 
@@ -90,7 +91,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ServerID = 1
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = discardLogger
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	bins, err := findBinaries()
 	if err != nil {
@@ -133,7 +134,7 @@ func initDataDir(ctx context.Context, cfg Config, installDB string) error {
 	out, err := exec.CommandContext(ctx, installDB, "--no-defaults", "--datadir="+staging, "--user=root",
 		"--auth-root-authentication-method=normal", "--skip-test-db", tmpdirArg(cfg)).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("mariadb: mariadb-install-db: %w\n%s", err, tail(out))
+		return fmt.Errorf("mariadb: mariadb-install-db: %w\n%s", err, aptget.Tail(out))
 	}
 	if err := os.Remove(data); err != nil && !errors.Is(err, os.ErrNotExist) { // empty, checked above
 		return fmt.Errorf("mariadb: %w", err)
@@ -390,17 +391,5 @@ func (s *Server) logTail() string {
 		log = append(log, s.stderr.Bytes()...)
 	default:
 	}
-	return tail(log)
-}
-
-// tail returns the last 2 KiB of b, starting at a line boundary.
-func tail(b []byte) string {
-	const n = 2048
-	if len(b) > n {
-		b = b[len(b)-n:]
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
-	}
-	return strings.TrimSpace(string(b))
+	return aptget.Tail(log)
 }

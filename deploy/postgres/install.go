@@ -10,7 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
+
+	"github.com/triage-queue/triage/deploy/aptget"
 )
 
 // Package is the Debian package EnsureInstalled installs.
@@ -64,46 +65,17 @@ func executable(path string) bool {
 // stopped, since only private servers are used. Progress lines go to
 // logger (nil discards them).
 func EnsureInstalled(ctx context.Context, logger *slog.Logger) error {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	if _, err := findBinaries(); err == nil {
 		return nil
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w and not running as root, cannot install it: %s", ErrNotInstalled, installHint)
-	}
-	aptGet, err := exec.LookPath("apt-get")
-	if err != nil {
-		return fmt.Errorf("%w and apt-get unavailable: %s", ErrNotInstalled, installHint)
-	}
-	logger.Info("postgres: initdb not found, installing " + Package + " with apt-get")
-	install := []string{"-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", Package}
-	if err := apt(ctx, aptGet, install...); err != nil {
-		logger.Info("postgres: apt-get install failed, running apt-get update and retrying", "err", err)
-		if err := apt(ctx, aptGet, "-o", "DPkg::Lock::Timeout=600", "update", "-qq"); err != nil {
-			return fmt.Errorf("%w: apt-get update: %v; %s", ErrNotInstalled, err, installHint)
-		}
-		if err := apt(ctx, aptGet, install...); err != nil {
-			return fmt.Errorf("%w: apt-get install %s: %v; %s", ErrNotInstalled, Package, err, installHint)
-		}
+	if err := aptget.Install(ctx, logger, Package); err != nil {
+		return fmt.Errorf("%w, %w; %s", ErrNotInstalled, err, installHint)
 	}
 	if service, err := exec.LookPath("service"); err == nil {
 		_ = exec.CommandContext(ctx, service, "postgresql", "stop").Run()
 	}
 	if _, err := findBinaries(); err != nil {
 		return fmt.Errorf("postgres: installed %s but still: %w", Package, err)
-	}
-	return nil
-}
-
-// apt runs apt-get non-interactively; its error quotes the output's end.
-func apt(ctx context.Context, aptGet string, args ...string) error {
-	cmd := exec.CommandContext(ctx, aptGet, args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", aptGet, strings.Join(args, " "), err, tail(out))
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/triage-queue/triage/deploy/aptget"
 	"github.com/triage-queue/triage/deploy/freeport"
 )
 
@@ -117,7 +118,7 @@ func runAs(ctx context.Context) (*syscall.Credential, error) {
 	if err != nil {
 		out, aerr := exec.CommandContext(ctx, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", account).CombinedOutput()
 		if aerr != nil {
-			return nil, fmt.Errorf("postgres: running as root and no account %q to run the server as: useradd: %w: %s", account, aerr, tail(out))
+			return nil, fmt.Errorf("postgres: running as root and no account %q to run the server as: useradd: %w: %s", account, aerr, aptget.Tail(out))
 		}
 		if u, err = user.Lookup(account); err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
@@ -160,7 +161,7 @@ func (s *Server) initDataDir(ctx context.Context, initdb string) error {
 	s.cfg.Logger.Info("postgres: initdb", "dir", data)
 	out, err := s.command(ctx, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "-N").CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("postgres: initdb: %w\n%s", err, tail(out))
+		return fmt.Errorf("postgres: initdb: %w\n%s", err, aptget.Tail(out))
 	}
 	return nil
 }
@@ -325,17 +326,5 @@ func (s *Server) logPath() string { return filepath.Join(s.cfg.Dir, "postgres.lo
 
 func (s *Server) logTail() string {
 	b, _ := os.ReadFile(s.logPath())
-	return tail(b)
-}
-
-// tail returns the last 2 KiB of b, starting at a line boundary.
-func tail(b []byte) string {
-	const n = 2048
-	if len(b) > n {
-		b = b[len(b)-n:]
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
-	}
-	return strings.TrimSpace(string(b))
+	return aptget.Tail(b)
 }
