@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver"
+	"github.com/triage-queue/triage/deploy/drill"
 	"github.com/triage-queue/triage/deploy/testlog"
 	"github.com/triage-queue/triage/regions/replication"
 	"github.com/triage-queue/triage/schema/itemid"
@@ -512,9 +513,8 @@ func TestSuperviseRestartsADeposedWritableServer(t *testing.T) {
 	desc := b.superviseDeposed(ctx)
 	require.Contains(t, desc, "supervisor: "+replica.srv.Addr())
 	require.Contains(t, desc, "to rejoin as a replica")
-	readOnly, waiting, err := fenceState(ctx, replica)
+	live, state, err := drill.DeposedState(ctx, replica.srv.DSN(""))
 	require.NoError(t, err)
-	require.True(t, readOnly, "restarted fenced (RejoinArgs)")
-	require.Zero(t, waiting)
+	require.False(t, live, "restarted fenced (RejoinArgs), no commit waiting: %s", state)
 	require.Equal(t, primaryPID, b.currentPrimary(1).srv.PID(), "the primary is left alone")
 }

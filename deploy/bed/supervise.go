@@ -2,17 +2,11 @@ package bed
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"slices"
 	"strings"
-	"time"
-)
 
-// superviseRecheck is how long superviseDeposed waits before it looks at
-// a suspect again: a server the controller is promoting is writable for
-// a moment before the shard map it publishes names it primary.
-const superviseRecheck = 10 * time.Second
+	"github.com/triage-queue/triage/deploy/drill"
+)
 
 // superviseDeposed does what the controller's alarm "deposed primary
 // holds commits waiting for an acknowledgement and cannot be fenced;
@@ -27,20 +21,8 @@ const superviseRecheck = 10 * time.Second
 // of three are like it no failover has a candidate. Paused servers are
 // their own heal's. It says what it did, or nothing.
 func (b *Bed) superviseDeposed(ctx context.Context) string {
-	suspects := b.deposedWritable(ctx)
-	if len(suspects) == 0 {
-		return ""
-	}
-	select {
-	case <-ctx.Done():
-		return ""
-	case <-time.After(superviseRecheck):
-	}
 	var parts []string
-	for _, s := range b.deposedWritable(ctx) {
-		if !slices.ContainsFunc(suspects, func(x deposedServer) bool { return x.d == s.d }) {
-			continue
-		}
+	for _, s := range drill.StillDeposed(ctx, b.deposedWritable, func(x, y deposedServer) bool { return x.d == y.d }) {
 		if err := s.d.srv.Kill(); err != nil {
 			parts = append(parts, fmt.Sprintf("supervisor: crash %s: %v", s.d.srv.Addr(), err))
 			continue
@@ -77,29 +59,13 @@ func (b *Bed) deposedWritable(ctx context.Context) []deposedServer {
 		if paused[d] || !b.inMap(d.shard) || b.currentPrimary(d.shard) == d {
 			continue // a spare shard's server (not in the map) is a primary in waiting
 		}
-		readOnly, waiting, err := fenceState(ctx, d)
-		if err != nil || readOnly && waiting == 0 {
+		live, state, err := drill.DeposedState(ctx, d.srv.DSN(""))
+		if err != nil || !live {
 			continue // dead, unreachable, or a replica as it should be
 		}
-		out = append(out, deposedServer{d, fmt.Sprintf("read_only=%t with %d commits waiting for a semi-sync ack", readOnly, waiting)})
+		out = append(out, deposedServer{d, state})
 	}
 	return out
-}
-
-// fenceState reads d's read_only and the sessions waiting for a semi-sync
-// acknowledgement.
-func fenceState(ctx context.Context, d *dbServer) (readOnly bool, waiting int, err error) {
-	db, err := sql.Open("mysql", d.srv.DSN(""))
-	if err != nil {
-		return false, 0, err
-	}
-	defer db.Close()
-	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	var w sql.NullInt64
-	err = db.QueryRowContext(qctx, `SELECT @@global.read_only,
-		(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_WAIT_SESSIONS')`).Scan(&readOnly, &w)
-	return readOnly, int(w.Int64), err
 }
 
 // inMap reports whether the live shard map (the newest a node holds)

@@ -2,19 +2,14 @@ package compose
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-)
 
-// superviseRecheck is how long superviseDeposed waits before it looks at
-// a suspect again: a server the controller is promoting is writable for
-// a moment before the shard map it publishes names it primary.
-const superviseRecheck = 10 * time.Second
+	"github.com/triage-queue/triage/deploy/drill"
+)
 
 // superviseDeposed does, after every heal, what the controller's alarm
 // "deposed primary holds commits waiting for an acknowledgement and
@@ -28,22 +23,11 @@ const superviseRecheck = 10 * time.Second
 // servers are like it no failover has a candidate. Paused containers are
 // their own heal's. It says what it did, or nothing.
 func (b *Bed) superviseDeposed(ctx context.Context) string {
-	suspects := b.deposedWritable(ctx)
-	if len(suspects) == 0 {
-		return ""
-	}
-	select {
-	case <-ctx.Done():
-		return ""
-	case <-time.After(superviseRecheck):
-	}
 	var crash []container
 	var parts []string
-	for _, s := range b.deposedWritable(ctx) {
-		if slices.ContainsFunc(suspects, func(x deposedServer) bool { return x.c.ID == s.c.ID }) {
-			crash = append(crash, s.c)
-			parts = append(parts, fmt.Sprintf("%s, deposed from shard %d, was %s", s.c.Service, s.c.Shard, s.state))
-		}
+	for _, s := range drill.StillDeposed(ctx, b.deposedWritable, func(x, y deposedServer) bool { return x.c.ID == y.c.ID }) {
+		crash = append(crash, s.c)
+		parts = append(parts, fmt.Sprintf("%s, deposed from shard %d, was %s", s.c.Service, s.c.Shard, s.state))
 	}
 	if len(crash) == 0 {
 		return ""
@@ -82,32 +66,28 @@ func (b *Bed) deposedWritable(ctx context.Context) []deposedServer {
 		if p := primaryOf(m, c.Shard); c.Role != "mariadb" || c.State != "running" || p == "" || p == c.Addr {
 			continue // a spare shard's server (not in the map) is a primary in waiting
 		}
-		readOnly, waiting, err := b.fenceState(ctx, c)
-		if err != nil || readOnly && waiting == 0 {
+		dsn, err := b.adminDSN(ctx, c)
+		if err != nil {
+			continue
+		}
+		live, state, err := drill.DeposedState(ctx, dsn)
+		if err != nil || !live {
 			continue // unreachable, or a replica as it should be
 		}
-		out = append(out, deposedServer{c, fmt.Sprintf("read_only=%t with %d commits waiting for a semi-sync ack", readOnly, waiting)})
+		out = append(out, deposedServer{c, state})
 	}
 	return out
 }
 
-// fenceState reads c's read_only and the sessions waiting for a semi-sync
-// acknowledgement.
-func (b *Bed) fenceState(ctx context.Context, c container) (readOnly bool, waiting int, err error) {
+// adminDSN is the admin account's DSN for c's MariaDB, at its address on
+// the bed's networks.
+func (b *Bed) adminDSN(ctx context.Context, c container) (string, error) {
 	ip, err := docker(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", c.ID)
 	if err != nil || len(strings.Fields(ip)) == 0 {
-		return false, 0, fmt.Errorf("%s has no address: %v", c.Service, err)
+		return "", fmt.Errorf("%s has no address: %v", c.Service, err)
 	}
 	mc := mysql.NewConfig()
 	mc.User, mc.Passwd, mc.Net, mc.Addr = adminUser, adminPassword, "tcp", strings.Fields(ip)[0]+":3306"
 	mc.Timeout, mc.ReadTimeout = 2*time.Second, 2*time.Second
-	db, err := sql.Open("mysql", mc.FormatDSN())
-	if err != nil {
-		return false, 0, err
-	}
-	defer db.Close()
-	var w sql.NullInt64
-	err = db.QueryRowContext(ctx, `SELECT @@global.read_only,
-		(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_WAIT_SESSIONS')`).Scan(&readOnly, &w)
-	return readOnly, int(w.Int64), err
+	return mc.FormatDSN(), nil
 }
