@@ -1,7 +1,7 @@
 // Package bench is `make bench`: Triage's throughput and latency, side by
 // side with what MariaDB itself can do, with the queue people write by
 // hand on a SQL table, and with River, the job queue on Postgres a Go user
-// would pick instead, all measured in one run on one box.
+// would pick instead, every one run in the same process on the same box.
 //
 // Run starts a private bed (bed.Start in a temp dir, free ports, so a bed
 // from `make up` is left alone), runs the scenarios below (River's on a

@@ -24,7 +24,7 @@ import (
 )
 
 // River's peer rows: the job queue a Go user would pick instead of Triage,
-// on a private Postgres, measured in the same run (doc.go, Scenarios).
+// on a private Postgres in the same run as the rest (doc.go, Scenarios).
 const (
 	RiverInsertMany = "river-insert-many"
 	RiverSteady     = "river-steady"
