@@ -440,7 +440,7 @@ func (c *Controller) evaluate(ctx context.Context) {
 		if len(s.Replicas) == 0 {
 			continue
 		}
-		up, down, refused := c.health.verdict(s, now, 3*time.Second)
+		up, down, refused := c.health.verdict(s.Primary, now, 3*time.Second)
 		c.mu.Lock()
 		cooling := now.Before(c.cooldown[s.ID])
 		if len(down) >= 2 && !cooling {
@@ -484,7 +484,7 @@ func (c *Controller) evaluate(ctx context.Context) {
 // that time is not within the last minute (a report's clock ahead or far
 // behind this one's).
 func (c *Controller) suspectSince(s shardmap.Shard, now time.Time) time.Time {
-	since := c.health.downSince(s, now, 3*time.Second)
+	since := c.health.downSince(s.Primary, now, 3*time.Second)
 	if since.IsZero() || since.After(now) || now.Sub(since) > time.Minute {
 		return now
 	}

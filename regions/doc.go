@@ -5,14 +5,18 @@
 // # Detection
 //
 // Every node with the controller role runs an Observer that reports: every
-// ObserveEvery (250 ms) it pings every shard primary (through the same
-// links the node's writes would take) and stores the result in the NATS
-// KV bucket triage_health under
-// "s<shard>.<region>", and publishes it on core NATS (HealthSubject), which
-// the controllers also follow: core NATS needs no stream leader, so a
-// region going down with the health stream's leader does not blind the
-// next controller leader. A primary is declared dead only when observers in
-// at least two regions have reported it down for Detect (default 1 s):
+// ObserveEvery (250 ms) it pings every primary server once (through the
+// same links the node's writes would take), however many shards are
+// databases on it, and stores the result in the NATS KV bucket
+// triage_health under "a<address in hex>.<region>", and publishes it on
+// core NATS (HealthSubject), which the controllers also follow: core NATS
+// needs no stream leader, so a region going down with the health stream's
+// leader does not blind the next controller leader. A thousand shards on
+// four servers cost four pings a round, not a thousand; each shard's
+// gauges are set from its server's report, and the controller finds a
+// shard's verdict by its primary's address. A primary is declared dead
+// only when observers in at least two regions have reported it down for
+// Detect (default 1 s):
 // one region losing its links, or one slow observer, moves nothing. When
 // every one of those reports is a refused connection (the host answers,
 // nothing listens: the server was killed or crashed), two rounds suffice
@@ -20,15 +24,15 @@
 // to the outage, which on a primary kill was a quarter of the RTO. The
 // observers also raise two alarms: a primary with no semi-sync replica
 // connected (its commits block: there is no async fallback) and a primary
-// whose semi-sync is off.
+// whose semi-sync is off, once per server, naming its shards.
 //
 // A region reports through its controller's node alone. Every node once
 // reported, so a region of four single-role nodes (the compose bed)
-// pinged each primary and wrote one replicated KV entry per shard sixteen
-// times a second, all under the same key: with three regions and three
-// shards, 144 replicated writes and over 400 MySQL round trips a second,
-// most across the WAN, while the queue was idle, and the bed's two cores
-// had no time left for the Docker daemon. The other nodes still run an
+// pinged each primary and wrote one replicated KV entry sixteen times a
+// second, all under the same key: with three regions and three shards,
+// 144 replicated writes and over 400 MySQL round trips a second, most
+// across the WAN, while the queue was idle, and the bed's two cores had no
+// time left for the Docker daemon. The other nodes still run an
 // Observer for their own metrics (primary up, semi-sync, replica lag),
 // every ObserveMetricsEvery (2 s), which reports nothing. A region whose
 // controller is down reports nothing, so detection then needs the other

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"expvar"
@@ -33,7 +34,7 @@ import (
 const HealthBucket = "triage_health"
 
 // HealthSubject is where observers also publish each report on core NATS
-// (HealthSubject + "." + shard + "." + region), and the controllers
+// (HealthSubject + "." + the report's key), and the controllers
 // subscribe. Core NATS needs no stream leader: when a region goes down
 // with the leader of the health bucket's stream, the bucket's watchers see
 // nothing until the stream elects a new leader and the watch's consumer
@@ -42,13 +43,13 @@ const HealthBucket = "triage_health"
 // (At), so one heard twice, or late, counts only while fresh.
 const HealthSubject = "triage.health"
 
-// Report is one observer's view of one shard primary.
+// Report is one observer's view of one primary server, which every shard
+// whose primary it is shares: many shards can be databases on one
+// mariadbd, and a server answers or not for all of them.
 type Report struct {
 	Region string `json:"region"`
-	Shard  uint32 `json:"shard"`
-	// Primary is the address pinged, Epoch the map epoch it was named in.
+	// Primary is the server's address as the map names it.
 	Primary string `json:"primary"`
-	Epoch   uint64 `json:"epoch"`
 	OK      bool   `json:"ok"`
 	// SemiSyncOff: the primary has replicas but semi-sync is not active
 	// (someone turned it off, or gave it a timeout: Triage never lets it
@@ -73,8 +74,22 @@ type Report struct {
 	At int64 `json:"at"`
 }
 
-func healthKey(shard uint32, region string) string {
-	return "s" + strconv.FormatUint(uint64(shard), 10) + "." + region
+// healthKey is the KV key of region's reports on the server at addr:
+// "a<addr in hex>.<region>" (keys allow only [-/_=.a-zA-Z0-9], and an
+// address has ':' and, in IPv6, brackets).
+func healthKey(addr, region string) string {
+	return "a" + hex.EncodeToString([]byte(addr)) + "." + region
+}
+
+// parseHealthKey returns the server and region of a healthKey; ok is
+// false for any other key.
+func parseHealthKey(key string) (addr, region string, ok bool) {
+	h, region, ok := strings.Cut(key, ".")
+	if !ok || !strings.HasPrefix(h, "a") {
+		return "", "", false
+	}
+	b, err := hex.DecodeString(h[1:])
+	return string(b), region, err == nil
 }
 
 // OpenHealth creates or opens the health bucket.
@@ -92,9 +107,10 @@ func OpenHealth(ctx context.Context, js jetstream.JetStream, replicas int) (jets
 // back to async: the metric behind the alarm, on /debug/vars.
 var semiSyncFallbacks = expvar.NewInt("triage_semisync_async_observations")
 
-// Observer pings every shard primary from one region and reports. It also
-// raises the semi-sync alarm (log and metric) when a primary with replicas
-// runs async.
+// Observer pings every primary server from one region and reports, once
+// per server however many shards it holds. It also raises the semi-sync
+// alarms (log and metric) when a primary with replicas runs async or has
+// no replica connected.
 type Observer struct {
 	Region string
 	Maps   shardmap.Source
@@ -116,32 +132,38 @@ type Observer struct {
 	Every  time.Duration
 	Logger *slog.Logger
 	// Metrics, when set, gets each shard primary's reachability and
-	// semi-sync state, and the lag of the replicas in this region.
+	// semi-sync state (those of its server), and the lag of the replicas
+	// in this region.
 	Metrics *metrics.Set
 
 	mu      sync.Mutex
 	dbs     map[string]*sql.DB
-	async   map[uint32]bool   // last semi-sync state seen, for alarm edges
-	blocked map[uint32]bool   // last "no replica connected" seen, likewise
-	stored  map[uint32]Report // the last report put in KV per shard (see storeDue)
+	async   map[string]bool   // by server: last semi-sync state seen, for alarm edges
+	blocked map[string]bool   // by server: last "no replica connected" seen, likewise
+	stored  map[string]Report // by server: the last report put in KV (see storeDue)
 }
 
 // ObserveEvery is the observers' default ping period. Detection of a dead
 // primary waits for two rounds of reports from two regions, so the period
 // sits on the failover's critical path; a ping is one round trip per
-// shard primary and region.
+// primary server and region.
 const ObserveEvery = 250 * time.Millisecond
 
 // ObserveMetricsEvery is the period of an observer that only keeps a
 // node's metrics (no KV, no NC): nothing waits on it.
 const ObserveMetricsEvery = 2 * time.Second
 
+// init makes the observer's maps.
+func (o *Observer) init() {
+	o.dbs = map[string]*sql.DB{}
+	o.async = map[string]bool{}
+	o.stored = map[string]Report{}
+	o.blocked = map[string]bool{}
+}
+
 // Run pings every o.Every until ctx ends.
 func (o *Observer) Run(ctx context.Context) {
-	o.dbs = map[string]*sql.DB{}
-	o.async = map[uint32]bool{}
-	o.stored = map[uint32]Report{}
-	o.blocked = map[uint32]bool{}
+	o.init()
 	defer func() {
 		for _, db := range o.dbs {
 			db.Close()
@@ -162,13 +184,27 @@ func (o *Observer) Run(ctx context.Context) {
 	}
 }
 
-// round observes every shard of the current map at once.
+// round observes every primary server of the current map at once, each
+// once for all its shards, and the replica servers of this region.
 func (o *Observer) round(ctx context.Context) {
+	shards := o.Maps.Current().Shards
 	var wg sync.WaitGroup
-	for _, s := range o.Maps.Current().Shards {
-		wg.Go(func() { o.observe(ctx, s) })
+	for addr, on := range byPrimary(shards) {
+		wg.Go(func() { o.observe(ctx, addr, on) })
+	}
+	if o.Metrics != nil {
+		wg.Go(func() { o.measureLag(ctx, shards) })
 	}
 	wg.Wait()
+}
+
+// byPrimary groups shards by their primary server.
+func byPrimary(shards []shardmap.Shard) map[string][]shardmap.Shard {
+	out := map[string][]shardmap.Shard{}
+	for _, s := range shards {
+		out[s.Primary] = append(out[s.Primary], s)
+	}
+	return out
 }
 
 func (o *Observer) db(addr string) *sql.DB { return o.conn(addr, o.Cred) }
@@ -199,69 +235,112 @@ func (o *Observer) conn(addr string, cred shardmap.Credentials) *sql.DB {
 	return db
 }
 
-func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
-	r := Report{Region: o.Region, Shard: s.ID, Primary: s.Primary, Epoch: s.Epoch}
+// observe pings the server at addr, the primary of shards, and reads its
+// semi-sync state when any of them has replicas; it reports once for all
+// of them and sets each one's gauges.
+func (o *Observer) observe(ctx context.Context, addr string, shards []shardmap.Shard) {
+	r := Report{Region: o.Region, Primary: addr}
 	pctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 	defer cancel()
-	err := o.db(s.Primary).PingContext(pctx)
+	err := o.db(addr).PingContext(pctx)
 	if err == nil {
-		_, err = o.db(s.Primary).ExecContext(pctx, "DO 1")
+		_, err = o.db(addr).ExecContext(pctx, "DO 1")
 	}
-	var semi [2]int // semi-sync status, clients; -1 unknown
-	semi[0], semi[1] = -1, -1
-	if err == nil && len(s.Replicas) > 0 {
-		// A read-only server commits nothing: it is a deposed primary
-		// that an observer with a stale map still calls primary (the
-		// failover fenced it and turned its semi-sync off), and neither
-		// alarm applies to it.
-		var status, clients, readOnly int
-		if qerr := o.db(s.Primary).QueryRowContext(pctx, `SELECT
-			SUM(variable_name = 'RPL_SEMI_SYNC_MASTER_STATUS' AND variable_value = 'ON'),
-			SUM(IF(variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS', variable_value, 0)),
-			MAX(@@global.read_only) -- bare, MariaDB answers 0 beside SUM
-			FROM information_schema.global_status
-			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients, &readOnly); qerr == nil && readOnly == 0 {
-			r.SemiSyncOff = status == 0
-			semi[0], semi[1] = status, clients
-			r.NoReplicas = !r.SemiSyncOff && clients == 0
-			if r.SemiSyncOff {
-				semiSyncFallbacks.Add(1)
-			}
-		}
-	}
-	o.mu.Lock()
-	was, wasBlocked := o.async[s.ID], o.blocked[s.ID]
-	o.async[s.ID], o.blocked[s.ID] = r.SemiSyncOff, r.NoReplicas
-	o.mu.Unlock()
-	if r.NoReplicas && !wasBlocked {
-		o.Logger.Warn("ALARM: primary has no semi-sync replica connected; its commits block until one acknowledges (no async fallback), writers time out",
-			"shard", s.ID, "primary", s.Primary, "replicas", s.Replicas)
-	} else if wasBlocked && !r.NoReplicas && err == nil {
-		o.Logger.Info("a semi-sync replica is connected again; commits complete", "shard", s.ID, "primary", s.Primary)
-	}
-	if r.SemiSyncOff && !was {
-		o.Logger.Warn("ALARM: semi-sync is off on a primary with replicas; commits are acknowledged before a replica has them",
-			"shard", s.ID, "primary", s.Primary)
-	} else if was && !r.SemiSyncOff && err == nil {
-		o.Logger.Info("semi-sync active again", "shard", s.ID, "primary", s.Primary)
+	semi := [2]int{-1, -1} // semi-sync status, clients; -1 unknown
+	if err == nil && slices.ContainsFunc(shards, hasReplicas) {
+		semi = o.semiSync(pctx, &r)
 	}
 	r.OK = err == nil
 	if err != nil {
 		r.Error = err.Error()
 		r.Refused = refusedAtOnce(err)
 	}
+	o.alarm(r, shards)
 	if o.Metrics != nil {
-		o.measure(pctx, s, r, semi)
+		o.setGauges(shards, r, semi)
 	}
 	r.At = time.Now().UnixMilli()
+	o.send(ctx, r)
+}
+
+func hasReplicas(s shardmap.Shard) bool { return len(s.Replicas) > 0 }
+
+// semiSync reads the semi-sync state of r's server into r and returns it
+// (status, clients; -1 each when unknown). A read-only server commits
+// nothing: it is a deposed primary that an observer with a stale map
+// still calls primary (the failover fenced it and turned its semi-sync
+// off), and neither alarm applies to it.
+func (o *Observer) semiSync(ctx context.Context, r *Report) [2]int {
+	var status, clients, readOnly int
+	if err := o.db(r.Primary).QueryRowContext(ctx, `SELECT
+			SUM(variable_name = 'RPL_SEMI_SYNC_MASTER_STATUS' AND variable_value = 'ON'),
+			SUM(IF(variable_name = 'RPL_SEMI_SYNC_MASTER_CLIENTS', variable_value, 0)),
+			MAX(@@global.read_only) -- bare, MariaDB answers 0 beside SUM
+			FROM information_schema.global_status
+			WHERE variable_name IN ('RPL_SEMI_SYNC_MASTER_STATUS', 'RPL_SEMI_SYNC_MASTER_CLIENTS')`).Scan(&status, &clients, &readOnly); err != nil || readOnly != 0 {
+		return [2]int{-1, -1}
+	}
+	r.SemiSyncOff = status == 0
+	r.NoReplicas = !r.SemiSyncOff && clients == 0
+	if r.SemiSyncOff {
+		semiSyncFallbacks.Add(1)
+	}
+	return [2]int{status, clients}
+}
+
+// alarm logs the semi-sync alarms of r's server on their edges, once per
+// server, naming its shards.
+func (o *Observer) alarm(r Report, shards []shardmap.Shard) {
+	o.mu.Lock()
+	was, wasBlocked := o.async[r.Primary], o.blocked[r.Primary]
+	o.async[r.Primary], o.blocked[r.Primary] = r.SemiSyncOff, r.NoReplicas
+	o.mu.Unlock()
+	ids := shardIDs(shards)
+	if r.NoReplicas && !wasBlocked {
+		o.Logger.Warn("ALARM: primary has no semi-sync replica connected; its commits block until one acknowledges (no async fallback), writers time out",
+			"primary", r.Primary, "shards", len(shards), "shard_ids", ids, "replicas", shards[0].Replicas)
+	} else if wasBlocked && !r.NoReplicas && r.OK {
+		o.Logger.Info("a semi-sync replica is connected again; commits complete", "primary", r.Primary, "shards", len(shards), "shard_ids", ids)
+	}
+	if r.SemiSyncOff && !was {
+		o.Logger.Warn("ALARM: semi-sync is off on a primary with replicas; commits are acknowledged before a replica has them",
+			"primary", r.Primary, "shards", len(shards), "shard_ids", ids)
+	} else if was && !r.SemiSyncOff && r.OK {
+		o.Logger.Info("semi-sync active again", "primary", r.Primary, "shards", len(shards), "shard_ids", ids)
+	}
+}
+
+// maxLoggedShards bounds the shard IDs a log line lists.
+const maxLoggedShards = 10
+
+// shardIDs returns the IDs of shards, the first maxLoggedShards of them
+// and "..." after if there are more.
+func shardIDs(shards []shardmap.Shard) string {
+	var b strings.Builder
+	for i, s := range shards {
+		if i == maxLoggedShards {
+			b.WriteString(" ...")
+			break
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatUint(uint64(s.ID), 10))
+	}
+	return b.String()
+}
+
+// send publishes r on core NATS and stores it in KV when due.
+func (o *Observer) send(ctx context.Context, r Report) {
 	data, _ := json.Marshal(r)
+	key := healthKey(r.Primary, o.Region)
 	if o.NC != nil {
-		_ = o.NC.Publish(HealthSubject+"."+healthKey(s.ID, o.Region), data)
+		_ = o.NC.Publish(HealthSubject+"."+key, data)
 	}
 	if o.KV != nil && o.storeDue(r) {
 		kctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		_, _ = o.KV.Put(kctx, healthKey(s.ID, o.Region), data)
+		_, _ = o.KV.Put(kctx, key, data)
 	}
 }
 
@@ -272,15 +351,15 @@ func (o *Observer) observe(ctx context.Context, s shardmap.Shard) {
 const storeEvery = time.Second
 
 // storeDue tells whether r goes to KV: when what it says differs from the
-// report last stored for its shard, or that one is storeEvery old. Every
+// report last stored for its server, or that one is storeEvery old. Every
 // report goes out on core NATS, which the controllers follow; the bucket
 // is what a controller reads when it starts, and its replicated write per
-// report (every ObserveEvery, per shard and region) was most of an idle
+// report (every ObserveEvery, per server and region) was most of an idle
 // cluster's JetStream traffic.
 func (o *Observer) storeDue(r Report) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	last, ok := o.stored[r.Shard]
+	last, ok := o.stored[r.Primary]
 	// The same report but for when it was taken and its error's words
 	// (addresses, timings): every other field, including any added later.
 	a, b := last, r
@@ -288,44 +367,72 @@ func (o *Observer) storeDue(r Report) bool {
 	if ok && a == b && time.UnixMilli(r.At).Sub(time.UnixMilli(last.At)) < storeEvery {
 		return false
 	}
-	o.stored[r.Shard] = r
+	o.stored[r.Primary] = r
 	return true
 }
 
-// measure sets the shard's gauges from one observation, and reads the
-// lag of the shard's replicas in this observer's region (one each, so
-// every replica is measured by the observers of its own region).
-func (o *Observer) measure(ctx context.Context, s shardmap.Shard, r Report, semi [2]int) {
-	sm := o.Metrics.Shard(s.ID)
+// setGauges sets the gauges of each of shards from one observation of
+// their primary server.
+func (o *Observer) setGauges(shards []shardmap.Shard, r Report, semi [2]int) {
 	up := 0.0
 	if r.OK {
 		up = 1
 	}
-	sm.PrimaryUp.Set(up)
-	if semi[0] >= 0 {
-		sm.SemiSync(semi[0] > 0, semi[1])
+	for _, s := range shards {
+		sm := o.Metrics.Shard(s.ID)
+		sm.PrimaryUp.Set(up)
+		if semi[0] >= 0 && hasReplicas(s) {
+			sm.SemiSync(semi[0] > 0, semi[1])
+		}
 	}
-	for i, addr := range s.Replicas {
-		if i >= len(s.ReplicaRegions) || s.ReplicaRegions[i] != o.Region {
-			continue
+}
+
+// measureLag reads the lag of every replica server in this observer's
+// region once (so every replica is measured by the observers of its own
+// region) and sets it on each shard that lists the server.
+func (o *Observer) measureLag(ctx context.Context, shards []shardmap.Shard) {
+	ctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	defer cancel()
+	listing := map[string][]uint32{} // replica server: the shards listing it
+	for _, s := range shards {
+		for i, addr := range s.Replicas {
+			if i < len(s.ReplicaRegions) && s.ReplicaRegions[i] == o.Region {
+				listing[addr] = append(listing[addr], s.ID)
+			}
 		}
-		a, err := replication.New(o.monitor(addr), addr, replication.MariaDB)
-		if err != nil {
-			continue
-		}
-		st, err := a.Status(ctx)
-		if noPrivilege(err) {
-			// This node's account may not read replica status; the
-			// controller's monitor account does, and reports the lag. A
-			// -1 from every other node would read as a stopped replica.
-			continue
-		}
-		if err != nil {
-			sm.ReplicaLag(addr, 0, false)
-			continue
-		}
-		sm.ReplicaLag(addr, st.Lag, st.LagKnown)
 	}
+	var wg sync.WaitGroup
+	for addr, ids := range listing {
+		wg.Go(func() {
+			lag, known, ok := o.lag(ctx, addr)
+			if !ok {
+				return
+			}
+			for _, id := range ids {
+				o.Metrics.Shard(id).ReplicaLag(addr, lag, known)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// lag reads the replication lag of the server at addr; ok is false when
+// this node's account may not read it: the controller's monitor account
+// does, and reports the lag, and a -1 from every other node would read
+// as a stopped replica.
+func (o *Observer) lag(ctx context.Context, addr string) (lag time.Duration, known, ok bool) {
+	a, err := replication.New(o.monitor(addr), addr, replication.MariaDB)
+	if err != nil {
+		return 0, false, false
+	}
+	st, err := a.Status(ctx)
+	if noPrivilege(err) {
+		return 0, false, false
+	}
+	if err != nil {
+		return 0, false, true
+	}
+	return st.Lag, st.LagKnown, true
 }
 
 // noPrivilege tells a statement refused for want of a privilege (1044,
@@ -352,26 +459,40 @@ func refusedAtOnce(err error) bool {
 		errors.Is(err, mysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn)
 }
 
-// healthView is the leader's copy of the health bucket.
+// healthView is the leader's copy of the health reports, by primary
+// server, so that the verdict on a shard's primary is a lookup of its
+// server, not a scan of every report.
 type healthView struct {
-	mu      sync.Mutex
-	reports map[string]Report
-	// downFrom is, per observer key, when its reports of the primary it
-	// last named began saying down (Report.At, unix ms) without one of
-	// that primary up since; absent while it reports up. See downSince.
-	downFrom map[string]int64
+	mu sync.Mutex
+	// servers holds, per primary address and observer region, the
+	// observer's last report of that server and since when its reports
+	// have said down.
+	servers map[string]map[string]observed
+}
+
+// observed is one observer's last report of one server.
+type observed struct {
+	last Report
+	// downFrom is when its reports of the server began saying down
+	// (Report.At, unix ms) without one of it up since; 0 while it
+	// reports up. See downSince.
+	downFrom int64
+}
+
+func newHealthView() *healthView {
+	return &healthView{servers: map[string]map[string]observed{}}
 }
 
 // watchHealth builds the view from the health bucket and, when nc is
 // set, from the reports on HealthSubject, whichever comes first; a report
 // never replaces a newer one of the same observer.
 func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*healthView, error) {
-	h := &healthView{reports: map[string]Report{}, downFrom: map[string]int64{}}
+	h := newHealthView()
 	if nc != nil {
 		sub, err := nc.Subscribe(HealthSubject+".>", func(m *nats.Msg) {
 			var r Report
 			if json.Unmarshal(m.Data, &r) == nil {
-				h.put(healthKey(r.Shard, r.Region), r)
+				h.put(r)
 			}
 		})
 		if err != nil {
@@ -392,12 +513,11 @@ func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*he
 			if e.Operation() == jetstream.KeyValuePut {
 				var r Report
 				if json.Unmarshal(e.Value(), &r) == nil {
-					h.put(e.Key(), r)
+					h.put(r)
 				}
-			} else {
+			} else if addr, region, ok := parseHealthKey(e.Key()); ok {
 				h.mu.Lock()
-				delete(h.reports, e.Key())
-				delete(h.downFrom, e.Key())
+				delete(h.servers[addr], region)
 				h.mu.Unlock()
 			}
 		}
@@ -405,28 +525,36 @@ func watchHealth(ctx context.Context, kv jetstream.KeyValue, nc *nats.Conn) (*he
 	return h, nil
 }
 
-// put records r under key unless a newer report is there already.
-func (h *healthView) put(key string, r Report) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	old, ok := h.reports[key]
-	if ok && old.At > r.At {
+// put records r as its observer's view of its server unless a newer
+// report is there already. The report says which: a key from elsewhere
+// (another version's) cannot count one region twice.
+func (h *healthView) put(r Report) {
+	if r.Primary == "" {
 		return
 	}
-	h.reports[key] = r
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	byRegion := h.servers[r.Primary]
+	if byRegion == nil {
+		byRegion = map[string]observed{}
+		h.servers[r.Primary] = byRegion
+	}
+	o, ok := byRegion[r.Region]
+	if ok && o.last.At > r.At {
+		return
+	}
 	switch {
 	case r.OK:
-		delete(h.downFrom, key)
-	case !ok || old.OK || old.Primary != r.Primary:
-		if h.downFrom == nil {
-			h.downFrom = map[string]int64{}
-		}
-		h.downFrom[key] = r.At
+		o.downFrom = 0
+	case !ok || o.last.OK:
+		o.downFrom = r.At
 	}
+	o.last = r
+	byRegion[r.Region] = o
 }
 
-// downSince is when shard's current primary began to be reported down by
-// two regions at once, each without a report of it up since and each
+// downSince is when the primary server at addr began to be reported down
+// by two regions at once, each without a report of it up since and each
 // still fresh (the second region's first report of the run): the time
 // from which verdict has found it down in two regions all along, as every
 // controller heard it, leader or not. Zero while fewer than two regions
@@ -436,17 +564,13 @@ func (h *healthView) put(key string, r Report) {
 // that lost the old leader is often the one whose primary is down (a
 // partition, a region down), so counting afresh only adds Detect to the
 // outage.
-func (h *healthView) downSince(s shardmap.Shard, now time.Time, fresh time.Duration) time.Time {
+func (h *healthView) downSince(addr string, now time.Time, fresh time.Duration) time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	prefix := healthKey(s.ID, "")
 	var from []int64
-	for k, r := range h.reports {
-		if !strings.HasPrefix(k, prefix) || r.Primary != s.Primary || r.OK || now.Sub(time.UnixMilli(r.At)) > fresh {
-			continue
-		}
-		if f, ok := h.downFrom[k]; ok {
-			from = append(from, f)
+	for _, o := range h.servers[addr] {
+		if !o.last.OK && o.downFrom != 0 && now.Sub(time.UnixMilli(o.last.At)) <= fresh {
+			from = append(from, o.downFrom)
 		}
 	}
 	if len(from) < 2 {
@@ -456,22 +580,21 @@ func (h *healthView) downSince(s shardmap.Shard, now time.Time, fresh time.Durat
 	return time.UnixMilli(from[1])
 }
 
-// verdict counts fresh reports on shard's current primary: the regions
-// that reach it and those that do not; refused is set when every report
-// of the latter is a refused connection (Report.Refused).
-func (h *healthView) verdict(s shardmap.Shard, now time.Time, fresh time.Duration) (up, down []string, refused bool) {
+// verdict counts fresh reports on the primary server at addr: the
+// regions that reach it and those that do not; refused is set when every
+// report of the latter is a refused connection (Report.Refused).
+func (h *healthView) verdict(addr string, now time.Time, fresh time.Duration) (up, down []string, refused bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	prefix := healthKey(s.ID, "")
-	for k, r := range h.reports {
-		if !strings.HasPrefix(k, prefix) || r.Primary != s.Primary || now.Sub(time.UnixMilli(r.At)) > fresh {
+	for region, o := range h.servers[addr] {
+		if now.Sub(time.UnixMilli(o.last.At)) > fresh {
 			continue
 		}
-		if r.OK {
-			up = append(up, r.Region)
+		if o.last.OK {
+			up = append(up, region)
 		} else {
-			down = append(down, r.Region)
-			refused = (len(down) == 1 || refused) && r.Refused
+			down = append(down, region)
+			refused = (len(down) == 1 || refused) && o.last.Refused
 		}
 	}
 	return up, down, refused

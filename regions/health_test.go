@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,11 +17,15 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
+	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
 )
 
@@ -53,7 +58,7 @@ func TestHealthReportsReachTheControllerWithoutTheBucket(t *testing.T) {
 
 	s, _ := m.Shard(1)
 	require.Eventually(t, func() bool {
-		_, down, refused := view.verdict(s, time.Now(), 3*time.Second)
+		_, down, refused := view.verdict(s.Primary, time.Now(), 3*time.Second)
 		// Nothing listens on port 1: the report says refused, which
 		// the controller acts on after DetectRefused rather than Detect.
 		return len(down) == 1 && down[0] == "b" && refused
@@ -65,10 +70,9 @@ func TestHealthReportsReachTheControllerWithoutTheBucket(t *testing.T) {
 // reports the primary down was refused the connection; one timeout among
 // them means the network may be at fault, and Detect applies.
 func TestVerdictRefusedOnlyWhenEveryDownReportIs(t *testing.T) {
-	s := shardmap.Shard{ID: 7, Primary: "p:1"}
 	now := time.Now()
 	report := func(region string, ok, refused bool, age time.Duration) Report {
-		return Report{Region: region, Shard: 7, Primary: "p:1", OK: ok, Refused: refused, At: now.Add(-age).UnixMilli()}
+		return Report{Region: region, Primary: "p:1", OK: ok, Refused: refused, At: now.Add(-age).UnixMilli()}
 	}
 	for _, tc := range []struct {
 		name    string
@@ -83,11 +87,11 @@ func TestVerdictRefusedOnlyWhenEveryDownReportIs(t *testing.T) {
 		{"none down", []Report{report("a", true, false, 0)}, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := &healthView{reports: map[string]Report{}}
+			h := newHealthView()
 			for _, r := range tc.reports {
-				h.put(healthKey(r.Shard, r.Region), r)
+				h.put(r)
 			}
-			_, down, refused := h.verdict(s, now, 3*time.Second)
+			_, down, refused := h.verdict("p:1", now, 3*time.Second)
 			require.Len(t, down, tc.down)
 			require.Equal(t, tc.refused, refused)
 		})
@@ -119,19 +123,20 @@ func TestRefusedAtOnce(t *testing.T) {
 // a controller that reads only it without taking a replicated write per
 // ping.
 func TestStoreDue(t *testing.T) {
-	o := &Observer{stored: map[uint32]Report{}}
+	o := &Observer{}
+	o.init()
 	at := time.Now()
-	r := func(after time.Duration, ok bool, epoch uint64) Report {
-		return Report{Shard: 1, Primary: "p:1", Epoch: epoch, OK: ok, Error: after.String(), At: at.Add(after).UnixMilli()}
+	r := func(after time.Duration, ok, refused bool) Report {
+		return Report{Primary: "p:1", OK: ok, Refused: refused, Error: after.String(), At: at.Add(after).UnixMilli()}
 	}
-	require.True(t, o.storeDue(r(0, true, 1)), "the first report")
-	require.False(t, o.storeDue(r(250*time.Millisecond, true, 1)), "unchanged, 250 ms later (a new error text is no change)")
-	require.True(t, o.storeDue(r(500*time.Millisecond, false, 1)), "the primary is down now")
-	require.False(t, o.storeDue(r(750*time.Millisecond, false, 1)))
-	require.True(t, o.storeDue(r(time.Second, false, 2)), "a new epoch")
-	require.False(t, o.storeDue(r(1900*time.Millisecond, false, 2)))
-	require.True(t, o.storeDue(r(2*time.Second, false, 2)), "storeEvery after the last stored")
-	require.True(t, o.storeDue(Report{Shard: 2, At: at.UnixMilli()}), "shards apart")
+	require.True(t, o.storeDue(r(0, true, false)), "the first report")
+	require.False(t, o.storeDue(r(250*time.Millisecond, true, false)), "unchanged, 250 ms later (a new error text is no change)")
+	require.True(t, o.storeDue(r(500*time.Millisecond, false, false)), "the primary is down now")
+	require.False(t, o.storeDue(r(750*time.Millisecond, false, false)))
+	require.True(t, o.storeDue(r(time.Second, false, true)), "refused now")
+	require.False(t, o.storeDue(r(1900*time.Millisecond, false, true)))
+	require.True(t, o.storeDue(r(2*time.Second, false, true)), "storeEvery after the last stored")
+	require.True(t, o.storeDue(Report{Primary: "q:1", At: at.UnixMilli()}), "servers apart")
 }
 
 // TestDownSince: the time from which two regions have both reported the
@@ -140,32 +145,31 @@ func TestStoreDue(t *testing.T) {
 // run, a report of another primary or a stale one does not count, and
 // one region alone gives nothing.
 func TestDownSince(t *testing.T) {
-	s := shardmap.Shard{ID: 3, Primary: "p:1"}
 	t0 := time.Now().Add(-5 * time.Second).Truncate(time.Millisecond)
 	at := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
 	report := func(region string, d time.Duration, ok bool) Report {
-		return Report{Region: region, Shard: 3, Primary: "p:1", OK: ok, At: at(d)}
+		return Report{Region: region, Primary: "p:1", OK: ok, At: at(d)}
 	}
-	h := &healthView{reports: map[string]Report{}}
-	put := func(r Report) { h.put(healthKey(r.Shard, r.Region), r) }
+	h := newHealthView()
+	put := h.put
 	now := t0.Add(5 * time.Second)
 
 	put(report("a", 0, true))
 	put(report("a", time.Second, false))
 	put(report("a", 2*time.Second, false))
-	require.Zero(t, h.downSince(s, now, 10*time.Second), "one region")
+	require.Zero(t, h.downSince("p:1", now, 10*time.Second), "one region")
 	put(report("b", 1500*time.Millisecond, false))
 	put(report("b", 2500*time.Millisecond, false))
-	require.Equal(t, t0.Add(1500*time.Millisecond), h.downSince(s, now, 10*time.Second), "b's first down report: both down from then")
+	require.Equal(t, t0.Add(1500*time.Millisecond), h.downSince("p:1", now, 10*time.Second), "b's first down report: both down from then")
 	put(report("a", 3*time.Second, true))
 	put(report("a", 3500*time.Millisecond, false))
-	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "a reported it up in between")
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince("p:1", now, 10*time.Second), "a reported it up in between")
 	put(report("a", 3200*time.Millisecond, true))
-	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "an older report changes nothing")
-	require.Zero(t, h.downSince(s, now, 2*time.Second), "b's last report is stale")
-	require.Zero(t, h.downSince(shardmap.Shard{ID: 3, Primary: "q:1"}, now, 10*time.Second), "reports of another primary")
-	put(Report{Region: "c", Shard: 3, Primary: "q:1", At: at(4 * time.Second)})
-	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince(s, now, 10*time.Second), "c reports another primary")
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince("p:1", now, 10*time.Second), "an older report changes nothing")
+	require.Zero(t, h.downSince("p:1", now, 2*time.Second), "b's last report is stale")
+	require.Zero(t, h.downSince("q:1", now, 10*time.Second), "reports of another primary")
+	put(Report{Region: "c", Primary: "q:1", At: at(4 * time.Second)})
+	require.Equal(t, t0.Add(3500*time.Millisecond), h.downSince("p:1", now, 10*time.Second), "c reports another primary")
 }
 
 // TestSemiSyncAlarmOnlyForAWritablePrimary: the observer raises "semi-sync
@@ -180,7 +184,8 @@ func TestSemiSyncAlarmOnlyForAWritablePrimary(t *testing.T) {
 	require.NoError(t, err)
 	var logs lockedBuffer
 	o := &Observer{Region: "b", Dial: func(a string) string { return a }, Cred: shardmap.Credentials{User: c.User, Password: c.Passwd},
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)), dbs: map[string]*sql.DB{}, async: map[uint32]bool{}, blocked: map[uint32]bool{}, stored: map[uint32]Report{}}
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	o.init()
 	t.Cleanup(func() {
 		for _, db := range o.dbs {
 			db.Close()
@@ -188,7 +193,7 @@ func TestSemiSyncAlarmOnlyForAWritablePrimary(t *testing.T) {
 	})
 	s := shardmap.Shard{ID: 1, HomeRegion: "a", Primary: srv.Addr(), Database: "d", Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}}
 
-	o.observe(t.Context(), s)
+	o.observe(t.Context(), s.Primary, []shardmap.Shard{s})
 	require.NotContains(t, logs.String(), "semi-sync is off", "a read-only server commits nothing: %s", logs.String())
 
 	db, err := sql.Open("mysql", srv.DSN(""))
@@ -196,7 +201,7 @@ func TestSemiSyncAlarmOnlyForAWritablePrimary(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	_, err = db.ExecContext(t.Context(), "SET GLOBAL read_only = OFF")
 	require.NoError(t, err)
-	o.observe(t.Context(), s)
+	o.observe(t.Context(), s.Primary, []shardmap.Shard{s})
 	require.Contains(t, logs.String(), "ALARM: semi-sync is off on a primary with replicas")
 }
 
@@ -217,4 +222,107 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestObserverPingsEachServerOnce: with many shards as databases on a few
+// servers, an observer's round sends one ping, one DO 1 and one
+// semi-sync read to each primary server, not one per shard; it still
+// sets every shard's gauges, and the controller's verdict on every shard
+// of a dead server is "down" (refused) in both observing regions, while
+// the shards of the live one are up.
+func TestObserverPingsEachServerOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := mariadbtest.NewServer(t)
+	root, err := sql.Open("mysql", srv.DSN(""))
+	require.NoError(t, err)
+	t.Cleanup(func() { root.Close() })
+	const perServer = 50
+	dead := "127.0.0.1:1" // nothing listens: refused
+	var shards []shardmap.Shard
+	for i := range 2 * perServer {
+		s := shardmap.Shard{ID: uint32(i + 1), HomeRegion: "a", Primary: srv.Addr(), Database: fmt.Sprintf("d%d", i),
+			Replicas: []string{"127.0.0.1:2"}, ReplicaRegions: []string{"b"}}
+		if i >= perServer {
+			s.Primary = dead
+		}
+		shards = append(shards, s)
+	}
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b"}, Shards: shards})
+	require.NoError(t, err)
+	nc, _ := natstest.JetStream(t)
+	view := newHealthView()
+	sub, err := nc.Subscribe(HealthSubject+".>", func(msg *nats.Msg) {
+		var r Report
+		if json.Unmarshal(msg.Data, &r) == nil {
+			view.put(r)
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	c, err := mysql.ParseDSN(srv.DSN(""))
+	require.NoError(t, err)
+	var observers []*Observer
+	for _, region := range []string{"a", "b"} {
+		o := &Observer{Region: region, Maps: shardmap.NewHolder(m), Dial: func(a string) string { return a }, NC: nc,
+			Cred: shardmap.Credentials{User: c.User, Password: c.Passwd}, Logger: discard(),
+			Metrics: metrics.New(prometheus.NewRegistry(), metrics.Options{})}
+		o.init()
+		t.Cleanup(func() {
+			for _, db := range o.dbs {
+				db.Close()
+			}
+		})
+		observers = append(observers, o)
+	}
+	const rounds = 5
+	before := comCounts(t, root)
+	for range rounds {
+		for _, o := range observers {
+			o.round(ctx)
+		}
+	}
+	after := comCounts(t, root)
+	sent := len(observers) * rounds
+	t.Logf("%d rounds of %d observers over %d shards on 2 servers: %d DO, %d SELECT on the live server (one per shard: %d each)",
+		rounds, len(observers), len(shards), after["Com_do"]-before["Com_do"], after["Com_select"]-before["Com_select"], sent*perServer)
+	require.Equal(t, sent, after["Com_do"]-before["Com_do"], "one DO 1 per server and round")
+	require.Equal(t, sent, after["Com_select"]-before["Com_select"], "one semi-sync read per server and round")
+
+	for _, o := range observers {
+		for _, s := range shards {
+			want := 1.0
+			if s.Primary == dead {
+				want = 0
+			}
+			require.Equal(t, want, testutil.ToFloat64(o.Metrics.Shard(s.ID).PrimaryUp), "shard %d in %s", s.ID, o.Region)
+		}
+	}
+	require.NoError(t, nc.Flush())
+	require.Eventually(t, func() bool {
+		for _, s := range shards {
+			up, down, refused := view.verdict(s.Primary, time.Now(), 3*time.Second)
+			if s.Primary == dead && (len(down) != 2 || !refused) || s.Primary != dead && len(up) != 2 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 20*time.Millisecond, "every shard of the dead server is down in both regions, refused")
+}
+
+// comCounts reads the server's Com_do and Com_select counters (SHOW
+// STATUS counts as neither).
+func comCounts(t *testing.T, db *sql.DB) map[string]int {
+	rows, err := db.QueryContext(t.Context(), "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_do', 'Com_select')")
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var name string
+		var n int
+		require.NoError(t, rows.Scan(&name, &n))
+		out[name] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
