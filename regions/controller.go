@@ -78,11 +78,11 @@ type Controller struct {
 	lease    sync.Mutex // serialises renewals
 	mu       sync.Mutex
 	leader   bool
-	rev      uint64    // revision of this controller's leader key
-	leaseAt  time.Time // when the last successful renewal was sent
-	suspect  map[uint32]time.Time
+	rev      uint64               // revision of this controller's leader key
+	leaseAt  time.Time            // when the last successful renewal was sent
+	suspect  map[string]time.Time // by group (groupKey): when its primary was first reported down
 	cooldown map[uint32]time.Time
-	blocked  map[uint32]time.Time // the cooldown end a "down but cooling" alarm was raised for
+	blocked  map[string]time.Time // by group: the cooldown end a "down but cooling" alarm was raised for
 	inflight map[uint32]bool      // automatic failovers running
 	diverged map[string]bool      // replicas alarmed as needing a rebuild
 	events   []Event              // the last MaxEvents
@@ -125,7 +125,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger.With("role", "controller", "region", cfg.Region),
-		suspect: map[uint32]time.Time{}, cooldown: map[uint32]time.Time{}, blocked: map[uint32]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
+		suspect: map[string]time.Time{}, cooldown: map[uint32]time.Time{}, blocked: map[string]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
 }
 
 // FailoverSubject is where the leader takes failover requests.
@@ -425,89 +425,117 @@ func (c *Controller) event(shard uint32, step, details string) {
 	c.cfg.Metrics.FailoverStep(step, took)
 }
 
-// evaluate runs one leader pass: finish fenced shards, fail over dead
-// primaries.
+// evaluate runs one leader pass: finish fenced groups, fail over the
+// groups of dead primary servers. The verdict is one per group (its
+// primary server's), however many shards it holds.
 func (c *Controller) evaluate(ctx context.Context) {
-	m := c.cfg.Maps.Current()
 	now := time.Now()
-	for _, s := range m.Shards {
-		if s.Fenced {
+	for _, g := range groups(c.cfg.Maps.Current().Shards) {
+		if i := slices.IndexFunc(g, func(s shardmap.Shard) bool { return s.Fenced }); i >= 0 {
 			// A failover that a previous leader (or a failed attempt) left
 			// half-done.
-			go c.runFailover(ctx, FailoverRequest{Shard: s.ID, resume: true})
+			go c.runFailover(ctx, FailoverRequest{Shard: g[i].ID, resume: true})
 			continue
 		}
-		if len(s.Replicas) == 0 {
-			continue
-		}
-		up, down, refused := c.health.verdict(s.Primary, now, 3*time.Second)
-		c.mu.Lock()
-		cooling := now.Before(c.cooldown[s.ID])
-		if len(down) >= 2 && !cooling {
-			if _, ok := c.suspect[s.ID]; !ok {
-				c.suspect[s.ID] = c.suspectSince(s, now)
-				c.log.Warn("primary reported down", "shard", s.ID, "primary", s.Primary, "down_in", down, "up_in", up)
-			}
-		} else {
-			delete(c.suspect, s.ID)
-		}
-		if len(down) >= 2 && cooling && c.blocked[s.ID] != c.cooldown[s.ID] {
-			// The cooldown keeps a flapping shard from failing over back and
-			// forth; a second real failure inside it waits for an operator.
-			c.blocked[s.ID] = c.cooldown[s.ID]
-			c.log.Error("ALARM: primary down, automatic failover blocked by the cooldown after the last one; "+
-				"fail over by hand (triage failover --shard N) or wait", "shard", s.ID, "primary", s.Primary,
-				"down_in", down, "cooldown_until", c.cooldown[s.ID].Format(time.RFC3339))
-		}
-		since, suspect := c.suspect[s.ID]
-		running := c.inflight[s.ID]
-		c.mu.Unlock()
-		if running {
-			continue
-		}
-		need := c.cfg.Detect
-		if refused {
-			need = c.cfg.DetectRefused
-		}
-		if suspect && now.Sub(since) >= need {
-			how := map[bool]string{true: " (connections refused: the server is dead)"}[refused]
-			c.event(s.ID, "detected", fmt.Sprintf("primary %s down in %v for %s%s", s.Primary, down, now.Sub(since).Round(time.Millisecond), how))
-			go c.runFailover(ctx, FailoverRequest{Shard: s.ID, automatic: true})
+		if len(g[0].Replicas) > 0 {
+			c.evaluateGroup(ctx, g, now)
 		}
 	}
 }
 
-// suspectSince is when the detection clock of shard s starts: when two
-// regions began reporting its primary down (healthView.downSince), as a
-// leader elected during the outage heard it too, so it does not wait
-// Detect again on evidence it already has; now if there is none, or if
-// that time is not within the last minute (a report's clock ahead or far
-// behind this one's).
-func (c *Controller) suspectSince(s shardmap.Shard, now time.Time) time.Time {
-	since := c.health.downSince(s.Primary, now, 3*time.Second)
+// evaluateGroup starts the failover of group g once its primary server
+// has been reported down in two regions for Detect (DetectRefused when
+// every such report was refused), unless one of its shards cools down
+// after a failover: then it raises an alarm, once per cooldown.
+func (c *Controller) evaluateGroup(ctx context.Context, g []shardmap.Shard, now time.Time) {
+	s, key := g[0], groupKey(g[0])
+	up, down, refused := c.health.verdict(s.Primary, now, 3*time.Second)
+	c.mu.Lock()
+	var until time.Time // the latest cooldown end among g's shards
+	for _, m := range g {
+		if c.cooldown[m.ID].After(until) {
+			until = c.cooldown[m.ID]
+		}
+	}
+	cooling := now.Before(until)
+	if len(down) >= 2 && !cooling {
+		if _, ok := c.suspect[key]; !ok {
+			c.suspect[key] = c.suspectSince(s.Primary, now)
+			c.log.Warn("primary reported down", "shards", len(g), "shard_ids", shardIDs(g), "primary", s.Primary, "down_in", down, "up_in", up)
+		}
+	} else {
+		delete(c.suspect, key)
+	}
+	if len(down) >= 2 && cooling && c.blocked[key] != until {
+		// The cooldown keeps a flapping shard from failing over back and
+		// forth; a second real failure inside it waits for an operator.
+		c.blocked[key] = until
+		c.log.Error("ALARM: primary down, automatic failover blocked by the cooldown after the last one; "+
+			"fail over by hand (triage failover --shard N) or wait", "shards", len(g), "shard_ids", shardIDs(g), "primary", s.Primary,
+			"down_in", down, "cooldown_until", until.Format(time.RFC3339))
+	}
+	since, suspect := c.suspect[key]
+	running := slices.ContainsFunc(g, func(m shardmap.Shard) bool { return c.inflight[m.ID] })
+	c.mu.Unlock()
+	if running {
+		return
+	}
+	need := c.cfg.Detect
+	if refused {
+		need = c.cfg.DetectRefused
+	}
+	if suspect && now.Sub(since) >= need {
+		how := map[bool]string{true: " (connections refused: the server is dead)"}[refused]
+		c.event(s.ID, "detected", fmt.Sprintf("%sprimary %s down in %v for %s%s", groupPrefix(g), s.Primary, down, now.Sub(since).Round(time.Millisecond), how))
+		go c.runFailover(ctx, FailoverRequest{Shard: s.ID, automatic: true})
+	}
+}
+
+// groupPrefix starts an event's details with the shards of g when it
+// holds more than the shard the event names.
+func groupPrefix(g []shardmap.Shard) string {
+	if len(g) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("shards %s (%d, one primary server): ", shardIDs(g), len(g))
+}
+
+// suspectSince is when the detection clock of the primary server at addr
+// starts: when two regions began reporting it down
+// (healthView.downSince), as a leader elected during the outage heard it
+// too, so it does not wait Detect again on evidence it already has; now
+// if there is none, or if that time is not within the last minute (a
+// report's clock ahead or far behind this one's).
+func (c *Controller) suspectSince(addr string, now time.Time) time.Time {
+	since := c.health.downSince(addr, now, 3*time.Second)
 	if since.IsZero() || since.After(now) || now.Sub(since) > time.Minute {
 		return now
 	}
 	return since
 }
 
-// runFailover starts an automatic failover unless one of the shard is
-// already running.
+// runFailover starts an automatic failover of req.Shard's group unless
+// one of the group's shards is in a failover already.
 func (c *Controller) runFailover(ctx context.Context, req FailoverRequest) {
+	g := ids(groupOf(c.cfg.Maps.Current(), req.Shard))
 	c.mu.Lock()
-	if c.inflight[req.Shard] {
+	if slices.ContainsFunc(g, func(id uint32) bool { return c.inflight[id] }) {
 		c.mu.Unlock()
 		return
 	}
-	c.inflight[req.Shard] = true
+	for _, id := range g {
+		c.inflight[id] = true
+	}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		delete(c.inflight, req.Shard)
+		for _, id := range g {
+			delete(c.inflight, id)
+		}
 		c.mu.Unlock()
 	}()
 	if _, err := c.Failover(ctx, req); err != nil {
-		c.log.Error("failover failed", "shard", req.Shard, "err", err)
+		c.log.Error("failover failed", "shard", req.Shard, "shards", len(g), "err", err)
 		// Keep a failing retry from spinning, but not past the
 		// controller's end (goleak saw this sleep outlive its tests).
 		t := time.NewTimer(time.Second)
@@ -570,16 +598,18 @@ func (c *Controller) via(region, addr string) string {
 	return addr
 }
 
-// ErrEpochMoved: the shard's entry in the stored map is no longer the one a
+// ErrEpochMoved: a shard's entry in the stored map is no longer the one a
 // failover step was based on (another controller fenced or published it).
 var ErrEpochMoved = errors.New("regions: the shard's epoch moved")
 
-// publish stores the map with shard s replaced, with optimistic
-// concurrency on the whole map (shardmap.Publish) and on the shard: the
-// stored shard must still be at epoch and fenced as given, or it returns
-// ErrEpochMoved without writing. So one failover step of one epoch
-// publishes at most once, whoever else is working on the shard.
-func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64, fenced bool) (*shardmap.Map, error) {
+// publish stores the map with each shard of next replacing the shard of
+// its ID, with optimistic concurrency on the whole map (shardmap.Publish)
+// and on each shard: the stored shard must still be at the epoch and
+// fence state of its entry in prev, or it returns ErrEpochMoved without
+// writing. So one failover step of one epoch publishes at most once,
+// whoever else is working on the shards, and a group's step is one
+// publish for all of them.
+func (c *Controller) publish(ctx context.Context, prev, next []shardmap.Shard) (*shardmap.Map, error) {
 	for attempt := 0; ; attempt++ {
 		// The map this process holds is the stored one unless a conflict
 		// says otherwise (shardmap.Publish compares versions): reading
@@ -592,16 +622,14 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 				cur = m
 			}
 		}
-		was, ok := cur.Shard(s.ID)
-		if ok && attempt > 0 && reflect.DeepEqual(was, s) {
+		if attempt > 0 && holds(cur, next) {
 			// An attempt that timed out was stored after all.
 			return cur, nil
 		}
-		if !ok || was.Epoch != epoch || was.Fenced != fenced {
-			return nil, fmt.Errorf("%w: shard %d is at epoch %d (fenced %t), this step expected %d (fenced %t)",
-				ErrEpochMoved, s.ID, was.Epoch, was.Fenced, epoch, fenced)
+		if err := moved(cur, prev); err != nil {
+			return nil, err
 		}
-		next, err := cur.WithShard(s)
+		m, err := withShards(cur, next)
 		if err != nil {
 			return nil, err
 		}
@@ -610,16 +638,38 @@ func (c *Controller) publish(ctx context.Context, s shardmap.Shard, epoch uint64
 		// JetStream's 5 s default; tried again it is served as soon as
 		// the new leader is.
 		pctx, cancel := context.WithTimeout(ctx, publishAttempt)
-		err = shardmap.Publish(pctx, c.cfg.MapKV, cur, next)
+		err = shardmap.Publish(pctx, c.cfg.MapKV, cur, m)
 		cancel()
 		if err == nil {
-			c.cfg.Maps.Offer(next)
-			return next, nil
+			c.cfg.Maps.Offer(m)
+			return m, nil
 		}
 		if ctx.Err() != nil || attempt >= 10 || !(errors.Is(err, shardmap.ErrConflict) || errors.Is(err, context.DeadlineExceeded)) {
 			return nil, err
 		}
 	}
+}
+
+// holds tells whether m has every shard of next as it is.
+func holds(m *shardmap.Map, next []shardmap.Shard) bool {
+	for _, s := range next {
+		if was, ok := m.Shard(s.ID); !ok || !reflect.DeepEqual(was, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// moved returns ErrEpochMoved if a shard of prev is not in m at its epoch
+// and fence state.
+func moved(m *shardmap.Map, prev []shardmap.Shard) error {
+	for _, s := range prev {
+		if was, ok := m.Shard(s.ID); !ok || was.Epoch != s.Epoch || was.Fenced != s.Fenced {
+			return fmt.Errorf("%w: shard %d is at epoch %d (fenced %t), this step expected %d (fenced %t)",
+				ErrEpochMoved, s.ID, was.Epoch, was.Fenced, s.Epoch, s.Fenced)
+		}
+	}
+	return nil
 }
 
 // publishAttempt bounds one attempt to store the shard map; publish makes
@@ -640,27 +690,26 @@ func claimKey(shard uint32, epoch uint64) string {
 }
 
 // claim records, once per shard and epoch (KV Create), the server to
-// promote, and returns the claimed one: candidate, or the server an
-// earlier controller claimed for this epoch (a new leader resuming a
-// failover promotes the same server, never a second one).
-func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate string) (string, error) {
+// promote: a controller resuming the failover promotes the same server,
+// never a second one. A claim of another server for the same epoch is an
+// error.
+func (c *Controller) claim(ctx context.Context, s shardmap.Shard, candidate string) error {
 	key := claimKey(s.ID, s.Epoch)
 	_, err := c.cfg.MapKV.Create(ctx, key, []byte(candidate))
 	if err == nil {
-		return candidate, nil
+		return nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return "", fmt.Errorf("claim promotion of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
+		return fmt.Errorf("claim promotion of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
 	}
 	e, err := c.getKey(ctx, key)
 	if err != nil {
-		return "", fmt.Errorf("read promotion claim of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
+		return fmt.Errorf("read promotion claim of shard %d at epoch %d: %w", s.ID, s.Epoch, err)
 	}
 	if got := string(e.Value()); got != candidate {
-		c.event(s.ID, "claimed-earlier", fmt.Sprintf("epoch %d promotes %s (claimed before), not %s", s.Epoch, got, candidate))
-		return got, nil
+		return fmt.Errorf("shard %d: epoch %d promotes %s (claimed before), not %s; the shard stays fenced", s.ID, s.Epoch, got, candidate)
 	}
-	return candidate, nil
+	return nil
 }
 
 // claimed returns the server claimed for promotion at s's epoch, "" if
@@ -717,9 +766,14 @@ func (c *Controller) primaryRegion(s shardmap.Shard) string {
 	return cmp.Or(s.PrimaryRegion, s.HomeRegion)
 }
 
-func (c *Controller) unfence(ctx context.Context, s shardmap.Shard, cause error) error {
-	s.Fenced = false
-	if _, err := c.publish(ctx, s, s.Epoch, true); err != nil {
+// unfence publishes the shards of g unfenced at their epoch, on the
+// primary they had: a failover refused before its promotion.
+func (c *Controller) unfence(ctx context.Context, g []shardmap.Shard, cause error) error {
+	next := slices.Clone(g)
+	for i := range next {
+		next[i].Fenced = false
+	}
+	if _, err := c.publish(ctx, g, next); err != nil {
 		return fmt.Errorf("%w (and unfencing failed: %v)", cause, err)
 	}
 	return cause

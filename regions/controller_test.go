@@ -3,6 +3,7 @@ package regions
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -58,6 +59,14 @@ func start(t *testing.T, id int) *mariadb.Server {
 
 func setup(t *testing.T, opts ...func(*Config)) *cluster {
 	t.Helper()
+	return setupShards(t, 1, opts...)
+}
+
+// setupShards is setup with n shards, IDs 1 to n, as databases
+// (shardDB) on the same three servers: one primary server, two replica
+// servers.
+func setupShards(t *testing.T, n int, opts ...func(*Config)) *cluster {
+	t.Helper()
 	ctx := t.Context()
 	var p, r, r2 *mariadb.Server
 	var wg sync.WaitGroup
@@ -97,16 +106,25 @@ func setup(t *testing.T, opts ...func(*Config)) *cluster {
 		t.FailNow()
 	}
 	root := sqlOpen(t, p.DSN(""))
-	_, err = root.Exec("CREATE DATABASE IF NOT EXISTS triage")
-	require.NoError(t, err)
-	_, err = root.Exec("CREATE TABLE triage.t (id INT PRIMARY KEY)")
-	require.NoError(t, err)
-	_, err = schema.Migrate(ctx, sqlOpen(t, p.DSN("triage")+"&multiStatements=true"))
-	require.NoError(t, err)
+	var shards []shardmap.Shard
+	for id := range uint32(n) {
+		db := shardDB(id + 1)
+		_, err = root.Exec("CREATE DATABASE IF NOT EXISTS " + db)
+		require.NoError(t, err)
+		_, err = root.Exec("CREATE TABLE " + db + ".t (id INT PRIMARY KEY)")
+		require.NoError(t, err)
+		_, err = schema.Migrate(ctx, sqlOpen(t, p.DSN(db)+"&multiStatements=true"))
+		require.NoError(t, err)
+		// The application account is granted "triage" alone; the grant
+		// replicates.
+		_, err = root.Exec("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + db + "`.* TO '" + app.User + "'@'%'")
+		require.NoError(t, err)
+		shards = append(shards, shardmap.Shard{ID: id + 1, HomeRegion: "a", Primary: p.Addr(), Database: db,
+			Replicas: []string{r.Addr(), r2.Addr()}, ReplicaRegions: []string{"b", "c"}, Epoch: 1})
+	}
 
 	nc, js := natstest.JetStream(t)
-	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b", "c"}, Shards: []shardmap.Shard{{
-		ID: 1, HomeRegion: "a", Primary: p.Addr(), Replicas: []string{r.Addr(), r2.Addr()}, ReplicaRegions: []string{"b", "c"}, Epoch: 1}}})
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a", "b", "c"}, Shards: shards})
 	require.NoError(t, err)
 	kv, err := shardmap.OpenBucket(ctx, js, 1)
 	require.NoError(t, err)
@@ -167,9 +185,21 @@ func sqlOpen(t *testing.T, dsn string) *sql.DB {
 	return db
 }
 
-func appDB(t *testing.T, addr string) *sql.DB {
+// shardDB is the database of shard id in the clusters setupShards makes:
+// the first shard's is "triage", as a lone shard's is.
+func shardDB(id uint32) string {
+	if id == 1 {
+		return "triage"
+	}
+	return fmt.Sprintf("triage%d", id)
+}
+
+func appDB(t *testing.T, addr string) *sql.DB { return appDBOf(t, addr, "triage") }
+
+// appDBOf opens database db on addr as the application.
+func appDBOf(t *testing.T, addr, db string) *sql.DB {
 	c := mysql.NewConfig()
-	c.User, c.Passwd, c.Net, c.Addr, c.DBName = app.User, app.Password, "tcp", addr, "triage"
+	c.User, c.Passwd, c.Net, c.Addr, c.DBName = app.User, app.Password, "tcp", addr, db
 	c.Timeout = 2 * time.Second
 	return sqlOpen(t, c.FormatDSN())
 }

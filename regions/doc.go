@@ -49,12 +49,26 @@
 // stream's Raft group, so a controller cut off from NATS (but not from
 // MySQL) stops at its next step, while a new leader can only start
 // LeaseTTL after the old one's last renewal. A new leader
-// resumes a failover the previous one left half-done (a shard still
-// marked fenced).
+// resumes a failover the previous one left half-done (a group with a
+// shard still marked fenced), for the whole group.
 //
 // # Failover
 //
-//  1. Fence: publish the map with the shard's epoch + 1 and Fenced set.
+// A failover moves a group: the shards whose primary is the same server,
+// with the same replicas listed alike (many shards can be databases on
+// one mariadbd). Read-only, a replica's IO thread and a promotion act on
+// a server, not a database, so its shards move together, in one pass:
+// one fence publish, one stop of the old primary's commits, one choice,
+// one promotion, one publish of the new primary, whatever the group's
+// size (a publish covers every shard of it, conditional on each one's
+// epoch and fence state). Shards of one server whose replicas are listed
+// otherwise form groups of their own, failed over one after the other;
+// when their replica servers overlap, the later group can find the
+// server the earlier one promoted "replicating from nobody" and stays
+// fenced: list a server's shards with the same replicas. A request for
+// one shard (automatic or an operator's) moves its group.
+//
+//  1. Fence: publish the map with each shard's epoch + 1 and Fenced set.
 //     Writers that see it stop writing to the shard (shardmap.Pool.Writer);
 //     writers that cannot see the control plane stop trusting their map
 //     within shardmap.MaxStaleness.
@@ -80,8 +94,10 @@
 //     is the server this epoch's failover already claimed and detached,
 //     whose promotion is finished (replication.Admin.FinishPromotion).
 //  4. Claim the promotion: the key promotion.s<shard>.e<epoch> in the
-//     shard-map bucket is created once; a controller resuming the same
-//     epoch promotes the claimed server or none, so each epoch has one
+//     shard-map bucket is created once, for every shard of the group,
+//     naming the same server; a controller resuming the group promotes
+//     the server claimed for its shards fenced before (claims naming two
+//     servers leave it fenced) or none, so each shard's epoch has one
 //     promotion.
 //  5. Promote (the relay log applied first; semi-sync as a primary before
 //     read_only=0). The other replicas are repointed to the candidate once
@@ -93,14 +109,14 @@
 //     shard_meta table (shardmap.StoreEpoch; a writer with an older map
 //     refuses that server) once it is detached and while it is still
 //     read-only, before semi-sync as a primary is on (Promote's prepare):
-//     that commit waits for no replica, so the map is not held back while
-//     the repointed replicas connect across the WAN (a second on the
-//     compose bed); the application's first commits wait for them
-//     instead. Then publish the map with the new
-//     primary, the old one listed as a replica to rejoin, Fenced cleared.
-//     Each publish is conditional on the shard's stored epoch and fence
-//     state, so it fails if another controller moved the epoch.
-//  6. Refuse another automatic failover of that shard for Cooldown
+//     that commit (one per shard) waits for no replica, so the map is not
+//     held back while the repointed replicas connect across the WAN (a
+//     second on the compose bed); the application's first commits wait
+//     for them instead. Then publish the map with the new primary, the
+//     old one listed as a replica to rejoin, Fenced cleared. Each publish
+//     is conditional on each shard's stored epoch and fence state, so it
+//     fails if another controller moved an epoch.
+//  6. Refuse another automatic failover of the group for Cooldown
 //     (default 60 s).
 //
 // A planned switchover (Admin.Failover with planned=true, `triage failover

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,11 +19,13 @@ import (
 // killed container).
 const readOnlyWait = 500 * time.Millisecond
 
-// Failover moves shard's primary to its most advanced replica (in
-// req.ToRegion, if set), in the steps the package doc describes: fence,
-// stop the old primary's commits, choose, promote, publish. Each step
-// records an event; a failed step leaves the shard fenced (retried) or
-// unfenced on the old primary, never with two writable primaries.
+// Failover moves the primary of shard's group (see group.go: the shards
+// whose primary is the same server, with the same replicas) to its most
+// advanced replica (in req.ToRegion, if set), in the steps the package
+// doc describes: fence, stop the old primary's commits, choose, promote,
+// publish. Each step records an event; a failed step leaves the group
+// fenced (retried) or unfenced on the old primary, never with two
+// writable primaries.
 func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res FailoverResult, err error) {
 	c.busy.Lock()
 	defer c.busy.Unlock()
@@ -30,24 +33,31 @@ func (c *Controller) Failover(ctx context.Context, req FailoverRequest) (res Fai
 	first := c.nEvents
 	c.stepAt = time.Now()
 	c.mu.Unlock()
-	defer func() { c.finishFailover(req, first, &res, err) }()
+	shards := []uint32{req.Shard}
+	defer func() { c.finishFailover(req, shards, first, &res, err) }()
 	f, err := c.newFailover(req)
 	if f == nil || err != nil {
 		return res, err
 	}
 	defer f.close()
+	shards = ids(f.g)
 	for _, step := range []func(context.Context) error{f.fence, f.stopCommits, f.choose, f.promote, f.publish} {
 		if err := step(ctx); err != nil {
 			return res, err
 		}
 	}
-	res.NewPrimary, res.Epoch = f.newPrimary, f.s.Epoch
+	res.NewPrimary = f.newPrimary
+	for _, s := range f.g {
+		if s.ID == req.Shard {
+			res.Epoch = s.Epoch
+		}
+	}
 	return res, nil
 }
 
 // finishFailover records the outcome of a Failover call: its events, and
-// the failover metric when it did anything.
-func (c *Controller) finishFailover(req FailoverRequest, first int, res *FailoverResult, err error) {
+// the failover metric of each of its shards when it did anything.
+func (c *Controller) finishFailover(req FailoverRequest, shards []uint32, first int, res *FailoverResult, err error) {
 	c.mu.Lock()
 	c.stepAt = time.Time{}
 	c.mu.Unlock()
@@ -62,16 +72,25 @@ func (c *Controller) finishFailover(req FailoverRequest, first int, res *Failove
 	if err != nil {
 		result = "failed"
 	}
-	c.cfg.Metrics.Failover(req.Shard, kind, result)
+	for _, id := range shards {
+		c.cfg.Metrics.Failover(id, kind, result)
+	}
 }
 
-// failover is one attempt at failing a shard over: what each step learns
-// and the next one needs.
+// failover is one attempt at failing a group of shards over: what each
+// step learns and the next one needs.
 type failover struct {
 	c   *Controller
 	req FailoverRequest
-	s   shardmap.Shard // as published by the last step
-	old string         // the primary being replaced
+	// g is the group as published by the last step, in ID order; s is its
+	// first shard, whose primary and replicas are every shard's, and
+	// which the group's events name.
+	g   []shardmap.Shard
+	s   shardmap.Shard
+	old string // the primary being replaced
+	// resumed are the shards fenced before this attempt: an earlier one
+	// may have claimed a server for them.
+	resumed []shardmap.Shard
 	// candidates are the replicas the request allows (all, or those in
 	// req.ToRegion).
 	candidates []string
@@ -98,23 +117,31 @@ type failover struct {
 	detached    bool // by an earlier attempt: finished, not promoted again
 }
 
-// newFailover checks req against the current map; a nil failover with a
-// nil error means there is nothing to do.
+// newFailover checks req against the current map and takes req.Shard's
+// group; a nil failover with a nil error means there is nothing to do.
 func (c *Controller) newFailover(req FailoverRequest) (*failover, error) {
-	s, ok := c.cfg.Maps.Current().Shard(req.Shard)
-	if !ok {
+	g := groupOf(c.cfg.Maps.Current(), req.Shard)
+	if g == nil {
 		return nil, fmt.Errorf("shard %d is not in the shard map", req.Shard)
 	}
+	now := time.Now()
 	c.mu.Lock()
-	cooling := time.Now().Before(c.cooldown[req.Shard])
+	cooling := slices.ContainsFunc(g, func(s shardmap.Shard) bool { return now.Before(c.cooldown[s.ID]) })
 	c.mu.Unlock()
+	var resumed []shardmap.Shard
+	for _, s := range g {
+		if s.Fenced {
+			resumed = append(resumed, s)
+		}
+	}
 	switch {
-	case req.resume && !s.Fenced:
+	case req.resume && len(resumed) == 0:
 		return nil, nil // finished meanwhile
-	case req.automatic && (cooling || s.Fenced):
+	case req.automatic && (cooling || len(resumed) > 0):
 		return nil, nil // just failed over, or being failed over
 	}
-	f := &failover{c: c, req: req, s: s, old: s.Primary,
+	s := g[0]
+	f := &failover{c: c, req: req, g: g, s: s, old: s.Primary, resumed: resumed,
 		replicas: map[string]*replication.Admin{}, roles: map[string]replication.Role{}}
 	for i, r := range s.Replicas {
 		if req.ToRegion == "" || (i < len(s.ReplicaRegions) && s.ReplicaRegions[i] == req.ToRegion) {
@@ -137,22 +164,58 @@ func (f *failover) close() {
 	}
 }
 
-// fence publishes the shard fenced at the next epoch: routers and
-// dequeuers stop writing to it.
+// event records a step of the group's failover, under its first shard.
+func (f *failover) event(step, details string) {
+	f.c.event(f.s.ID, step, groupPrefix(f.g)+details)
+}
+
+// update takes the shards of next, as just published, into the group.
+func (f *failover) update(next []shardmap.Shard) {
+	for _, n := range next {
+		if i := slices.IndexFunc(f.g, func(s shardmap.Shard) bool { return s.ID == n.ID }); i >= 0 {
+			f.g[i] = n
+		}
+	}
+	f.s = f.g[0]
+}
+
+// fence publishes the group's shards fenced at their next epoch, in one
+// publish: routers and dequeuers stop writing to them. Shards fenced
+// already (resuming) keep their epoch.
 func (f *failover) fence(ctx context.Context) error {
-	if f.s.Fenced {
+	var prev, next []shardmap.Shard
+	for _, s := range f.g {
+		if !s.Fenced {
+			prev = append(prev, s)
+			s.Fenced = true
+			s.Epoch++
+			next = append(next, s)
+		}
+	}
+	if len(next) == 0 {
 		return nil // resuming
 	}
 	if err := f.c.checkLeader(ctx, f.s.ID, "fence"); err != nil {
 		return err
 	}
-	f.s.Fenced = true
-	f.s.Epoch++
-	if _, err := f.c.publish(ctx, f.s, f.s.Epoch-1, false); err != nil {
+	if _, err := f.c.publish(ctx, prev, next); err != nil {
 		return fmt.Errorf("fence: %w", err)
 	}
-	f.c.event(f.s.ID, "fenced", fmt.Sprintf("epoch %d published fenced", f.s.Epoch))
+	f.update(next)
+	f.event("fenced", epochs(next)+" published fenced")
 	return nil
+}
+
+// epochs says the epochs of g: "epoch N", or "epochs N-M".
+func epochs(g []shardmap.Shard) string {
+	lo, hi := g[0].Epoch, g[0].Epoch
+	for _, s := range g {
+		lo, hi = min(lo, s.Epoch), max(hi, s.Epoch)
+	}
+	if lo == hi {
+		return fmt.Sprintf("epoch %d", lo)
+	}
+	return fmt.Sprintf("epochs %d-%d", lo, hi)
 }
 
 // stopCommits stops the old primary from completing commits: read_only
@@ -165,11 +228,11 @@ func (f *failover) stopCommits(ctx context.Context) error {
 	begun := time.Now()
 	f.reach(ctx)
 	if f.readOnly {
-		f.c.event(f.s.ID, "old-primary-read-only", fmt.Sprintf("%s at %s", f.old, f.oldPos))
+		f.event("old-primary-read-only", fmt.Sprintf("%s at %s", f.old, f.oldPos))
 		return nil
 	}
 	if f.req.Planned {
-		return f.c.unfence(ctx, f.s, fmt.Errorf("planned switchover: old primary %s cannot be made read-only; use an emergency failover", f.old))
+		return f.c.unfence(ctx, f.g, fmt.Errorf("planned switchover: old primary %s cannot be made read-only; use an emergency failover", f.old))
 	}
 	// Every replica must stop receiving: one we cannot reach may still
 	// take the old primary's commits, and hold the only copy of
@@ -187,7 +250,7 @@ func (f *failover) stopCommits(ctx context.Context) error {
 	}
 	// The timings say where the step's time went: reaching the servers
 	// (a dead one costs readOnlyWait) or a replica's stop.
-	f.c.event(f.s.ID, "old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit "+
+	f.event("old-primary-unreachable", fmt.Sprintf("%s; every replica stopped receiving from it, so it can complete no commit "+
 		"(servers reached in %v, slowest replica stopped in %v)", f.old, reached.Sub(begun).Round(time.Millisecond), slowest.Round(time.Millisecond)))
 	return nil
 }
@@ -291,7 +354,7 @@ func (f *failover) eligible(r string) bool {
 func (f *failover) choose(ctx context.Context) error {
 	chose := time.Now()
 	var err error
-	if f.earlier, err = f.c.claimed(ctx, f.s); err != nil {
+	if f.earlier, err = f.claimedEarlier(ctx); err != nil {
 		return err
 	}
 	if f.readOnly {
@@ -306,15 +369,45 @@ func (f *failover) choose(ctx context.Context) error {
 	// controller resuming this epoch promotes the claimed server, or none.
 	claimAt := time.Now()
 	f.chooseTook = claimAt.Sub(chose)
-	claimed, err := f.c.claim(ctx, f.s, f.newPrimary)
-	if err != nil {
+	if f.earlier != "" && f.earlier != f.newPrimary {
+		f.event("claimed-earlier", fmt.Sprintf("%s promotes %s (claimed before), not %s", epochs(f.resumed), f.earlier, f.newPrimary))
+		f.newPrimary = f.earlier
+	}
+	errs := eachShard(f.g, func(_ int, s shardmap.Shard) error { return f.c.claim(ctx, s, f.newPrimary) })
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	f.newPrimary, f.claimTook = claimed, time.Since(claimAt)
+	f.claimTook = time.Since(claimAt)
 	if _, ok := f.replicas[f.newPrimary]; !ok {
 		return fmt.Errorf("shard %d: claimed candidate %s does not answer; the shard stays fenced", f.s.ID, f.newPrimary)
 	}
 	return nil
+}
+
+// claimedEarlier returns the server an earlier attempt claimed for the
+// shards fenced before this one, at their epochs ("" if none): a
+// controller resuming the group promotes it, or none. (A shard this
+// attempt fenced is at an epoch no attempt claimed for; its claim, made
+// with the others', fails if one did.) Claims naming different servers
+// cannot come from one group's attempts: the group stays fenced.
+func (f *failover) claimedEarlier(ctx context.Context) (string, error) {
+	got := make([]string, len(f.resumed))
+	errs := eachShard(f.resumed, func(i int, s shardmap.Shard) (err error) {
+		got[i], err = f.c.claimed(ctx, s)
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		return "", err
+	}
+	slices.Sort(got)
+	got = slices.Compact(slices.DeleteFunc(got, func(a string) bool { return a == "" }))
+	if len(got) > 1 {
+		return "", fmt.Errorf("shard %d: the group's shards claim different servers %v at their epochs; it stays fenced", f.s.ID, got)
+	}
+	if len(got) == 0 {
+		return "", nil
+	}
+	return got[0], nil
 }
 
 // chooseCaughtUp, the old primary being read-only, takes the first
@@ -351,7 +444,7 @@ func (f *failover) chooseCaughtUp(ctx context.Context) error {
 			return fmt.Errorf("shard %d: no candidate caught up, and the old primary cannot be unfenced: %w", f.s.ID, err)
 		}
 	}
-	return f.c.unfence(ctx, f.s, fmt.Errorf("shard %d: no candidate applied the old primary's position %s in time; refused: %w",
+	return f.c.unfence(ctx, f.g, fmt.Errorf("shard %d: no candidate applied the old primary's position %s in time; refused: %w",
 		f.s.ID, f.oldPos, why))
 }
 
@@ -370,7 +463,7 @@ func (f *failover) chooseMostAdvanced(ctx context.Context) error {
 		addrs = append(addrs, r)
 	}
 	if len(deposed) > 0 {
-		f.c.event(f.s.ID, "skipped-deposed", fmt.Sprintf("%v replicate from nobody (deposed primaries not rejoined yet): not candidates", deposed))
+		f.event("skipped-deposed", fmt.Sprintf("%v replicate from nobody (deposed primaries not rejoined yet): not candidates", deposed))
 	}
 	if len(all) == 0 {
 		return fmt.Errorf("shard %d: no listed server replicates (%v are deposed primaries not rejoined yet); the shard stays fenced and is retried", f.s.ID, deposed)
@@ -401,7 +494,7 @@ func (f *failover) chooseMostAdvanced(ctx context.Context) error {
 }
 
 // promote makes the chosen server the primary, repoints the other
-// replicas to it and stores the new epoch there.
+// replicas to it and stores every shard's new epoch there.
 func (f *failover) promote(ctx context.Context) error {
 	if err := f.c.checkLeader(ctx, f.s.ID, "promote"); err != nil {
 		return err
@@ -416,7 +509,7 @@ func (f *failover) promote(ctx context.Context) error {
 	var epochErr error
 	prepare := func(ctx context.Context) error {
 		p.start()
-		f.epochTook, epochErr = f.c.storeEpoch(ctx, f.s, f.replicas[f.newPrimary])
+		f.epochTook, epochErr = f.storeEpochs(ctx)
 		f.epochStored = epochErr == nil
 		return nil
 	}
@@ -427,13 +520,13 @@ func (f *failover) promote(ctx context.Context) error {
 		return fmt.Errorf("promote %s: %w", f.newPrimary, err)
 	}
 	if err != nil && f.newPrimary != f.earlier {
-		return fmt.Errorf("shard %d: %s replicates from nobody and was not claimed by an earlier attempt at epoch %d; the shard stays fenced", f.s.ID, f.newPrimary, f.s.Epoch)
+		return fmt.Errorf("shard %d: %s replicates from nobody and was not claimed by an earlier attempt at %s; the shard stays fenced", f.s.ID, f.newPrimary, epochs(f.g))
 	}
 	f.detached = err != nil
 	p.start() // no-op if prepare ran; detached by an earlier attempt, it did not
 	repointed := p.wait()
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	f.c.event(f.s.ID, "promoted", fmt.Sprintf("%s at %s; other replicas repointed to it (candidate chosen in %v, claimed in %v, promoted in %v, slowest repoint %v)",
+	f.event("promoted", fmt.Sprintf("%s at %s; other replicas repointed to it (candidate chosen in %v, claimed in %v, promoted in %v, slowest repoint %v)",
 		f.newPrimary, gtid, ms(f.chooseTook), ms(f.claimTook), ms(promoted), ms(repointed)))
 	if epochErr != nil {
 		f.c.log.Warn("storing the failover epoch before the promotion failed; storing it now", "shard", f.s.ID, "err", epochErr)
@@ -441,13 +534,26 @@ func (f *failover) promote(ctx context.Context) error {
 	return f.finishPromotion(ctx)
 }
 
-// finishPromotion stores the epoch if prepare did not (the server was
-// detached by an earlier attempt, or the store failed): now it is the new
-// primary's first commit and needs a replica's acknowledgement. A server
-// detached earlier is then brought to the end of Promote.
+// storeEpochs stores the epoch of every shard of the group on the new
+// primary (each in its own database), perShardParallel at a time, and
+// says how long it took.
+func (f *failover) storeEpochs(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	a := f.replicas[f.newPrimary]
+	errs := eachShard(f.g, func(_ int, s shardmap.Shard) error {
+		_, err := f.c.storeEpoch(ctx, s, a)
+		return err
+	})
+	return time.Since(start), errors.Join(errs...)
+}
+
+// finishPromotion stores the epochs if prepare did not (the server was
+// detached by an earlier attempt, or a store failed): now they are the
+// new primary's first commits and need a replica's acknowledgement. A
+// server detached earlier is then brought to the end of Promote.
 func (f *failover) finishPromotion(ctx context.Context) error {
 	if !f.epochStored {
-		took, err := f.c.storeEpoch(ctx, f.s, f.replicas[f.newPrimary])
+		took, err := f.storeEpochs(ctx)
 		if err != nil {
 			return fmt.Errorf("%w (no replica acknowledges the new primary yet?); the shard stays fenced and is retried", err)
 		}
@@ -461,15 +567,42 @@ func (f *failover) finishPromotion(ctx context.Context) error {
 	return nil
 }
 
-// publish names the new primary in the map, unfenced, with the old one
-// and the other replicas listed as replicas (the old one rejoins once it
-// answers), and starts the shard's cooldown.
+// publish names the new primary in the map for every shard of the
+// group, unfenced, in one publish, with the old one and the other
+// replicas listed as replicas (the old one rejoins once it answers), and
+// starts the shards' cooldown.
 func (f *failover) publish(ctx context.Context) error {
 	if err := f.c.checkLeader(ctx, f.s.ID, "publish"); err != nil {
 		return err
 	}
 	publishAt := time.Now()
-	s := f.s
+	next := make([]shardmap.Shard, len(f.g))
+	for i, s := range f.g {
+		next[i] = f.moved(s)
+	}
+	if _, err := f.c.publish(ctx, f.g, next); err != nil {
+		return fmt.Errorf("publish new primary: %w", err)
+	}
+	key := groupKey(f.s)
+	f.update(next)
+	when := "before it took writes"
+	if !f.epochStored {
+		when = "as its first commit"
+	}
+	f.event("published", fmt.Sprintf("primary %s (region %s) %s (epoch stored on it in %v %s; published in %v)",
+		f.newPrimary, f.s.PrimaryRegion, epochs(f.g), f.epochTook.Round(time.Millisecond), when, time.Since(publishAt).Round(time.Millisecond)))
+	f.c.mu.Lock()
+	for _, s := range f.g {
+		f.c.cooldown[s.ID] = time.Now().Add(f.c.cfg.Cooldown)
+	}
+	delete(f.c.suspect, key)
+	f.c.mu.Unlock()
+	return nil
+}
+
+// moved returns s with the new primary, unfenced, and the old primary
+// listed last among its replicas.
+func (f *failover) moved(s shardmap.Shard) shardmap.Shard {
 	newRegion := s.ReplicaRegion(f.newPrimary)
 	var replicas, regions []string
 	for j, r := range s.Replicas {
@@ -480,24 +613,9 @@ func (f *failover) publish(ctx context.Context) error {
 	}
 	replicas = append(replicas, f.old)
 	regions = append(regions, f.c.primaryRegion(s))
-	fencedEpoch := s.Epoch
 	s.Primary, s.Replicas, s.ReplicaRegions, s.Fenced = f.newPrimary, replicas, regions, false
 	s.PrimaryRegion = newRegion
-	if _, err := f.c.publish(ctx, s, fencedEpoch, true); err != nil {
-		return fmt.Errorf("publish new primary: %w", err)
-	}
-	f.s = s
-	when := "before it took writes"
-	if !f.epochStored {
-		when = "as its first commit"
-	}
-	f.c.event(s.ID, "published", fmt.Sprintf("primary %s (region %s) epoch %d (epoch stored on it in %v %s; published in %v)",
-		f.newPrimary, newRegion, s.Epoch, f.epochTook.Round(time.Millisecond), when, time.Since(publishAt).Round(time.Millisecond)))
-	f.c.mu.Lock()
-	f.c.cooldown[s.ID] = time.Now().Add(f.c.cfg.Cooldown)
-	delete(f.c.suspect, s.ID)
-	f.c.mu.Unlock()
-	return nil
+	return s
 }
 
 // repointer repoints the shard's other reachable replicas to the new
