@@ -21,6 +21,6 @@ func newRoot() *cobra.Command {
 		&cobra.Group{ID: groupBed, Title: "Local bed (real MariaDB, embedded NATS, a node per region, in this process):"},
 		&cobra.Group{ID: groupDrill, Title: "Against a bed:"},
 	)
-	root.AddCommand(upCommand(), downCommand(), drillCommand(), nemesisCommand(), benchCommand(), wanCommand())
+	root.AddCommand(upCommand(), downCommand(), scaleCommand(), drillCommand(), nemesisCommand(), benchCommand(), wanCommand())
 	return root
 }

@@ -586,7 +586,7 @@ func (n *Node) startServers() error {
 	}
 	if n.cfg.Metrics != "" {
 		var err error
-		if n.MetricsAddr, err = n.obs.serve(n.cfg.Metrics); err != nil {
+		if n.MetricsAddr, err = n.obs.serve(n.cfg.Metrics, n.maps.Current); err != nil {
 			return err
 		}
 	}

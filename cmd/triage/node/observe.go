@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -31,6 +32,7 @@ import (
 	"github.com/triage-queue/triage/routing"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/schema/tracing"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // ReadyEvery is how often a node re-checks its readiness (the gRPC
@@ -156,13 +158,14 @@ func (o *observability) probes(reason bool) map[string]http.Handler {
 	}
 }
 
-// serve serves /metrics and the probes on addr (Config.Metrics), the only
-// listener with /metrics: its labels name namespaces, topics and the
-// shard primaries' addresses, which the router's public listeners never
-// show.
-func (o *observability) serve(addr string) (string, error) {
+// serve serves /metrics, /shardmap and the probes on addr
+// (Config.Metrics), the only listener with /metrics: its labels name
+// namespaces, topics and the shard primaries' addresses, which the
+// router's public listeners never show.
+func (o *observability) serve(addr string, maps func() *shardmap.Map) (string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(o.reg, promhttp.HandlerOpts{Registry: o.reg}))
+	mux.Handle("/shardmap", mapVersion(maps))
 	for p, h := range o.probes(true) {
 		mux.Handle(p, h)
 	}
@@ -176,6 +179,22 @@ func (o *observability) serve(addr string) (string, error) {
 	o.mu.Unlock()
 	go func() { _ = srv.Serve(lis) }()
 	return lis.Addr().String(), nil
+}
+
+// mapVersion answers which shard map the node holds, in a few bytes: a
+// check that every node serves a change (the scale run, an operator after
+// a shard add) polls it where a /metrics scrape at a thousand shards would
+// cost more than the wait it measures.
+func mapVersion(maps func() *shardmap.Map) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		m := maps()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(struct {
+			Version    uint64 `json:"version"`
+			Shards     int    `json:"shards"`
+			Namespaces int    `json:"namespaces"`
+		}{m.Version, len(m.Shards), len(m.Namespaces)})
+	})
 }
 
 // grpcOptions are the router's gRPC server options: RPC metrics, then

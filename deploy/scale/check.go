@@ -1,0 +1,96 @@
+package scale
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Bounds of issue 40's done-when, which Check applies at every size.
+const (
+	// MapChangeLimitMs: a shard-map change is served by every process.
+	MapChangeLimitMs = 2000
+	// TakeoverLimitSeconds: a dead dequeuer's shards are all owned again.
+	TakeoverLimitSeconds = 10
+	// IdleCPULimitPercent: an idle node's share of one core.
+	IdleCPULimitPercent = 10
+)
+
+func check(rec *Record) []Check {
+	bound := func(name string, limit, value float64) Check {
+		return Check{Name: name, Limit: limit, Value: value, OK: value <= limit}
+	}
+	cs := []Check{
+		bound("namespace change served by every node (ms, slowest trial)", MapChangeLimitMs, slices.Max(rec.NamespaceChangeMs)),
+		bound("shard add served by every node (ms)", MapChangeLimitMs, rec.AddShardMs),
+		bound("dead dequeuer's shards owned again (s)", TakeoverLimitSeconds, rec.Takeover.Seconds),
+	}
+	for _, u := range rec.Idle {
+		if strings.HasPrefix(u.Name, "mariadbd") || u.Name == "nats+bed" {
+			continue
+		}
+		cs = append(cs, bound("idle CPU of "+u.Name+" (% of a core)", IdleCPULimitPercent, u.CPUPercent))
+	}
+	return cs
+}
+
+// Failed lists the checks rec did not pass.
+func (rec *Record) Failed() []Check {
+	var bad []Check
+	for _, c := range rec.Checks {
+		if !c.OK {
+			bad = append(bad, c)
+		}
+	}
+	return bad
+}
+
+// File is .triage/scale.json: one record per size, the latest run of each.
+type File struct {
+	Records []Record `json:"records"`
+}
+
+// Save puts rec into the file at path, replacing a record of the same
+// number of shards.
+func Save(path string, rec Record) error {
+	var f File
+	if data, err := os.ReadFile(path); err == nil {
+		_ = json.Unmarshal(data, &f)
+	}
+	f.Records = slices.DeleteFunc(f.Records, func(r Record) bool { return r.Shards == rec.Shards })
+	f.Records = append(f.Records, rec)
+	slices.SortFunc(f.Records, func(a, b Record) int { return a.Shards - b.Shards })
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// Print writes rec as a few lines for a person.
+func (rec *Record) Print(w io.Writer) {
+	fmt.Fprintf(w, "%d shards on %d servers, %d namespaces, %d topics (up in %.0f s)\n", rec.Shards, rec.Servers, rec.Namespaces, rec.Topics, rec.BringUpSeconds)
+	fmt.Fprintf(w, "  shard map %d bytes, parse %.1f ms; namespace change %v ms; shard add %.1f ms\n", rec.MapBytes, rec.MapParseMs, rec.NamespaceChangeMs, rec.AddShardMs)
+	fmt.Fprint(w, "  idle:")
+	for _, u := range rec.Idle {
+		fmt.Fprintf(w, " %s %.1f%% %.0f MiB;", u.Name, u.CPUPercent, u.RSSMiB)
+	}
+	l := rec.Load
+	fmt.Fprintf(w, "\n  load %.0f/s for %.0f s: %d enqueued, %d delivered from %d shards, %d errors; enqueue p50/p99 %.1f/%.1f ms, end-to-end p50/p99 %.1f/%.1f ms, ack p99 %.1f ms\n",
+		l.OfferedPerSec, l.Seconds, l.Enqueued, l.Delivered, l.ShardsHit, l.Errors, l.EnqueueP50Ms, l.EnqueueP99Ms, l.EndToEndP50Ms, l.EndToEndP99Ms, l.AckP99Ms)
+	fmt.Fprint(w, "  /metrics:")
+	for _, s := range rec.Scrapes {
+		fmt.Fprintf(w, " %s %d B %.0f ms;", s.Name, s.Bytes, s.Ms)
+	}
+	fmt.Fprintf(w, "\n  takeover: %s held %d shards, all owned again in %.2f s\n", rec.Takeover.Killed, rec.Takeover.Shards, rec.Takeover.Seconds)
+	for _, c := range rec.Checks {
+		mark := "ok    "
+		if !c.OK {
+			mark = "FAILED"
+		}
+		fmt.Fprintf(w, "  %s %s: %.1f (limit %.0f)\n", mark, c.Name, c.Value, c.Limit)
+	}
+}

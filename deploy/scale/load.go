@@ -1,0 +1,160 @@
+package scale
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
+	"github.com/triage-queue/triage/schema/itemid"
+)
+
+// Load is the fixed offered load spread over every shard: single-item
+// enqueues, open loop, round-robin over namespaces that together cover
+// every shard, and a long-polling consumer per namespace that acks what
+// it gets.
+type Load struct {
+	OfferedPerSec float64 `json:"offered_per_sec"`
+	Seconds       float64 `json:"seconds"`
+	Enqueued      int     `json:"enqueued"`
+	Delivered     int     `json:"delivered"`
+	// ShardsHit is how many shards the delivered items came from.
+	ShardsHit     int     `json:"shards_hit"`
+	Errors        int     `json:"errors"`
+	EnqueueP50Ms  float64 `json:"enqueue_p50_ms"`
+	EnqueueP99Ms  float64 `json:"enqueue_p99_ms"`
+	EndToEndP50Ms float64 `json:"end_to_end_p50_ms"`
+	EndToEndP99Ms float64 `json:"end_to_end_p99_ms"`
+	AckP99Ms      float64 `json:"ack_p99_ms"`
+}
+
+// loadTopic is the topic every namespace of the load uses.
+var loadTopic = TopicName(0)
+
+// samples collects latencies (ms) from many goroutines.
+type samples struct {
+	mu     sync.Mutex
+	enq    []float64
+	e2e    []float64
+	ack    []float64
+	shards map[uint32]bool
+}
+
+func (s *samples) add(to *[]float64, ms float64) {
+	s.mu.Lock()
+	*to = append(*to, ms)
+	s.mu.Unlock()
+}
+
+func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+// load offers opt.Rate enqueues a second for opt.LoadFor, then waits up
+// to drainWithin for every acknowledged item to be delivered.
+func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
+	cfg := m.b.cfg
+	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
+	s := &samples{shards: map[uint32]bool{}}
+	var enqueued, delivered, errs atomic.Int64
+	cctx, stopConsumers := context.WithCancel(ctx)
+	defer stopConsumers()
+	var consumers sync.WaitGroup
+	for i := range targets {
+		consumers.Go(func() { m.consume(cctx, NamespaceName(i), s, &delivered, &errs) })
+	}
+	start := time.Now()
+	every := time.Duration(float64(time.Second) / opt.Rate)
+	sem := make(chan struct{}, 256)
+	var producers sync.WaitGroup
+	for k := 0; time.Since(start) < opt.LoadFor; k++ {
+		if d := time.Until(start.Add(time.Duration(k) * every)); d > 0 {
+			time.Sleep(d)
+		}
+		sem <- struct{}{}
+		producers.Go(func() {
+			defer func() { <-sem }()
+			if m.enqueue(ctx, NamespaceName(k%targets), s) == nil {
+				enqueued.Add(1)
+			} else {
+				errs.Add(1)
+			}
+		})
+	}
+	producers.Wait()
+	rec.Load.Seconds = round1(time.Since(start).Seconds())
+	deadline := time.Now().Add(drainWithin)
+	for delivered.Load() < enqueued.Load() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopConsumers()
+	consumers.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec.Load = Load{OfferedPerSec: opt.Rate, Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
+		ShardsHit: len(s.shards), Errors: int(errs.Load()),
+		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
+		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99)}
+	if rec.Load.Delivered < rec.Load.Enqueued {
+		return fmt.Errorf("%d of %d acknowledged items delivered within %s of the load's end", rec.Load.Delivered, rec.Load.Enqueued, drainWithin)
+	}
+	return nil
+}
+
+// drainWithin bounds the wait for the last items after the load.
+const drainWithin = 15 * time.Second
+
+func (m *meter) enqueue(ctx context.Context, ns string, s *samples) error {
+	payload := binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := m.q.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: ns, Topic: loadTopic, Items: []*triagev1.NewItem{{Payload: payload}}})
+	if err == nil {
+		s.add(&s.enq, since(start))
+	}
+	return err
+}
+
+// consume long-polls ns's load topic and acks what it gets until ctx ends.
+func (m *meter) consume(ctx context.Context, ns string, s *samples, delivered, errs *atomic.Int64) {
+	for ctx.Err() == nil {
+		resp, err := m.q.Dequeue(ctx, &triagev1.DequeueRequest{Namespace: ns, Topics: []*triagev1.TopicCount{{Topic: loadTopic, Count: 10}},
+			Wait: durationpb.New(time.Second), LeaseDuration: durationpb.New(time.Minute)})
+		if err != nil {
+			if ctx.Err() == nil {
+				errs.Add(1)
+				time.Sleep(50 * time.Millisecond)
+			}
+			continue
+		}
+		if len(resp.Items) == 0 {
+			continue
+		}
+		ack := &triagev1.AckRequest{Namespace: ns}
+		for _, it := range resp.Items {
+			if len(it.Payload) == 8 {
+				s.add(&s.e2e, float64(time.Now().UnixNano()-int64(binary.BigEndian.Uint64(it.Payload)))/1e6)
+			}
+			if id, err := itemid.Parse(it.Id); err == nil {
+				s.mu.Lock()
+				s.shards[id.Shard] = true
+				s.mu.Unlock()
+			}
+			ack.Acks = append(ack.Acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
+		}
+		start := time.Now()
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		_, err = m.q.Ack(actx, ack)
+		cancel()
+		if err != nil {
+			errs.Add(1)
+			continue
+		}
+		s.add(&s.ack, since(start))
+		delivered.Add(int64(len(resp.Items)))
+	}
+}
