@@ -11,6 +11,7 @@ import (
 
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 	"github.com/triage-queue/triage/schema/store"
+	"github.com/triage-queue/triage/shardmap"
 )
 
 // Aging moves items that have been ready longer than a topic's
@@ -37,6 +38,38 @@ type aging struct {
 	mu      sync.Mutex
 	cursors map[agingKey]agingCursor
 	lastRun map[[2]string]time.Time
+	// topics are the topics of the map topicsOf last saw that age; a
+	// sweep runs ten times a second, and a map of 100,000 topic
+	// configurations, few of them with a threshold, is not read that
+	// often.
+	topicsOf *shardmap.Map
+	topics   []agingTopic
+}
+
+// agingTopic is a topic with an aging threshold.
+type agingTopic struct {
+	ns, topic string
+	threshold time.Duration
+}
+
+// agingTopics returns the topics of m with an aging threshold that are not
+// paused.
+func (a *aging) agingTopics(m *shardmap.Map) []agingTopic {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.topicsOf == m {
+		return a.topics
+	}
+	a.topics = a.topics[:0:0]
+	for _, ns := range m.Namespaces {
+		for topic, tc := range ns.Topics {
+			if th := time.Duration(tc.AgingThreshold); th > 0 && !tc.Paused {
+				a.topics = append(a.topics, agingTopic{ns.Name, topic, th})
+			}
+		}
+	}
+	a.topicsOf = m
+	return a.topics
 }
 
 type agingKey struct {
@@ -58,36 +91,31 @@ func (s *Service) sweepAging(ctx context.Context) {
 	m := s.cfg.Maps.Current()
 	owned := s.owner.owned()
 	now := s.cfg.Now()
-	for _, ns := range m.Namespaces {
-		for topic, tc := range ns.Topics {
-			th := time.Duration(tc.AgingThreshold)
-			if th <= 0 || tc.Paused {
+	for _, t := range s.aging.agingTopics(m) {
+		ns, topic, th := t.ns, t.topic, t.threshold
+		k := [2]string{ns, topic}
+		s.aging.mu.Lock()
+		due := now.Sub(s.aging.lastRun[k]) >= th/4
+		if due {
+			s.aging.lastRun[k] = now
+		}
+		s.aging.mu.Unlock()
+		if !due {
+			continue
+		}
+		for _, shard := range owned {
+			db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
+			if err != nil {
 				continue
 			}
-			k := [2]string{ns.Name, topic}
-			s.aging.mu.Lock()
-			due := now.Sub(s.aging.lastRun[k]) >= th/4
-			if due {
-				s.aging.lastRun[k] = now
+			// The cutoff compares with rows' stamps: the primary's time.
+			at := s.cfg.Clock.Now(ctx, db)
+			n, err := s.ageTopic(ctx, db, shard, ns, topic, at.Add(-th), at)
+			if err != nil {
+				s.log.Warn("aging sweep failed", "shard", shard, "topic", topic, "err", err)
 			}
-			s.aging.mu.Unlock()
-			if !due {
-				continue
-			}
-			for _, shard := range owned {
-				db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
-				if err != nil {
-					continue
-				}
-				// The cutoff compares with rows' stamps: the primary's time.
-				at := s.cfg.Clock.Now(ctx, db)
-				n, err := s.ageTopic(ctx, db, shard, ns.Name, topic, at.Add(-th), at)
-				if err != nil {
-					s.log.Warn("aging sweep failed", "shard", shard, "topic", topic, "err", err)
-				}
-				if n > 0 {
-					s.Ready(&peerv1.ItemsReady{Namespace: ns.Name, Topic: topic, Shard: shard, MinPriority: math.MinInt32, Count: int32(n)})
-				}
+			if n > 0 {
+				s.Ready(&peerv1.ItemsReady{Namespace: ns, Topic: topic, Shard: shard, MinPriority: math.MinInt32, Count: int32(n)})
 			}
 		}
 	}

@@ -224,7 +224,7 @@ func TestOwnersReloadIsPaced(t *testing.T) {
 	kv, err := OpenOwners(ctx, js, time.Minute, 1)
 	require.NoError(t, err)
 	// No watch: only Reload fills the view.
-	owners := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, reloaded: map[uint32]time.Time{}}
+	owners := &Owners{kv: kv, by: map[uint32]string{}, rev: map[uint32]uint64{}, seen: map[uint32]time.Time{}, reloaded: map[uint32]time.Time{}}
 	owner := func() string { o, _ := owners.Owner(1); return o }
 
 	_, err = kv.Put(ctx, peer.OwnerKey(1), []byte("first"))

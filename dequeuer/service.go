@@ -103,6 +103,10 @@ type Service struct {
 
 	aging *aging
 	owner *ownership
+	// ttlNext is when each owned shard's next TTL sweep is due (see
+	// ttlSweepEvery); absent: at the next tick.
+	ttlMu   sync.Mutex
+	ttlNext map[uint32]time.Time
 	// serves coalesces concurrent takes' serve UPDATEs per shard.
 	serves store.ServeBatcher
 	// handBack returns served items nobody received to the ready set.
@@ -148,7 +152,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("role", "dequeuer", "region", cfg.Region, "dequeuer", cfg.ID)
-	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(),
+	return &Service{cfg: cfg, log: log, tracer: tracing.Tracer(cfg.Tracer), topics: map[bufKey]*topicBuf{}, wrr: map[[2]string]*wrr{}, aging: newAging(), ttlNext: map[uint32]time.Time{},
 		inflight: make(chan struct{}, MaxInflight),
 		handBack: handback.New(handback.Config{Maps: cfg.Maps, Pool: cfg.Pool, Clock: cfg.Clock, Log: log})}, nil
 }
@@ -178,6 +182,11 @@ func (s *Service) Start(ctx context.Context) error {
 	s.bgCtx = ctx
 	s.refillMu.Unlock()
 	s.owner = newOwnership(s, kv)
+	if view, err := WatchOwners(ctx, kv); err == nil {
+		s.owner.view = view
+	} else {
+		s.log.Warn("not watching the ownership bucket; every claim round asks it for every shard", "err", err)
+	}
 	s.owner.claim(ctx)
 	// Requests and ItemsReady notices share one channel, read in the order
 	// the connection received them: a router that announces a commit and
@@ -227,7 +236,7 @@ func (s *Service) Start(ctx context.Context) error {
 	s.claimLoop(ctx)
 	s.loop(ctx, 5*time.Second, s.watchDrops)
 	s.loop(ctx, 500*time.Millisecond, s.dropIdle)
-	s.loop(ctx, time.Second, s.sweepTTL)
+	s.loop(ctx, ttlSweepEvery, s.sweepTTL)
 	s.loop(ctx, 100*time.Millisecond, s.sweepAging)
 	return nil
 }
@@ -407,6 +416,7 @@ func (s *Service) handleReady(m *nats.Msg) {
 // refill and wakes waiters. A router in the same process calls it directly
 // before answering a committed enqueue.
 func (s *Service) Ready(r *peerv1.ItemsReady) {
+	s.ttlSweepSoon(r.Shard)
 	// Buffers of bands the new items may fall in; a topic nobody has asked
 	// for here has none, and there is nothing to refresh.
 	bufs := s.buffers(func(k *bufKey) bool {
@@ -1112,6 +1122,34 @@ func (s *Service) dropShard(_ context.Context, shard uint32) {
 	})
 }
 
+// ttlSweepEvery is the shortest wait between two TTL sweeps of a shard,
+// ttlSweepMax the longest. After a sweep the next waits until the
+// shard's earliest TTL (store.ItemNextExpiry), so a thousand idle shards
+// cost a few sweeps a second rather than a thousand, and an item still
+// leaves within about ttlSweepEvery of its TTL; a shard with new items
+// (an ItemsReady notice) is swept at the next tick, as their TTLs may
+// come first. An expired item is never served whether or not it was
+// swept (the head read and the serve check expires_at); the sweep frees
+// its row and starts its dedup key's window.
+const (
+	ttlSweepEvery = time.Second
+	ttlSweepMax   = 30 * time.Second
+)
+
+// ttlSweepDue reports whether shard's next TTL sweep is due.
+func (s *Service) ttlSweepDue(shard uint32) bool {
+	s.ttlMu.Lock()
+	defer s.ttlMu.Unlock()
+	return !time.Now().Before(s.ttlNext[shard])
+}
+
+// ttlSweepSoon makes shard's next TTL sweep due at the next tick.
+func (s *Service) ttlSweepSoon(shard uint32) {
+	s.ttlMu.Lock()
+	delete(s.ttlNext, shard)
+	s.ttlMu.Unlock()
+}
+
 func (s *Service) sweepTTL(ctx context.Context) {
 	m := s.cfg.Maps.Current()
 	window := func(ns string) time.Duration {
@@ -1121,19 +1159,33 @@ func (s *Service) sweepTTL(ctx context.Context) {
 		return 0
 	}
 	for _, id := range s.owner.owned() {
+		if !s.ttlSweepDue(id) {
+			continue
+		}
 		db, err := s.cfg.Pool.Writer(s.cfg.Maps, id)
 		if err != nil {
 			continue
 		}
+		st := store.New(db)
+		now := s.cfg.Clock.Now(ctx, db)
 		for {
-			n, err := store.New(db).ItemSweepExpired(ctx, store.ItemSweepExpiredParams{NowUS: s.cfg.Clock.Now(ctx, db).UnixMicro(), Limit: 1000, Window: window})
+			n, err := st.ItemSweepExpired(ctx, store.ItemSweepExpiredParams{NowUS: now.UnixMicro(), Limit: 1000, Window: window})
 			if err != nil {
 				s.log.Warn("ttl sweep failed", "shard", id, "err", err)
 			}
 			if n < 1000 {
 				break
 			}
+			now = s.cfg.Clock.Now(ctx, db)
 		}
+		wait := ttlSweepMax
+		if next, ok, err := st.ItemNextExpiry(ctx); err != nil || ok {
+			// An error: sweep again soon, as when an item expires soon.
+			wait = time.Duration(next-now.UnixMicro()) * time.Microsecond
+		}
+		s.ttlMu.Lock()
+		s.ttlNext[id] = time.Now().Add(min(max(wait, ttlSweepEvery), ttlSweepMax))
+		s.ttlMu.Unlock()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -282,6 +282,22 @@ const itemExpiredSQL = `SELECT id, namespace, topic, dedup_key, enqueued_at FROM
 // their expires index.
 const tombstoneSweepSQL = "DELETE FROM dedup_tombstones WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"
 
+// itemNextExpirySQL reads the earliest TTL of the shard's items, through
+// the ttl index (NULLs, items without a TTL, sort first and MIN skips
+// them).
+const itemNextExpirySQL = "SELECT MIN(expires_at) FROM items"
+
+// ItemNextExpiry returns when the shard's next item expires (unix µs, the
+// primary's clock), and false when no item has a TTL: a sweeper with
+// nothing due can wait until then.
+func (s Store) ItemNextExpiry(ctx context.Context) (int64, bool, error) {
+	var us sql.NullInt64
+	if err := s.db.GetContext(ctx, &us, itemNextExpirySQL); err != nil {
+		return 0, false, fmt.Errorf("next expiry: %w", err)
+	}
+	return us.Int64, us.Valid, nil
+}
+
 // ItemSweepExpiredParams: see ItemSweepExpired.
 type ItemSweepExpiredParams struct {
 	NowUS int64
