@@ -19,6 +19,10 @@ type StreamConfig struct {
 	Replicas int
 }
 
+// MaxShardsPerRegion bounds the shards homed in one region: the enqueue
+// stream of a region holds one consumer per shard (see EnsureStream).
+const MaxShardsPerRegion = 100_000
+
 // EnsureStream creates or updates region's enqueue stream.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cfg StreamConfig) (jetstream.Stream, error) {
 	if cfg.MaxBytes == 0 {
@@ -41,6 +45,12 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, cf
 		// Routers set Nats-Msg-Id, so a publish retried after a lost PubAck
 		// is stored once.
 		Duplicates: 2 * time.Minute,
+		// One durable consumer per shard homed in the region (plus the
+		// handover's second during a move). nats-server 2.15 caps a
+		// stream at 1,000 consumers unless the stream sets its own limit
+		// (0 or -1 reads as that default): the 1,001st shard's enqueuer
+		// was refused its consumer and its enqueues waited out.
+		MaxConsumers: MaxShardsPerRegion,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("enqueue stream %s: %w", peer.EnqueueStream(region), err)

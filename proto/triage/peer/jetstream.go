@@ -43,7 +43,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 }
 
 // sameStream compares the settings Triage's streams set, a zero in want
-// read as the server's default (no limit; a two-minute duplicate window).
+// read as the server's default (no limit; a two-minute duplicate window;
+// for MaxConsumers, whatever the server chose).
 func sameStream(have, want jetstream.StreamConfig) bool {
 	orNone := func(v int64) int64 {
 		if v == 0 {
@@ -59,7 +60,8 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 		have.Retention == want.Retention && have.Discard == want.Discard &&
 		have.MaxBytes == orNone(want.MaxBytes) && have.MaxMsgs == orNone(want.MaxMsgs) &&
 		int64(have.MaxMsgSize) == orNone(int64(want.MaxMsgSize)) &&
-		have.Storage == want.Storage && have.Replicas == max(want.Replicas, 1) && have.Duplicates == dups
+		have.Storage == want.Storage && have.Replicas == max(want.Replicas, 1) && have.Duplicates == dups &&
+		(want.MaxConsumers == 0 || have.MaxConsumers == want.MaxConsumers)
 }
 
 func sameStrings(a, b []string) bool {
