@@ -705,7 +705,7 @@ func (w *worker) measure(ctx context.Context) {
 	sm := w.svc.cfg.Metrics.Shard(w.shard)
 	stream, durable := peer.EnqueueStream(w.home), w.durable()
 	var warned time.Time
-	t := time.NewTicker(measureEvery)
+	t := time.NewTimer(w.svc.measurePeriod())
 	defer t.Stop()
 	for {
 		ictx, cancel := context.WithTimeout(ctx, time.Second)
@@ -736,9 +736,26 @@ func (w *worker) measure(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			t.Reset(w.svc.measurePeriod())
 		}
 	}
 }
+
+// measurePeriod is how often each worker reads its consumer's state:
+// measureEvery, or longer with many workers, so that the region's
+// enqueuer asks JetStream at most measureRate times a second in all (at a
+// thousand shards, a consumer info every 2 s per shard was a quarter of an
+// idle enqueuer's CPU and as much of the NATS server's). The buffer
+// gauges and the not-drained warning follow a stuck shard that much later.
+func (s *Service) measurePeriod() time.Duration {
+	s.mu.Lock()
+	n := len(s.workers)
+	s.mu.Unlock()
+	return max(measureEvery, time.Duration(n)*time.Second/measureRate)
+}
+
+// measureRate bounds the region's consumer reads a second (measurePeriod).
+const measureRate = 25
 
 // announce tells dequeuers about committed BUFFERED batches and answers
 // the routers waiting on COMMITTED ones.

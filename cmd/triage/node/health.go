@@ -32,8 +32,17 @@ func (n *Node) Healthy(ctx context.Context) error {
 	if n.GRPCAddr == "" && n.enq == nil && n.deq == nil {
 		return nil // a controller alone reaches MySQL only while it leads
 	}
+	// One ping per primary server, through the pool of its first shard:
+	// many shards are often databases on one server, and a ping a second
+	// per shard was most of an idle node's CPU at a thousand shards.
 	m := n.maps.Current()
+	pinged := map[string]bool{}
 	for _, id := range m.RegionShards(n.cfg.Region) {
+		s, _ := m.Shard(id)
+		if pinged[s.Primary] {
+			continue
+		}
+		pinged[s.Primary] = true
 		db, s, err := n.pool.Primary(m, id)
 		if err != nil {
 			return err
