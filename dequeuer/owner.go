@@ -347,8 +347,8 @@ func (o *ownership) handOver(ctx context.Context, id uint32, region string) {
 // claimOne refreshes the claim of a shard this dequeuer owns, or claims
 // one it does not. It reports whether the shard is home (its primary runs
 // in this region) and still held by a dequeuer of another region, to be
-// taken over (takeOver). A refresh that finds the claim lost drops the
-// shard.
+// taken over (takeOver). A refresh that finds the claim held by another
+// dequeuer drops the shard.
 func (o *ownership) claimOne(ctx context.Context, id uint32, home bool) (heldAway bool) {
 	o.mu.Lock()
 	rev, mine := o.revs[id]
@@ -356,6 +356,16 @@ func (o *ownership) claimOne(ctx context.Context, id uint32, home bool) (heldAwa
 	var err error
 	if mine {
 		rev, err = o.kv.Update(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID), rev)
+		if err != nil && isLost(err) {
+			// A refresh that came after the claim expired finds no key:
+			// if nobody claimed it since, claiming it again keeps the
+			// shard where it was instead of moving it (and its buffer)
+			// for nothing.
+			if again, cerr := o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID)); cerr == nil {
+				o.s.log.Warn("shard claim had expired before its refresh; claimed again", "shard", id)
+				rev, err = again, nil
+			}
+		}
 	} else {
 		rev, err = o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
 	}

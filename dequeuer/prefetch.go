@@ -32,6 +32,20 @@ const (
 	// usually none), so a newly ready item never waits behind less urgent
 	// buffered ones for longer than this.
 	recheckEvery = 100 * time.Millisecond
+	// An empty queue that reads keep finding empty is read again less
+	// often when the dequeuer holds many queues (shardQueue.recheck): a
+	// long poll re-reads every due queue of its topic, so at recheckEvery
+	// consumers waiting on 250 topics of four shards each cost ten
+	// thousand reads a second of empty queues. The wait doubles with
+	// every empty read in a row, up to recheckEvery per quietQueues
+	// queues the dequeuer holds, at most quietRecheckMax; a notice or a
+	// read with rows brings it back. A dequeuer with up to 2*quietQueues
+	// queues keeps recheckEvery. The price, only at that scale: an item
+	// that becomes ready by time alone (a delay, a lapsed lease: nobody
+	// announces those) in a queue that was empty for a while is found up
+	// to that late.
+	quietQueues     = 200
+	quietRecheckMax = time.Second
 	// servedFor is how long a queue remembers the versions of rows it
 	// served or found changed (shardQueue.served): a read whose snapshot
 	// predates a serve's commit returns the row as it was, and without the
@@ -56,7 +70,10 @@ type shardQueue struct {
 	checkedAt time.Time // last unbounded read (the one that sets exhausted)
 	headAt    time.Time // last read of any kind, bounded by the tail or not
 	exhausted bool      // last unbounded fetch returned fewer rows than asked
-	dirty     bool      // ItemsReady arrived since the last fetch
+	// quiet counts the head reads in a row that found nothing, no notice
+	// between them (see recheck).
+	quiet int
+	dirty bool // ItemsReady arrived since the last fetch
 	// dirtyFrom bounds what the notices that made the queue dirty may
 	// have announced: no unread row they are about sorts before it. Items
 	// before it can still be served without reading again (safeBefore).
@@ -161,21 +178,29 @@ func settle(items []bufItem) {
 // within recheckEvery and either has items (nothing ready sorts before its
 // tail as of that read) or is known empty. Holding items is not enough: a
 // row that turned ready since the last read may sort before them.
-func (q *shardQueue) fresh(now time.Time) bool {
-	return !q.dirty && q.read(now)
+func (q *shardQueue) fresh(now time.Time, quietCap time.Duration) bool {
+	return !q.dirty && q.read(now, quietCap)
 }
 
 // read reports whether the queue's last read is recent enough to merge
 // from, notices aside: within recheckEvery, with items or known empty.
-func (q *shardQueue) read(now time.Time) bool {
+func (q *shardQueue) read(now time.Time, quietCap time.Duration) bool {
 	if len(q.items) > 0 {
 		return now.Sub(q.headAt) < recheckEvery
 	}
-	return q.exhausted && now.Sub(q.checkedAt) < recheckEvery
+	return q.exhausted && now.Sub(q.checkedAt) < q.recheck(quietCap)
+}
+
+// recheck is how long an empty queue's last read stands: recheckEvery,
+// doubled for every read in a row that found nothing, up to quietCap
+// (Service.quietCap; below recheckEvery reads as recheckEvery).
+func (q *shardQueue) recheck(quietCap time.Duration) time.Duration {
+	return max(recheckEvery, min(recheckEvery<<min(q.quiet, 4), quietCap))
 }
 
 // markDirty records a notice of rows that sort at or after from.
 func (q *shardQueue) markDirty(from store.Item) {
+	q.quiet = 0
 	if !q.dirty || from.Less(&q.dirtyFrom) {
 		q.dirtyFrom = from
 	}
@@ -280,6 +305,8 @@ type topicBuf struct {
 	queues   map[uint32]*shardQueue
 	waiters  []chan struct{}
 	lastUsed time.Time
+	// quietCap is the dequeuer's quietCap as of the last take.
+	quietCap time.Duration
 	rate     float64 // items/s, exponentially weighted
 	rateAt   time.Time
 }
@@ -295,6 +322,13 @@ type bufKey struct {
 
 func newTopicBuf(k bufKey) *topicBuf {
 	return &topicBuf{bufKey: k, queues: map[uint32]*shardQueue{}}
+}
+
+// quietCap is the longest an empty queue's read stands (see
+// quietQueues): recheckEvery per quietQueues queues the dequeuer holds,
+// at most quietRecheckMax.
+func (s *Service) quietCap() time.Duration {
+	return min(quietRecheckMax, recheckEvery*time.Duration(max(1, s.queueTotal.Load()/quietQueues)))
 }
 
 func (b *topicBuf) queue(shard uint32) *shardQueue {
@@ -381,6 +415,7 @@ func (s *Service) take(ctx context.Context, b *topicBuf, shards []uint32, n int)
 		now := s.cfg.Now()
 		b.mu.Lock()
 		b.lastUsed = now
+		b.quietCap = s.quietCap()
 		// First what can be served without a read: the queues' items that
 		// sort before anything announced since their last reads.
 		if got := mergeTake(b, shards, n-len(out), now, read); len(got) > 0 {
@@ -437,7 +472,7 @@ func planReads(b *topicBuf, shards []uint32, now time.Time, read map[uint32]bool
 		switch {
 		case q.fetching != nil:
 			p.pending = append(p.pending, pendingRead{q.fetching, id, q.fetchStart})
-		case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now) && !readThisCall(q, read[id])):
+		case q.refilling != nil && (len(q.items) == 0 || !q.fresh(now, b.quietCap) && !readThisCall(q, read[id])):
 			// A second read beside the refill could merge rows after
 			// ones it has read and not merged yet, and serve them out
 			// of order: wait for it. Its read counts as of when it
@@ -449,7 +484,7 @@ func planReads(b *topicBuf, shards []uint32, now time.Time, read map[uint32]bool
 				began = time.Time{}
 			}
 			p.pending = append(p.pending, pendingRead{q.refilling, id, began})
-		case !q.fresh(now) && !readThisCall(q, read[id]):
+		case !q.fresh(now, b.quietCap) && !readThisCall(q, read[id]):
 			p.stale = append(p.stale, id)
 			var tail *store.Item
 			if t := q.tail(); t != nil {
@@ -519,7 +554,7 @@ func mergeTake(b *topicBuf, shards []uint32, n int, now time.Time, read map[uint
 		var best *shardQueue
 		for _, id := range shards {
 			q := b.queue(id)
-			if !q.read(now) && !readThisCall(q, read[id]) {
+			if !q.read(now, b.quietCap) && !readThisCall(q, read[id]) {
 				return out // refill before comparing further
 			}
 			if len(q.items) > 0 && (best == nil || q.items[0].Less(&best.items[0].Item)) {
@@ -778,6 +813,11 @@ func (q *shardQueue) noteRead(r *shardRead, bounded, after, refill bool, now tim
 	if !bounded || r.err != nil {
 		q.exhausted = r.err != nil || !r.full
 		q.checkedAt = readAt
+		if r.err == nil && len(r.items) == 0 && !q.dirty {
+			q.quiet++
+		} else {
+			q.quiet = 0
+		}
 	} else {
 		// A bounded read says nothing about rows past the tail, and the
 		// notice that may have caused it can be about such a row (an

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -103,6 +104,9 @@ type Service struct {
 
 	aging *aging
 	owner *ownership
+	// queueTotal is the number of shard queues of all buffers, as of the
+	// last TTL sweep (see quietQueues).
+	queueTotal atomic.Int64
 	// ttlNext is when each owned shard's next TTL sweep is due (see
 	// ttlSweepEvery); absent: at the next tick.
 	ttlMu   sync.Mutex
@@ -1122,11 +1126,11 @@ func (s *Service) dropShard(_ context.Context, shard uint32) {
 	})
 }
 
-// ttlSweepEvery is the shortest wait between two TTL sweeps of a shard,
-// ttlSweepMax the longest. After a sweep the next waits until the
-// shard's earliest TTL (store.ItemNextExpiry), so a thousand idle shards
-// cost a few sweeps a second rather than a thousand, and an item still
-// leaves within about ttlSweepEvery of its TTL; a shard with new items
+// ttlSweepEvery is the TTL sweep's tick, ttlSweepMax the longest a shard
+// waits between two sweeps. After a sweep the next is due at the shard's
+// earliest TTL (store.ItemNextExpiry), so a thousand idle shards cost a
+// few sweeps a second rather than a thousand, and an item still leaves
+// within about ttlSweepEvery of its TTL; a shard with new items
 // (an ItemsReady notice) is swept at the next tick, as their TTLs may
 // come first. An expired item is never served whether or not it was
 // swept (the head read and the serve check expires_at); the sweep frees
@@ -1184,14 +1188,16 @@ func (s *Service) sweepTTL(ctx context.Context) {
 			wait = time.Duration(next-now.UnixMicro()) * time.Microsecond
 		}
 		s.ttlMu.Lock()
-		s.ttlNext[id] = time.Now().Add(min(max(wait, ttlSweepEvery), ttlSweepMax))
+		s.ttlNext[id] = time.Now().Add(min(max(wait, 0), ttlSweepMax))
 		s.ttlMu.Unlock()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Forget topic buffers that are idle and empty, so the map stays small.
+	var queues int64
 	for k, b := range s.topics {
 		b.mu.Lock()
+		queues += int64(len(b.queues))
 		empty := slices.IndexFunc(mapsValues(b.queues), func(q *shardQueue) bool { return len(q.items) > 0 || q.fetching != nil || q.refilling != nil }) < 0
 		idle := s.cfg.Now().Sub(b.lastUsed) > time.Minute && len(b.waiters) == 0
 		b.mu.Unlock()
@@ -1199,6 +1205,7 @@ func (s *Service) sweepTTL(ctx context.Context) {
 			delete(s.topics, k)
 		}
 	}
+	s.queueTotal.Store(queues)
 }
 
 func mapsValues[K comparable, V any](m map[K]V) []V {
