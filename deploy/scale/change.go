@@ -17,7 +17,8 @@ const namespaceTrials = 3
 
 // mapChanges times namespace updates and a shard add, each from the
 // request until every node holds the map it made.
-func (m *meter) mapChanges(ctx context.Context, rec *Record, _ Options) error {
+func (m *meter) mapChanges(ctx context.Context, rec *Record, opt Options) error {
+	defer m.profile(ctx, opt, "change", 10*time.Second)()
 	for i := range namespaceTrials {
 		took, err := m.timeChange(ctx, func(ctx context.Context) error {
 			_, err := m.admin.PutNamespace(ctx, &triagev1.PutNamespaceRequest{Namespace: NamespaceName(i),

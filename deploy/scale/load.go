@@ -56,6 +56,7 @@ func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) /
 // load offers opt.Rate enqueues a second for opt.LoadFor, then waits up
 // to drainWithin for every acknowledged item to be delivered.
 func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
+	defer m.profile(ctx, opt, "load", opt.LoadFor)()
 	cfg := m.b.cfg
 	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
 	s := &samples{shards: map[uint32]bool{}}

@@ -106,6 +106,8 @@ func (b *Bed) startNode(ctx context.Context, name, role string, opts ...func(*no
 	}
 	n.cmd = exec.Command(b.cfg.Triage, "serve", "--config", file, "--log-level", "warn")
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
+	// A bed process that dies takes its nodes along.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

@@ -87,8 +87,9 @@ type Options struct {
 	// Default 200/s for 20s.
 	Rate    float64
 	LoadFor time.Duration
-	// ProfileDir, when set, receives a CPU profile of every node taken
-	// over the idle step (NAME-idle.pprof), to show where idle time goes.
+	// ProfileDir, when set, receives a CPU profile of every node over the
+	// idle, map-change and load steps (NAME-STEP.pprof) and each node's
+	// scrape (NAME.metrics), to show where the time and bytes go.
 	ProfileDir string
 }
 
@@ -250,17 +251,12 @@ func (m *meter) idle(ctx context.Context, rec *Record, opt Options) error {
 		before[i], _ = cpuSeconds(p.pid)
 	}
 	start := time.Now()
-	var profiles sync.WaitGroup
-	if opt.ProfileDir != "" {
-		for _, n := range m.b.Nodes {
-			profiles.Go(func() { m.profile(ctx, n, opt) })
-		}
-	}
+	profiled := m.profile(ctx, opt, "idle", opt.IdleFor)
 	if err := sleep(ctx, opt.IdleFor); err != nil {
 		return err
 	}
 	took := time.Since(start).Seconds()
-	profiles.Wait()
+	profiled()
 	for i, p := range procs {
 		after, err := cpuSeconds(p.pid)
 		if err != nil {
@@ -271,17 +267,27 @@ func (m *meter) idle(ctx context.Context, rec *Record, opt Options) error {
 	return nil
 }
 
-// profile writes a CPU profile of n over the idle step into
-// opt.ProfileDir; a failure is logged, not fatal.
-func (m *meter) profile(ctx context.Context, n *Node, opt Options) {
-	secs := max(1, int(opt.IdleFor.Seconds())-1)
-	body, err := get(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.Pprof, secs))
-	if err == nil {
-		err = os.WriteFile(filepath.Join(opt.ProfileDir, n.Name+"-idle.pprof"), body, 0o644)
+// profile starts a CPU profile of every node over the next d, when
+// opt.ProfileDir is set, written there as NAME-step.pprof; the function
+// it returns waits for them. A failure is logged, not fatal.
+func (m *meter) profile(ctx context.Context, opt Options, step string, d time.Duration) (wait func()) {
+	var wg sync.WaitGroup
+	if opt.ProfileDir == "" {
+		return wg.Wait
 	}
-	if err != nil {
-		m.b.cfg.Logger.Warn("scale: idle profile", "node", n.Name, "err", err)
+	secs := max(1, int(d.Seconds())-1)
+	for _, n := range m.b.Nodes {
+		wg.Go(func() {
+			body, err := get(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.Pprof, secs))
+			if err == nil {
+				err = os.WriteFile(filepath.Join(opt.ProfileDir, n.Name+"-"+step+".pprof"), body, 0o644)
+			}
+			if err != nil {
+				m.b.cfg.Logger.Warn("scale: profile", "node", n.Name, "step", step, "err", err)
+			}
+		})
 	}
+	return wg.Wait
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times on Linux.
@@ -337,7 +343,7 @@ func (m *meter) mapSize(ctx context.Context, rec *Record, _ Options) error {
 }
 
 // scrapes reads every node's /metrics once.
-func (m *meter) scrapes(ctx context.Context, rec *Record, _ Options) error {
+func (m *meter) scrapes(ctx context.Context, rec *Record, opt Options) error {
 	for _, n := range m.b.Nodes {
 		start := time.Now()
 		body, err := get(ctx, "http://"+n.Metrics+"/metrics")
@@ -345,11 +351,17 @@ func (m *meter) scrapes(ctx context.Context, rec *Record, _ Options) error {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 		rec.Scrapes = append(rec.Scrapes, Scrape{Name: n.Name, Bytes: len(body), Ms: round1(float64(time.Since(start).Microseconds()) / 1000)})
+		if opt.ProfileDir != "" {
+			_ = os.WriteFile(filepath.Join(opt.ProfileDir, n.Name+".metrics"), body, 0o644)
+		}
 	}
 	return nil
 }
 
+// get reads url, within a minute.
 func get(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
