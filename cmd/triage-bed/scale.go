@@ -19,6 +19,7 @@ func scaleCommand() *cobra.Command {
 	var (
 		sizes, dir, out, triage, level string
 		servers, topics, namespaces    int
+		failover                       bool
 		opt                            scale.Options
 	)
 	cmd := &cobra.Command{
@@ -43,7 +44,7 @@ func scaleCommand() *cobra.Command {
 				}
 				fmt.Fprintf(w, "scale run: %d shards\n", n)
 				rec, err := scale.Run(c.Context(), scale.Config{Dir: filepath.Join(dir, fmt.Sprintf("scale-%d", n)), Triage: triage, Shards: n,
-					Servers: servers, Topics: topics, Namespaces: namespaces, Logger: cli.Logger(c.ErrOrStderr(), level),
+					Servers: servers, Topics: topics, Namespaces: namespaces, Failover: failover, Logger: cli.Logger(c.ErrOrStderr(), level),
 					Progress: func(line string) { fmt.Fprintln(w, "  "+line) }}, opt)
 				if err != nil {
 					return fmt.Errorf("%d shards: %w", n, err)
@@ -68,8 +69,10 @@ func scaleCommand() *cobra.Command {
 	f.IntVar(&servers, "servers", 0, "mariadbd servers the shards are spread over (default 4)")
 	f.IntVar(&topics, "topics", 0, "topic configurations in the map (default 100 per shard, at most 100,000)")
 	f.IntVar(&namespaces, "namespaces", 0, "namespaces (default topics/10)")
+	f.BoolVar(&failover, "failover", false, "add region eu-west with a replica of every server and a controller, and end with a primary-kill drill of one server")
+	f.DurationVar(&opt.FailoverHold, "failover-hold", 20*time.Second, "how long the failover drill holds the killed server down")
 	f.StringVar(&dir, "dir", ".triage", "where the node configs and logs go (a scale-N folder per size)")
-	f.StringVar(&out, "out", ".triage/scale.json", "the records file (one record per size, replaced by a new run of that size)")
+	f.StringVar(&out, "out", ".triage/scale.json", "the records file (one record per size, and one per size with --failover, replaced by a new run of that size and kind)")
 	f.StringVar(&triage, "triage", "", "the triage binary the nodes run (default: the one beside triage-bed)")
 	f.StringVar(&level, "log-level", "warn", "debug, info, warn or error")
 	f.DurationVar(&opt.IdleFor, "idle-for", 20*time.Second, "how long idle CPU is sampled")

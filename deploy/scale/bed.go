@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -20,8 +21,12 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// Region is the scale bed's one region.
+// Region is the scale bed's region: its shards, primaries and nodes.
 const Region = "us-east"
+
+// ReplicaRegion is the second region of a bed with Config.Failover: a
+// replica of every server and a controller, no shards of its own.
+const ReplicaRegion = "eu-west"
 
 // Config of a scale bed.
 type Config struct {
@@ -46,6 +51,14 @@ type Config struct {
 	Dequeuers int
 	// OwnerTTL of a dequeuer's shard claims. Default 5s.
 	OwnerTTL time.Duration
+	// Failover gives the bed a second region, ReplicaRegion, for the
+	// failover step: a replica of every server there (GTID, semi-sync
+	// AFTER_SYNC, read-only, replicating the whole server and so every
+	// shard database on it) that the map lists for each of the server's
+	// shards, and a controller there, so that observers in two regions
+	// watch the primaries; the controller of Region gets the replication
+	// account. Off, the bed has one region and no replication.
+	Failover bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Progress receives one line per step, for a person watching.
@@ -77,9 +90,12 @@ type Bed struct {
 	cfg     Config
 	tmp     string
 	servers []*mariadb.Server
-	nats    *server.Server
-	mapFile string
-	// Spare is the migrated shard left out of the map.
+	// replicas[i] is servers[i]'s replica in ReplicaRegion (Failover).
+	replicas []*mariadb.Server
+	nats     *server.Server
+	mapFile  string
+	// Spare is the migrated shard left out of the map (with Failover,
+	// listing its server's replica, as the map's shards do).
 	Spare shardmap.Shard
 	// Nodes are the `triage serve` processes, the router first.
 	Nodes   []*Node
@@ -145,6 +161,9 @@ var serverArgs = []string{
 }
 
 func (b *Bed) startServers(ctx context.Context) error {
+	if b.cfg.Failover {
+		return b.startReplicated(ctx)
+	}
 	b.progress("starting %d mariadbd servers", b.cfg.Servers)
 	b.servers = make([]*mariadb.Server, b.cfg.Servers)
 	return provision.Parallel(b.cfg.Servers, func(i int) error {
@@ -206,8 +225,11 @@ func (b *Bed) createShard(ctx context.Context, id uint32) error {
 // writeMap writes the bootstrap map (see the package comment).
 func (b *Bed) writeMap(context.Context) error {
 	m := Map(b.cfg, func(id uint32) string { return b.server(id).Addr() })
+	if b.cfg.Failover {
+		b.addReplicas(&m)
+	}
 	spare := uint32(b.cfg.Shards + 1)
-	b.Spare = shardmap.Shard{ID: spare, HomeRegion: Region, Primary: b.server(spare).Addr(), Database: Database(spare)}
+	b.Spare = b.withReplica(shardmap.Shard{ID: spare, HomeRegion: Region, Primary: b.server(spare).Addr(), Database: Database(spare)})
 	sm, err := shardmap.New(m)
 	if err != nil {
 		return err
@@ -262,16 +284,17 @@ func (b *Bed) startNATS(context.Context) error {
 // NATSURL is the bed's NATS client URL.
 func (b *Bed) NATSURL() string { return b.nats.ClientURL() }
 
-// Stop stops the nodes, NATS and the servers, by the PIDs the bed started,
-// and removes the datadirs.
+// Stop stops the nodes, NATS and the servers (the replicas too), by the
+// PIDs the bed started, and removes the datadirs.
 func (b *Bed) Stop() {
 	_ = provision.Parallel(len(b.Nodes), func(i int) error { b.Nodes[i].Stop(); return nil })
 	if b.nats != nil {
 		b.nats.Shutdown()
 		b.nats.WaitForShutdown()
 	}
-	_ = provision.Parallel(len(b.servers), func(i int) error {
-		if s := b.servers[i]; s != nil {
+	all := append(slices.Clone(b.servers), b.replicas...)
+	_ = provision.Parallel(len(all), func(i int) error {
+		if s := all[i]; s != nil {
 			_ = s.Stop()
 		}
 		return nil

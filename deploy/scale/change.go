@@ -33,7 +33,8 @@ func (m *meter) mapChanges(ctx context.Context, rec *Record, opt Options) error 
 	}
 	s := m.b.Spare
 	took, err := m.timeChange(ctx, func(ctx context.Context) error {
-		_, err := m.admin.AddShard(ctx, &triagev1.AddShardRequest{Shard: &triagev1.Shard{Id: s.ID, HomeRegion: s.HomeRegion, Primary: s.Primary, Database: s.Database}})
+		_, err := m.admin.AddShard(ctx, &triagev1.AddShardRequest{Shard: &triagev1.Shard{Id: s.ID, HomeRegion: s.HomeRegion, Primary: s.Primary, Database: s.Database,
+			Replicas: s.Replicas, ReplicaRegions: s.ReplicaRegions}})
 		return err
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -28,6 +29,12 @@ func check(rec *Record) []Check {
 		bound("shard add served by every node (ms)", MapChangeLimitMs, rec.AddShardMs),
 		bound("dead dequeuer's shards owned again (s)", TakeoverLimitSeconds, rec.Takeover.Seconds),
 	}
+	if f := rec.Failover; f != nil {
+		cs = append(cs,
+			bound(fmt.Sprintf("shards of the killed server not moved to one new primary (of %d)", f.Shards), 0, float64(f.Shards-f.Moved)),
+			bound("acknowledged items lost in the failover drill", 0, float64(f.Lost)),
+			bound("nacks and acks undone in the failover drill", 0, float64(f.NacksUndone+f.AcksUndone)))
+	}
 	for _, u := range rec.Idle {
 		if strings.HasPrefix(u.Name, "mariadbd") || u.Name == "nats+bed" {
 			continue
@@ -48,26 +55,38 @@ func (rec *Record) Failed() []Check {
 	return bad
 }
 
-// File is .triage/scale.json: one record per size, the latest run of each.
+// File is .triage/scale.json: one record per size, and per size one of a
+// bed with Config.Failover, the latest run of each.
 type File struct {
 	Records []Record `json:"records"`
 }
 
 // Save puts rec into the file at path, replacing a record of the same
-// number of shards.
+// number of shards and the same kind (with a failover step or without).
 func Save(path string, rec Record) error {
 	var f File
 	if data, err := os.ReadFile(path); err == nil {
 		_ = json.Unmarshal(data, &f)
 	}
-	f.Records = slices.DeleteFunc(f.Records, func(r Record) bool { return r.Shards == rec.Shards })
+	kind := func(r Record) bool { return r.Failover != nil }
+	f.Records = slices.DeleteFunc(f.Records, func(r Record) bool { return r.Shards == rec.Shards && kind(r) == kind(rec) })
 	f.Records = append(f.Records, rec)
-	slices.SortFunc(f.Records, func(a, b Record) int { return a.Shards - b.Shards })
+	slices.SortStableFunc(f.Records, func(a, b Record) int {
+		return cmp.Or(cmp.Compare(a.Shards, b.Shards), cmp.Compare(ord(kind(a)), ord(kind(b))))
+	})
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// ord orders false before true.
+func ord(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Print writes rec as a few lines for a person.
@@ -86,6 +105,15 @@ func (rec *Record) Print(w io.Writer) {
 		fmt.Fprintf(w, " %s %d B %.0f ms;", s.Name, s.Bytes, s.Ms)
 	}
 	fmt.Fprintf(w, "\n  takeover: %s held %d shards, all owned again in %.2f s\n", rec.Takeover.Killed, rec.Takeover.Shards, rec.Takeover.Seconds)
+	if f := rec.Failover; f != nil {
+		fmt.Fprintf(w, "  failover: killed %s, primary of %d shards; %d moved to %s (%d new primaries), the last published %.2f s after the kill\n",
+			f.Server, f.Shards, f.Moved, f.NewPrimary, f.NewPrimaries, f.Seconds)
+		fmt.Fprintf(w, "    drill: %d acknowledged, %d lost, %d nacks and %d acks undone, %d early; RTO enqueue %d ms, dequeue %d ms; old primary %s\n",
+			f.Acknowledged, f.Lost, f.NacksUndone, f.AcksUndone, f.Early, f.EnqueueRTOMs, f.DequeueRTOMs, f.OldPrimary)
+		for _, v := range f.Violations {
+			fmt.Fprintf(w, "    violation: %s\n", v)
+		}
+	}
 	for _, c := range rec.Checks {
 		mark := "ok    "
 		if !c.OK {

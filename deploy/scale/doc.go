@@ -20,6 +20,21 @@
 // read from /proc by PID. NATS with JetStream runs embedded in the bed's
 // own process, whose CPU is reported as "nats+bed".
 //
+// With Config.Failover (`triage-bed scale --failover`) the bed has a
+// second region, eu-west, holding no shard: a replica of every server
+// there, started read-only, and a controller there beside the first
+// region's. Each server replicates to its replica as production does
+// (deploy/bed): the accounts on every server with sql_log_bin=0, then
+// GTID replication with semi-sync AFTER_SYNC and no asynchronous
+// fallback, set up before any shard database exists, so the replica holds
+// the whole server, every shard database of it, from its first GTID. The
+// map lists, for every shard and the spare, its server's replica, in
+// eu-west, so the shards of one server form one failover group
+// (regions/group.go); both controllers observe the primaries and hold the
+// replication account. With one replica a server's commits wait, after
+// its failover, for the old primary to rejoin: the new primary's only
+// semi-sync replica is the server that died.
+//
 // # The run
 //
 // Run brings a bed up, measures, and stops it: idle CPU and memory of each
@@ -28,6 +43,13 @@
 // new map (each node's /shardmap on its metrics listener); enqueue and
 // dequeue at a fixed offered load spread over every shard, with p99; each
 // node's /metrics size and scrape time; and the time until every shard a
-// killed dequeuer owned is owned again. A Record holds one size's figures
-// and the bounds it was checked against (Record.Check).
+// killed dequeuer owned is owned again. With Config.Failover, last, a
+// primary-kill drill (deploy/drill) through the first region's router
+// SIGKILLs the server holding shard 1's primary, and so the primaries of
+// every shard on it, holds it down (Options.FailoverHold), then restarts
+// it with replication.RejoinArgs: the record has how many shards it held,
+// the time from the kill until the last of them was published on a new
+// primary (all must move, to one server), and the drill's lost, undone
+// and early items and its RTO. A Record holds one size's figures and the
+// bounds it was checked against (Record.Checks).
 package scale

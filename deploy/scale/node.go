@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,8 +21,9 @@ import (
 // Node is one `triage serve` process of the bed.
 type Node struct {
 	// Name is unique in the bed ("router", "dequeuer-1", ...); Role is the
-	// node's one role.
-	Name, Role string
+	// node's one role, Region its region (Region but for the controller
+	// of ReplicaRegion).
+	Name, Role, Region string
 	// Metrics is the metrics listener (host:port), GRPC the router's,
 	// Pprof the net/http/pprof listener.
 	Metrics, GRPC, Pprof string
@@ -36,7 +38,9 @@ type Node struct {
 const readyWithin = 3 * time.Minute
 
 // startNodes starts the router alone (the first node creates the KV
-// buckets and stores the map), then the other roles at once.
+// buckets and stores the map), then the other roles at once: with
+// Failover, a controller of ReplicaRegion too, and both controllers get
+// the replication account.
 func (b *Bed) startNodes(ctx context.Context) error {
 	b.progress("starting the router")
 	router, err := b.startNode(ctx, "router", node.RoleRouter)
@@ -49,10 +53,23 @@ func (b *Bed) startNodes(ctx context.Context) error {
 		name := fmt.Sprintf("dequeuer-%d", i+1)
 		rest = append(rest, &Node{Name: name, Role: node.RoleDequeuer, DequeuerID: Region + "-" + name})
 	}
+	var repl shardmap.Account
+	if b.cfg.Failover {
+		rest = append(rest, &Node{Name: "controller-" + ReplicaRegion, Role: node.RoleController, Region: ReplicaRegion})
+		if repl, err = b.replAccount(); err != nil {
+			return err
+		}
+	}
 	b.progress("starting %d more nodes (enqueuer, controller, %d dequeuers)", len(rest), b.cfg.Dequeuers)
 	started := make([]*Node, len(rest))
 	err = provision.Parallel(len(rest), func(i int) error {
-		n, err := b.startNode(ctx, rest[i].Name, rest[i].Role, func(c *node.Config) { c.DequeuerID = rest[i].DequeuerID })
+		n, err := b.startNode(ctx, rest[i].Name, rest[i].Role, func(c *node.Config) {
+			c.DequeuerID = rest[i].DequeuerID
+			c.Region = cmp.Or(rest[i].Region, Region)
+			if c.Roles[0] == node.RoleController {
+				c.Replication = repl
+			}
+		})
 		started[i] = n
 		return err
 	})
@@ -91,7 +108,7 @@ func (b *Bed) startNode(ctx context.Context, name, role string, opts ...func(*no
 	for _, o := range opts {
 		o(&cfg)
 	}
-	n.DequeuerID = cfg.DequeuerID
+	n.DequeuerID, n.Region = cfg.DequeuerID, cfg.Region
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err

@@ -45,7 +45,10 @@ type Record struct {
 	Load              Load      `json:"load"`
 	Scrapes           []Scrape  `json:"scrapes"`
 	Takeover          Takeover  `json:"takeover"`
-	Checks            []Check   `json:"checks"`
+	// Failover is the failover drill of a bed with Config.Failover; nil
+	// without.
+	Failover *Failover `json:"failover,omitempty"`
+	Checks   []Check   `json:"checks"`
 }
 
 // Usage is one process's resource use.
@@ -91,6 +94,10 @@ type Options struct {
 	// idle, map-change and load steps (NAME-STEP.pprof) and each node's
 	// scrape (NAME.metrics), to show where the time and bytes go.
 	ProfileDir string
+	// FailoverHold is how long the failover drill holds the killed
+	// server down before restarting it to rejoin (Config.Failover).
+	// Default 20s.
+	FailoverHold time.Duration
 }
 
 // Run brings a bed of cfg up, measures it and stops it.
@@ -103,6 +110,9 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Record, error) {
 	}
 	if opt.LoadFor == 0 {
 		opt.LoadFor = 20 * time.Second
+	}
+	if opt.FailoverHold == 0 {
+		opt.FailoverHold = 20 * time.Second
 	}
 	b, err := Start(ctx, cfg)
 	if err != nil {
@@ -144,6 +154,12 @@ func (m *meter) close() {
 	}
 }
 
+// step is one measurement of a run.
+type step struct {
+	what string
+	run  func(context.Context, *Record, Options) error
+}
+
 func (b *Bed) measure(ctx context.Context, rec *Record, opt Options) (*meter, error) {
 	m := &meter{b: b}
 	ctx, m.cancel = context.WithCancel(ctx)
@@ -169,10 +185,7 @@ func (b *Bed) measure(ctx context.Context, rec *Record, opt Options) (*meter, er
 		return m, err
 	}
 	m.q, m.admin = triagev1.NewQueueClient(m.conn), triagev1.NewAdminClient(m.conn)
-	steps := []struct {
-		what string
-		run  func(context.Context, *Record, Options) error
-	}{
+	steps := []step{
 		{"every shard owned", m.waitOwned},
 		{"idle", m.idle},
 		{"shard map", m.mapSize},
@@ -180,6 +193,9 @@ func (b *Bed) measure(ctx context.Context, rec *Record, opt Options) (*meter, er
 		{"load", m.load},
 		{"metrics scrapes", m.scrapes},
 		{"dequeuer takeover", m.takeover},
+	}
+	if b.cfg.Failover {
+		steps = append(steps, step{"server failover", m.failover})
 	}
 	for _, s := range steps {
 		b.progress("measuring: %s", s.what)
@@ -245,6 +261,9 @@ func (m *meter) idle(ctx context.Context, rec *Record, opt Options) error {
 	}
 	for i, pid := range m.b.ServerPIDs() {
 		procs = append(procs, proc{fmt.Sprintf("mariadbd-%d", i+1), pid})
+	}
+	for i, pid := range m.b.ReplicaPIDs() {
+		procs = append(procs, proc{fmt.Sprintf("mariadbd-%s-%d", ReplicaRegion, i+1), pid})
 	}
 	before := make([]float64, len(procs))
 	for i, p := range procs {
