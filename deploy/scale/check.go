@@ -100,7 +100,11 @@ func (rec *Record) Print(w io.Writer) {
 	l := rec.Load
 	fmt.Fprintf(w, "\n  load %.0f/s for %.0f s: %d enqueued, %d delivered from %d shards, %d errors; enqueue p50/p99 %.1f/%.1f ms, end-to-end p50/p99 %.1f/%.1f ms, ack p99 %.1f ms\n",
 		l.OfferedPerSec, l.Seconds, l.Enqueued, l.Delivered, l.ShardsHit, l.Errors, l.EnqueueP50Ms, l.EnqueueP99Ms, l.EndToEndP50Ms, l.EndToEndP99Ms, l.AckP99Ms)
-	fmt.Fprint(w, "  /metrics:")
+	fmt.Fprint(w, "  during the load:")
+	for _, u := range l.CPU {
+		fmt.Fprintf(w, " %s %.0f%%;", u.Name, u.CPUPercent)
+	}
+	fmt.Fprint(w, "\n  /metrics:")
 	for _, s := range rec.Scrapes {
 		fmt.Fprintf(w, " %s %d B %.0f ms;", s.Name, s.Bytes, s.Ms)
 	}

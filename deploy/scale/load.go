@@ -31,6 +31,8 @@ type Load struct {
 	EndToEndP50Ms float64 `json:"end_to_end_p50_ms"`
 	EndToEndP99Ms float64 `json:"end_to_end_p99_ms"`
 	AckP99Ms      float64 `json:"ack_p99_ms"`
+	// CPU is each process's CPU and memory during the load.
+	CPU []Usage `json:"cpu"`
 }
 
 // loadTopic is the topic every namespace of the load uses.
@@ -57,6 +59,7 @@ func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) /
 // to drainWithin for every acknowledged item to be delivered.
 func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	defer m.profile(ctx, opt, "load", opt.LoadFor)()
+	cpu := m.sampleCPU()
 	cfg := m.b.cfg
 	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
 	s := &samples{shards: map[uint32]bool{}}
@@ -87,6 +90,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	}
 	producers.Wait()
 	rec.Load.Seconds = round1(time.Since(start).Seconds())
+	usage, _ := cpu()
 	deadline := time.Now().Add(drainWithin)
 	for delivered.Load() < enqueued.Load() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -98,7 +102,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	rec.Load = Load{OfferedPerSec: opt.Rate, Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
 		ShardsHit: len(s.shards), Errors: int(errs.Load()),
 		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
-		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99)}
+		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage}
 	if rec.Load.Delivered < rec.Load.Enqueued {
 		return fmt.Errorf("%d of %d acknowledged items delivered within %s of the load's end", rec.Load.Delivered, rec.Load.Enqueued, drainWithin)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -251,6 +252,20 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // idle samples every process's CPU time over opt.IdleFor.
 func (m *meter) idle(ctx context.Context, rec *Record, opt Options) error {
+	profiled := m.profile(ctx, opt, "idle", opt.IdleFor)
+	defer profiled()
+	done := m.sampleCPU()
+	if err := sleep(ctx, opt.IdleFor); err != nil {
+		return err
+	}
+	var err error
+	rec.Idle, err = done()
+	return err
+}
+
+// sampleCPU starts measuring every process of the bed; the function it
+// returns gives each one's CPU (share of one core) since, and memory.
+func (m *meter) sampleCPU() func() ([]Usage, error) {
 	type proc struct {
 		name string
 		pid  int
@@ -270,24 +285,23 @@ func (m *meter) idle(ctx context.Context, rec *Record, opt Options) error {
 		before[i], _ = cpuSeconds(p.pid)
 	}
 	start := time.Now()
-	profiled := m.profile(ctx, opt, "idle", opt.IdleFor)
-	if err := sleep(ctx, opt.IdleFor); err != nil {
-		return err
-	}
-	took := time.Since(start).Seconds()
-	profiled()
-	for i, p := range procs {
-		after, err := cpuSeconds(p.pid)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+	return func() ([]Usage, error) {
+		took := time.Since(start).Seconds()
+		var out []Usage
+		for i, p := range procs {
+			after, err := cpuSeconds(p.pid)
+			if err != nil {
+				return out, fmt.Errorf("%s: %w", p.name, err)
+			}
+			out = append(out, Usage{Name: p.name, PID: p.pid, CPUPercent: round1(100 * (after - before[i]) / took), RSSMiB: round1(rssMiB(p.pid))})
 		}
-		rec.Idle = append(rec.Idle, Usage{Name: p.name, PID: p.pid, CPUPercent: round1(100 * (after - before[i]) / took), RSSMiB: round1(rssMiB(p.pid))})
+		return out, nil
 	}
-	return nil
 }
 
-// profile starts a CPU profile of every node over the next d, when
-// opt.ProfileDir is set, written there as NAME-step.pprof; the function
+// profile starts a CPU profile of every node and of the bed process
+// (NATS and the load) over the next d, when opt.ProfileDir is set,
+// written there as NAME-step.pprof; the function
 // it returns waits for them. A failure is logged, not fatal.
 func (m *meter) profile(ctx context.Context, opt Options, step string, d time.Duration) (wait func()) {
 	var wg sync.WaitGroup
@@ -295,6 +309,17 @@ func (m *meter) profile(ctx context.Context, opt Options, step string, d time.Du
 		return wg.Wait
 	}
 	secs := max(1, int(d.Seconds())-1)
+	if f, err := os.Create(filepath.Join(opt.ProfileDir, "bed-"+step+".pprof")); err == nil {
+		if pprof.StartCPUProfile(f) == nil {
+			wg.Go(func() {
+				_ = sleep(ctx, time.Duration(secs)*time.Second)
+				pprof.StopCPUProfile()
+				f.Close()
+			})
+		} else {
+			f.Close()
+		}
+	}
 	for _, n := range m.b.Nodes {
 		wg.Go(func() {
 			body, err := get(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.Pprof, secs))

@@ -196,7 +196,7 @@ var (
 	primaryDesc = prometheus.NewDesc("triage_shard_primary_info", "1 for the shard's current primary: address, region it runs in, home region.", []string{"shard", "primary", "primary_region", "home_region"}, nil)
 	versionDesc = prometheus.NewDesc("triage_shardmap_version", "Version of this node's shard map.", nil, nil)
 	ageDesc     = prometheus.NewDesc("triage_shardmap_confirmed_age_seconds", "Time since the store last confirmed this node's shard map (writers stop past 2 s).", nil, nil)
-	pausedDesc  = prometheus.NewDesc("triage_topic_paused", "1 while PauseTopic holds the topic's deliveries, 0 for a topic with a config that is not paused (under topic \"_other\": how many of those topics are paused).", []string{"namespace", "topic"}, nil)
+	pausedDesc  = prometheus.NewDesc("triage_topic_paused", "1 while PauseTopic holds the topic's deliveries; topics not paused have no series (under topic \"_other\": how many of those topics are paused).", []string{"namespace", "topic"}, nil)
 )
 
 // MapSource is what the shard-map collector reads: the current map and
@@ -248,20 +248,17 @@ func (c mapCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// paused counts, per namespace and topic label, the topics on pause,
-// over the topics the map holds a config for: those are at most 64 per
-// namespace, and topics past the label cap add up under Other as every
-// per-topic series does.
+// paused counts, per namespace and topic label, the topics on pause;
+// topics past the label cap add up under Other as every per-topic series
+// does. A topic that is not paused has no series: a map of 100,000 topic
+// configurations made 100,000 zeros, 8 of a node's 9 MB of /metrics.
 func (c mapCollector) paused(m *shardmap.Map) map[[2]string]float64 {
 	out := map[[2]string]float64{}
 	for _, ns := range m.Namespaces {
 		for topic, tc := range ns.Topics {
-			k := [2]string{ns.Name, c.set.TopicLabel(ns.Name, topic)}
-			n := out[k] // a topic that is not paused still reads 0
 			if tc.Paused {
-				n++
+				out[[2]string{ns.Name, c.set.TopicLabel(ns.Name, topic)}]++
 			}
-			out[k] = n
 		}
 	}
 	return out
