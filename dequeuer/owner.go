@@ -357,14 +357,7 @@ func (o *ownership) claimOne(ctx context.Context, id uint32, home bool) (heldAwa
 	if mine {
 		rev, err = o.kv.Update(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID), rev)
 		if err != nil && isLost(err) {
-			// A refresh that came after the claim expired finds no key:
-			// if nobody claimed it since, claiming it again keeps the
-			// shard where it was instead of moving it (and its buffer)
-			// for nothing.
-			if again, cerr := o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID)); cerr == nil {
-				o.s.log.Warn("shard claim had expired before its refresh; claimed again", "shard", id)
-				rev, err = again, nil
-			}
+			rev, err = o.reclaim(ctx, id, err)
 		}
 	} else {
 		rev, err = o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
@@ -389,6 +382,27 @@ func (o *ownership) claimOne(ctx context.Context, id uint32, home bool) (heldAwa
 	}
 	o.mu.Unlock()
 	return heldAway
+}
+
+// reclaim looks again at a claim whose refresh failed as lost (err). The
+// claim may still be this dequeuer's: a refresh that timed out after the
+// bucket stored it leaves the next one a revision behind. Or it expired
+// (a round late under load) and nobody claimed it since: claiming it
+// again keeps the shard where it was instead of moving it, and its
+// buffer, for nothing. Only a claim another dequeuer holds is lost.
+func (o *ownership) reclaim(ctx context.Context, id uint32, err error) (uint64, error) {
+	e, gerr := o.kv.Get(ctx, peer.OwnerKey(id))
+	switch {
+	case gerr == nil && string(e.Value()) == o.s.cfg.ID:
+		return e.Revision(), nil
+	case errors.Is(gerr, jetstream.ErrKeyNotFound):
+		rev, cerr := o.kv.Create(ctx, peer.OwnerKey(id), []byte(o.s.cfg.ID))
+		if cerr == nil {
+			o.s.log.Warn("shard claim had expired before its refresh; claimed again", "shard", id)
+			return rev, nil
+		}
+	}
+	return 0, err
 }
 
 // isLost tells a claim another owner holds from a NATS outage, during which
