@@ -69,7 +69,7 @@ func scaleCommand() *cobra.Command {
 	f.IntVar(&servers, "servers", 0, "mariadbd servers the shards are spread over (default 4)")
 	f.IntVar(&topics, "topics", 0, "topic configurations in the map (default 100 per shard, at most 100,000)")
 	f.IntVar(&namespaces, "namespaces", 0, "namespaces (default topics/10)")
-	f.BoolVar(&failover, "failover", false, "add region eu-west with a replica of every server and a controller, and end with a primary-kill drill of one server")
+	f.BoolVar(&failover, "failover", false, "add regions eu-west and ap-south, each with a replica of every server and a controller, and end with a primary-kill drill of one server")
 	f.DurationVar(&opt.FailoverHold, "failover-hold", 20*time.Second, "how long the failover drill holds the killed server down")
 	f.StringVar(&dir, "dir", ".triage", "where the node configs and logs go (a scale-N folder per size)")
 	f.StringVar(&out, "out", ".triage/scale.json", "the records file (one record per size, and one per size with --failover, replaced by a new run of that size and kind)")

@@ -24,9 +24,13 @@ import (
 // Region is the scale bed's region: its shards, primaries and nodes.
 const Region = "us-east"
 
-// ReplicaRegion is the second region of a bed with Config.Failover: a
-// replica of every server and a controller, no shards of its own.
-const ReplicaRegion = "eu-west"
+// replicaRegions are the other regions of a bed with Config.Failover,
+// in the order every shard lists its replicas: each holds a replica of
+// every server and a controller, no shards of its own. Two, as in
+// production (a replica of every shard in every other region), so the
+// replica a failover promotes still has a semi-sync replica: the other
+// one, which the controller repoints to it.
+var replicaRegions = [...]string{"eu-west", "ap-south"}
 
 // Config of a scale bed.
 type Config struct {
@@ -51,12 +55,12 @@ type Config struct {
 	Dequeuers int
 	// OwnerTTL of a dequeuer's shard claims. Default 5s.
 	OwnerTTL time.Duration
-	// Failover gives the bed a second region, ReplicaRegion, for the
-	// failover step: a replica of every server there (GTID, semi-sync
-	// AFTER_SYNC, read-only, replicating the whole server and so every
-	// shard database on it) that the map lists for each of the server's
-	// shards, and a controller there, so that observers in two regions
-	// watch the primaries; the controller of Region gets the replication
+	// Failover gives the bed two more regions, eu-west and ap-south, for
+	// the failover step: in each a replica of every server (GTID,
+	// semi-sync AFTER_SYNC, read-only, replicating the whole server and
+	// so every shard database on it) that the map lists for each of the
+	// server's shards, and a controller, so that observers in three
+	// regions watch the primaries; every controller gets the replication
 	// account. Off, the bed has one region and no replication.
 	Failover bool
 	// Logger defaults to slog.Default().
@@ -90,12 +94,13 @@ type Bed struct {
 	cfg     Config
 	tmp     string
 	servers []*mariadb.Server
-	// replicas[i] is servers[i]'s replica in ReplicaRegion (Failover).
-	replicas []*mariadb.Server
+	// replicas[k][i] is servers[i]'s replica in replicaRegions[k]
+	// (Failover).
+	replicas [][]*mariadb.Server
 	nats     *server.Server
 	mapFile  string
 	// Spare is the migrated shard left out of the map (with Failover,
-	// listing its server's replica, as the map's shards do).
+	// listing its server's replicas, as the map's shards do).
 	Spare shardmap.Shard
 	// Nodes are the `triage serve` processes, the router first.
 	Nodes   []*Node
@@ -229,7 +234,7 @@ func (b *Bed) writeMap(context.Context) error {
 		b.addReplicas(&m)
 	}
 	spare := uint32(b.cfg.Shards + 1)
-	b.Spare = b.withReplica(shardmap.Shard{ID: spare, HomeRegion: Region, Primary: b.server(spare).Addr(), Database: Database(spare)})
+	b.Spare = b.withReplicas(shardmap.Shard{ID: spare, HomeRegion: Region, Primary: b.server(spare).Addr(), Database: Database(spare)})
 	sm, err := shardmap.New(m)
 	if err != nil {
 		return err
@@ -292,7 +297,7 @@ func (b *Bed) Stop() {
 		b.nats.Shutdown()
 		b.nats.WaitForShutdown()
 	}
-	all := append(slices.Clone(b.servers), b.replicas...)
+	all := slices.Concat(append([][]*mariadb.Server{b.servers}, b.replicas...)...)
 	_ = provision.Parallel(len(all), func(i int) error {
 		if s := all[i]; s != nil {
 			_ = s.Stop()

@@ -18,7 +18,20 @@ const (
 	TakeoverLimitSeconds = 10
 	// IdleCPULimitPercent: an idle node's share of one core.
 	IdleCPULimitPercent = 10
+	// FailoverRTOLimitSeconds: the failover drill's enqueues and dequeues
+	// on the killed server's shards are served again (Config.Failover).
+	// The failover itself takes a second or two; an RTO near the drill's
+	// hold means the new primary's commits waited for a semi-sync replica
+	// until the killed server rejoined.
+	FailoverRTOLimitSeconds = 10
 )
+
+// rto is the check of a failover RTO of ms milliseconds: under
+// FailoverRTOLimitSeconds, and not -1 (never served again).
+func rto(name string, ms int64) Check {
+	v := float64(ms) / 1000
+	return Check{Name: name, Limit: FailoverRTOLimitSeconds, Value: v, OK: ms >= 0 && v < FailoverRTOLimitSeconds}
+}
 
 func check(rec *Record) []Check {
 	bound := func(name string, limit, value float64) Check {
@@ -33,7 +46,11 @@ func check(rec *Record) []Check {
 		cs = append(cs,
 			bound(fmt.Sprintf("shards of the killed server not moved to one new primary (of %d)", f.Shards), 0, float64(f.Shards-f.Moved)),
 			bound("acknowledged items lost in the failover drill", 0, float64(f.Lost)),
-			bound("nacks and acks undone in the failover drill", 0, float64(f.NacksUndone+f.AcksUndone)))
+			bound("nacks and acks undone in the failover drill", 0, float64(f.NacksUndone+f.AcksUndone)),
+			rto("enqueue RTO of the failover drill (s; -1: never served)", f.EnqueueRTOMs),
+			rto("dequeue RTO of the failover drill (s; -1: never served)", f.DequeueRTOMs),
+			bound(fmt.Sprintf("other replicas of shard %d not following its new primary after the failover drill (of %d)", failoverShard, len(f.Others)),
+				0, float64(len(f.Others)-f.Following)))
 	}
 	for _, u := range rec.Idle {
 		if strings.HasPrefix(u.Name, "mariadbd") || u.Name == "nats+bed" {
@@ -114,6 +131,8 @@ func (rec *Record) Print(w io.Writer) {
 			f.Server, f.Shards, f.Moved, f.NewPrimary, f.NewPrimaries, f.Seconds)
 		fmt.Fprintf(w, "    drill: %d acknowledged, %d lost, %d nacks and %d acks undone, %d early; RTO enqueue %d ms, dequeue %d ms; old primary %s\n",
 			f.Acknowledged, f.Lost, f.NacksUndone, f.AcksUndone, f.Early, f.EnqueueRTOMs, f.DequeueRTOMs, f.OldPrimary)
+		fmt.Fprintf(w, "    after: new primary in %s with %d semi-sync replicas connected; %d of %d other replicas follow it: %s\n",
+			f.NewRegion, f.SemiSyncClients, f.Following, len(f.Others), strings.Join(f.Others, "; "))
 		for _, v := range f.Violations {
 			fmt.Fprintf(w, "    violation: %s\n", v)
 		}

@@ -20,20 +20,24 @@
 // read from /proc by PID. NATS with JetStream runs embedded in the bed's
 // own process, whose CPU is reported as "nats+bed".
 //
-// With Config.Failover (`triage-bed scale --failover`) the bed has a
-// second region, eu-west, holding no shard: a replica of every server
-// there, started read-only, and a controller there beside the first
-// region's. Each server replicates to its replica as production does
+// With Config.Failover (`triage-bed scale --failover`) the bed has two
+// more regions, eu-west and ap-south, holding no shard: in each a replica
+// of every server, started read-only, and a controller beside the first
+// region's. Each server replicates to its two replicas as production does
 // (deploy/bed): the accounts on every server with sql_log_bin=0, then
 // GTID replication with semi-sync AFTER_SYNC and no asynchronous
-// fallback, set up before any shard database exists, so the replica holds
-// the whole server, every shard database of it, from its first GTID. The
-// map lists, for every shard and the spare, its server's replica, in
-// eu-west, so the shards of one server form one failover group
-// (regions/group.go); both controllers observe the primaries and hold the
-// replication account. With one replica a server's commits wait, after
-// its failover, for the old primary to rejoin: the new primary's only
-// semi-sync replica is the server that died.
+// fallback, set up before any shard database exists, so each replica
+// holds the whole server, every shard database of it, from its first
+// GTID. The map lists, for every shard and the spare, its server's
+// replicas, eu-west's then ap-south's, alike for every shard of a server,
+// so the shards of one server form one failover group (regions/group.go);
+// the three controllers observe the primaries and hold the replication
+// account. Two replicas, as production has one in every other region: the
+// controller repoints the one it does not promote to the one it does, so
+// the new primary has a semi-sync replica at once. With one replica its
+// only semi-sync replica would be the server that died, every commit
+// there would wait for that server to rejoin, and the drill's RTO would
+// be its hold.
 //
 // # The run
 //
@@ -50,6 +54,9 @@
 // it with replication.RejoinArgs: the record has how many shards it held,
 // the time from the kill until the last of them was published on a new
 // primary (all must move, to one server), and the drill's lost, undone
-// and early items and its RTO. A Record holds one size's figures and the
-// bounds it was checked against (Record.Checks).
+// and early items and its RTO, which must be under 10 s
+// (FailoverRTOLimitSeconds); then what the other replica replicates from
+// and how many semi-sync replicas the new primary has connected. A Record
+// holds one size's figures and the bounds it was checked against
+// (Record.Checks).
 package scale

@@ -49,6 +49,17 @@ type Failover struct {
 	// killed server became after its restart with the rejoin arguments.
 	Violations []string `json:"violations,omitempty"`
 	OldPrimary string   `json:"old_primary"`
+	// After the drill, the stored map's view of shard 1: NewRegion is its
+	// primary's region; Others its other replicas (neither the killed
+	// server nor the new primary), each "ADDR (REGION): STATE", of which
+	// Following replicate from the new primary, both threads running (the
+	// controller repoints them); SemiSyncClients is the new primary's
+	// connected semi-sync replicas (-1: unknown). Without one every
+	// commit there waits: semi-sync never falls back to async.
+	NewRegion       string   `json:"new_region"`
+	Others          []string `json:"others"`
+	Following       int      `json:"following"`
+	SemiSyncClients int      `json:"semi_sync_clients"`
 }
 
 // failoverShard is the shard whose primary the drill kills: the lowest,
@@ -82,7 +93,86 @@ func (m *meter) failover(ctx context.Context, rec *Record, opt Options) error {
 	f.Early, f.EnqueueRTOMs, f.DequeueRTOMs = rep.EarlyDeliveries, rep.EnqueueRTOMS, rep.DequeueRTOMS
 	f.Violations, f.OldPrimary = rep.Violations, rep.OldPrimary
 	rec.Failover = f
-	return nil
+	return m.settled(ctx, f)
+}
+
+// settled records, into f, what shard 1's new primary and its other
+// replicas are after the drill, waiting up to 10 s for every other
+// replica to follow the new primary and for a semi-sync replica to be
+// connected to it.
+func (m *meter) settled(ctx context.Context, f *Failover) error {
+	sm, err := m.storedMap(ctx)
+	if err != nil {
+		return err
+	}
+	s, ok := sm.Shard(failoverShard)
+	if !ok {
+		return fmt.Errorf("shard %d is not in the map", failoverShard)
+	}
+	f.NewRegion = s.PrimaryRegion
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		f.Others, f.Following = nil, 0
+		for j, r := range s.Replicas {
+			if r == f.Server {
+				continue
+			}
+			state, follows := m.b.follows(ctx, r, s.Primary)
+			f.Others = append(f.Others, fmt.Sprintf("%s (%s): %s", r, s.ReplicaRegions[min(j, len(s.ReplicaRegions)-1)], state))
+			if follows {
+				f.Following++
+			}
+		}
+		f.SemiSyncClients = m.b.semiSyncClients(ctx, s.Primary)
+		if f.Following == len(f.Others) && f.SemiSyncClients > 0 || time.Now().After(deadline) {
+			return nil
+		}
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// follows says what the bed's server at addr replicates from, and
+// whether it replicates from primary with both threads running.
+func (b *Bed) follows(ctx context.Context, addr, primary string) (string, bool) {
+	slot := b.slotOf(addr)
+	if slot == nil {
+		return "no server of the bed", false
+	}
+	a, err := replication.Open((*slot).DSN(""))
+	if err != nil {
+		return err.Error(), false
+	}
+	defer a.Close()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := a.Status(sctx)
+	if err != nil {
+		return err.Error(), false
+	}
+	state := fmt.Sprintf("replicates %q (IO %s, SQL running %v, read_only=%v)", st.PrimaryAddr, st.IORunning, st.SQLRunning, st.ReadOnly)
+	return state, st.PrimaryAddr == primary && st.IOThreadRunning() && st.SQLRunning
+}
+
+// semiSyncClients is the number of semi-sync replicas connected to the
+// bed's server at addr, -1 if it cannot be read.
+func (b *Bed) semiSyncClients(ctx context.Context, addr string) int {
+	slot := b.slotOf(addr)
+	if slot == nil {
+		return -1
+	}
+	a, err := replication.Open((*slot).DSN(""))
+	if err != nil {
+		return -1
+	}
+	defer a.Close()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ss, err := a.SemiSyncStatus(sctx)
+	if err != nil {
+		return -1
+	}
+	return ss.Clients
 }
 
 // move is a shard's first publish on a new, unfenced primary.
@@ -208,7 +298,7 @@ type failoverBed struct {
 
 var _ drill.Bed = (*failoverBed)(nil)
 
-// Routers is Region's router: ReplicaRegion has none.
+// Routers is Region's router: the replica regions have none.
 func (fb *failoverBed) Routers(context.Context) ([]drill.Router, error) {
 	return []drill.Router{{Region: Region, Addr: fb.m.b.Nodes[0].GRPC}}, nil
 }
@@ -234,7 +324,7 @@ func (fb *failoverBed) primary(ctx context.Context, shard uint32) (string, error
 
 // slotOf is where the bed holds the server at addr, nil if none.
 func (b *Bed) slotOf(addr string) **mariadb.Server {
-	for _, list := range [][]*mariadb.Server{b.servers, b.replicas} {
+	for _, list := range append([][]*mariadb.Server{b.servers}, b.replicas...) {
 		for i, s := range list {
 			if s != nil && s.Addr() == addr {
 				return &list[i]

@@ -17,11 +17,14 @@ import (
 )
 
 // TestFailoverLosesNothing runs a small scale bed with Config.Failover
-// (12 shards on 3 servers, each server replicated to eu-west) through
-// every step of a run and checks the failover step's figures: the killed
-// server held the primaries of its four shards and the spare the
-// map-changes step added, all of them moved, together, to its replica,
-// the drill's history lost and undid nothing, and the old primary
+// (12 shards on 3 servers, each server replicated to eu-west and
+// ap-south) through every step of a run and checks the failover step's
+// figures: the killed server held the primaries of its four shards and
+// the spare the map-changes step added, all of them moved, together, to
+// one of its replicas, the drill's history lost and undid nothing, the
+// enqueue and dequeue RTO are the failover's, under
+// FailoverRTOLimitSeconds, not the hold's (the other replica follows the
+// new primary, a semi-sync replica connected to it), and the old primary
 // rejoined. The other bounds (idle CPU, map changes, takeover) depend on
 // what else runs on the machine, so they are logged, not asserted.
 func TestFailoverLosesNothing(t *testing.T) {
@@ -45,12 +48,20 @@ func TestFailoverLosesNothing(t *testing.T) {
 	f := rec.Failover
 	require.NotNil(t, f, "a bed with Failover records the failover step")
 	assert.Equal(t, 5, f.Shards, "the first server holds shards 1, 4, 7, 10 and the spare, 13")
-	assert.Equal(t, f.Shards, f.Moved, "every shard of the killed server moved to its replica")
+	assert.Equal(t, f.Shards, f.Moved, "every shard of the killed server moved to one of its replicas")
 	assert.Equal(t, 1, f.NewPrimaries, "all to one server")
 	assert.Positive(t, f.Seconds)
 	assert.Positive(t, f.Acknowledged, "the drill's producers were served")
 	assert.Empty(t, f.Violations)
 	assert.Contains(t, f.OldPrimary, "rejoined as a read-only replica of "+f.NewPrimary)
+	assert.Contains(t, []string{"eu-west", "ap-south"}, f.NewRegion)
+	assert.Len(t, f.Others, 1, "the replica in the other replica region")
+	assert.Equal(t, len(f.Others), f.Following, "the other replica follows the new primary: %v", f.Others)
+	assert.Positive(t, f.SemiSyncClients, "the new primary has a semi-sync replica connected")
+	limit := int64(scale.FailoverRTOLimitSeconds * 1000)
+	for what, ms := range map[string]int64{"enqueue": f.EnqueueRTOMs, "dequeue": f.DequeueRTOMs} {
+		assert.True(t, ms >= 0 && ms < limit, "%s RTO %d ms: under %d ms, shorter than the hold", what, ms, limit)
+	}
 	var failoverChecks int
 	for _, c := range rec.Checks {
 		if strings.Contains(c.Name, "killed server") || strings.Contains(c.Name, "failover drill") {
@@ -58,7 +69,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 			assert.True(t, c.OK, "%s: %v (limit %v)", c.Name, c.Value, c.Limit)
 		}
 	}
-	assert.Equal(t, 3, failoverChecks, "moved, lost and undone are checked")
+	assert.Equal(t, 6, failoverChecks, "moved, lost, undone, both RTOs and the other replicas are checked")
 }
 
 // logTails logs the end of every node's log in dir.

@@ -21,8 +21,8 @@ import (
 // Node is one `triage serve` process of the bed.
 type Node struct {
 	// Name is unique in the bed ("router", "dequeuer-1", ...); Role is the
-	// node's one role, Region its region (Region but for the controller
-	// of ReplicaRegion).
+	// node's one role, Region its region (Region but for the
+	// controllers of the replica regions).
 	Name, Role, Region string
 	// Metrics is the metrics listener (host:port), GRPC the router's,
 	// Pprof the net/http/pprof listener.
@@ -39,8 +39,8 @@ const readyWithin = 3 * time.Minute
 
 // startNodes starts the router alone (the first node creates the KV
 // buckets and stores the map), then the other roles at once: with
-// Failover, a controller of ReplicaRegion too, and both controllers get
-// the replication account.
+// Failover, a controller in each replica region too, and every
+// controller gets the replication account.
 func (b *Bed) startNodes(ctx context.Context) error {
 	b.progress("starting the router")
 	router, err := b.startNode(ctx, "router", node.RoleRouter)
@@ -55,12 +55,14 @@ func (b *Bed) startNodes(ctx context.Context) error {
 	}
 	var repl shardmap.Account
 	if b.cfg.Failover {
-		rest = append(rest, &Node{Name: "controller-" + ReplicaRegion, Role: node.RoleController, Region: ReplicaRegion})
+		for _, region := range replicaRegions {
+			rest = append(rest, &Node{Name: "controller-" + region, Role: node.RoleController, Region: region})
+		}
 		if repl, err = b.replAccount(); err != nil {
 			return err
 		}
 	}
-	b.progress("starting %d more nodes (enqueuer, controller, %d dequeuers)", len(rest), b.cfg.Dequeuers)
+	b.progress("starting %d more nodes (enqueuer, %d controllers, %d dequeuers)", len(rest), len(rest)-1-b.cfg.Dequeuers, b.cfg.Dequeuers)
 	started := make([]*Node, len(rest))
 	err = provision.Parallel(len(rest), func(i int) error {
 		n, err := b.startNode(ctx, rest[i].Name, rest[i].Role, func(c *node.Config) {

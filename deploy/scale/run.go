@@ -277,8 +277,10 @@ func (m *meter) sampleCPU() func() ([]Usage, error) {
 	for i, pid := range m.b.ServerPIDs() {
 		procs = append(procs, proc{fmt.Sprintf("mariadbd-%d", i+1), pid})
 	}
-	for i, pid := range m.b.ReplicaPIDs() {
-		procs = append(procs, proc{fmt.Sprintf("mariadbd-%s-%d", ReplicaRegion, i+1), pid})
+	for _, region := range replicaRegions {
+		for i, pid := range m.b.ReplicaPIDs(region) {
+			procs = append(procs, proc{fmt.Sprintf("mariadbd-%s-%d", region, i+1), pid})
+		}
 	}
 	before := make([]float64, len(procs))
 	for i, p := range procs {
