@@ -138,6 +138,12 @@ bench: deps build ## Benchmarks side by side with baselines and River on Postgre
 	@./.ci/ensure-postgres
 	$(BIN)/triage-bed bench $(if $(BENCH_QUICK),--quick,)
 
+comma := ,
+
+.PHONY: scale
+scale: deps build ## The control plane at many shards, measured (SHARDS=10,100,1000; SCALE_FLAGS=--failover ...): writes .triage/scale.json.
+	$(BIN)/triage-bed scale --shards $(or $(SHARDS),10$(comma)100$(comma)1000) $(SCALE_FLAGS)
+
 .PHONY: clean
 clean: ## Remove build output and bed state.
 	rm -rf $(BIN) .triage

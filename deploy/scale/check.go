@@ -121,6 +121,9 @@ func (rec *Record) Print(w io.Writer) {
 	for _, u := range l.CPU {
 		fmt.Fprintf(w, " %s %.0f%%;", u.Name, u.CPUPercent)
 	}
+	for i, st := range l.Statements {
+		fmt.Fprintf(w, "\n  mariadbd-%d statements/s during the load: %v", i+1, st)
+	}
 	fmt.Fprint(w, "\n  /metrics:")
 	for _, s := range rec.Scrapes {
 		fmt.Fprintf(w, " %s %d B %.0f ms;", s.Name, s.Bytes, s.Ms)

@@ -2,8 +2,10 @@ package scale
 
 import (
 	"context"
+	"database/sql"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +35,50 @@ type Load struct {
 	AckP99Ms      float64 `json:"ack_p99_ms"`
 	// CPU is each process's CPU and memory during the load.
 	CPU []Usage `json:"cpu"`
+	// Statements is, per primary server, the statements a second it ran
+	// during the load, by kind (MariaDB's Com_ counters: select, insert,
+	// update, delete, commit; questions: all of them).
+	Statements []map[string]float64 `json:"statements_per_sec"`
+}
+
+// statementKinds are the Com_ counters Load.Statements reports.
+var statementKinds = []string{"select", "insert", "update", "delete", "commit"}
+
+// statements reads the servers' statement counters; the function it
+// returns gives each one's rate since.
+func (b *Bed) statements(ctx context.Context) func() []map[string]float64 {
+	read := func() []map[string]float64 {
+		var out []map[string]float64
+		for _, s := range b.servers {
+			counts := map[string]float64{}
+			if db, err := sql.Open("mysql", s.DSN("")); err == nil {
+				rows, err := db.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name = 'Questions' OR Variable_name IN ('Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_commit')")
+				for err == nil && rows.Next() {
+					var name string
+					var v float64
+					if rows.Scan(&name, &v) == nil {
+						counts[strings.ToLower(strings.TrimPrefix(name, "Com_"))] = v
+					}
+				}
+				if rows != nil {
+					rows.Close()
+				}
+				db.Close()
+			}
+			out = append(out, counts)
+		}
+		return out
+	}
+	before, start := read(), time.Now()
+	return func() []map[string]float64 {
+		after, took := read(), time.Since(start).Seconds()
+		for i := range after {
+			for k, v := range after[i] {
+				after[i][k] = round1((v - before[i][k]) / took)
+			}
+		}
+		return after
+	}
 }
 
 // loadTopic is the topic every namespace of the load uses.
@@ -59,7 +105,7 @@ func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) /
 // to drainWithin for every acknowledged item to be delivered.
 func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	defer m.profile(ctx, opt, "load", opt.LoadFor)()
-	cpu := m.sampleCPU()
+	cpu, stmts := m.sampleCPU(), m.b.statements(ctx)
 	cfg := m.b.cfg
 	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
 	s := &samples{shards: map[uint32]bool{}}
@@ -91,6 +137,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	producers.Wait()
 	rec.Load.Seconds = round1(time.Since(start).Seconds())
 	usage, _ := cpu()
+	statements := stmts()
 	deadline := time.Now().Add(drainWithin)
 	for delivered.Load() < enqueued.Load() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -102,7 +149,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	rec.Load = Load{OfferedPerSec: opt.Rate, Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
 		ShardsHit: len(s.shards), Errors: int(errs.Load()),
 		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
-		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage}
+		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage, Statements: statements}
 	if rec.Load.Delivered < rec.Load.Enqueued {
 		return fmt.Errorf("%d of %d acknowledged items delivered within %s of the load's end", rec.Load.Delivered, rec.Load.Enqueued, drainWithin)
 	}
