@@ -255,7 +255,7 @@ func (o *ownership) claim(ctx context.Context) (pending bool) {
 }
 
 // claimParallel is how many claims of one round are in flight at once.
-const claimParallel = 16
+const claimParallel = 64
 
 // heldHere reports whether shard is not this dequeuer's and the view has a
 // live claim of it by another dequeuer of this region: the shard is where

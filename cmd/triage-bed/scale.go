@@ -78,6 +78,7 @@ func scaleCommand() *cobra.Command {
 	f.DurationVar(&opt.IdleFor, "idle-for", 20*time.Second, "how long idle CPU is sampled")
 	f.StringVar(&opt.ProfileDir, "profile", "", "write a CPU profile of every node over the idle step into this folder")
 	f.Float64Var(&opt.Rate, "rate", 200, "offered enqueue load during the load step (items/s)")
-	f.DurationVar(&opt.LoadFor, "load-for", 20*time.Second, "length of the load step")
+	f.DurationVar(&opt.LoadFor, "load-for", 20*time.Second, "length of the load step's measured part")
+	f.DurationVar(&opt.WarmFor, "warm-for", 0, "load before the measured part, unmeasured (default: --load-for)")
 	return cmd
 }

@@ -22,9 +22,11 @@ import (
 // it gets.
 type Load struct {
 	OfferedPerSec float64 `json:"offered_per_sec"`
-	Seconds       float64 `json:"seconds"`
-	Enqueued      int     `json:"enqueued"`
-	Delivered     int     `json:"delivered"`
+	// WarmSeconds of load came first, not measured; Seconds were.
+	WarmSeconds float64 `json:"warm_seconds"`
+	Seconds     float64 `json:"seconds"`
+	Enqueued    int     `json:"enqueued"`
+	Delivered   int     `json:"delivered"`
 	// ShardsHit is how many shards the delivered items came from.
 	ShardsHit     int     `json:"shards_hit"`
 	Errors        int     `json:"errors"`
@@ -91,9 +93,15 @@ type samples struct {
 	e2e    []float64
 	ack    []float64
 	shards map[uint32]bool
+	// recording is set once the warm-up is over; only then are
+	// latencies kept, and only items enqueued since count end to end.
+	recording atomic.Bool
 }
 
 func (s *samples) add(to *[]float64, ms float64) {
+	if !s.recording.Load() {
+		return
+	}
 	s.mu.Lock()
 	*to = append(*to, ms)
 	s.mu.Unlock()
@@ -101,11 +109,13 @@ func (s *samples) add(to *[]float64, ms float64) {
 
 func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
-// load offers opt.Rate enqueues a second for opt.LoadFor, then waits up
-// to drainWithin for every acknowledged item to be delivered.
+// load offers opt.Rate enqueues a second for opt.WarmFor and then
+// opt.LoadFor, records latencies, CPU and statements over the second part
+// only (the first opens every node's connections to the shards it
+// touches: at a thousand shards, most enqueues of a cold bed are a shard's
+// first), then waits up to drainWithin for every acknowledged item to be
+// delivered.
 func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
-	defer m.profile(ctx, opt, "load", opt.LoadFor)()
-	cpu, stmts := m.sampleCPU(), m.b.statements(ctx)
 	cfg := m.b.cfg
 	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
 	s := &samples{shards: map[uint32]bool{}}
@@ -120,9 +130,18 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	every := time.Duration(float64(time.Second) / opt.Rate)
 	sem := make(chan struct{}, 256)
 	var producers sync.WaitGroup
-	for k := 0; time.Since(start) < opt.LoadFor; k++ {
+	var measured time.Time
+	var cpu func() ([]Usage, error)
+	var stmts func() []map[string]float64
+	var profiled func()
+	for k := 0; time.Since(start) < opt.WarmFor+opt.LoadFor; k++ {
 		if d := time.Until(start.Add(time.Duration(k) * every)); d > 0 {
 			time.Sleep(d)
+		}
+		if measured.IsZero() && time.Since(start) >= opt.WarmFor {
+			measured = time.Now()
+			cpu, stmts, profiled = m.sampleCPU(), m.b.statements(ctx), m.profile(ctx, opt, "load", opt.LoadFor)
+			s.recording.Store(true)
 		}
 		sem <- struct{}{}
 		producers.Go(func() {
@@ -135,7 +154,8 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 		})
 	}
 	producers.Wait()
-	rec.Load.Seconds = round1(time.Since(start).Seconds())
+	defer profiled()
+	rec.Load.Seconds = round1(time.Since(measured).Seconds())
 	usage, _ := cpu()
 	statements := stmts()
 	deadline := time.Now().Add(drainWithin)
@@ -146,7 +166,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	consumers.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec.Load = Load{OfferedPerSec: opt.Rate, Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
+	rec.Load = Load{OfferedPerSec: opt.Rate, WarmSeconds: opt.WarmFor.Seconds(), Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
 		ShardsHit: len(s.shards), Errors: int(errs.Load()),
 		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
 		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage, Statements: statements}
@@ -160,7 +180,11 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 const drainWithin = 15 * time.Second
 
 func (m *meter) enqueue(ctx context.Context, ns string, s *samples) error {
+	// The enqueue time, and whether it is in the measured part.
 	payload := binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))
+	if s.recording.Load() {
+		payload = append(payload, 1)
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -188,7 +212,7 @@ func (m *meter) consume(ctx context.Context, ns string, s *samples, delivered, e
 		}
 		ack := &triagev1.AckRequest{Namespace: ns}
 		for _, it := range resp.Items {
-			if len(it.Payload) == 8 {
+			if len(it.Payload) == 9 {
 				s.add(&s.e2e, float64(time.Now().UnixNano()-int64(binary.BigEndian.Uint64(it.Payload)))/1e6)
 			}
 			if id, err := itemid.Parse(it.Id); err == nil {

@@ -91,6 +91,8 @@ type Options struct {
 	// Default 200/s for 20s.
 	Rate    float64
 	LoadFor time.Duration
+	// WarmFor of the same load comes first, unmeasured. Default LoadFor.
+	WarmFor time.Duration
 	// ProfileDir, when set, receives a CPU profile of every node over the
 	// idle, map-change and load steps (NAME-STEP.pprof) and each node's
 	// scrape (NAME.metrics), to show where the time and bytes go.
@@ -111,6 +113,9 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Record, error) {
 	}
 	if opt.LoadFor == 0 {
 		opt.LoadFor = 20 * time.Second
+	}
+	if opt.WarmFor == 0 {
+		opt.WarmFor = opt.LoadFor
 	}
 	if opt.FailoverHold == 0 {
 		opt.FailoverHold = 20 * time.Second
