@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -84,12 +85,19 @@ type Controller struct {
 	cooldown map[uint32]time.Time
 	blocked  map[string]time.Time // by group: the cooldown end a "down but cooling" alarm was raised for
 	inflight map[uint32]bool      // automatic failovers running
-	diverged map[string]bool      // replicas alarmed as needing a rebuild
+	alarmed  map[string]bool      // alarms the rejoin loop raised (alarmOnce), by key
 	events   []Event              // the last MaxEvents
 	nEvents  int                  // events ever recorded
 	stepAt   time.Time            // the running failover's start or last step; zero between failovers
 	hist     chan Event           // events to publish to HistoryStream (nil: none)
 	busy     sync.Mutex           // one failover at a time
+
+	// rejoinAttempts and rejoinFailures count the rejoin loop's
+	// RejoinAsReplica calls and those that failed.
+	rejoinAttempts, rejoinFailures atomic.Int64
+	// rejoinReads, when set (tests, under mu), is given after each rejoin
+	// pass the replica status reads it made, by server.
+	rejoinReads func(map[string]int)
 
 	// stepHook, when set (tests), runs before each irreversible step.
 	stepHook func(shard uint32, step string)
@@ -125,7 +133,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger.With("role", "controller", "region", cfg.Region),
-		suspect: map[string]time.Time{}, cooldown: map[uint32]time.Time{}, blocked: map[string]time.Time{}, inflight: map[uint32]bool{}, diverged: map[string]bool{}}, nil
+		suspect: map[string]time.Time{}, cooldown: map[uint32]time.Time{}, blocked: map[string]time.Time{}, inflight: map[uint32]bool{}, alarmed: map[string]bool{}}, nil
 }
 
 // FailoverSubject is where the leader takes failover requests.
@@ -203,7 +211,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go c.every(ctx, rejoinEvery, func(ctx context.Context) {
 		// A map the bucket has not confirmed lately may be long gone (this
 		// controller is back from a partition): wait for the watch to
-		// catch up. rejoinOne's LoadCurrent is what keeps the step safe;
+		// catch up. mayRejoin's LoadCurrent is what keeps the step safe;
 		// this spares it attempts bound to be refused.
 		if c.cfg.Maps.Unconfirmed() > shardmap.MaxStaleness {
 			return
@@ -777,158 +785,4 @@ func (c *Controller) unfence(ctx context.Context, g []shardmap.Shard, cause erro
 		return fmt.Errorf("%w (and unfencing failed: %v)", cause, err)
 	}
 	return cause
-}
-
-// rejoin repoints listed replicas that answer but do not replicate from
-// the current primary: a deposed primary coming back. Replicas are looked
-// at in parallel (one cut off costs its connect timeout, not everyone's).
-func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
-	// One proof that the stored map is current serves the whole tick:
-	// LoadCurrent rewrites the map at the revision it read, so replicas
-	// proving it each for themselves, in parallel, conflict with one
-	// another and all but one skip their rejoin, tick after tick, while
-	// the primary waits for a replica to acknowledge its commits.
-	current := sync.OnceValues(func() (*shardmap.Map, error) { return shardmap.LoadCurrent(ctx, c.cfg.MapKV) })
-	var wg sync.WaitGroup
-	for _, s := range m.Shards {
-		c.mu.Lock()
-		running := c.inflight[s.ID]
-		c.mu.Unlock()
-		if s.Fenced || running {
-			continue
-		}
-		for j, r := range s.Replicas {
-			region := ""
-			if j < len(s.ReplicaRegions) {
-				region = s.ReplicaRegions[j]
-			}
-			wg.Go(func() { c.rejoinOne(ctx, s, r, c.via(region, s.Primary), current) })
-		}
-	}
-	wg.Wait()
-}
-
-// errBinlogUnreadable is MariaDB's ER_MASTER_FATAL_ERROR_READING_BINLOG:
-// the primary's binary log cannot serve the replica's position, because
-// the replica holds transactions the primary never had.
-const errBinlogUnreadable = 1236
-
-// diverged reports a replica that stopped because its history and its
-// primary's differ (IO error 1236, or the SQL thread failing to apply):
-// it must be rebuilt. Any other stopped state, such as an IO thread a
-// failover stopped after it had lost its connection (errors 2003, 2013),
-// is restarted by rejoining.
-func diverged(st replication.Status) bool {
-	return st.LastSQLErrno != 0 || (st.LastIOErrno == errBinlogUnreadable && !st.IOThreadRunning())
-}
-
-// rejoinTimeout bounds how long rejoinOne waits for a rejoined replica's
-// threads to run.
-const rejoinTimeout = 10 * time.Second
-
-// rejoinOne rejoins replica r of shard s to the primary, reached at want,
-// when it answers and replicates from elsewhere (or not at all). It
-// reports "rejoined" only once both replication threads run (IO "Yes",
-// connected; SQL "Yes"); a replica whose IO thread stopped on an error
-// against the current primary (diverged: error 1236) is left alone and
-// reported: it needs a rebuild.
-func (c *Controller) rejoinOne(ctx context.Context, s shardmap.Shard, r, want string, current func() (*shardmap.Map, error)) {
-	a, err := c.admin(r)
-	if err != nil {
-		return
-	}
-	defer a.Close()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	st, err := a.Status(sctx)
-	cancel()
-	if err != nil || (st.PrimaryAddr == want && st.IOThreadRunning()) {
-		return
-	}
-	if st.PrimaryAddr == want && diverged(st) {
-		c.alarmOnce(r, "ALARM: replica stopped on an error against the current primary; it must be rebuilt from a copy of the primary",
-			"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
-			"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
-		return
-	}
-	if !c.mayRejoin(ctx, s, r, current) {
-		return
-	}
-	rctx, cancel := context.WithTimeout(ctx, rejoinTimeout)
-	defer cancel()
-	if err := a.RejoinAsReplica(rctx, want, c.cfg.Repl); err != nil {
-		if errors.Is(err, replication.ErrCommitsWaiting) {
-			// A deposed primary woken after its failover: it cannot commit
-			// (no replica receives from it), but only a restart with
-			// RejoinArgs lets it rejoin.
-			c.alarmOnce(r, "ALARM: deposed primary holds commits waiting for an acknowledgement and cannot be fenced; restart it with the rejoin arguments",
-				"shard", s.ID, "server", r, "primary", s.Primary, "err", err)
-			return
-		}
-		c.log.Warn("rejoin failed", "shard", s.ID, "server", r, "err", err)
-		return
-	}
-	c.waitReplicating(rctx, s, r, a)
-}
-
-// alarmOnce logs an ALARM about server r the first time only: the rejoin
-// loop meets the same state every second.
-func (c *Controller) alarmOnce(r, msg string, args ...any) {
-	c.mu.Lock()
-	seen := c.diverged[r]
-	c.diverged[r] = true
-	c.mu.Unlock()
-	if !seen {
-		c.log.Error(msg, args...)
-	}
-}
-
-// mayRejoin: rejoining makes r read-only and a replica of s.Primary:
-// irreversible, and a demotion of the real primary if s is stale (a
-// controller that just came back from a partition leads with the map it
-// had, and its own NATS server's copy of the bucket may be stale too).
-// So act only as the leader now, and only if the bucket still names
-// s.Primary at s's epoch, read so that a lagging replica cannot answer
-// (current: LoadCurrent, once per rejoin tick).
-func (c *Controller) mayRejoin(ctx context.Context, s shardmap.Shard, r string, current func() (*shardmap.Map, error)) bool {
-	if err := c.checkLeader(ctx, s.ID, "rejoin"); err != nil {
-		return false
-	}
-	m, err := current()
-	if err != nil {
-		c.log.Warn("rejoin skipped: the stored shard map could not be proven current", "shard", s.ID, "server", r, "err", err)
-		return false
-	}
-	if cur, ok := m.Shard(s.ID); !ok || cur.Epoch != s.Epoch || cur.Primary != s.Primary || cur.Fenced {
-		c.log.Warn("rejoin skipped: the stored shard map moved on", "shard", s.ID, "server", r, "primary_in_memory", s.Primary)
-		return false
-	}
-	return true
-}
-
-// waitReplicating reports r "rejoined" once both replication threads run
-// (IO "Yes", connected; SQL "Yes"), or raises the alarm if it stops on a
-// divergence, until ctx ends.
-func (c *Controller) waitReplicating(ctx context.Context, s shardmap.Shard, r string, a *replication.Admin) {
-	var st replication.Status
-	var err error
-	for {
-		st, err = a.Status(ctx)
-		if err == nil && st.IORunning == "Yes" && st.SQLRunning {
-			c.event(s.ID, "rejoined", fmt.Sprintf("%s replicates from %s (IO and SQL threads running, at %s)", r, s.Primary, st.SlavePos))
-			return
-		}
-		if err == nil && diverged(st) {
-			c.log.Error("ALARM: rejoined replica stopped replicating; it must be rebuilt from a copy of the primary",
-				"shard", s.ID, "server", r, "primary", s.Primary, "io_errno", st.LastIOErrno, "io_error", st.LastIOError,
-				"sql_errno", st.LastSQLErrno, "sql_error", st.LastSQLError)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			c.log.Warn("rejoin: replication not running yet", "shard", s.ID, "server", r, "io", st.IORunning, "sql", st.SQLRunning,
-				"io_error", st.LastIOError, "sql_error", st.LastSQLError)
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

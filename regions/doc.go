@@ -127,8 +127,8 @@
 //
 // A leader loop of its own (every second, apart from the 100 ms detection
 // tick, so a replica cut off and costing its connect timeout never holds
-// detection back) looks at the shards' listed replicas, in parallel: one
-// that answers
+// detection back) looks at the servers the shards list as replicas, in
+// parallel, each once a pass: one that answers
 // but does not replicate from the current primary (a deposed primary,
 // restarted with replication.RejoinArgs so crash recovery discards what
 // no replica acknowledged) is made read-only and rejoined as a replica
@@ -141,13 +141,30 @@
 // RejoinArgs it rolls that commit back and rejoins. It never serves as a
 // second primary: the map names one primary, and the old one is read-only
 // before it is repointed.
+//
+// Like a failover, a rejoin acts on a server: its status, read_only and
+// the primary it replicates from are the server's, whatever databases it
+// holds. The loop groups the shards by the server listed as a replica and
+// the primary it should follow, reads each server's status once a pass,
+// rejoins it once for all the shards of its group, and logs and records
+// "rejoined" once, naming them. Per shard, a server deposed with 26
+// shards' primaries was given 26 rejoins at once, and 23 failed within
+// 18 ms (a running replica, error 1198). Shards whose primary is in a
+// failover (fenced or in flight) are left out until it is published. A
+// server listed as a replica of two primaries, or as a replica while the
+// map names it the primary of other shards, is left alone (alarm): it
+// cannot follow both, and rejoining it would move it back and forth or
+// demote a primary; list a server's shards with the same replicas.
+//
 // Rejoining is irreversible and a demotion of the real primary if the map
 // it acts on is stale, so it acts only as the leader, only while its map
 // is confirmed, and only once shardmap.LoadCurrent (a compare-and-set the
 // bucket's leader commits, once per tick for all the tick's rejoins)
-// proves the stored map still names that primary at that epoch. A direct get is not enough: a controller back from a
-// partition read its own NATS server's lagging copy, which agreed with its
-// stale map, and demoted the new primary.
+// proves the stored map still names that primary at that epoch for every
+// shard of the group, unfenced, and names the server the primary of none.
+// A direct get is not enough: a controller back from a partition read its
+// own NATS server's lagging copy, which agreed with its stale map, and
+// demoted the new primary.
 //
 // Metrics (Config.Metrics on the controller and the Observer): failovers
 // by kind and result, the time each step of a failover took since the
