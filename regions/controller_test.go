@@ -115,10 +115,16 @@ func setupShards(t *testing.T, n int, opts ...func(*Config)) *cluster {
 		require.NoError(t, err)
 		_, err = schema.Migrate(ctx, sqlOpen(t, p.DSN(db)+"&multiStatements=true"))
 		require.NoError(t, err)
-		// The application account is granted "triage" alone; the grant
-		// replicates.
-		_, err = root.Exec("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + db + "`.* TO '" + app.User + "'@'%'")
-		require.NoError(t, err)
+		// The application account is granted "triage" alone (EnsureUsers'
+		// default); the grants of the others replicate. Not "triage" again:
+		// a GRANT is no transaction, and one in the binary log beyond the
+		// position a killed primary truncates to when it restarts with
+		// RejoinArgs fails its crash recovery ("unsafe statement is found
+		// ... beyond the truncation position").
+		if db != "triage" {
+			_, err = root.Exec("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + db + "`.* TO '" + app.User + "'@'%'")
+			require.NoError(t, err)
+		}
 		shards = append(shards, shardmap.Shard{ID: id + 1, HomeRegion: "a", Primary: p.Addr(), Database: db,
 			Replicas: []string{r.Addr(), r2.Addr()}, ReplicaRegions: []string{"b", "c"}, Epoch: 1})
 	}
