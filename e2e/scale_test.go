@@ -50,7 +50,7 @@ func TestScale(t *testing.T) {
 	require.Equal(t, 10000, rec.Topics)
 	require.Empty(t, rec.Failed())
 	// Every bound was checked, and the figures are real.
-	require.Len(t, rec.Checks, 3+5, "map change, shard add, takeover, and the idle CPU of 5 nodes")
+	require.Len(t, rec.Checks, 4+5, "map change, shard add, takeover, load delivered, and the idle CPU of 5 nodes")
 	require.Len(t, rec.NamespaceChangeMs, 3)
 	require.Positive(t, rec.AddShardMs)
 	require.Positive(t, rec.Takeover.Shards, "the killed dequeuer owned shards")

@@ -153,14 +153,17 @@ func (b *Bed) progress(format string, args ...any) {
 
 // serverArgs let one mariadbd hold hundreds of shard databases: the
 // system tablespace instead of a file per table (creating ten thousand
-// .ibd files is most of a bring-up), and room for every node's
-// connections to every shard database.
+// .ibd files is most of a bring-up), room for every node's connections
+// to every shard database, and table caches that hold every table of
+// every shard for each of the connections using it at once (each
+// connection opens its own handle; the cache is split in
+// table_open_cache_instances parts).
 var serverArgs = []string{
 	"--innodb-file-per-table=0",
 	"--max-connections=4000",
-	"--table-open-cache=4000",
-	"--table-definition-cache=4000",
-	"--open-files-limit=20000",
+	"--table-open-cache=40000",
+	"--table-definition-cache=10000",
+	"--open-files-limit=65535",
 	"--innodb-buffer-pool-size=128M",
 	"--thread-cache-size=64",
 }

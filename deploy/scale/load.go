@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/binary"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,9 +169,8 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 		ShardsHit: len(s.shards), Errors: int(errs.Load()),
 		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
 		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage, Statements: statements}
-	if rec.Load.Delivered < rec.Load.Enqueued {
-		return fmt.Errorf("%d of %d acknowledged items delivered within %s of the load's end", rec.Load.Delivered, rec.Load.Enqueued, drainWithin)
-	}
+	// Items not delivered in time are a failed check (Record.Checks), not
+	// a failed run: the rest of the record says why.
 	return nil
 }
 
