@@ -391,6 +391,10 @@ type Map struct {
 	shards     map[uint32]*Shard
 	namespaces map[string]*Namespace
 	byRegion   map[string][]uint32
+	// rev is the KV revision the map was read at (0: not read from the
+	// bucket), so Publish can compare-and-set on it without reading and
+	// parsing the stored map again.
+	rev uint64
 }
 
 // ValidName reports whether s is a valid namespace, topic or region name:

@@ -41,7 +41,7 @@ func check(rec *Record) []Check {
 		bound("namespace change served by every node (ms, slowest trial)", MapChangeLimitMs, slices.Max(rec.NamespaceChangeMs)),
 		bound("shard add served by every node (ms)", MapChangeLimitMs, rec.AddShardMs),
 		bound("dead dequeuer's shards owned again (s)", TakeoverLimitSeconds, rec.Takeover.Seconds),
-		bound("acknowledged load items not delivered within 15 s of its end", 0, float64(rec.Load.Enqueued-rec.Load.Delivered)),
+		bound("acknowledged load items not delivered within 15 s of its end", 0, float64(rec.Load.Missing)),
 	}
 	if f := rec.Failover; f != nil {
 		cs = append(cs,
@@ -116,8 +116,8 @@ func (rec *Record) Print(w io.Writer) {
 		fmt.Fprintf(w, " %s %.1f%% %.0f MiB;", u.Name, u.CPUPercent, u.RSSMiB)
 	}
 	l := rec.Load
-	fmt.Fprintf(w, "\n  load %.0f/s, %.0f s measured after %.0f s: %d enqueued, %d delivered from %d shards, %d errors; enqueue p50/p99 %.1f/%.1f ms, end-to-end p50/p99 %.1f/%.1f ms, ack p99 %.1f ms\n",
-		l.OfferedPerSec, l.Seconds, l.WarmSeconds, l.Enqueued, l.Delivered, l.ShardsHit, l.Errors, l.EnqueueP50Ms, l.EnqueueP99Ms, l.EndToEndP50Ms, l.EndToEndP99Ms, l.AckP99Ms)
+	fmt.Fprintf(w, "\n  load %.0f/s, %.0f s measured after %.0f s: %d enqueued, %d delivered from %d shards, %d acknowledged not delivered, %d errors; enqueue p50/p99 %.1f/%.1f ms, end-to-end p50/p99 %.1f/%.1f ms, ack p99 %.1f ms\n",
+		l.OfferedPerSec, l.Seconds, l.WarmSeconds, l.Enqueued, l.Delivered, l.ShardsHit, l.Missing, l.Errors, l.EnqueueP50Ms, l.EnqueueP99Ms, l.EndToEndP50Ms, l.EndToEndP99Ms, l.AckP99Ms)
 	fmt.Fprint(w, "  during the load:")
 	for _, u := range l.CPU {
 		fmt.Fprintf(w, " %s %.0f%%;", u.Name, u.CPUPercent)

@@ -45,7 +45,10 @@
 // process; the shard map's stored size and parse time; the time from a
 // namespace update and from an added shard until every process holds the
 // new map (each node's /shardmap on its metrics listener); enqueue and
-// dequeue at a fixed offered load spread over every shard, with p99; each
+// dequeue at a fixed offered load spread over every shard, measured after
+// a warm-up of the same load (a shard's first enqueue opens every node's
+// connection to it), with p99, each process's CPU and each server's
+// statements a second; each
 // node's /metrics size and scrape time; and the time until every shard a
 // killed dequeuer owned is owned again. With Config.Failover, last, a
 // primary-kill drill (deploy/drill) through the first region's router

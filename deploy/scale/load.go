@@ -26,6 +26,9 @@ type Load struct {
 	Seconds     float64 `json:"seconds"`
 	Enqueued    int     `json:"enqueued"`
 	Delivered   int     `json:"delivered"`
+	// Missing counts the enqueues answered ok whose item was not
+	// delivered within drainWithin of the load's end.
+	Missing int `json:"missing"`
 	// ShardsHit is how many shards the delivered items came from.
 	ShardsHit     int     `json:"shards_hit"`
 	Errors        int     `json:"errors"`
@@ -92,6 +95,11 @@ type samples struct {
 	e2e    []float64
 	ack    []float64
 	shards map[uint32]bool
+	// acked are the IDs of the enqueues answered ok, delivered those
+	// dequeued: an enqueue answered with an error may still be stored,
+	// so counts alone do not tell whether an acknowledged item is
+	// missing.
+	acked, delivered map[string]bool
 	// recording is set once the warm-up is over; only then are
 	// latencies kept, and only items enqueued since count end to end.
 	recording atomic.Bool
@@ -106,6 +114,23 @@ func (s *samples) add(to *[]float64, ms float64) {
 	s.mu.Unlock()
 }
 
+// missing counts the acknowledged enqueues not delivered yet.
+func (s *samples) missing() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.missingLocked()
+}
+
+func (s *samples) missingLocked() int {
+	n := 0
+	for id := range s.acked {
+		if !s.delivered[id] {
+			n++
+		}
+	}
+	return n
+}
+
 func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
 // load offers opt.Rate enqueues a second for opt.WarmFor and then
@@ -117,7 +142,7 @@ func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) /
 func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	cfg := m.b.cfg
 	targets := min(cfg.Namespaces, (cfg.Shards+cfg.ShardsPerNamespace-1)/cfg.ShardsPerNamespace)
-	s := &samples{shards: map[uint32]bool{}}
+	s := &samples{shards: map[uint32]bool{}, acked: map[string]bool{}, delivered: map[string]bool{}}
 	var enqueued, delivered, errs atomic.Int64
 	cctx, stopConsumers := context.WithCancel(ctx)
 	defer stopConsumers()
@@ -158,7 +183,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	usage, _ := cpu()
 	statements := stmts()
 	deadline := time.Now().Add(drainWithin)
-	for delivered.Load() < enqueued.Load() && time.Now().Before(deadline) {
+	for s.missing() > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	stopConsumers()
@@ -166,7 +191,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec.Load = Load{OfferedPerSec: opt.Rate, WarmSeconds: opt.WarmFor.Seconds(), Seconds: rec.Load.Seconds, Enqueued: int(enqueued.Load()), Delivered: int(delivered.Load()),
-		ShardsHit: len(s.shards), Errors: int(errs.Load()),
+		ShardsHit: len(s.shards), Errors: int(errs.Load()), Missing: s.missingLocked(),
 		EnqueueP50Ms: percentile(s.enq, 0.5), EnqueueP99Ms: percentile(s.enq, 0.99),
 		EndToEndP50Ms: percentile(s.e2e, 0.5), EndToEndP99Ms: percentile(s.e2e, 0.99), AckP99Ms: percentile(s.ack, 0.99), CPU: usage, Statements: statements}
 	// Items not delivered in time are a failed check (Record.Checks), not
@@ -186,9 +211,14 @@ func (m *meter) enqueue(ctx context.Context, ns string, s *samples) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := m.q.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: ns, Topic: loadTopic, Items: []*triagev1.NewItem{{Payload: payload}}})
+	resp, err := m.q.Enqueue(ctx, &triagev1.EnqueueRequest{Namespace: ns, Topic: loadTopic, Items: []*triagev1.NewItem{{Payload: payload}}})
 	if err == nil {
 		s.add(&s.enq, since(start))
+		s.mu.Lock()
+		for _, r := range resp.Results {
+			s.acked[r.Id] = true
+		}
+		s.mu.Unlock()
 	}
 	return err
 }
@@ -213,11 +243,12 @@ func (m *meter) consume(ctx context.Context, ns string, s *samples, delivered, e
 			if len(it.Payload) == 9 {
 				s.add(&s.e2e, float64(time.Now().UnixNano()-int64(binary.BigEndian.Uint64(it.Payload)))/1e6)
 			}
+			s.mu.Lock()
+			s.delivered[it.Id] = true
 			if id, err := itemid.Parse(it.Id); err == nil {
-				s.mu.Lock()
 				s.shards[id.Shard] = true
-				s.mu.Unlock()
 			}
+			s.mu.Unlock()
 			ack.Acks = append(ack.Acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
 		}
 		start := time.Now()
