@@ -199,8 +199,14 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	return nil
 }
 
-// drainWithin bounds the wait for the last items after the load.
-const drainWithin = 15 * time.Second
+// drainWithin bounds the wait for the last items after the load: a lease
+// and then some, so that an item served to a reply that was lost (a
+// dequeue answered too late) comes back and counts as delivered, and
+// only a lost one, or one stuck past its lease, counts as missing.
+const drainWithin = loadLease + 10*time.Second
+
+// loadLease is the lease the load's consumers take.
+const loadLease = 15 * time.Second
 
 func (m *meter) enqueue(ctx context.Context, ns string, s *samples) error {
 	// The enqueue time, and whether it is in the measured part.
@@ -227,7 +233,7 @@ func (m *meter) enqueue(ctx context.Context, ns string, s *samples) error {
 func (m *meter) consume(ctx context.Context, ns string, s *samples, delivered, errs *atomic.Int64) {
 	for ctx.Err() == nil {
 		resp, err := m.q.Dequeue(ctx, &triagev1.DequeueRequest{Namespace: ns, Topics: []*triagev1.TopicCount{{Topic: loadTopic, Count: 10}},
-			Wait: durationpb.New(time.Second), LeaseDuration: durationpb.New(time.Minute)})
+			Wait: durationpb.New(time.Second), LeaseDuration: durationpb.New(loadLease)})
 		if err != nil {
 			if ctx.Err() == nil {
 				errs.Add(1)
