@@ -45,9 +45,6 @@ type Load struct {
 	Statements []map[string]float64 `json:"statements_per_sec"`
 }
 
-// statementKinds are the Com_ counters Load.Statements reports.
-var statementKinds = []string{"select", "insert", "update", "delete", "commit"}
-
 // statements reads the servers' statement counters; the function it
 // returns gives each one's rate since.
 func (b *Bed) statements(ctx context.Context) func() []map[string]float64 {
