@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -402,6 +403,22 @@ func TestEmergencyFailoverWaitsForTheCandidate(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the candidate, released, replicates from the old primary again")
 }
 
+// cutOffAt cuts controller a off from NATS (not from MySQL) when it
+// reaches step the first time, and holds it there until b leads.
+func (c *cluster) cutOffAt(a, b *Controller, step string) {
+	var cut atomic.Bool
+	a.stepHook = func(_ uint32, s string) {
+		if s != step || !cut.CompareAndSwap(false, true) {
+			return
+		}
+		c.ctlNC.Close()
+		deadline := time.Now().Add(20 * time.Second)
+		for !b.isLeader() && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
 // TestTwoControllersOnePromotion: the leader is cut off from NATS (not from
 // MySQL) in the middle of a failover, after fencing and before promoting.
 // It must notice it lost the lease and stop; the new leader finishes the
@@ -411,23 +428,7 @@ func TestTwoControllersOnePromotion(t *testing.T) {
 	c := setup(t)
 	a := c.ctl
 	b, _, _ := c.newController("ctl-2")
-	cutOff := make(chan struct{})
-	a.stepHook = func(_ uint32, step string) {
-		if step != "promote" {
-			return
-		}
-		select {
-		case <-cutOff:
-			return
-		default:
-		}
-		close(cutOff)
-		c.ctlNC.Close()
-		deadline := time.Now().Add(20 * time.Second)
-		for !b.isLeader() && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	c.cutOffAt(a, b, "promote")
 	pdb := appDB(t, c.primary.Addr())
 	for i := 1; i <= 20; i++ {
 		_, err := pdb.Exec("INSERT INTO t VALUES (?)", i)

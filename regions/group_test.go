@@ -107,23 +107,7 @@ func TestServerFailoverResumedByAnotherController(t *testing.T) {
 	c := setupShards(t, groupShards)
 	a := c.ctl
 	b, _, _ := c.newController("ctl-2")
-	cutOff := make(chan struct{})
-	a.stepHook = func(_ uint32, step string) {
-		if step != "read-only" {
-			return
-		}
-		select {
-		case <-cutOff:
-			return
-		default:
-		}
-		close(cutOff)
-		c.ctlNC.Close()
-		deadline := time.Now().Add(20 * time.Second)
-		for !b.isLeader() && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	c.cutOffAt(a, b, "read-only")
 	old := c.primary.Addr()
 	writeEveryShard(t, c, 20)
 	require.NoError(t, c.primary.Kill())
