@@ -688,7 +688,7 @@ const publishAttempt = 1500 * time.Millisecond
 func (c *Controller) loadMap(ctx context.Context) (*shardmap.Map, error) {
 	lctx, cancel := context.WithTimeout(ctx, publishAttempt)
 	defer cancel()
-	return shardmap.Load(lctx, c.cfg.MapKV)
+	return shardmap.LoadFrom(lctx, c.cfg.MapKV, c.cfg.Maps.Current())
 }
 
 // claimKey is the shard-map bucket key recording which server a failover

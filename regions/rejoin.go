@@ -97,7 +97,7 @@ func (c *Controller) rejoin(ctx context.Context, m *shardmap.Map) {
 	// proving it each for themselves, in parallel, conflict with one
 	// another and all but one skip their rejoin, pass after pass, while
 	// the primary waits for a replica to acknowledge its commits.
-	current := sync.OnceValues(func() (*shardmap.Map, error) { return shardmap.LoadCurrent(ctx, c.cfg.MapKV) })
+	current := sync.OnceValues(func() (*shardmap.Map, error) { return shardmap.LoadCurrent(ctx, c.cfg.MapKV, m) })
 	plan := c.rejoinPlan(m)
 	reads := make([]int, len(plan))
 	var wg sync.WaitGroup

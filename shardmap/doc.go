@@ -11,11 +11,17 @@
 // # Source of truth
 //
 // The map is loaded from a JSON config file at bootstrap and published to the
-// NATS KV bucket "triage_shardmap" under the key "current" (Create, so the
-// first process wins and later restarts do not roll a failover back). Every
-// router, enqueuer and dequeuer watches that key and swaps its snapshot when
-// a higher version arrives. When NATS is out of reach the last good snapshot
-// keeps serving (vitess srvtopo's resilient server does the same).
+// NATS KV bucket "triage_shardmap" (Create, so the first process wins and
+// later restarts do not roll a failover back). Each namespace's config is
+// the value of its own key ("ns.<name>"); the head, key "current", holds the
+// version, regions and shards and names each namespace's key at a revision
+// (store.go). A change writes the namespaces it changed, then the head with
+// compare-and-set, so it moves and parses kilobytes, not the whole map, and
+// no single value bounds the number of namespaces. Every router, enqueuer
+// and dequeuer watches those keys and swaps its snapshot when a head of a
+// higher version arrives, built from the values the head names. When NATS
+// is out of reach the last good snapshot keeps serving (vitess srvtopo's
+// resilient server does the same).
 //
 // # Dedup slot tables
 //
@@ -33,13 +39,12 @@
 // drops a shard a table names is refused. Only a drain moves slots (see
 // "Changing shards online").
 //
-// The stored map (Marshal) lists each distinct table once ("slot_tables",
-// a table that repeats a cycle written as {"cycle": [IDs]}) and a
-// namespace names its tables by index ("dedup_slot_refs"): most
-// namespaces share a region's table, and written per namespace the tables
-// made up nearly all of the map. With 1,000 shards, 10,000 namespaces and
-// 100,000 topic configs the stored map is 5.0 MB (34.6 MB per namespace),
-// within the 8 MiB a NATS message carries, and parses in about 0.7 s.
+// A table that repeats a cycle of shard IDs, as every table New fills
+// does until a slot moves, is written as {"cycle": [IDs]}: written out in
+// full the tables made up nearly all of a namespace's config. A whole map
+// (Marshal, a bootstrap file) also lists each distinct table once
+// ("slot_tables") and a namespace names its tables by index
+// ("dedup_slot_refs").
 //
 // # Changing shards online
 //

@@ -12,19 +12,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/triage-queue/triage/proto/triage/peer"
 	"github.com/triage-queue/triage/schema"
-)
-
-const (
-	// Bucket is the NATS KV bucket that stores the map.
-	Bucket = "triage_shardmap"
-	// Key is the key of the current map in Bucket.
-	Key = "current"
 )
 
 // OpenBucket creates or opens the shard-map bucket with replicas copies
@@ -40,124 +32,6 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jets
 		return nil, fmt.Errorf("open kv bucket %s: %w", Bucket, err)
 	}
 	return kv, nil
-}
-
-// Bootstrap stores m unless a map is stored already, and returns the stored
-// map. Restarting a process with its old config file therefore never rolls
-// back a map that failovers have moved on.
-func Bootstrap(ctx context.Context, kv jetstream.KeyValue, m *Map) (*Map, error) {
-	data, err := m.Marshal()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := kv.Create(ctx, Key, data); err == nil {
-		return m, nil
-	} else if !errors.Is(err, jetstream.ErrKeyExists) {
-		return nil, fmt.Errorf("bootstrap shard map: %w", err)
-	}
-	return Load(ctx, kv)
-}
-
-// Load reads the stored map.
-func Load(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
-	e, err := kv.Get(ctx, Key)
-	if err != nil {
-		return nil, fmt.Errorf("load shard map: %w", err)
-	}
-	m, err := Parse(e.Value())
-	if err == nil {
-		m.rev = e.Revision()
-	}
-	return m, err
-}
-
-// LoadCurrent returns the stored map, proven the current one by a
-// compare-and-set: it writes the same value back at the revision it read,
-// which the bucket's leader commits only if no newer revision exists and
-// only with a quorum. Load cannot prove that: its direct get is answered
-// by any replica, also one that lags (a NATS server back from a partition
-// catching up) or is cut off. A controller checks this before an
-// irreversible step that no write of the bucket guards (rejoining a server
-// as a replica of the primary it names), where a stale read could make it
-// demote the real primary. The rewrite changes no map (watchers ignore a version they
-// hold) and costs one commit, so it is for rare steps only. A conflict is
-// ErrConflict.
-func LoadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
-	e, err := kv.Get(ctx, Key)
-	if err != nil {
-		return nil, fmt.Errorf("load shard map: %w", err)
-	}
-	m, err := Parse(e.Value())
-	if err != nil {
-		return nil, err
-	}
-	rev, err := kv.Update(ctx, Key, e.Value(), e.Revision())
-	if err != nil {
-		return nil, fmt.Errorf("%w: revision %d (version %d) is not the stored one: %v", ErrConflict, e.Revision(), m.Version, err)
-	}
-	m.rev = rev
-	return m, nil
-}
-
-// ErrConflict means the stored map moved on since the one a change was
-// based on; reload and retry.
-var ErrConflict = errors.New("shard map changed concurrently")
-
-// ErrTooLarge means a change would make the map larger than one NATS
-// message carries (the server's max_payload): retrying cannot help, the
-// change must shrink it.
-var ErrTooLarge = errors.New("shard map too large")
-
-// Publish stores next if the stored map is still at version prev (optimistic
-// concurrency: two controllers cannot both publish over the same map).
-// next.Version must be greater than prev.
-func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) error {
-	if next.Version <= prev.Version {
-		return fmt.Errorf("publish shard map: version %d is not above %d", next.Version, prev.Version)
-	}
-	data, err := next.Marshal()
-	if err != nil {
-		return err
-	}
-	tooLarge := func(err error) error {
-		if errors.Is(err, nats.ErrMaxPayload) {
-			return fmt.Errorf("%w: it would be %d bytes, more than one NATS message carries: remove namespaces or topic configs, or raise the NATS servers' max_payload",
-				ErrTooLarge, len(data))
-		}
-		return nil
-	}
-	// prev read from the bucket: compare-and-set on its revision. At
-	// 10,000 namespaces reading and parsing the stored map again costs
-	// the change about 0.4 s. A failure may only mean the same map was
-	// written back since (LoadCurrent), so it falls back to comparing
-	// versions.
-	if prev.rev != 0 {
-		_, err := kv.Update(ctx, Key, data, prev.rev)
-		if err == nil {
-			return nil
-		}
-		if big := tooLarge(err); big != nil {
-			return big
-		}
-	}
-	e, err := kv.Get(ctx, Key)
-	if err != nil {
-		return fmt.Errorf("publish shard map: %w", err)
-	}
-	stored, err := Parse(e.Value())
-	if err != nil {
-		return err
-	}
-	if stored.Version != prev.Version {
-		return fmt.Errorf("%w: stored version %d moved past %d", ErrConflict, stored.Version, prev.Version)
-	}
-	if _, err := kv.Update(ctx, Key, data, e.Revision()); err != nil {
-		if big := tooLarge(err); big != nil {
-			return big
-		}
-		return fmt.Errorf("%w: %v", ErrConflict, err)
-	}
-	return nil
 }
 
 // Watch feeds every newer map stored in kv to h until ctx ends. It
@@ -196,7 +70,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		case <-p.reset:
 		default:
 		}
-		liveWithin = p.follow(ctx, w, logger, liveWithin)
+		liveWithin = p.follow(ctx, kv, w, logger, liveWithin)
 		// Stopped in the background: nats.go stops a watch by deleting its
 		// consumer, a JetStream API request that waits out the client's
 		// timeout (5 s) when the consumer's server is cut off or dead, which
@@ -216,10 +90,16 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 // did not come back through it. It returns the next liveWithin: doubled
 // after a watch that never went live (up to maxWatchLiveWithin), reset
 // once one did.
-func (p *prober) follow(ctx context.Context, w jetstream.KeyWatcher, logger *slog.Logger, liveWithin time.Duration) time.Duration {
+//
+// Namespace values are kept as they come, and a head is built from
+// them (decode), so a change costs a process the values it changed.
+// A head that cannot be built restarts the watch: going on would skip
+// that map, and the next head may not come for a long time.
+func (p *prober) follow(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, logger *slog.Logger, liveWithin time.Duration) time.Duration {
 	// live turns true at the end of the initial values: from then on
-	// the watch delivers every message on the two keys in stream order.
+	// the watch delivers every message on its keys in stream order.
 	live := false
+	seen := map[string]stored{}
 	// A watch whose consumer was placed on a server that is cut off
 	// never goes live, and until it does no probe counts as stuck
 	// (checkStuck), so without this timer nothing would restart it
@@ -258,18 +138,34 @@ func (p *prober) follow(ctx context.Context, w jetstream.KeyWatcher, logger *slo
 			if live {
 				p.seen(string(e.Value()))
 			}
+		case strings.HasPrefix(e.Key(), namespacePrefix):
+			seen[namespaceOf(e.Key())] = stored{e.Revision(), e.Value()}
 		default:
-			m, err := Parse(e.Value())
+			m, err := p.decode(ctx, kv, e, seen)
+			// Every value the head names came before it, so what was
+			// seen is used or superseded.
+			clear(seen)
 			if err != nil {
-				logger.Error("ignoring bad shard map from kv", "err", err)
-				continue
+				logger.Error("restarting the shard map watch: cannot build the stored map", "revision", e.Revision(), "err", err)
+				return liveWithin
 			}
-			m.rev = e.Revision()
-			if p.h.Offer(m) {
+			if m != nil && p.h.Offer(m) {
 				logger.Info("shard map updated", "version", m.Version)
 			}
 		}
 	}
+}
+
+// decode builds the map of head e, or returns nil when h holds it
+// already (this process wrote it, or read it at start).
+func (p *prober) decode(ctx context.Context, kv jetstream.KeyValue, e jetstream.KeyValueEntry, seen map[string]stored) (*Map, error) {
+	cur := p.h.Current()
+	if cur != nil && cur.rev == e.Revision() {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, decodeWithin)
+	defer cancel()
+	return decode(ctx, kv, e, cur, seen)
 }
 
 // errWatchSlow: startWatch gave up waiting for the watch to start.
@@ -289,7 +185,7 @@ func startWatch(ctx context.Context, kv jetstream.KeyValue, within time.Duration
 	}
 	done := make(chan started, 1)
 	go func() {
-		w, err := kv.WatchFiltered(ctx, []string{Key, ConfirmKey})
+		w, err := kv.WatchFiltered(ctx, []string{Key, ConfirmKey, namespacePrefix + ">"})
 		done <- started{w, err}
 	}()
 	t := time.NewTimer(within)
@@ -307,6 +203,10 @@ func startWatch(ctx context.Context, kv jetstream.KeyValue, within time.Duration
 	}()
 	return nil, errWatchSlow
 }
+
+// decodeWithin bounds the reads that building one stored map may need
+// (namespace values the watch did not deliver as named).
+const decodeWithin = 10 * time.Second
 
 // watchLiveWithin is how long a new watch may take to deliver the map
 // before it is restarted; after each miss it doubles, up to

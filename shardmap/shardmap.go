@@ -391,10 +391,13 @@ type Map struct {
 	shards     map[uint32]*Shard
 	namespaces map[string]*Namespace
 	byRegion   map[string][]uint32
-	// rev is the KV revision the map was read at (0: not read from the
-	// bucket), so Publish can compare-and-set on it without reading and
-	// parsing the stored map again.
-	rev uint64
+	// rev is the KV revision of the head the map was read at or written
+	// as (0: neither), so Publish can compare-and-set on it without
+	// reading the stored map again; stamps says the same of each
+	// namespace (see store.go), so Publish writes only changed ones and
+	// a watch parses only those.
+	rev    uint64
+	stamps map[string]stamp
 }
 
 // ValidName reports whether s is a valid namespace, topic or region name:

@@ -110,7 +110,7 @@ func ord(b bool) int {
 // Print writes rec as a few lines for a person.
 func (rec *Record) Print(w io.Writer) {
 	fmt.Fprintf(w, "%d shards on %d servers, %d namespaces, %d topics (up in %.0f s)\n", rec.Shards, rec.Servers, rec.Namespaces, rec.Topics, rec.BringUpSeconds)
-	fmt.Fprintf(w, "  shard map %d bytes, parse %.1f ms; namespace change %v ms; shard add %.1f ms\n", rec.MapBytes, rec.MapParseMs, rec.NamespaceChangeMs, rec.AddShardMs)
+	fmt.Fprintf(w, "  shard map %d bytes (head %d), load %.1f ms; namespace change %v ms; shard add %.1f ms\n", rec.MapBytes, rec.HeadBytes, rec.MapLoadMs, rec.NamespaceChangeMs, rec.AddShardMs)
 	fmt.Fprint(w, "  idle:")
 	for _, u := range rec.Idle {
 		fmt.Fprintf(w, " %s %.1f%% %.0f MiB;", u.Name, u.CPUPercent, u.RSSMiB)

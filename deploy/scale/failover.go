@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -207,11 +208,7 @@ func summarize(server string, shards []uint32, moves map[uint32]move, killed tim
 
 // storedMap is the map in the KV bucket.
 func (m *meter) storedMap(ctx context.Context) (*shardmap.Map, error) {
-	e, err := m.kv.Get(ctx, shardmap.Key)
-	if err != nil {
-		return nil, err
-	}
-	return shardmap.Parse(e.Value())
+	return shardmap.Load(ctx, m.kv)
 }
 
 // moveWatch records, per shard of a server, the first stored map that
@@ -249,8 +246,11 @@ func (m *meter) watchMoves(ctx context.Context, before *shardmap.Map, server str
 				continue
 			}
 			at := time.Now()
-			next, err := shardmap.Parse(e.Value())
-			if err != nil {
+			// The head alone: its shards are all this watch needs.
+			var next struct {
+				Shards []shardmap.Shard `json:"shards"`
+			}
+			if err := json.Unmarshal(e.Value(), &next); err != nil {
 				continue
 			}
 			w.mu.Lock()

@@ -2,6 +2,7 @@ package scale
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -35,9 +36,12 @@ type Record struct {
 	BringUpSeconds float64 `json:"bring_up_seconds"`
 	// Idle is each process's CPU (share of one core) and memory at rest.
 	Idle []Usage `json:"idle"`
-	// MapBytes is the stored map's size, MapParseMs the time to parse it.
-	MapBytes   int     `json:"map_bytes"`
-	MapParseMs float64 `json:"map_parse_ms"`
+	// MapBytes is the stored map's size: its head (HeadBytes, what every
+	// change rewrites) and every namespace's value. MapLoadMs is the time
+	// to read and build it whole, as a process does at start.
+	MapBytes  int     `json:"map_bytes"`
+	HeadBytes int     `json:"head_bytes"`
+	MapLoadMs float64 `json:"map_load_ms"`
 	// NamespaceChangeMs is, per trial, the time from a namespace update's
 	// answer until the slowest node held it; AddShardMs likewise for an
 	// added shard.
@@ -378,18 +382,27 @@ func rssMiB(pid int) float64 {
 
 func round1(v float64) float64 { return float64(int64(v*10+0.5)) / 10 }
 
-// mapSize reads the stored map and times a parse of it.
+// mapSize measures the stored map and times a load of it.
 func (m *meter) mapSize(ctx context.Context, rec *Record, _ Options) error {
 	e, err := m.kv.Get(ctx, shardmap.Key)
 	if err != nil {
 		return err
 	}
-	rec.MapBytes = len(e.Value())
+	rec.HeadBytes = len(e.Value())
 	start := time.Now()
-	if _, err := shardmap.Parse(e.Value()); err != nil {
+	sm, err := shardmap.Load(ctx, m.kv)
+	if err != nil {
 		return err
 	}
-	rec.MapParseMs = round1(float64(time.Since(start).Microseconds()) / 1000)
+	rec.MapLoadMs = round1(float64(time.Since(start).Microseconds()) / 1000)
+	rec.MapBytes = rec.HeadBytes
+	for i := range sm.Namespaces {
+		data, err := json.Marshal(&sm.Namespaces[i])
+		if err != nil {
+			return err
+		}
+		rec.MapBytes += len(data)
+	}
 	return nil
 }
 
