@@ -157,7 +157,12 @@
 // read may be about (shardQueue.dirtyFrom); the first that may not waits
 // for the read. Under a flood of enqueues into a backlog a notice arrives
 // between any two takes, so a take that waited for every notice's read
-// would wait for a read every time.
+// would wait for a read every time. Rows announced past the tail are
+// left to a refill or to the read that drains the queue, and the queue
+// no longer counts as holding every ready row (exhausted), nor does a
+// read in flight that began before the notice (shardQueue.leaveUnread):
+// taken for empty once drained, it would leave a row whose enqueue had
+// answered unread until its recheck.
 //
 // A notice of a committed insert carries the rows themselves when the
 // insert stored them just now and they are small (peer.CommittedReady,

@@ -69,7 +69,9 @@ type shardQueue struct {
 	items     []bufItem
 	checkedAt time.Time // last unbounded read (the one that sets exhausted)
 	headAt    time.Time // last read of any kind, bounded by the tail or not
-	exhausted bool      // last unbounded fetch returned fewer rows than asked
+	// exhausted: the last unbounded fetch returned fewer rows than asked,
+	// and no notice since announced rows past the tail (leaveUnread).
+	exhausted bool
 	// quiet counts the head reads in a row that found nothing, no notice
 	// between them (see recheck).
 	quiet int
@@ -81,6 +83,10 @@ type shardQueue struct {
 	notices   uint64        // ItemsReady count, to tell one that lands during a fetch
 	fetchedAt uint64        // notices when the fetch in flight began
 	fetching  chan struct{} // closed when the fetch in flight ends
+	// unread counts the notices of rows past the tail that the queue
+	// left for a later read (leaveUnread); fetchedUnread and
+	// refillUnread are unread when the fetch or refill in flight began.
+	unread, fetchedUnread, refillUnread uint64
 	// fetchStart is when the take's fetch in flight began. A queue marked
 	// fetching with no fetchStart is held without a read, and takes no
 	// handed-in rows (handIn); no fetch of this package holds it so.
@@ -212,6 +218,18 @@ func (q *shardQueue) markAllDirty() {
 	q.markDirty(store.Item{Priority: math.MinInt32, DeliverAfter: math.MinInt64})
 }
 
+// leaveUnread records a notice of rows that sort after the queue's tail
+// and that it does not take in. Every row the queue holds sorts before
+// them, so it stays clean and serves them without a read; but it no
+// longer holds everything ready, and neither does a read in flight that
+// began before the notice (noteRead). Taken for exhausted, the queue
+// would count as known empty once drained and leave the rows unread
+// until its recheck; not exhausted, it is refilled, or read when drained.
+func (q *shardQueue) leaveUnread() {
+	q.exhausted = false
+	q.unread++
+}
+
 // safeBefore reports whether it may be served before the queue is read
 // again as far as the queue's notices go: it sorts before every row they
 // announced. (An announced row with its priority and deliver_after may
@@ -236,9 +254,10 @@ func (q *shardQueue) safeBefore(it *store.Item) bool {
 // no longer "everything". Rows outside the buffer's band are not its
 // own. A row left out that may sort before what the queue holds, or of a
 // queue that holds nothing, marks the queue dirty as a notice without
-// rows does, so the next take reads it; rows after the tail wait for the
-// read that drains the queue. A queue held without a read (fetching, no
-// fetchStart) takes nothing. Caller holds b.mu.
+// rows does, so the next take reads it; rows after the tail wait for a
+// refill or the read that drains the queue (leaveUnread). A queue held
+// without a read (fetching, no fetchStart) takes nothing. Caller holds
+// b.mu.
 func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
 	heldUnread := q.fetching != nil && q.fetchStart.IsZero()
 	tail := q.tail()
@@ -268,9 +287,13 @@ func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
 			q.items = slices.Insert(q.items, at, it)
 		}
 	}
-	if left != nil && (len(q.items) == 0 || tail != nil && left.Less(tail)) {
+	switch {
+	case left == nil:
+	case len(q.items) == 0 || tail != nil && left.Less(tail):
 		q.markDirty(store.Item{Priority: left.Priority, DeliverAfter: left.DeliverAfter})
 		q.notices++
+	default:
+		q.leaveUnread()
 	}
 	if len(q.items) > maxFetch {
 		q.items = q.items[:maxFetch]
@@ -495,7 +518,7 @@ func planReads(b *topicBuf, shards []uint32, now time.Time, read map[uint32]bool
 			p.excludes = append(p.excludes, q.held())
 			read[id] = true
 			q.fetching = make(chan struct{})
-			q.fetchedAt, q.fetchStart = q.notices, now
+			q.fetchedAt, q.fetchedUnread, q.fetchStart = q.notices, q.unread, now
 		}
 	}
 	return p
@@ -623,7 +646,7 @@ func (s *Service) startRefills(b *topicBuf, shards []uint32) {
 			return
 		}
 		q.refilling = make(chan struct{})
-		q.refillAt, q.refillStart = q.notices, s.cfg.Now()
+		q.refillAt, q.refillUnread, q.refillStart = q.notices, q.unread, s.cfg.Now()
 		var after *store.Item
 		var exclude []store.RowVersion
 		if t := q.tail(); t != nil {
@@ -790,19 +813,22 @@ func (q *shardQueue) mergeRead(r *shardRead) {
 // bounded: the read was of the rows before the queue's tail; after: of
 // the rows after it (a refill). Caller holds the buffer's lock.
 func (q *shardQueue) noteRead(r *shardRead, bounded, after, refill bool, now time.Time) {
-	readAt := now
+	readAt, unread := now, q.fetchedUnread
 	if refill {
 		// What the refill read is as old as its SELECT, which may
 		// have run long before now.
-		readAt = q.refillStart
+		readAt, unread = q.refillStart, q.refillUnread
 	}
+	// "Nothing more is ready" stands only if no notice announced rows
+	// past the tail while the read ran: its SELECT may predate them.
+	found := r.err != nil || !r.full && q.unread == unread
 	if after {
 		// The rows after the tail: whether there are more says nothing
 		// about the rows before it, whose last read stands (headAt),
 		// and the queue is as dirty as it was, or dirtier. "Nothing
 		// more" dates from that read: the buffer may drain before the
 		// next one.
-		q.exhausted = r.err != nil || !r.full
+		q.exhausted = found
 		q.checkedAt = q.headAt
 		q.dirty = q.dirty || q.notices != q.refillAt
 		q.refillAfter = false
@@ -811,7 +837,7 @@ func (q *shardQueue) noteRead(r *shardRead, bounded, after, refill bool, now tim
 		return
 	}
 	if !bounded || r.err != nil {
-		q.exhausted = r.err != nil || !r.full
+		q.exhausted = found
 		q.checkedAt = readAt
 		if r.err == nil && len(r.items) == 0 && !q.dirty {
 			q.quiet++

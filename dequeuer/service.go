@@ -433,13 +433,16 @@ func (s *Service) Ready(r *peerv1.ItemsReady) {
 	for _, b := range bufs {
 		b.mu.Lock()
 		q := b.queue(r.Shard)
-		if rows != nil {
+		switch {
+		case rows != nil:
 			q.handIn(b, rows)
-		} else if len(q.items) == 0 || mayPrecede(r, q.tail()) {
+		case len(q.items) == 0 || mayPrecede(r, q.tail()):
 			// An empty queue must look again; a buffered one when the
 			// items may sort before what it holds.
 			q.markDirty(noticeFrom(r))
 			q.notices++
+		default:
+			q.leaveUnread()
 		}
 		b.mu.Unlock()
 		b.wake(int(max(r.Count, 1)))
@@ -477,12 +480,13 @@ func (s *Service) handedRows(r *peerv1.ItemsReady) []bufItem {
 // mayPrecede reports whether announced items may sort before tail, so
 // that its queue must be read again before it serves. A more urgent
 // priority does. At the tail's priority, items whose deliver_after is
-// known to be later sort after it (the read that would find them is the
-// next refill's); when the announcer cannot say (an item handed back by
-// an unserve, nack, update or redrive keeps an old deliver_after), equal
-// priority counts. Under a steady flood of enqueues into a backlog, a
-// notice at the buffer's priority that sent the next take to the database
-// would mostly find rows that sort after what it holds.
+// known to be later sort after it (a refill or the read that drains the
+// queue finds them: shardQueue.leaveUnread); when the announcer cannot
+// say (an item handed back by an unserve, nack, update or redrive keeps
+// an old deliver_after), equal priority counts. Under a steady flood of
+// enqueues into a backlog, a notice at the buffer's priority that sent
+// the next take to the database would mostly find rows that sort after
+// what it holds.
 func mayPrecede(r *peerv1.ItemsReady, tail *store.Item) bool {
 	if r.MinPriority != tail.Priority {
 		return r.MinPriority < tail.Priority
