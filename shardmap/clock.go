@@ -70,9 +70,7 @@ func (c *Clock) Now(ctx context.Context, db *sqlx.DB) time.Time {
 	if stale && (!r.busy || r.local.IsZero()) {
 		r.busy, r.tried = true, now
 		c.mu.Unlock()
-		sent := time.Now()
-		t, err := c.query(ctx, db)
-		got := time.Now()
+		t, sent, got, err := c.query(ctx, db, r.local.IsZero())
 		c.mu.Lock()
 		r.busy = false
 		// A measurement replaces the last one unless its error bound is
@@ -104,13 +102,57 @@ func (c *Clock) prune(now time.Time) {
 	}
 }
 
-func (c *Clock) query(ctx context.Context, db *sqlx.DB) (time.Time, error) {
-	if c.measure != nil {
-		return c.measure(ctx, db)
+// query reads the primary's time, and when the read was sent and its
+// answer came. The connection is taken before the read is timed: a new
+// pool's first read would otherwise include opening a connection (the
+// handshake, the session's settings and the account check), and the
+// midpoint correction would set the clock ahead by half of that, until
+// a better measurement replaced it a ClockRefresh later: rows would be
+// served that long before their deliver_after.
+//
+// The first measurement of a primary keeps the best of firstSamples
+// reads: later ones replace a reading only with a better one, but the
+// first is kept however bad, and on a loaded host an answer that waits
+// for a core sets the clock behind by half the wait (a row a router
+// has just stamped ready is then not ready yet).
+func (c *Clock) query(ctx context.Context, db *sqlx.DB, first bool) (t, sent, got time.Time, err error) {
+	read := func(context.Context) (time.Time, error) { return c.measure(ctx, db) }
+	if c.measure == nil {
+		conn, err := db.Connx(ctx)
+		if err != nil {
+			return time.Time{}, time.Time{}, time.Time{}, err
+		}
+		defer conn.Close()
+		read = func(ctx context.Context) (time.Time, error) {
+			// Microseconds since the epoch in UTC, independent of the
+			// session's time zone (UNIX_TIMESTAMP(NOW(6)) is ambiguous
+			// in a DST fold).
+			var us int64
+			err := conn.GetContext(ctx, &us, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+			return time.UnixMicro(us), err
+		}
 	}
-	// Microseconds since the epoch in UTC, independent of the session's
-	// time zone (UNIX_TIMESTAMP(NOW(6)) is ambiguous in a DST fold).
-	var us int64
-	err := db.GetContext(ctx, &us, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
-	return time.UnixMicro(us), err
+	samples := 1
+	if first {
+		samples = firstSamples
+	}
+	for i := range samples {
+		s := time.Now()
+		ti, err := read(ctx)
+		g := time.Now()
+		if err != nil {
+			if i == 0 {
+				return time.Time{}, time.Time{}, time.Time{}, err
+			}
+			break
+		}
+		if i == 0 || g.Sub(s) < got.Sub(sent) {
+			t, sent, got = ti, s, g
+		}
+	}
+	return t, sent, got, nil
 }
+
+// firstSamples is how many reads the first measurement of a primary
+// takes (see query).
+const firstSamples = 3

@@ -2,10 +2,13 @@ package shardmap
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -32,7 +35,7 @@ func TestClockFollowsThePrimary(t *testing.T) {
 		require.False(t, next.Before(got), "a reading went back between measurements")
 		got = next
 	}
-	require.Equal(t, int32(1), queries.Load(), "measured again within ClockRefresh")
+	require.Equal(t, int32(firstSamples), queries.Load(), "measured again within ClockRefresh")
 
 	c.Skew = -time.Minute
 	require.InDelta(t, float64(time.Now().Add(ahead-time.Minute).UnixMicro()), float64(c.Now(t.Context(), db).UnixMicro()),
@@ -52,4 +55,53 @@ func TestClockReadsMariaDB(t *testing.T) {
 	measured := !c.byDB[db].local.IsZero()
 	c.mu.Unlock()
 	require.True(t, measured, "fell back to the local clock")
+}
+
+// TestClockFirstReadingIsTheBestOfSeveral: an answer that waits 200 ms
+// after the primary read its clock (for a core, on a loaded host) would
+// set a first reading 100 ms behind, and a first reading is kept until a
+// better one comes; the first measurement keeps its best sample.
+func TestClockFirstReadingIsTheBestOfSeveral(t *testing.T) {
+	t.Parallel()
+	var queries atomic.Int32
+	c := &Clock{measure: func(context.Context, *sqlx.DB) (time.Time, error) {
+		now := time.Now()
+		if queries.Add(1) == 1 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		return now, nil
+	}}
+	off := time.Until(c.Now(t.Context(), &sqlx.DB{}))
+	require.Less(t, off.Abs(), 20*time.Millisecond, "the first reading is %s off", off)
+}
+
+// slowConnect opens connections after a delay, as a new pool's first
+// connection to a remote primary takes its handshake and session set-up.
+type slowConnect struct {
+	driver.Connector
+	delay time.Duration
+}
+
+func (s slowConnect) Connect(ctx context.Context) (driver.Conn, error) {
+	time.Sleep(s.delay)
+	return s.Connector.Connect(ctx)
+}
+
+// TestClockFirstReadingLeavesOutTheConnect: the first measurement of a
+// new pool is not set off by the time its first connection took to
+// open. Timed with the read, a 300 ms connect set the clock 150 ms
+// ahead, and rows were served up to that long before their
+// deliver_after, until the next refresh.
+func TestClockFirstReadingLeavesOutTheConnect(t *testing.T) {
+	t.Parallel()
+	cfg, err := mysql.ParseDSN(mariadbtest.Database(t))
+	require.NoError(t, err)
+	conn, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sqlx.NewDb(sql.OpenDB(slowConnect{Connector: conn, delay: 300 * time.Millisecond}), "mysql")
+	t.Cleanup(func() { db.Close() })
+	var c Clock
+	got := c.Now(t.Context(), db)
+	off := time.Until(got)
+	require.Less(t, off.Abs(), 50*time.Millisecond, "the first reading is %s off the local clock (the server runs on this host)", off)
 }
