@@ -162,10 +162,11 @@ func New(cfg Config) (*Service, error) {
 }
 
 // shardNow is the time of a shard's primary (see Config.Clock), or the
-// local clock when the shard has no writable primary (the statement that
-// follows fails the same way).
+// local clock when the map names none (the statement that follows fails
+// the same way). It reads no epoch (Pool.Writer): it runs on the loop
+// that takes every ready notice.
 func (s *Service) shardNow(ctx context.Context, shard uint32) time.Time {
-	db, err := s.cfg.Pool.Writer(s.cfg.Maps, shard)
+	db, _, err := s.cfg.Pool.Primary(s.cfg.Maps.Current(), shard)
 	if err != nil {
 		return s.cfg.Now()
 	}

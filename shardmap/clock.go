@@ -29,13 +29,18 @@ const MaxDrift = 2000
 // since; the local wall clock is never read. The zero value is ready to
 // use.
 type Clock struct {
+	// Server, when set, names the server behind a pool (Pool.ServerOf):
+	// pools of the databases of one server share its readings, so a
+	// process measures each server, not each shard database on it.
+	// Unset, or "" for a pool, readings are per pool.
+	Server func(db *sqlx.DB) string
 	// Skew, for tests, is added to every reading.
 	Skew time.Duration
 	// measure, for tests, replaces the database query.
 	measure func(ctx context.Context, db *sqlx.DB) (time.Time, error)
 
-	mu   sync.Mutex
-	byDB map[*sqlx.DB]*clockReading
+	mu       sync.Mutex
+	readings map[any]*clockReading // by server name, or by pool
 }
 
 type clockReading struct {
@@ -48,39 +53,53 @@ type clockReading struct {
 }
 
 // Now returns the current time of the primary behind db (a pool of
-// Pool, one per primary and database). The first call for a primary
-// measures it; later calls measure again at most every ClockRefresh, one
-// caller at a time while the others use the last measurement. If a primary
-// was never measured and cannot be reached, Now falls back to the local
-// clock: the statement the caller runs next fails the same way.
+// Pool). The first call for a primary measures it, and waits for that;
+// later calls measure again at most every ClockRefresh, in the
+// background, one at a time, while every caller goes on with the last
+// measurement (a refresh corrects the drift of two oscillators over a
+// second, at most half a millisecond, which no caller needs to wait for:
+// at a thousand shards, callers that waited for their shard's refresh
+// held up every ready notice of a dequeuer behind one query each). If a
+// primary was never measured and cannot be reached, Now falls back to the
+// local clock: the statement the caller runs next fails the same way.
 func (c *Clock) Now(ctx context.Context, db *sqlx.DB) time.Time {
-	c.mu.Lock()
-	if c.byDB == nil {
-		c.byDB = map[*sqlx.DB]*clockReading{}
+	var key any = db
+	if c.Server != nil {
+		if srv := c.Server(db); srv != "" {
+			key = srv
+		}
 	}
-	r := c.byDB[db]
+	c.mu.Lock()
+	if c.readings == nil {
+		c.readings = map[any]*clockReading{}
+	}
+	r := c.readings[key]
 	now := time.Now()
 	if r == nil {
 		c.prune(now)
 		r = &clockReading{}
-		c.byDB[db] = r
+		c.readings[key] = r
 	}
 	r.usedAt = now
-	stale := r.local.IsZero() || now.Sub(r.tried) >= ClockRefresh
-	if stale && (!r.busy || r.local.IsZero()) {
+	switch {
+	case r.local.IsZero():
+		// Never measured: every caller measures (one that failed,
+		// against a primary that did not answer, is no better).
 		r.busy, r.tried = true, now
 		c.mu.Unlock()
-		t, sent, got, err := c.query(ctx, db, r.local.IsZero())
+		t, sent, got, err := c.query(ctx, db, true)
 		c.mu.Lock()
-		r.busy = false
-		// A measurement replaces the last one unless its error bound is
-		// worse than the last one's plus the drift since (a slow round
-		// trip on a loaded host would move the clock by up to half of
-		// it, back and forth between processes' readings).
-		rtt := got.Sub(sent)
-		if err == nil && (r.local.IsZero() || rtt/2 <= r.rtt/2+sent.Sub(r.local)/MaxDrift) {
-			r.db, r.local, r.rtt = t, sent.Add(rtt/2), rtt
-		}
+		c.keep(r, t, sent, got, err)
+	case now.Sub(r.tried) >= ClockRefresh && !r.busy:
+		r.busy, r.tried = true, now
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ClockRefresh)
+			defer cancel()
+			t, sent, got, err := c.query(ctx, db, false)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.keep(r, t, sent, got, err)
+		}()
 	}
 	var out time.Time
 	if r.local.IsZero() {
@@ -92,12 +111,25 @@ func (c *Clock) Now(ctx context.Context, db *sqlx.DB) time.Time {
 	return out.Round(0).Add(c.Skew)
 }
 
+// keep takes a measurement (t read between sent and got) as r's reading
+// unless its error bound is worse than the last one's plus the drift
+// since: a slow round trip on a loaded host would move the clock by up to
+// half of it, back and forth between processes' readings. Caller holds
+// c.mu.
+func (c *Clock) keep(r *clockReading, t, sent, got time.Time, err error) {
+	r.busy = false
+	rtt := got.Sub(sent)
+	if err == nil && (r.local.IsZero() || rtt/2 <= r.rtt/2+sent.Sub(r.local)/MaxDrift) {
+		r.db, r.local, r.rtt = t, sent.Add(rtt/2), rtt
+	}
+}
+
 // prune forgets primaries not asked about for a minute (pools Pool
 // closed after a failover), so the map does not grow without bound.
 func (c *Clock) prune(now time.Time) {
-	for db, r := range c.byDB {
+	for key, r := range c.readings {
 		if !r.busy && now.Sub(r.usedAt) > time.Minute {
-			delete(c.byDB, db)
+			delete(c.readings, key)
 		}
 	}
 }

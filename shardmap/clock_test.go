@@ -52,7 +52,7 @@ func TestClockReadsMariaDB(t *testing.T) {
 	got := c.Now(t.Context(), db)
 	require.InDelta(t, float64(time.Now().UnixMicro()), float64(got.UnixMicro()), float64(time.Second/time.Microsecond))
 	c.mu.Lock()
-	measured := !c.byDB[db].local.IsZero()
+	measured := !c.readings[db].local.IsZero()
 	c.mu.Unlock()
 	require.True(t, measured, "fell back to the local clock")
 }
@@ -104,4 +104,42 @@ func TestClockFirstReadingLeavesOutTheConnect(t *testing.T) {
 	got := c.Now(t.Context(), db)
 	off := time.Until(got)
 	require.Less(t, off.Abs(), 50*time.Millisecond, "the first reading is %s off the local clock (the server runs on this host)", off)
+}
+
+// TestClockRefreshesInTheBackground: once a primary was measured, no
+// caller waits for a refresh, even one that takes long; pools that name
+// one server share its readings.
+func TestClockRefreshesInTheBackground(t *testing.T) {
+	t.Parallel()
+	var queries atomic.Int32
+	slow := make(chan struct{})
+	c := &Clock{measure: func(context.Context, *sqlx.DB) (time.Time, error) {
+		if queries.Add(1) > firstSamples {
+			<-slow
+		}
+		return time.Now(), nil
+	}}
+	a, b := &sqlx.DB{}, &sqlx.DB{}
+	c.Server = func(*sqlx.DB) string { return "db1:3306" }
+	c.Now(t.Context(), a)
+	c.Now(t.Context(), b)
+	require.Equal(t, int32(firstSamples), queries.Load(), "a second pool of the same server measured it again")
+
+	c.mu.Lock()
+	for _, r := range c.readings {
+		r.tried = r.tried.Add(-ClockRefresh) // due for a refresh
+	}
+	c.mu.Unlock()
+	done := make(chan time.Time)
+	go func() { done <- c.Now(t.Context(), a) }()
+	select {
+	case got := <-done:
+		require.Less(t, time.Until(got).Abs(), 50*time.Millisecond)
+	case <-time.After(time.Second):
+		t.Fatal("a caller waited for the refresh")
+	}
+	require.Eventually(t, func() bool { return queries.Load() == firstSamples+1 }, time.Second, time.Millisecond, "no refresh started")
+	c.Now(t.Context(), b) // one refresh at a time
+	close(slow)
+	require.Never(t, func() bool { return queries.Load() > firstSamples+1 }, 100*time.Millisecond, 10*time.Millisecond)
 }

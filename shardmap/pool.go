@@ -25,9 +25,11 @@ type Pool struct {
 	// sessions; nil for NewPool's.
 	app *appSessions
 
-	mu     sync.Mutex
-	dbs    map[string]*poolEntry // by DSN
-	epochs map[epochKey]time.Time
+	mu  sync.Mutex
+	dbs map[string]*poolEntry // by DSN
+	// servers names the server (host:port) of each open pool.
+	servers map[*sqlx.DB]string
+	epochs  map[epochKey]time.Time
 	// dsns caches DSN by what it depends on besides cred: every write
 	// asks (Writer), and formatting one (mysql.Config.FormatDSN and its
 	// parameter map) costs more than a map lookup.
@@ -77,7 +79,7 @@ func NewPool(cred Credentials) *Pool {
 }
 
 func newPool(cred Credentials) *Pool {
-	return &Pool{cred: cred, dbs: map[string]*poolEntry{}, epochs: map[epochKey]time.Time{}, dsns: map[dsnKey]string{}}
+	return &Pool{cred: cred, dbs: map[string]*poolEntry{}, servers: map[*sqlx.DB]string{}, epochs: map[epochKey]time.Time{}, dsns: map[dsnKey]string{}}
 }
 
 // DSN returns the data source name for a shard's primary. Queue
@@ -246,7 +248,19 @@ func (p *Pool) open(dsn string) (*sqlx.DB, error) {
 	db.SetMaxIdleConns(n)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	p.dbs[dsn] = &poolEntry{db: db, used: true}
+	if cfg, err := mysql.ParseDSN(dsn); err == nil {
+		p.servers[db] = cfg.Addr
+	}
 	return db, nil
+}
+
+// ServerOf names the server (host:port) behind a pool the Pool handed
+// out, or "" for one it did not or closed since. Clock.Server takes it,
+// so that the pools of one server's shard databases share its clock.
+func (p *Pool) ServerOf(db *sqlx.DB) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.servers[db]
 }
 
 // openDB opens dsn's connection pool; an application pool's checks every
@@ -305,6 +319,7 @@ func (p *Pool) Prune(m *Map) int {
 		}
 		idle = append(idle, e.db)
 		delete(p.dbs, dsn)
+		delete(p.servers, e.db)
 	}
 	for k := range p.epochs {
 		if _, ok := p.dbs[k.dsn]; !ok {
@@ -331,5 +346,6 @@ func (p *Pool) Close() error {
 		e.db.Close()
 		delete(p.dbs, k)
 	}
+	clear(p.servers)
 	return nil
 }

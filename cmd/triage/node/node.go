@@ -366,7 +366,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	if open := cfg.openListeners(); len(open) > 0 {
 		logger.Warn("serving without authentication on addresses other hosts may reach (insecure)", "listeners", strings.Join(open, ", "))
 	}
-	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewAppPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), clock: &shardmap.Clock{}, done: make(chan struct{})}
+	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewAppPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), done: make(chan struct{})}
+	n.clock = &shardmap.Clock{Server: n.pool.ServerOf}
 	n.obs = newObservability(cfg, logger)
 	ok := false
 	defer func() {
