@@ -42,9 +42,9 @@
 // # The run
 //
 // Run brings a bed up, measures, and stops it: idle CPU and memory of each
-// process; the shard map's stored size and parse time; the time from a
-// namespace update and from an added shard until every process holds the
-// new map (each node's /shardmap on its metrics listener); enqueue and
+// process; the shard map's stored size (and its head's) and load time;
+// the time from a namespace update and from an added shard until every
+// process holds the new map (each node's /shardmap on its metrics listener); enqueue and
 // dequeue at a fixed offered load spread over every shard, measured after
 // a warm-up of the same load (a shard's first enqueue opens every node's
 // connection to it), with p99, each process's CPU and each server's
