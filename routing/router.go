@@ -120,9 +120,14 @@ type Router struct {
 	tracer trace.Tracer
 	inbox  string
 	sub    *nats.Subscription
-	rr     atomic.Uint64
-	acks   store.AckBatcher
-	dq     Dequeuers
+	// rr counts each namespace's enqueues (*atomic.Uint64 by name), the
+	// round-robin over its shards. One counter for every namespace put a
+	// namespace whose enqueues alternate with another's on every other
+	// shard only: two namespaces taking turns left half of each one's
+	// shards empty.
+	rr   sync.Map
+	acks store.AckBatcher
+	dq   Dequeuers
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
@@ -375,6 +380,15 @@ func (r *Router) admitEnqueue(ctx context.Context, req *triagev1.EnqueueRequest)
 	return &enqueueCall{req: req, m: m, ns: ns, region: region, now: now, open: open, weights: weights, nm: nm}, nil
 }
 
+// nextPick is namespace's next round-robin number (see Router.rr).
+func (r *Router) nextPick(namespace string) uint64 {
+	c, ok := r.rr.Load(namespace)
+	if !ok {
+		c, _ = r.rr.LoadOrStore(namespace, new(atomic.Uint64))
+	}
+	return c.(*atomic.Uint64).Add(1)
+}
+
 // batchItems groups the request's items into batches per shard, in the
 // order their shards first appear. Items with a dedup key go to the shard
 // the slot table of the request's region gives the key, so that shard's
@@ -391,7 +405,7 @@ func (r *Router) admitEnqueue(ctx context.Context, req *triagev1.EnqueueRequest)
 func (r *Router) batchItems(ctx context.Context, e *enqueueCall, results []*triagev1.EnqueueResult) ([]*shardBatch, error) {
 	req := e.req
 	limit := r.batchLimit(req.Namespace, req.Topic)
-	spread := shardmap.PickWeighted(e.open, e.weights, r.rr.Add(1))
+	spread := shardmap.PickWeighted(e.open, e.weights, r.nextPick(req.Namespace))
 	groups := map[uint32]*shardBatch{}
 	sizes := map[uint32]int{}
 	var order []*shardBatch

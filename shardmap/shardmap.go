@@ -472,7 +472,9 @@ func (m *Map) stored() *storedMap {
 	for i, ns := range m.Namespaces {
 		sn := storedNamespace{namespaceFields: namespaceFields(ns)}
 		sn.namespaceFields.Slots = nil
-		for region, table := range ns.Slots {
+		// Regions in order: the same map marshals to the same bytes.
+		for _, region := range slices.Sorted(maps.Keys(ns.Slots)) {
+			table := ns.Slots[region]
 			buf = buf[:0]
 			for _, id := range table {
 				buf = binary.LittleEndian.AppendUint32(buf, id)

@@ -8,9 +8,12 @@ import (
 	"hash/maphash"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/triage-queue/triage/schema"
 )
 
 const (
@@ -77,10 +80,22 @@ var ErrTooLarge = errors.New("shard map too large")
 // the namespaces' values are written, so of two processes bootstrapping at
 // once one head wins and names only values that exist.
 func Bootstrap(ctx context.Context, kv jetstream.KeyValue, m *Map) (*Map, error) {
-	if _, err := kv.Get(ctx, Key); err == nil {
-		return Load(ctx, kv)
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("bootstrap shard map: %w", err)
+	// A bucket just created may not answer direct gets for a moment (no
+	// responders, while its stream's replicas start): look again then.
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		_, err := kv.Get(ctx, Key)
+		if err == nil {
+			return Load(ctx, kv)
+		}
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if ctx.Err() != nil || !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("bootstrap shard map: %w", err)
+		}
+		if !schema.Sleep(ctx, wait) {
+			return nil, fmt.Errorf("bootstrap shard map: %w", ctx.Err())
+		}
 	}
 	h, stamps, err := writeNamespaces(ctx, kv, &Map{}, m)
 	if err != nil {
