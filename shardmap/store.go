@@ -97,7 +97,15 @@ func Bootstrap(ctx context.Context, kv jetstream.KeyValue, m *Map) (*Map, error)
 			return nil, fmt.Errorf("bootstrap shard map: %w", ctx.Err())
 		}
 	}
-	h, stamps, err := writeNamespaces(ctx, kv, &Map{}, m)
+	// Created, one at a time, each acknowledged (applied) before the
+	// next: nats-server (2.15) sets up its tracking of writes that expect
+	// a subject's sequence (Create, Update) at the first such write with
+	// an unlocked check that races with the stream applying an earlier
+	// write. A fresh bucket's first write is thus one of these, as the
+	// head's Create was when the map was one value; plain puts in flight
+	// before it had the race detector report the race in a three-region
+	// bed.
+	h, stamps, err := writeNamespaces(ctx, kv, &Map{}, m, true)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap shard map: %w", err)
 	}
@@ -172,7 +180,7 @@ func Publish(ctx context.Context, kv jetstream.KeyValue, prev *Map, next *Map) e
 	if next.Version <= prev.Version {
 		return fmt.Errorf("publish shard map: version %d is not above %d", next.Version, prev.Version)
 	}
-	h, stamps, err := writeNamespaces(ctx, kv, prev, next)
+	h, stamps, err := writeNamespaces(ctx, kv, prev, next, false)
 	if err != nil {
 		return fmt.Errorf("publish shard map: %w", err)
 	}
@@ -230,7 +238,13 @@ const putsInFlight = 32
 
 // writeNamespaces writes every namespace of next whose value differs
 // from the one prev read or wrote, and returns next's head and stamps.
-func writeNamespaces(ctx context.Context, kv jetstream.KeyValue, prev, next *Map) (*head, map[string]stamp, error) {
+// fresh (Bootstrap) creates them one at a time; else they are put
+// putsInFlight at a time.
+func writeNamespaces(ctx context.Context, kv jetstream.KeyValue, prev, next *Map, fresh bool) (*head, map[string]stamp, error) {
+	inFlight := putsInFlight
+	if fresh {
+		inFlight = 1
+	}
 	h := &head{Format: headFormat, Version: next.Version, Regions: next.Regions, Shards: next.Shards, Retired: next.Retired,
 		Namespaces: make(map[string]uint64, len(next.Namespaces))}
 	stamps := make(map[string]stamp, len(next.Namespaces))
@@ -257,13 +271,23 @@ func writeNamespaces(ctx context.Context, kv jetstream.KeyValue, prev, next *Map
 		mu       sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
-		sem      = make(chan struct{}, putsInFlight)
+		sem      = make(chan struct{}, inFlight)
 	)
 	for _, p := range puts {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			rev, err := kv.Put(ctx, NamespaceKey(p.name), p.data)
+			key := NamespaceKey(p.name)
+			var rev uint64
+			var err error
+			if fresh {
+				// Bootstrap: see there.
+				if rev, err = kv.Create(ctx, key, p.data); errors.Is(err, jetstream.ErrKeyExists) {
+					rev, err = kv.Put(ctx, key, p.data)
+				}
+			} else {
+				rev, err = kv.Put(ctx, key, p.data)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
