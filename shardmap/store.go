@@ -1,6 +1,7 @@
 package shardmap
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -267,41 +268,30 @@ func writeNamespaces(ctx context.Context, kv jetstream.KeyValue, prev, next *Map
 		}
 		puts = append(puts, put{ns.Name, data, sum})
 	}
-	var (
-		mu       sync.Mutex
-		firstErr error
-		wg       sync.WaitGroup
-		sem      = make(chan struct{}, inFlight)
-	)
-	for _, p := range puts {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			key := NamespaceKey(p.name)
-			var rev uint64
-			var err error
-			if fresh {
-				// Bootstrap: see there.
-				if rev, err = kv.Create(ctx, key, p.data); errors.Is(err, jetstream.ErrKeyExists) {
-					rev, err = kv.Put(ctx, key, p.data)
-				}
-			} else {
+	var mu sync.Mutex
+	err := eachAtOnce(len(puts), inFlight, func(i int) error {
+		p := puts[i]
+		key := NamespaceKey(p.name)
+		var rev uint64
+		var err error
+		if fresh {
+			// Bootstrap: see there.
+			if rev, err = kv.Create(ctx, key, p.data); errors.Is(err, jetstream.ErrKeyExists) {
 				rev, err = kv.Put(ctx, key, p.data)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("namespace %q: %w", p.name, tooLarge(err, len(p.data), "namespace's config"))
-				}
-				return
-			}
-			stamps[p.name], h.Namespaces[p.name] = stamp{rev, p.sum}, rev
-		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, nil, firstErr
+		} else {
+			rev, err = kv.Put(ctx, key, p.data)
+		}
+		if err != nil {
+			return fmt.Errorf("namespace %q: %w", p.name, tooLarge(err, len(p.data), "namespace's config"))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		stamps[p.name], h.Namespaces[p.name] = stamp{rev, p.sum}, rev
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return h, stamps, nil
 }
@@ -400,26 +390,38 @@ func fetch(ctx context.Context, kv jetstream.KeyValue, want map[string]uint64, m
 		}
 		missing = slicesDeleteFound(missing, values)
 	}
+	var mu sync.Mutex
+	return eachAtOnce(len(missing), putsInFlight, func(i int) error {
+		name := missing[i]
+		e, err := kv.GetRevision(ctx, NamespaceKey(name), want[name])
+		if err != nil {
+			return fmt.Errorf("load shard map: namespace %q at revision %d: %w", name, want[name], err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		values[name] = stored{e.Revision(), e.Value()}
+		return nil
+	})
+}
+
+// eachAtOnce calls fn(0) … fn(n-1), up to limit at a time, and returns
+// the first error (after every call has returned).
+func eachAtOnce(n, limit int, fn func(i int) error) error {
 	var (
 		mu       sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
-		sem      = make(chan struct{}, putsInFlight)
+		sem      = make(chan struct{}, limit)
 	)
-	for _, name := range missing {
+	for i := range n {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			e, err := kv.GetRevision(ctx, NamespaceKey(name), want[name])
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("load shard map: namespace %q at revision %d: %w", name, want[name], err)
-				}
-				return
+			if err := fn(i); err != nil {
+				mu.Lock()
+				firstErr = cmp.Or(firstErr, err)
+				mu.Unlock()
 			}
-			values[name] = stored{e.Revision(), e.Value()}
 		})
 	}
 	wg.Wait()

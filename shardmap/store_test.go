@@ -67,12 +67,7 @@ func TestPublishWritesOnlyTheChangedNamespace(t *testing.T) {
 	h := watched(t, js, kv, v1)
 	before := revisions(t, kv, v1)
 
-	ns, err := v1.Namespace("t.7")
-	require.NoError(t, err)
-	changed := *ns
-	changed.MaxDepth = 77
-	v2, err := v1.WithNamespace(changed)
-	require.NoError(t, err)
+	v2 := withDepth(t, v1, "t.7", 77)
 	require.NoError(t, shardmap.Publish(ctx, kv, v1, v2))
 
 	after := revisions(t, kv, v2)
@@ -96,11 +91,20 @@ func TestPublishWritesOnlyTheChangedNamespace(t *testing.T) {
 
 	// A publish based on the map Publish returned needs no read: it
 	// compare-and-sets on the revision it wrote.
-	changed.MaxDepth = 78
-	v3, err := v2.WithNamespace(changed)
-	require.NoError(t, err)
-	require.NoError(t, shardmap.Publish(ctx, kv, v2, v3))
+	require.NoError(t, shardmap.Publish(ctx, kv, v2, withDepth(t, v2, "t.7", 78)))
 	require.Eventually(t, func() bool { return h.Current().Version == 3 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// withDepth is the next version of m with namespace name's max_depth set.
+func withDepth(t *testing.T, m *shardmap.Map, name string, depth int64) *shardmap.Map {
+	t.Helper()
+	ns, err := m.Namespace(name)
+	require.NoError(t, err)
+	c := *ns
+	c.MaxDepth = depth
+	next, err := m.WithNamespace(c)
+	require.NoError(t, err)
+	return next
 }
 
 func mustLoad(t *testing.T, kv jetstream.KeyValue) *shardmap.Map {
@@ -122,17 +126,8 @@ func TestALosingPublishLeavesTheNamedValue(t *testing.T) {
 	v1, err := shardmap.Bootstrap(ctx, kv, tenants(t, 3))
 	require.NoError(t, err)
 	h := watched(t, js, kv, v1)
-	update := func(depth int64) *shardmap.Map {
-		ns, err := v1.Namespace("t.1")
-		require.NoError(t, err)
-		c := *ns
-		c.MaxDepth = depth
-		next, err := v1.WithNamespace(c)
-		require.NoError(t, err)
-		return next
-	}
-	require.NoError(t, shardmap.Publish(ctx, kv, v1, update(10)))
-	require.ErrorIs(t, shardmap.Publish(ctx, kv, v1, update(20)), shardmap.ErrConflict)
+	require.NoError(t, shardmap.Publish(ctx, kv, v1, withDepth(t, v1, "t.1", 10)))
+	require.ErrorIs(t, shardmap.Publish(ctx, kv, v1, withDepth(t, v1, "t.1", 20)), shardmap.ErrConflict)
 	latest, err := kv.Get(ctx, shardmap.NamespaceKey("t.1"))
 	require.NoError(t, err)
 	require.Contains(t, string(latest.Value()), `"max_depth":20`, "the losing publish wrote its value")
@@ -214,12 +209,7 @@ func TestAWholeStoredMapIsRead(t *testing.T) {
 	require.Len(t, stored.Namespaces, 4, "the stored map wins over the bootstrap one")
 	h := watched(t, js, kv, stored)
 
-	ns, err := stored.Namespace("t.2")
-	require.NoError(t, err)
-	c := *ns
-	c.MaxDepth = 5
-	v2, err := stored.WithNamespace(c)
-	require.NoError(t, err)
+	v2 := withDepth(t, stored, "t.2", 5)
 	require.NoError(t, shardmap.Publish(ctx, kv, stored, v2))
 	head, err := kv.Get(ctx, shardmap.Key)
 	require.NoError(t, err)
