@@ -64,7 +64,10 @@
 // Acks and nacks are batched across handlers: one sender each takes
 // whatever queued up while its previous call was in flight (up to
 // MaxBatch), so batches grow with load and an idle worker acks at once,
-// without a linger timer adding latency.
+// without a linger timer adding latency. A worker whose slots are full
+// carries its acks in the Dequeue that a freed slot wakes
+// (DequeueRequest.acks), one call where an Ack and a Dequeue were two;
+// while a long poll is in flight, acks go by themselves.
 //
 // Middleware (func(next Handler) Handler, added with Use) wraps every
 // handler; the first added is outermost. It sees panics as *PanicError,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,13 @@ type Worker struct {
 	settleEnd context.CancelFunc      //
 	gone      chan struct{}           // settlers exited: late results are dropped
 	goneN     atomic.Int32            // settlers exited so far
+
+	// carryMu guards carried, waiting and fetchGone: acks that the next
+	// Dequeue carries (see carry).
+	carryMu   sync.Mutex
+	carried   []*delivery
+	waiting   bool // the fetch loop is in a long poll or a retry's backoff
+	fetchGone bool // the fetch loop has exited
 }
 
 type topic struct {
@@ -338,6 +346,7 @@ func (w *Worker) wants() []*triagev1.TopicCount {
 // one per topic.
 func (w *Worker) fetch(ctx context.Context) {
 	defer close(w.fetchDone)
+	defer w.endCarrying()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		want := w.wants()
@@ -350,22 +359,101 @@ func (w *Worker) fetch(ctx context.Context) {
 		}
 		req := &triagev1.DequeueRequest{Namespace: w.cfg.Namespace, Topics: want, Region: w.cfg.Region,
 			LeaseDuration: durationpb.New(w.cfg.Lease), Wait: durationpb.New(w.cfg.Wait)}
+		acks := w.takeCarried(req)
 		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+15*time.Second)
+		callCtx := ctx
+		if len(acks) > 0 {
+			// A Stop does not cancel acks under way: the call does not
+			// wait, and Stop waits for it.
+			callCtx = context.WithoutCancel(ctx)
+		}
+		rctx, cancel := context.WithTimeout(callCtx, w.cfg.Wait+15*time.Second)
 		resp, err := w.c.Queue.Dequeue(rctx, req)
 		cancel()
+		w.setWaiting(false)
 		if err != nil {
+			// The acks may or may not have landed: acked again by
+			// themselves, a landed one answers not found, which is what
+			// it asks for.
+			w.sendSeparately(acks)
 			if ctx.Err() != nil {
 				return
 			}
 			w.log.Warn("triage worker: dequeue failed", "err", err, "retry_in", backoff)
+			w.setWaiting(true)
 			_ = sleepCtx(ctx, jitter(backoff))
+			w.setWaiting(false)
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
 		backoff = 100 * time.Millisecond
+		w.ackResults(resp.GetAckResults())
 		for _, li := range resp.GetItems() {
 			w.accept(li, sent)
+		}
+	}
+}
+
+// carry queues ack for the next Dequeue of the fetch loop when that loop is
+// about to make one: the item's slot has just freed, so the loop wakes,
+// and one call acks and leases where an Ack and a Dequeue were two (and
+// on the server, a shard's acks share the next lease's commit). While a
+// long poll or a retry's backoff is under way, or once the loop has
+// exited, the ack goes by itself (it reports false): carried, it would
+// wait for them, its lease no longer extended.
+func (w *Worker) carry(ack *delivery) bool {
+	w.carryMu.Lock()
+	defer w.carryMu.Unlock()
+	if w.waiting || w.fetchGone {
+		return false
+	}
+	w.carried = append(w.carried, ack)
+	return true
+}
+
+// takeCarried moves up to MaxBatch carried acks into req, which then does
+// not wait: its ack results come back at once, and a Stop does not cancel
+// acks in a long poll. A request without acks long-polls, and acks
+// settled meanwhile go by themselves (carry).
+func (w *Worker) takeCarried(req *triagev1.DequeueRequest) []*delivery {
+	w.carryMu.Lock()
+	defer w.carryMu.Unlock()
+	n := min(len(w.carried), w.cfg.MaxBatch)
+	acks := slices.Clone(w.carried[:n])
+	w.carried = slices.Delete(w.carried, 0, n)
+	for _, d := range acks {
+		req.Acks = append(req.Acks, &triagev1.LeaseRef{Id: d.item.ID, LeaseToken: d.item.token})
+	}
+	if len(acks) > 0 {
+		req.Wait = durationpb.New(0)
+	}
+	w.waiting = len(acks) == 0 && w.cfg.Wait > 0
+	return acks
+}
+
+func (w *Worker) setWaiting(v bool) {
+	w.carryMu.Lock()
+	w.waiting = v
+	w.carryMu.Unlock()
+}
+
+// endCarrying is the fetch loop's exit: what it was to carry goes to the
+// ack sender.
+func (w *Worker) endCarrying() {
+	w.carryMu.Lock()
+	acks := w.carried
+	w.carried, w.fetchGone = nil, true
+	w.carryMu.Unlock()
+	w.sendSeparately(acks)
+}
+
+// sendSeparately hands acks to the ack sender.
+func (w *Worker) sendSeparately(acks []*delivery) {
+	for _, d := range acks {
+		select {
+		case w.acks <- d:
+		case <-w.gone:
+			w.log.Warn("triage worker: ack after shutdown dropped; the item comes back when its lease lapses", "id", d.item.ID)
 		}
 	}
 }
@@ -563,7 +651,13 @@ func (w *Worker) expire(d *delivery) {
 // settle stops d's lease keeper, frees its slot and queues its ack (ack
 // set) or nack.
 func (w *Worker) settle(d *delivery, ack *delivery, n *triagev1.NackItem) {
+	// Queued before the slot frees, so that the fetch loop the free slot
+	// wakes finds the ack to carry.
+	carried := ack != nil && w.carry(ack)
 	w.forget(d)
+	if carried {
+		return
+	}
 	if ack != nil {
 		select {
 		case w.acks <- ack:
@@ -710,7 +804,12 @@ func (w *Worker) sendAcks(batch []*delivery) {
 		w.log.Error("triage worker: ack failed; the items come back when their leases lapse", "items", len(batch), "err", err)
 		return
 	}
-	for _, r := range resp.GetResults() {
+	w.ackResults(resp.GetResults())
+}
+
+// ackResults logs the acks an Ack or a Dequeue carrying acks refused.
+func (w *Worker) ackResults(results []*triagev1.ItemResult) {
+	for _, r := range results {
 		switch {
 		case r.GetOk():
 		case errors.Is(&ItemError{ID: r.GetId(), Reason: r.GetError()}, ErrNotFound):

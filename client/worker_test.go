@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,15 +101,21 @@ func (c *counter) get() map[string]int {
 // batches (every item gone afterwards).
 func TestWorkerHandlesAndAcks(t *testing.T) {
 	b := newBed(t, bedOpts{shards: 2})
-	// Record the size of every Ack the worker sends.
+	// Record the size of every Ack the worker sends, and of the acks its
+	// Dequeues carry.
 	var ackMu sync.Mutex
-	var ackSizes []int
+	var ackSizes, carried []int
 	record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if a, ok := req.(*triagev1.AckRequest); ok {
-			ackMu.Lock()
-			ackSizes = append(ackSizes, len(a.Acks))
-			ackMu.Unlock()
+		ackMu.Lock()
+		switch r := req.(type) {
+		case *triagev1.AckRequest:
+			ackSizes = append(ackSizes, len(r.Acks))
+		case *triagev1.DequeueRequest:
+			if len(r.Acks) > 0 {
+				carried = append(carried, len(r.Acks))
+			}
 		}
+		ackMu.Unlock()
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	c := b.dial(t, client.WithDialOptions(grpc.WithChainUnaryInterceptor(record)))
@@ -159,12 +166,13 @@ func TestWorkerHandlesAndAcks(t *testing.T) {
 	ackMu.Lock()
 	defer ackMu.Unlock()
 	total := 0
-	for _, n := range ackSizes {
+	for _, n := range append(slices.Clone(ackSizes), carried...) {
 		total += n
 	}
-	require.Equal(t, 40, total)
-	require.Less(t, len(ackSizes), 40, "acks of several handlers share calls: %v", ackSizes)
-	t.Logf("ack batches: %v", ackSizes)
+	require.Equal(t, 40, total, "every item acked once: by Ack %v, carried by Dequeue %v", ackSizes, carried)
+	require.Less(t, len(ackSizes)+len(carried), 40, "acks of several handlers share calls: %v, %v", ackSizes, carried)
+	require.NotEmpty(t, carried, "a worker whose slots are full carries acks in the Dequeue a freed slot wakes")
+	t.Logf("ack batches: %v; carried by Dequeue: %v", ackSizes, carried)
 }
 
 // A handler that runs three times its lease is never handed the item a

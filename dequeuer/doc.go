@@ -91,7 +91,7 @@
 // under a row lock in one transaction per batch; an ack is one such
 // transaction sent in one round trip (a locking read, then a DELETE of the
 // (id, token) pairs), and the acks of concurrent callers on a shard share
-// it (store.AckBatcher, store.Store.ItemAckDelete). Items that leave items by ack,
+// it (store.Batcher, store.Store.ItemAckDelete). Items that leave items by ack,
 // delete, dead-lettering, TTL expiry or at-most-once expiry keep their
 // dedup key taken for the namespace's dedup window (dedup_tombstones).
 //
@@ -139,9 +139,13 @@
 // read.
 //
 // Serving is batched too: the serve UPDATEs of concurrent takes on one
-// shard go out as one statement (store.ServeBatcher), each delivery naming
-// the version its row was read at, so sixteen consumers served at once cost
-// one UPDATE and one commit rather than sixteen. Taken items that cannot be
+// shard go out as one statement (store.Batcher, Config.Writes), each
+// delivery naming the version its row was read at, so sixteen consumers
+// served at once cost one UPDATE and one commit rather than sixteen. The
+// node gives its router the same Batcher, so the acks it has for the shard
+// at the time ride in the serve's transaction (FOQS acks with the next
+// lease): in steady state a delivery costs a share of two commits (its
+// insert, its serve with an earlier delivery's ack) rather than three. Taken items that cannot be
 // served (TTL passed while buffered, a copy whose row changed) are
 // replaced from the buffer, so an answer is short only when nothing more
 // is ready. Enqueuers, and routers for items a nack (no delay), update,

@@ -281,8 +281,11 @@ func (q *shardQueue) handIn(b *topicBuf, rows []bufItem) {
 		if _, flying := q.inflight[it.ID]; flying || q.spent(&it.Item) {
 			continue
 		}
-		at, found := slices.BinarySearchFunc(q.items, it, func(a, b bufItem) int { return a.Compare(&b.Item) })
-		if !found {
+		// By index, not slices.BinarySearchFunc: its comparator takes
+		// bufItems by value, and those frames grew the stack of every
+		// committed Enqueue's goroutine that handed a row in.
+		at := sort.Search(len(q.items), func(i int) bool { return q.items[i].Compare(&it.Item) >= 0 })
+		if at == len(q.items) || q.items[at].Compare(&it.Item) != 0 {
 			it.buf = b
 			q.items = slices.Insert(q.items, at, it)
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,11 @@ type Config struct {
 	// lease arithmetic on that shard's rows (see "# Clocks" in doc.go).
 	// Default: a Clock of this service's own.
 	Clock *shardmap.Clock
+	// Writes coalesces the serves of concurrent takes per shard into one
+	// transaction, with whatever acks the process's router has for the
+	// shard at the time (store.Batcher): a node gives its router and its
+	// dequeuer one. Default: a Batcher of this service's own.
+	Writes *store.Batcher
 	// BeforeBuffer, when set, runs after a fetch read keys of a shard
 	// (a take's own fetch or a background refill) and before they enter
 	// the buffer. It is a seam for tests that
@@ -111,8 +117,6 @@ type Service struct {
 	// ttlSweepEvery); absent: at the next tick.
 	ttlMu   sync.Mutex
 	ttlNext map[uint32]time.Time
-	// serves coalesces concurrent takes' serve UPDATEs per shard.
-	serves store.ServeBatcher
 	// handBack returns served items nobody received to the ready set.
 	handBack *handback.Returner
 
@@ -151,6 +155,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = &shardmap.Clock{}
+	}
+	if cfg.Writes == nil {
+		cfg.Writes = &store.Batcher{Now: cfg.Clock.Now}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -474,7 +481,9 @@ func (s *Service) handedRows(r *peerv1.ItemsReady) []bufItem {
 			rows[i].ExpiresAt = sql.NullInt64{Int64: it.ExpiresAtUs, Valid: true}
 		}
 	}
-	slices.SortFunc(rows, func(a, b bufItem) int { return a.Compare(&b.Item) })
+	// By index: a comparator taking bufItems by value has frames that
+	// grew the stack of every committed Enqueue's goroutine.
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Less(&rows[j].Item) })
 	return rows
 }
 
@@ -842,7 +851,7 @@ type servePlan struct {
 // planServes gives each item its delivery (a new token, and the lease
 // from its primary's now) and groups them into one call per shard,
 // whatever reads the items came from (each delivery names the version it
-// was read at), through the shard's ServeBatcher, so concurrent takes
+// was read at), through the shard's Batcher (Config.Writes), so concurrent takes
 // share a statement. A row can be taken twice (buffered by two
 // overlapping bands' buffers); only the copy at the row's current
 // version is served, so a second copy goes in a call of its own (round),
@@ -890,7 +899,7 @@ func (s *Service) runServes(ctx context.Context, groups map[serveGroup][]store.D
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := s.serves.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
+			ok, err := s.cfg.Writes.Serve(ctx, a.db, store.ItemServeParams{Deliveries: ds, NowUS: a.now.UnixMicro()})
 			if err == nil && s.cfg.AfterServe != nil {
 				err = s.cfg.AfterServe(g.shard)
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -23,6 +24,7 @@ import (
 
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/schema/itemid"
+	"github.com/triage-queue/triage/schema/store"
 )
 
 // getItem reads an item of namespace "default" that must exist.
@@ -886,4 +888,118 @@ func TestGatewayEndToEnd(t *testing.T) {
 		require.Len(t, n["shards"], 2)
 	}
 	require.ElementsMatch(t, []string{"default", "other"}, nsNames)
+}
+
+// TestDequeueCarriesAcks: a Dequeue acks the refs it carries and leases
+// new items in one call, answering each ref (a stale token is refused,
+// the rest acked); a malformed ref or topic refuses the whole call, which
+// then acks and leases nothing.
+func TestDequeueCarriesAcks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	for i := range 4 {
+		enqueue(t, b, "carry", &triagev1.NewItem{Payload: []byte{byte(i)}, Priority: int32(i)})
+	}
+	got := dequeue(t, b, "carry", 2, 0)
+	require.Len(t, got, 2)
+	refs := func(items ...*triagev1.LeasedItem) []*triagev1.LeaseRef {
+		var out []*triagev1.LeaseRef
+		for _, it := range items {
+			out = append(out, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
+		}
+		return out
+	}
+	req := func(n int32, acks []*triagev1.LeaseRef) *triagev1.DequeueRequest {
+		return &triagev1.DequeueRequest{Namespace: "default", Topics: []*triagev1.TopicCount{{Topic: "carry", Count: n}}, Acks: acks}
+	}
+
+	// Refused whole: a malformed token, a topic with no count.
+	bad := refs(got...)
+	bad[1] = &triagev1.LeaseRef{Id: got[1].Id, LeaseToken: "not-a-token"}
+	_, err := b.queue.Dequeue(b.ctx(), req(1, bad))
+	requireCode(t, err, codes.InvalidArgument, "acks[1]")
+	_, err = b.queue.Dequeue(b.ctx(), req(0, refs(got...)))
+	requireCode(t, err, codes.InvalidArgument)
+	for _, it := range got {
+		require.Equal(t, triagev1.ItemState_LEASED, getItem(t, b, it.Id).State, "a refused call acked nothing")
+	}
+	require.Equal(t, 4, b.rowCount("items"))
+
+	// The first ref acked, the second stale, one item leased.
+	stale := refs(got...)
+	stale[1].LeaseToken = store.FormatToken(1)
+	resp, err := b.queue.Dequeue(b.ctx(), req(1, stale))
+	require.NoError(t, err)
+	require.Len(t, resp.Items, 1)
+	require.Len(t, resp.AckResults, 2)
+	require.Equal(t, got[0].Id, resp.AckResults[0].Id)
+	require.True(t, resp.AckResults[0].Ok, resp.AckResults[0].Error)
+	require.False(t, resp.AckResults[1].Ok)
+	require.Contains(t, resp.AckResults[1].Error, "stale lease token")
+	require.Equal(t, 3, b.rowCount("items"))
+	require.Equal(t, triagev1.ItemState_LEASED, getItem(t, b, got[1].Id).State)
+
+	// The rest acked as the last items are taken; the gateway carries
+	// them too.
+	status, body := httpJSON(t, "POST", b.http+"/v1/namespaces/default:dequeue",
+		fmt.Sprintf(`{"topics":[{"topic":"carry","count":5}],"acks":[{"id":%q,"lease_token":%q},{"id":%q,"lease_token":%q}]}`,
+			got[1].Id, got[1].LeaseToken, resp.Items[0].Id, resp.Items[0].LeaseToken))
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	require.Len(t, body["items"], 1)
+	results, _ := body["ack_results"].([]any)
+	require.Len(t, results, 2, "%v", body)
+	for _, r := range results {
+		require.Equal(t, true, r.(map[string]any)["ok"], "%v", body)
+	}
+	require.Equal(t, 1, b.rowCount("items"))
+}
+
+// TestCarriedAcksFailPerShard: acks carried by a Dequeue to two shards, one
+// of them fenced, commit on the other, and only the fenced shard's refs
+// say they were not acked.
+func TestCarriedAcksFailPerShard(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bedOpts{})
+	var got []*triagev1.LeasedItem
+	onShard := map[string]int{}
+	for onShard["1"] == 0 || onShard["2"] == 0 {
+		require.Less(t, len(got), 50, "items on both shards")
+		enqueue(t, b, "fence", &triagev1.NewItem{Payload: []byte("x")})
+		for _, it := range dequeueWait(t, b, "fence", 10, 5*time.Second, 0) {
+			got = append(got, it)
+			onShard[strings.SplitN(it.Id, "-", 2)[0]]++
+		}
+	}
+
+	prev := b.node.ShardMap()
+	s2, ok := prev.Shard(2)
+	require.True(t, ok)
+	s2.Fenced = true
+	next, err := prev.WithShard(s2)
+	require.NoError(t, err)
+	b.publishMap(prev, next)
+
+	var acks []*triagev1.LeaseRef
+	for _, it := range got {
+		acks = append(acks, &triagev1.LeaseRef{Id: it.Id, LeaseToken: it.LeaseToken})
+	}
+	resp, err := b.queue.Dequeue(b.ctx(), &triagev1.DequeueRequest{Namespace: "default",
+		Topics: []*triagev1.TopicCount{{Topic: "fence", Count: 1}}, Acks: acks})
+	require.NoError(t, err)
+	require.Len(t, resp.AckResults, len(got))
+	for i, r := range resp.AckResults {
+		require.Equal(t, got[i].Id, r.Id)
+		if strings.HasPrefix(r.Id, "1-") {
+			require.True(t, r.Ok, "%s: %s", r.Id, r.Error)
+		} else {
+			require.False(t, r.Ok, "%s on the fenced shard", r.Id)
+			require.Contains(t, r.Error, "shard 2 is failing over")
+		}
+	}
+	count := func(db *sqlx.DB) (n int) {
+		require.NoError(t, db.Get(&n, "SELECT COUNT(*) FROM items"))
+		return n
+	}
+	require.Zero(t, count(b.region.shards[0]), "shard 1's acks committed")
+	require.Equal(t, onShard["2"], count(b.region.shards[1]), "shard 2's items are left")
 }

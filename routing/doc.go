@@ -73,8 +73,9 @@
 // id), keeps the most urgent and hands the surplus back unserved
 // (dequeuer/handback, retried through a failover).
 //
-// Acks of one shard and namespace that arrive while another is being
-// committed share the next transaction (store.AckBatcher); each is
+// Acks of one shard that arrive while another of its transactions is
+// being committed share the next one, with the serves the node's
+// dequeuer has for the shard then (store.Batcher, Config.Writes); each is
 // answered once its transaction committed.
 //
 // # Writes and failover

@@ -100,6 +100,11 @@ type Config struct {
 	// (see "# Clocks" in dequeuer/doc.go). Default: a Clock of the
 	// router's own.
 	Clock *shardmap.Clock
+	// Writes coalesces the acks of concurrent calls per shard into one
+	// transaction, with whatever serves the process's dequeuer has for
+	// the shard at the time (store.Batcher): a node gives its router and
+	// its dequeuer one. Default: a Batcher of the router's own, on Clock.
+	Writes *store.Batcher
 	// EnqueueConcurrency caps the Enqueue calls that run at once while
 	// the process's CPU is saturated and consumers are being served (see
 	// admission.go). 0: DefaultEnqueueConcurrency (32 per core);
@@ -125,9 +130,8 @@ type Router struct {
 	// namespace whose enqueues alternate with another's on every other
 	// shard only: two namespaces taking turns left half of each one's
 	// shards empty.
-	rr   sync.Map
-	acks store.AckBatcher
-	dq   Dequeuers
+	rr sync.Map
+	dq Dequeuers
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *peerv1.EnqueueCommitted
@@ -182,7 +186,9 @@ func New(cfg Config) (*Router, error) {
 		r.cfg.Dequeuers = NATSDequeuers{NC: cfg.NC, Late: r.late}
 	}
 	r.dq = localFirst{local: cfg.Local, remote: r.cfg.Dequeuers}
-	r.acks.Now = cfg.Clock.Now
+	if r.cfg.Writes == nil {
+		r.cfg.Writes = &store.Batcher{Now: cfg.Clock.Now}
+	}
 	if n := cmp.Or(cfg.EnqueueConcurrency, DefaultEnqueueConcurrency()); n > 0 {
 		r.admit = &admission{cap: n, schedMean: newSchedLatency().mean}
 	}
@@ -606,7 +612,12 @@ const MaxDequeueTotal = 1000
 func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*triagev1.DequeueResponse, error) {
 	r.draining()
 	start := time.Now()
+	acked, err := r.ackWithDequeue(ctx, req)
+	if err != nil {
+		return nil, err
+	}
 	items, err := r.dequeueFollowingOwners(ctx, req)
+	ackResults := acked()
 	if err == nil {
 		// A caller that has gone (cancelled, or past its deadline) never
 		// receives the answer: its items go back rather than stay hidden
@@ -620,7 +631,33 @@ func (r *Router) Dequeue(ctx context.Context, req *triagev1.DequeueRequest) (*tr
 		return nil, err
 	}
 	r.cfg.Metrics.Namespace(req.Namespace).Dequeue.Observe(time.Since(start).Seconds())
-	return &triagev1.DequeueResponse{Items: items}, nil
+	return &triagev1.DequeueResponse{Items: items, AckResults: ackResults}, nil
+}
+
+// ackWithDequeue starts the acks a Dequeue carries (req.Acks), beside its
+// leases: on a shard where both land while another of its transactions
+// commits, they share the next (store.Batcher). The request is checked
+// first, its acks and its topics, so one it refuses acks nothing. The
+// returned func waits for the acks and gives each ref's result; a shard
+// that could not be written gives its refs its reason, and the items are
+// delivered all the same.
+func (r *Router) ackWithDequeue(ctx context.Context, req *triagev1.DequeueRequest) (func() []*triagev1.ItemResult, error) {
+	if len(req.Acks) == 0 {
+		return func() []*triagev1.ItemResult { return nil }, nil
+	}
+	p, err := r.planAcks(req.Namespace, req.Acks)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := r.checkDequeue(req); err != nil {
+		return nil, err
+	}
+	done := make(chan []error, 1)
+	go func() {
+		errs, _ := r.runAcks(ctx, p, true) // with perRef, every error is a ref's
+		done <- errs
+	}()
+	return func() []*triagev1.ItemResult { return itemResults(p.ids, <-done) }, nil
 }
 
 // HandOverWait bounds how long a Dequeue waits for a shard's ownership to
@@ -939,44 +976,68 @@ func itemResults(ids []string, errs []error) []*triagev1.ItemResult {
 func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.AckResponse, error) {
 	r.draining()
 	start := time.Now()
+	p, err := r.planAcks(req.Namespace, req.Acks)
+	if err != nil {
+		return nil, err
+	}
+	errs, err := r.runAcks(ctx, p, false)
+	if err != nil {
+		return nil, err
+	}
+	r.cfg.Metrics.Namespace(req.Namespace).Ack.Observe(time.Since(start).Seconds())
+	return &triagev1.AckResponse{Results: itemResults(p.ids, errs)}, nil
+}
+
+// ackPlan is a validated list of acks: each ref's shard, key and token.
+type ackPlan struct {
+	m      *shardmap.Map
+	ns     *shardmap.Namespace
+	name   string
+	ids    []string
+	groups map[uint32][]int
+	parsed []itemid.ID
+	tokens []uint64
+}
+
+// planAcks checks refs (the namespace, each id and token) and groups them
+// by shard; it writes nothing, so a request it refuses changes nothing.
+func (r *Router) planAcks(namespace string, refs []*triagev1.LeaseRef) (*ackPlan, error) {
 	m := r.cfg.Maps.Current()
-	ns, err := m.Namespace(req.Namespace)
+	ns, err := m.Namespace(namespace)
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, len(req.Acks))
-	for i, a := range req.Acks {
-		ids[i] = a.Id
+	p := &ackPlan{m: m, ns: ns, name: namespace, ids: make([]string, len(refs)), tokens: make([]uint64, len(refs))}
+	for i, a := range refs {
+		p.ids[i] = a.Id
 	}
-	groups, parsed, err := byShard(m, ids)
-	if err != nil {
+	if p.groups, p.parsed, err = byShard(m, p.ids); err != nil {
 		return nil, err
 	}
-	tokens := make([]uint64, len(req.Acks))
-	for i, a := range req.Acks {
-		if tokens[i], err = store.ParseToken(a.LeaseToken); err != nil {
+	for i, a := range refs {
+		if p.tokens[i], err = store.ParseToken(a.LeaseToken); err != nil {
 			return nil, fmt.Errorf("acks[%d]: %w", i, err)
 		}
 	}
-	errs := make([]error, len(ids))
-	err = r.perShard(ctx, m, groups, func(ctx context.Context, shard uint32, idx []int) error {
-		db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
+	return p, nil
+}
+
+// runAcks acks p's refs, each shard's through Config.Writes, and returns
+// each ref's result. A shard that could not be written fails the call,
+// or, with perRef, becomes the result of each of its refs only: the other
+// shards' acks may have committed, and their refs say so.
+func (r *Router) runAcks(ctx context.Context, p *ackPlan, perRef bool) ([]error, error) {
+	errs := make([]error, len(p.ids))
+	err := r.perShard(ctx, p.m, p.groups, func(ctx context.Context, shard uint32, idx []int) error {
+		res, err := r.ackShard(ctx, p, shard, idx)
 		if err != nil {
-			return err
-		}
-		refs := make([]store.LeaseRef, len(idx))
-		for j, i := range idx {
-			refs[j] = store.LeaseRef{Key: parsed[i].Key, Token: tokens[i]}
-		}
-		// The tombstones' window runs on the shard primary's clock
-		// (r.acks.Now, set in New). Concurrent acks of the shard share one transaction (AckBatcher).
-		res, err := r.acks.Ack(ctx, db, store.ItemAckParams{Namespace: req.Namespace, Refs: refs,
-			DedupWindow: time.Duration(ns.DedupWindow)})
-		if err == nil {
-			err = r.afterWrite(shard)
-		}
-		if err != nil {
-			return writeOutcome(err, shard, retryAck)
+			if !perRef {
+				return err
+			}
+			res = make([]error, len(idx))
+			for j := range res {
+				res[j] = err
+			}
 		}
 		for j, i := range idx {
 			errs[i] = res[j]
@@ -986,10 +1047,34 @@ func (r *Router) Ack(ctx context.Context, req *triagev1.AckRequest) (*triagev1.A
 	if err != nil {
 		return nil, err
 	}
-	nm := r.cfg.Metrics.Namespace(req.Namespace)
+	nm := r.cfg.Metrics.Namespace(p.name)
 	countResults(errs, nm.AckOK, nm.AckRefused)
-	nm.Ack.Observe(time.Since(start).Seconds())
-	return &triagev1.AckResponse{Results: itemResults(ids, errs)}, nil
+	return errs, nil
+}
+
+// ackShard acks the refs of p at idx, all on shard, and returns each
+// one's result, or the reason the shard could not be written.
+func (r *Router) ackShard(ctx context.Context, p *ackPlan, shard uint32, idx []int) ([]error, error) {
+	db, err := r.cfg.Pool.Writer(r.cfg.Maps, shard)
+	if err != nil {
+		return nil, err
+	}
+	refs := make([]store.LeaseRef, len(idx))
+	for j, i := range idx {
+		refs[j] = store.LeaseRef{Key: p.parsed[i].Key, Token: p.tokens[i]}
+	}
+	// The tombstones' window runs on the shard primary's clock
+	// (Config.Writes.Now). Concurrent acks of the shard share one
+	// transaction, with the process's serves of it (store.Batcher).
+	res, err := r.cfg.Writes.Ack(ctx, db, store.ItemAckParams{Namespace: p.name, Refs: refs,
+		DedupWindow: time.Duration(p.ns.DedupWindow)})
+	if err == nil {
+		err = r.afterWrite(shard)
+	}
+	if err != nil {
+		return nil, writeOutcome(err, shard, retryAck)
+	}
+	return res, nil
 }
 
 // countResults adds a batch's per-item outcomes to ok and refused.

@@ -61,14 +61,17 @@
 //     shards' items tables, rows shaped as the enqueuer writes them, with
 //     keys from a node number the bench claims in NATS KV as a router does.
 //     Best of 8, 16 and 32 consumers.
-//   - triage-steady: single-item COMMITTED producers (64, then 512) and the
-//     mixed scenario's consumers (16, Dequeue count 10 with a 250 ms long
-//     poll, Ack) at once, closed loop, for 20 s each, on a table emptied
-//     first: how a queue runs in production, backlog near zero. Reported:
-//     the items/s delivered, end-to-end latency (enqueue sent to the
-//     Dequeue answer carrying the item, from a send time in the payload)
-//     and, per trial, enqueued/s, delivered/s and the backlog left when the
-//     load stopped. Its figures are the trial that kept up least.
+//   - triage-steady: single-item COMMITTED producers (64, then 512) and 16
+//     consumers (Dequeue count 10 with a 250 ms long poll, each carrying
+//     the acks of the items of the one before, DequeueRequest.acks) at
+//     once, closed loop, for 20 s each, on a table emptied first: how a
+//     queue runs in production, backlog near zero. Reported: the items/s
+//     delivered, end-to-end latency (enqueue sent to the Dequeue answer
+//     carrying the item, from a send time in the payload) and, per trial,
+//     enqueued/s, delivered/s, the backlog left when the load stopped, and
+//     where the slowest 1% of items waited (trail.go: router, commit,
+//     queued and answer legs, from the items' own stamps). Its figures are
+//     the trial that kept up least.
 //   - triage-mixed: first a closed-loop probe (single-item producers and
 //     the consumers at once) measures the sustainable rate of the mix,
 //     since enqueue and dequeue share the box; then producers offer half

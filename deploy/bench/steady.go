@@ -20,12 +20,14 @@ type steadyTrial struct {
 	enq, deq       *sampler
 	backlog        int64 // enqueued minus delivered when the load stopped
 	enqAll, deqAll int64
+	trails         *trails
 }
 
 // steady runs producers and consumers at once, closed loop, the way a
 // queue runs in production: single-item COMMITTED enqueues back to back
-// and consumers that Dequeue (count mixedCount, 250 ms long poll) and Ack,
-// with the backlog near zero. A queue keeps up when its consumers drain
+// and consumers that Dequeue (count mixedCount, 250 ms long poll), each
+// Dequeue acking the items of the one before (DequeueRequest.acks), with
+// the backlog near zero. A queue keeps up when its consumers drain
 // what its producers fill; delivered/s below enqueued/s means the backlog
 // grows without bound. Each payload carries its send time, so the
 // consumers measure end-to-end latency (enqueue sent to the Dequeue answer
@@ -48,15 +50,17 @@ func (r *runner) steady(ctx context.Context) (Scenario, error) {
 	var parts []string
 	for _, t := range trials {
 		parts = append(parts, fmt.Sprintf("%d producers: enqueued %s/s, delivered %s/s (%.2fx), backlog at the end %d, end-to-end p50 %.1f ms p99 %.1f ms; "+
-			"a consumer's cycle: Dequeue p50 %.1f ms p99 %.1f ms, %.1f items per Dequeue, Ack p50 %.1f ms p99 %.1f ms%s",
+			"a consumer's cycle: Dequeue (acking the last one's items) p50 %.1f ms p99 %.1f ms, %.1f items per Dequeue%s",
 			t.producers, human(t.enq.rate()), human(t.deq.rate()), t.keepUp(), t.backlog, t.deq.pct("e2e", 50), t.deq.pct("e2e", 99),
-			t.deq.pct("dequeue", 50), t.deq.pct("dequeue", 99), t.deq.perOp(), t.deq.pct("ack", 50), t.deq.pct("ack", 99),
-			errNotes(t.enq, t.deq)))
+			t.deq.pct("dequeue", 50), t.deq.pct("dequeue", 99), t.deq.perOp(), errNotes(t.enq, t.deq)))
+		if b, ok := t.trails.breakdown(t.deq.w); ok {
+			parts = append(parts, fmt.Sprintf("%d producers, %s", t.producers, b.note()))
+		}
 		if t.keepUp() < worst.keepUp() {
 			worst = t
 		}
 	}
-	note := fmt.Sprintf("gRPC, closed loop, %d consumers x Dequeue(count %d, wait 250 ms) + Ack beside single-item COMMITTED producers; %s",
+	note := fmt.Sprintf("gRPC, closed loop, %d consumers x Dequeue(count %d, wait 250 ms, carrying the acks of the last one's items) beside single-item COMMITTED producers; %s",
 		r.p.mixedConsumers, r.p.mixedCount, strings.Join(parts, "; "))
 	m := map[string]float64{}
 	for _, t := range trials {
@@ -65,6 +69,9 @@ func (r *runner) steady(ctx context.Context) (Scenario, error) {
 		m[p+"delivered_per_sec"] = t.deq.rate()
 		m[p+"backlog_items"] = float64(t.backlog)
 		m[p+"e2e_p99_ms"] = t.deq.pct("e2e", 99)
+		if b, ok := t.trails.breakdown(t.deq.w); ok {
+			b.metrics(m, p)
+		}
 	}
 	m["keep_up_ratio"] = worst.keepUp()
 	m["enqueued_per_sec"] = worst.enq.rate()
@@ -120,7 +127,7 @@ func errNotes(ss ...*sampler) string {
 }
 
 func (r *runner) steadyTrial(ctx context.Context, producers int) (steadyTrial, error) {
-	t := steadyTrial{producers: producers}
+	t := steadyTrial{producers: producers, trails: newTrails()}
 	var enqAll, deqAll atomic.Int64
 	prog := r.progress(fmt.Sprintf("%s (%d producers, delivered)", Steady, producers))
 	epoch := time.Now()
@@ -136,26 +143,36 @@ func (r *runner) steadyTrial(ctx context.Context, producers int) (steadyTrial, e
 				cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 				defer cancel()
 				t0 := time.Now()
-				if _, err := r.client(w).Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: steadyTopic,
-					Durability: triagev1.Durability_COMMITTED, Items: []*triagev1.NewItem{{Payload: payload, Priority: int32(w % 10)}}}); err != nil {
+				resp, err := r.client(w).Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: steadyTopic,
+					Durability: triagev1.Durability_COMMITTED, Items: []*triagev1.NewItem{{Payload: payload, Priority: int32(w % 10)}}})
+				if err != nil {
 					return 0, err
 				}
 				end := time.Now()
+				for _, res := range resp.Results {
+					t.trails.answer([]string{res.Id}, end)
+				}
 				s.observe("enqueue", end, end.Sub(t0))
 				enqAll.Add(1)
 				return 1, nil
 			}}, nil)
 	}()
+	// Each consumer acks a Dequeue's items with its next Dequeue.
+	carry := make([][]*triagev1.LeaseRef, r.p.mixedConsumers)
 	go func() {
 		defer wg.Done()
 		t.deq = runLoad(ctx, loadSpec{workers: r.p.mixedConsumers, warmup: r.p.warmup, measure: r.p.steadyMeasure,
 			op: func(ctx context.Context, w int, s *sampler) (int, error) {
-				items, err := r.dequeueAckItems(ctx, r.client(w), steadyTopic, r.p.mixedCount, 250*time.Millisecond, s)
-				now := time.Duration(time.Since(epoch))
+				items, recvd, err := r.dequeueCarrying(ctx, r.client(w), steadyTopic, r.p.mixedCount, 250*time.Millisecond, carry[w], s)
+				carry[w] = refs(items)
 				end := time.Now()
 				for _, it := range items {
 					if len(it.Payload) >= 8 {
-						s.observe("e2e", end, now-time.Duration(binary.BigEndian.Uint64(it.Payload)))
+						sent := epoch.Add(time.Duration(binary.BigEndian.Uint64(it.Payload)))
+						// Counted in the window by when the cycle ended,
+						// as the items are; timed to the Dequeue's answer.
+						s.observe("e2e", end, recvd.Sub(sent))
+						t.trails.deliver(it, sent, recvd)
 					}
 				}
 				deqAll.Add(int64(len(items)))
@@ -166,6 +183,16 @@ func (r *runner) steadyTrial(ctx context.Context, producers int) (steadyTrial, e
 	prog.close()
 	if ctx.Err() != nil {
 		return t, ctx.Err()
+	}
+	for w, acks := range carry {
+		if len(acks) > 0 {
+			actx, cancel := context.WithTimeout(ctx, rpcTimeout)
+			_, err := r.client(w).Ack(actx, &triagev1.AckRequest{Namespace: namespace, Acks: acks})
+			cancel()
+			if err != nil {
+				return t, fmt.Errorf("ack the last items: %w", err)
+			}
+		}
 	}
 	t.enqAll, t.deqAll = enqAll.Load(), deqAll.Load()
 	t.backlog = t.enqAll - t.deqAll

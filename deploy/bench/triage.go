@@ -277,6 +277,31 @@ func (r *runner) dequeueAckItems(ctx context.Context, c triagev1.QueueClient, to
 	return acked, nil
 }
 
+// dequeueCarrying leases up to count items of topic (long-polling wait)
+// for steadyLease in a Dequeue that acks the items of the worker's last
+// one (acks), the way a consumer that works one batch at a time can, and
+// returns the items and when the Dequeue answered. A ref it did not ack
+// is an error; its items are returned all the same.
+func (r *runner) dequeueCarrying(ctx context.Context, c triagev1.QueueClient, topic string, count int, wait time.Duration,
+	acks []*triagev1.LeaseRef, s *sampler) ([]*triagev1.LeasedItem, time.Time, error) {
+	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := c.Dequeue(cctx, &triagev1.DequeueRequest{Namespace: namespace, LeaseDuration: durationpb.New(steadyLease),
+		Topics: []*triagev1.TopicCount{{Topic: topic, Count: int32(count)}}, Wait: durationpb.New(wait), Acks: acks})
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("dequeue: %w", err)
+	}
+	t1 := time.Now()
+	s.observe("dequeue", t1, t1.Sub(t0))
+	for _, res := range resp.AckResults {
+		if !res.Ok {
+			return resp.Items, t1, fmt.Errorf("an ack carried by a Dequeue was refused: %s: %s", res.Id, res.Error)
+		}
+	}
+	return resp.Items, t1, nil
+}
+
 // dequeueAckScenario: consumers lease and ack from the deep backlog, best
 // of a few consumer counts and batch sizes.
 func (r *runner) dequeueAckScenario(ctx context.Context) (Scenario, error) {

@@ -223,20 +223,20 @@ func TestAckAtOnceReportsALaterStatementsError(t *testing.T) {
 		"START TRANSACTION;DELETE FROM items;SELECT * FROM no_such_table;COMMIT;SELECT 1",
 		"START TRANSACTION;DELETE FROM items;INSERT INTO items (id) VALUES ('x');COMMIT;SELECT 1",
 	} {
-		_, err := ackAtOnce(ctx, db, q, nil)
+		_, err := countsAtOnce(ctx, db, q, nil, 1)
 		require.Error(t, err, q)
 		require.Equal(t, 1, count(), "nothing of %q is committed", q)
 	}
-	_, err = ackAtOnce(ctx, db, "START TRANSACTION;SELECT 1;COMMIT;SELECT * FROM no_such_table", nil)
+	_, err = countsAtOnce(ctx, db, "START TRANSACTION;SELECT 1;COMMIT;SELECT * FROM no_such_table", nil, 1)
 	require.Error(t, err, "an error after the count is reported too")
-	n, err := ackAtOnce(ctx, db, "START TRANSACTION;DELETE FROM items;SET @triage_acked = ROW_COUNT();"+
-		"BEGIN NOT ATOMIC IF @triage_acked <> 2 THEN ROLLBACK; END IF; END;COMMIT;SELECT @triage_acked", nil)
+	n, err := countsAtOnce(ctx, db, "START TRANSACTION;SAVEPOINT a;DELETE FROM items;SET @triage_acked = ROW_COUNT();"+
+		"BEGIN NOT ATOMIC IF @triage_acked <> 2 THEN ROLLBACK TO SAVEPOINT a; END IF; END;COMMIT;SELECT @triage_acked", nil, 1)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, []int{1}, n)
 	require.Equal(t, 1, count(), "a count short of the one wanted rolls back")
-	n, err = ackAtOnce(ctx, db, "START TRANSACTION;DELETE FROM items;SET @triage_acked = ROW_COUNT();"+
-		"BEGIN NOT ATOMIC IF @triage_acked <> 1 THEN ROLLBACK; END IF; END;COMMIT;SELECT @triage_acked", nil)
+	n, err = countsAtOnce(ctx, db, "START TRANSACTION;SAVEPOINT a;DELETE FROM items;SET @triage_acked = ROW_COUNT();"+
+		"BEGIN NOT ATOMIC IF @triage_acked <> 1 THEN ROLLBACK TO SAVEPOINT a; END IF; END;COMMIT;SELECT @triage_acked", nil, 1)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, []int{1}, n)
 	require.Zero(t, count(), "the count wanted commits")
 }

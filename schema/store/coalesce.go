@@ -5,8 +5,7 @@ import (
 	"sync/atomic"
 )
 
-// coalescer is what AckBatcher and ServeBatcher share: per key (a shard,
-// and for acks a namespace and dedup window), batches that collect the
+// coalescer is Batcher's queue: per key (a shard), batches that collect the
 // work of concurrent callers, oldest first, and one flusher goroutine
 // that runs them one after another while any are pending. The batch in
 // flight never waits for more, so a lone call costs one statement, and a

@@ -69,12 +69,13 @@
 //
 // # Batching
 //
-// AckBatcher and ServeBatcher coalesce what concurrent callers do on one
-// shard into one statement or round trip: acks into one transaction sent
-// as one multi-statement query, whose DELETE (with the dedup tombstones
-// of the rows it removes) is kept only when every ref held
-// (ItemAckDelete; otherwise the transactional ItemAck answers), serves into one ItemServe UPDATE whose
-// deliveries each name the version their row was read at. A caller waits for the
+// Batcher coalesces what concurrent callers do on one shard, acks and
+// serves, into one transaction sent as one multi-statement query
+// (writeAtOnce): per namespace and dedup window a DELETE of the acked rows
+// (with the dedup tombstones of the rows it removes), kept only when every
+// ref held (a savepoint takes it back otherwise and the transactional
+// ItemAck answers), and one ItemServe UPDATE whose deliveries each name the
+// version their row was read at. A caller waits for the
 // statement in flight and then for its own; the one in flight never waits
 // for more, so a lone call costs one statement. Nacks are not batched yet:
 // each may dead-letter, merge metadata or back off, which a single

@@ -225,10 +225,30 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 	if len(ds) == 0 {
 		return map[uint64]bool{}, nil
 	}
-	ids := make([]uint64, len(ds))
+	var q stmt
+	addServe(&q, ds, p.NowUS)
+	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
+	if err != nil {
+		return nil, fmt.Errorf("serve leases: %w", err)
+	}
+	if int(affected) == len(ds) {
+		held := make(map[uint64]bool, len(ds))
+		for _, d := range ds {
+			held[d.ID] = true
+		}
+		return held, nil
+	}
+	held, err := s.servedOf(ctx, ds)
+	if err != nil {
+		return nil, fmt.Errorf("serve leases: %w", err)
+	}
+	return held, nil
+}
+
+// addServe adds ItemServe's UPDATE of ds to q.
+func addServe(q *stmt, ds []Delivery, nowUS int64) {
 	rows := make([][]any, len(ds))
 	for i, d := range ds {
-		ids[i] = d.ID
 		rows[i] = []any{d.ID, d.Token, d.UntilUS, d.Version}
 	}
 	// Each row's token, expiry and version come from a table
@@ -238,29 +258,24 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 	// relying on that is fragile. WHERE sees the row as it was, before
 	// any of SET; a row whose version is not the one read is not served.
 	k, args := schema.KeyValues("items", "i", []string{"tok", "until_us", "ver"}, rows)
-	var q stmt
 	q.add("UPDATE "+k, args...)
-	q.add(" SET i.attempts = i.attempts + 1, "+bumpUpdatedAt, p.NowUS) // k has no updated_at
+	q.add(" SET i.attempts = i.attempts + 1, "+bumpUpdatedAt, nowUS) // k has no updated_at
 	q.add(", i.lease_token = k.tok, i.leased_until = k.until_us, i.deliver_after = k.until_us")
 	// Not "deliver_after <= now": a row at the version read was ready when
 	// read, and the estimate of the primary's clock the serve stamps with
 	// may sit a hair behind the read's after a re-measure (shardmap.Clock),
 	// which failed the serve of a row that had not changed.
-	q.add(" WHERE i.updated_at = k.ver AND (i.expires_at IS NULL OR i.expires_at > ?)", p.NowUS)
-	affected, err := retryExec(ctx, s.db, q.sql.String(), q.args)
-	if err != nil {
-		return nil, fmt.Errorf("serve leases: %w", err)
-	}
-	held := make(map[uint64]bool, len(ds))
-	if int(affected) == len(ds) {
-		for _, d := range ds {
-			held[d.ID] = true
-		}
-		return held, nil
-	}
-	// Some rows changed under us: keep those that carry our token now.
+	q.add(" WHERE i.updated_at = k.ver AND (i.expires_at IS NULL OR i.expires_at > ?)", nowUS)
+}
+
+// servedOf reads which of ds's rows carry their delivery's token: after a
+// serve that did not update them all (some rows changed under it), or
+// whose answer was lost.
+func (s Store) servedOf(ctx context.Context, ds []Delivery) (map[uint64]bool, error) {
+	ids := make([]uint64, len(ds))
 	want := make(map[uint64]uint64, len(ds))
-	for _, d := range ds {
+	for i, d := range ds {
+		ids[i] = d.ID
 		want[d.ID] = d.Token
 	}
 	sel, qargs, err := sqlx.In(itemServeCheckSQL, ids)
@@ -269,8 +284,9 @@ func (s Store) ItemServe(ctx context.Context, p ItemServeParams) (map[uint64]boo
 	}
 	var got []Item
 	if err := s.db.SelectContext(ctx, &got, sel, qargs...); err != nil {
-		return nil, fmt.Errorf("serve leases: %w", err)
+		return nil, err
 	}
+	held := make(map[uint64]bool, len(ds))
 	for _, g := range got {
 		if want[g.ID] == g.LeaseToken {
 			held[g.ID] = true

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -56,7 +57,7 @@ func TestAckWithLostAnswerIsSettled(t *testing.T) {
 		{"transaction, committed", true, cuttest.IsCommit, func(f *fixture, p ItemAckParams) ([]error, error) { return f.s.ItemAck(f.ctx, p) }},
 		{"transaction, never sent", false, cuttest.IsCommit, func(f *fixture, p ItemAckParams) ([]error, error) { return f.s.ItemAck(f.ctx, p) }},
 		{"batcher, committed", true, isAckAtOnce, func(f *fixture, p ItemAckParams) ([]error, error) {
-			var b AckBatcher
+			var b Batcher
 			return b.Ack(f.ctx, f.s.db, p)
 		}},
 	} {
@@ -226,16 +227,16 @@ func TestLostAnswerUnsettledIsOutcomeUnknown(t *testing.T) {
 	require.Equal(t, 1, f.count("SELECT COUNT(*) FROM items WHERE id = 2 AND lease_token = 1002"), "nothing changed")
 }
 
-// TestAckBatcherCallerGoneIsOutcomeUnknown: a caller that leaves while
+// TestBatcherAckCallerGoneIsOutcomeUnknown: a caller that leaves while
 // its batch is in flight hears that the outcome is unknown, and the batch
 // still acks.
-func TestAckBatcherCallerGoneIsOutcomeUnknown(t *testing.T) {
+func TestBatcherAckCallerGoneIsOutcomeUnknown(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1)
 	f.serve(f.readHead(ItemReadHeadParams{}))
 	ctx, cancel := context.WithCancel(f.ctx)
 	cancel()
-	var b AckBatcher
+	var b Batcher
 	_, err := b.Ack(ctx, f.db, ItemAckParams{Namespace: ns, Refs: []LeaseRef{{Key: 1, Token: 1001}}})
 	require.ErrorIs(t, err, ErrOutcomeUnknown)
 	require.ErrorIs(t, err, context.Canceled)
@@ -258,4 +259,40 @@ func TestSettleCtx(t *testing.T) {
 // backoff.
 func maxAttempts(n int) func(string) RetryPolicy {
 	return func(string) RetryPolicy { return RetryPolicy{MaxAttempts: n} }
+}
+
+// TestAckAndServeWithLostAnswerAreSettled: a shared transaction of acks
+// and serves whose answer was lost settles both: the acks as an ack's
+// lost answer is, the serves by reading which rows carry their tokens, so
+// a serve that committed is delivered and one that never reached the
+// server leaves its rows ready and undelivered.
+func TestAckAndServeWithLostAnswerAreSettled(t *testing.T) {
+	for _, deliver := range []bool{true, false} {
+		t.Run(fmt.Sprintf("committed=%v", deliver), func(t *testing.T) {
+			f, proxy := proxied(t)
+			f.enqueue(1, 1, 2, 3)
+			f.serve(pick(f.readHead(ItemReadHeadParams{}), 1))
+			fresh := pick(f.readHead(ItemReadHeadParams{}), 2, 3)
+			require.Len(t, fresh, 2)
+			a := &ackPart{ns: ns, refs: []LeaseRef{{Key: 1, Token: 1001}}}
+			sv := &serveBatch{ds: []Delivery{f.delivery(fresh[0]), f.delivery(fresh[1])}, nowUS: f.nowUS}
+			proxy.Arm(deliver, isAckAtOnce)
+			f.s.writeAtOnce(f.ctx, []*ackPart{a}, sv, f.now)
+			proxy.Cut()
+			require.ErrorIs(t, a.lost, ErrOutcomeUnknown)
+			res, err := a.answer(f.ctx, f.s, 0, 1)
+			require.NoError(t, err)
+			require.Equal(t, []error{nil}, res)
+			require.Equal(t, []uint64{2, 3}, f.ids("SELECT id FROM items ORDER BY id"), "1 is acked")
+			require.NoError(t, sv.err)
+			if deliver {
+				require.Equal(t, map[uint64]bool{2: true, 3: true}, sv.held)
+				require.Equal(t, int32(1), f.get(2).Attempts)
+			} else {
+				require.Empty(t, sv.held)
+				require.Zero(t, f.get(2).Attempts)
+				require.Zero(t, f.get(3).LeaseToken)
+			}
+		})
+	}
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/triage-queue/triage/routing/console"
 	"github.com/triage-queue/triage/schema/itemid"
 	"github.com/triage-queue/triage/schema/metrics"
+	"github.com/triage-queue/triage/schema/store"
 	"github.com/triage-queue/triage/schema/tracing"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -322,8 +323,11 @@ type Node struct {
 	pool *shardmap.Pool
 	// admin is Config.Admin's pool, for migrations only; it opens no
 	// connection unless a shard's schema is behind.
-	admin  *shardmap.Pool
-	clock  *shardmap.Clock // shard primaries' time, for every role (see dequeuer/doc.go)
+	admin *shardmap.Pool
+	clock *shardmap.Clock // shard primaries' time, for every role (see dequeuer/doc.go)
+	// writes is the router's and the dequeuer's: a shard's acks and
+	// serves share a transaction (store.Batcher).
+	writes *store.Batcher
 	cancel context.CancelFunc
 
 	enq    *enqueuer.Service
@@ -368,6 +372,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Node, error) 
 	}
 	n := &Node{cfg: cfg, log: logger, pool: shardmap.NewAppPool(cfg.MySQL), admin: shardmap.NewPool(cfg.Admin), done: make(chan struct{})}
 	n.clock = &shardmap.Clock{Server: n.pool.ServerOf}
+	n.writes = &store.Batcher{Now: n.clock.Now}
 	n.obs = newObservability(cfg, logger)
 	ok := false
 	defer func() {
@@ -557,7 +562,7 @@ func (n *Node) startRoles(ctx, runCtx context.Context, js jetstream.JetStream) e
 	}
 	if slices.Contains(cfg.Roles, RoleDequeuer) {
 		n.deqCfg = dequeuer.Config{Region: cfg.Region, ID: cfg.DequeuerID, Maps: n.maps, Pool: n.pool, NC: n.nc, JS: js,
-			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: n.log, Now: cfg.Seams.DequeuerNow, Clock: n.clock, Metrics: met, Tracer: cfg.tracerProvider,
+			OwnerTTL: time.Duration(cfg.OwnerTTL), KVReplicas: cfg.KVReplicas, Logger: n.log, Now: cfg.Seams.DequeuerNow, Clock: n.clock, Writes: n.writes, Metrics: met, Tracer: cfg.tracerProvider,
 			BeforeBuffer: cfg.Seams.BeforeBuffer}
 		n.deq, err = dequeuer.New(n.deqCfg)
 		if err != nil {
@@ -644,7 +649,7 @@ func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, 
 	}
 	rc := routing.Config{Region: n.cfg.Region, Maps: maps, Pool: n.pool, Migrator: n.admin, NC: n.nc, JS: js, Owners: owners, IDs: gen, Claim: n.claim, Drills: drills, Logger: n.log,
 		FastCopies: n.cfg.StreamReplicas > 1,
-		Publisher:  kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.Seams.RouterNow, Clock: n.clock, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
+		Publisher:  kvPublisher{kv: n.kv, maps: maps}, Now: n.cfg.Seams.RouterNow, Clock: n.clock, Writes: n.writes, Metrics: n.obs.set, Tracer: n.cfg.tracerProvider}
 	if n.deq != nil {
 		n.local.Store(n.deq)
 		rc.Local = localDequeuer{n}

@@ -1393,8 +1393,15 @@ type DequeueRequest struct {
 	// Only items with min_priority <= priority <= max_priority (seed 001),
 	// so a consumer group can be dedicated to the most urgent band. Unset:
 	// no bound.
-	MinPriority   *int32 `protobuf:"varint,6,opt,name=min_priority,json=minPriority,proto3,oneof" json:"min_priority,omitempty"`
-	MaxPriority   *int32 `protobuf:"varint,7,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
+	MinPriority *int32 `protobuf:"varint,6,opt,name=min_priority,json=minPriority,proto3,oneof" json:"min_priority,omitempty"`
+	MaxPriority *int32 `protobuf:"varint,7,opt,name=max_priority,json=maxPriority,proto3,oneof" json:"max_priority,omitempty"`
+	// Items of earlier deliveries to ack with this call, as AckRequest.acks:
+	// a consumer that takes its next items as it finishes the last ones
+	// saves the Ack call, and on a shard where the acks and the new leases
+	// meet they share one commit. Answered in
+	// DequeueResponse.ack_results; an invalid ref fails the whole call
+	// before anything is acked or leased.
+	Acks          []*LeaseRef `protobuf:"bytes,8,rep,name=acks,proto3" json:"acks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1476,6 +1483,13 @@ func (x *DequeueRequest) GetMaxPriority() int32 {
 		return *x.MaxPriority
 	}
 	return 0
+}
+
+func (x *DequeueRequest) GetAcks() []*LeaseRef {
+	if x != nil {
+		return x.Acks
+	}
+	return nil
 }
 
 type LeasedItem struct {
@@ -1626,8 +1640,12 @@ func (x *LeasedItem) GetTraceparent() string {
 }
 
 type DequeueResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Items         []*LeasedItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*LeasedItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// One per DequeueRequest.acks, in order, as AckResponse.results. When
+	// a shard could not be written, its refs carry the reason and ok
+	// false: ack them again.
+	AckResults    []*ItemResult `protobuf:"bytes,2,rep,name=ack_results,json=ackResults,proto3" json:"ack_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1665,6 +1683,13 @@ func (*DequeueResponse) Descriptor() ([]byte, []int) {
 func (x *DequeueResponse) GetItems() []*LeasedItem {
 	if x != nil {
 		return x.Items
+	}
+	return nil
+}
+
+func (x *DequeueResponse) GetAckResults() []*ItemResult {
+	if x != nil {
+		return x.AckResults
 	}
 	return nil
 }
@@ -4981,7 +5006,7 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\n" +
 	"TopicCount\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x05R\x05count\"\xd8\x02\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"\x81\x03\n" +
 	"\x0eDequeueRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12-\n" +
 	"\x06topics\x18\x02 \x03(\v2\x15.triage.v1.TopicCountR\x06topics\x12@\n" +
@@ -4989,7 +5014,8 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x16\n" +
 	"\x06region\x18\x05 \x01(\tR\x06region\x12&\n" +
 	"\fmin_priority\x18\x06 \x01(\x05H\x00R\vminPriority\x88\x01\x01\x12&\n" +
-	"\fmax_priority\x18\a \x01(\x05H\x01R\vmaxPriority\x88\x01\x01B\x0f\n" +
+	"\fmax_priority\x18\a \x01(\x05H\x01R\vmaxPriority\x88\x01\x01\x12'\n" +
+	"\x04acks\x18\b \x03(\v2\x13.triage.v1.LeaseRefR\x04acksB\x0f\n" +
 	"\r_min_priorityB\x0f\n" +
 	"\r_max_priority\"\xcb\x04\n" +
 	"\n" +
@@ -5013,9 +5039,11 @@ const file_triage_v1_triage_proto_rawDesc = "" +
 	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"v\n" +
 	"\x0fDequeueResponse\x12+\n" +
-	"\x05items\x18\x01 \x03(\v2\x15.triage.v1.LeasedItemR\x05items\";\n" +
+	"\x05items\x18\x01 \x03(\v2\x15.triage.v1.LeasedItemR\x05items\x126\n" +
+	"\vack_results\x18\x02 \x03(\v2\x15.triage.v1.ItemResultR\n" +
+	"ackResults\";\n" +
 	"\bLeaseRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vlease_token\x18\x02 \x01(\tR\n" +
@@ -5475,125 +5503,127 @@ var file_triage_v1_triage_proto_depIdxs = []int32{
 	22,  // 15: triage.v1.DequeueRequest.topics:type_name -> triage.v1.TopicCount
 	79,  // 16: triage.v1.DequeueRequest.lease_duration:type_name -> google.protobuf.Duration
 	79,  // 17: triage.v1.DequeueRequest.wait:type_name -> google.protobuf.Duration
-	72,  // 18: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
-	78,  // 19: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
-	78,  // 20: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
-	78,  // 21: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
-	24,  // 22: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
-	26,  // 23: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
-	27,  // 24: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
-	79,  // 25: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
-	73,  // 26: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
-	30,  // 27: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
-	27,  // 28: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
-	79,  // 29: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	78,  // 30: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	74,  // 31: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
-	78,  // 32: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
-	79,  // 33: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
-	78,  // 34: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
-	78,  // 35: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
-	1,   // 36: triage.v1.Item.state:type_name -> triage.v1.ItemState
-	78,  // 37: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
-	78,  // 38: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
-	78,  // 39: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
-	78,  // 40: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
-	75,  // 41: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
-	41,  // 42: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
-	79,  // 43: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
-	44,  // 44: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
-	35,  // 45: triage.v1.ListItemsResponse.items:type_name -> triage.v1.Item
-	78,  // 46: triage.v1.Throughput.start:type_name -> google.protobuf.Timestamp
-	79,  // 47: triage.v1.Throughput.interval:type_name -> google.protobuf.Duration
-	78,  // 48: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
-	51,  // 49: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
-	52,  // 50: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
-	76,  // 51: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
-	78,  // 52: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
-	78,  // 53: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
-	54,  // 54: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
-	78,  // 55: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
-	2,   // 56: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
-	79,  // 57: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
-	62,  // 58: triage.v1.TopicConfig.retry_backoff:type_name -> triage.v1.RetryBackoff
-	3,   // 59: triage.v1.RetryBackoff.kind:type_name -> triage.v1.RetryBackoff.Kind
-	79,  // 60: triage.v1.RetryBackoff.base:type_name -> google.protobuf.Duration
-	79,  // 61: triage.v1.RetryBackoff.cap:type_name -> google.protobuf.Duration
-	52,  // 62: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
-	79,  // 63: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
-	79,  // 64: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
-	79,  // 65: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
-	77,  // 66: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
-	79,  // 67: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
-	63,  // 68: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
-	80,  // 69: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
-	78,  // 70: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
-	67,  // 71: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
-	67,  // 72: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
-	61,  // 73: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
-	19,  // 74: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
-	23,  // 75: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
-	28,  // 76: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
-	31,  // 77: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
-	33,  // 78: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
-	36,  // 79: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
-	37,  // 80: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
-	38,  // 81: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
-	40,  // 82: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
-	43,  // 83: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
-	46,  // 84: triage.v1.Queue.ListItems:input_type -> triage.v1.ListItemsRequest
-	48,  // 85: triage.v1.Queue.GetThroughput:input_type -> triage.v1.GetThroughputRequest
-	55,  // 86: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
-	57,  // 87: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
-	59,  // 88: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
-	50,  // 89: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
-	66,  // 90: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
-	64,  // 91: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
-	65,  // 92: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
-	12,  // 93: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
-	13,  // 94: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
-	14,  // 95: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
-	15,  // 96: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
-	16,  // 97: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
-	69,  // 98: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
-	9,   // 99: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
-	10,  // 100: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
-	4,   // 101: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
-	5,   // 102: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
-	21,  // 103: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
-	25,  // 104: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
-	29,  // 105: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
-	32,  // 106: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
-	34,  // 107: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
-	35,  // 108: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
-	35,  // 109: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
-	39,  // 110: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
-	42,  // 111: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
-	45,  // 112: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
-	47,  // 113: triage.v1.Queue.ListItems:output_type -> triage.v1.ListItemsResponse
-	49,  // 114: triage.v1.Queue.GetThroughput:output_type -> triage.v1.Throughput
-	56,  // 115: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
-	58,  // 116: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
-	60,  // 117: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
-	53,  // 118: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
-	68,  // 119: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
-	63,  // 120: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
-	63,  // 121: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
-	17,  // 122: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
-	17,  // 123: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
-	17,  // 124: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
-	17,  // 125: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
-	17,  // 126: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
-	70,  // 127: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
-	8,   // 128: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
-	11,  // 129: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
-	6,   // 130: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
-	6,   // 131: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
-	103, // [103:132] is the sub-list for method output_type
-	74,  // [74:103] is the sub-list for method input_type
-	74,  // [74:74] is the sub-list for extension type_name
-	74,  // [74:74] is the sub-list for extension extendee
-	0,   // [0:74] is the sub-list for field type_name
+	26,  // 18: triage.v1.DequeueRequest.acks:type_name -> triage.v1.LeaseRef
+	72,  // 19: triage.v1.LeasedItem.metadata:type_name -> triage.v1.LeasedItem.MetadataEntry
+	78,  // 20: triage.v1.LeasedItem.lease_expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 21: triage.v1.LeasedItem.enqueued_at:type_name -> google.protobuf.Timestamp
+	78,  // 22: triage.v1.LeasedItem.deliver_after:type_name -> google.protobuf.Timestamp
+	24,  // 23: triage.v1.DequeueResponse.items:type_name -> triage.v1.LeasedItem
+	27,  // 24: triage.v1.DequeueResponse.ack_results:type_name -> triage.v1.ItemResult
+	26,  // 25: triage.v1.AckRequest.acks:type_name -> triage.v1.LeaseRef
+	27,  // 26: triage.v1.AckResponse.results:type_name -> triage.v1.ItemResult
+	79,  // 27: triage.v1.NackItem.delay:type_name -> google.protobuf.Duration
+	73,  // 28: triage.v1.NackItem.metadata:type_name -> triage.v1.NackItem.MetadataEntry
+	30,  // 29: triage.v1.NackRequest.nacks:type_name -> triage.v1.NackItem
+	27,  // 30: triage.v1.NackResponse.results:type_name -> triage.v1.ItemResult
+	79,  // 31: triage.v1.ExtendLeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	78,  // 32: triage.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	74,  // 33: triage.v1.Item.metadata:type_name -> triage.v1.Item.MetadataEntry
+	78,  // 34: triage.v1.Item.deliver_after:type_name -> google.protobuf.Timestamp
+	79,  // 35: triage.v1.Item.lease_duration:type_name -> google.protobuf.Duration
+	78,  // 36: triage.v1.Item.expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 37: triage.v1.Item.enqueued_at:type_name -> google.protobuf.Timestamp
+	1,   // 38: triage.v1.Item.state:type_name -> triage.v1.ItemState
+	78,  // 39: triage.v1.Item.lease_expires_at:type_name -> google.protobuf.Timestamp
+	78,  // 40: triage.v1.Item.updated_at:type_name -> google.protobuf.Timestamp
+	78,  // 41: triage.v1.Item.priority_changed_at:type_name -> google.protobuf.Timestamp
+	78,  // 42: triage.v1.UpdateItemRequest.deliver_after:type_name -> google.protobuf.Timestamp
+	75,  // 43: triage.v1.UpdateItemRequest.metadata:type_name -> triage.v1.UpdateItemRequest.MetadataEntry
+	41,  // 44: triage.v1.TopicStats.ready_by_priority:type_name -> triage.v1.PriorityDepth
+	79,  // 45: triage.v1.TopicStats.oldest_ready_age:type_name -> google.protobuf.Duration
+	44,  // 46: triage.v1.ListTopicsResponse.topics:type_name -> triage.v1.TopicSummary
+	35,  // 47: triage.v1.ListItemsResponse.items:type_name -> triage.v1.Item
+	78,  // 48: triage.v1.Throughput.start:type_name -> google.protobuf.Timestamp
+	79,  // 49: triage.v1.Throughput.interval:type_name -> google.protobuf.Duration
+	78,  // 50: triage.v1.Shard.drained_at:type_name -> google.protobuf.Timestamp
+	51,  // 51: triage.v1.ShardMap.shards:type_name -> triage.v1.Shard
+	52,  // 52: triage.v1.ShardMap.namespaces:type_name -> triage.v1.NamespaceShards
+	76,  // 53: triage.v1.DeadLetter.metadata:type_name -> triage.v1.DeadLetter.MetadataEntry
+	78,  // 54: triage.v1.DeadLetter.enqueued_at:type_name -> google.protobuf.Timestamp
+	78,  // 55: triage.v1.DeadLetter.died_at:type_name -> google.protobuf.Timestamp
+	54,  // 56: triage.v1.ListDeadLettersResponse.dead_letters:type_name -> triage.v1.DeadLetter
+	78,  // 57: triage.v1.DeleteDeadLettersRequest.before:type_name -> google.protobuf.Timestamp
+	2,   // 58: triage.v1.TopicConfig.policy:type_name -> triage.v1.DequeuePolicy
+	79,  // 59: triage.v1.TopicConfig.aging_threshold:type_name -> google.protobuf.Duration
+	62,  // 60: triage.v1.TopicConfig.retry_backoff:type_name -> triage.v1.RetryBackoff
+	3,   // 61: triage.v1.RetryBackoff.kind:type_name -> triage.v1.RetryBackoff.Kind
+	79,  // 62: triage.v1.RetryBackoff.base:type_name -> google.protobuf.Duration
+	79,  // 63: triage.v1.RetryBackoff.cap:type_name -> google.protobuf.Duration
+	52,  // 64: triage.v1.Namespace.shards:type_name -> triage.v1.NamespaceShards
+	79,  // 65: triage.v1.Namespace.default_lease_duration:type_name -> google.protobuf.Duration
+	79,  // 66: triage.v1.Namespace.default_ttl:type_name -> google.protobuf.Duration
+	79,  // 67: triage.v1.Namespace.dedup_window:type_name -> google.protobuf.Duration
+	77,  // 68: triage.v1.Namespace.topics:type_name -> triage.v1.Namespace.TopicsEntry
+	79,  // 69: triage.v1.Namespace.dedup_retry_window:type_name -> google.protobuf.Duration
+	63,  // 70: triage.v1.PutNamespaceRequest.config:type_name -> triage.v1.Namespace
+	80,  // 71: triage.v1.PutNamespaceRequest.update_mask:type_name -> google.protobuf.FieldMask
+	78,  // 72: triage.v1.FailoverEvent.at:type_name -> google.protobuf.Timestamp
+	67,  // 73: triage.v1.FailoverResponse.events:type_name -> triage.v1.FailoverEvent
+	67,  // 74: triage.v1.ListFailoverEventsResponse.events:type_name -> triage.v1.FailoverEvent
+	61,  // 75: triage.v1.Namespace.TopicsEntry.value:type_name -> triage.v1.TopicConfig
+	19,  // 76: triage.v1.Queue.Enqueue:input_type -> triage.v1.EnqueueRequest
+	23,  // 77: triage.v1.Queue.Dequeue:input_type -> triage.v1.DequeueRequest
+	28,  // 78: triage.v1.Queue.Ack:input_type -> triage.v1.AckRequest
+	31,  // 79: triage.v1.Queue.Nack:input_type -> triage.v1.NackRequest
+	33,  // 80: triage.v1.Queue.ExtendLease:input_type -> triage.v1.ExtendLeaseRequest
+	36,  // 81: triage.v1.Queue.GetItem:input_type -> triage.v1.GetItemRequest
+	37,  // 82: triage.v1.Queue.UpdateItem:input_type -> triage.v1.UpdateItemRequest
+	38,  // 83: triage.v1.Queue.DeleteItem:input_type -> triage.v1.DeleteItemRequest
+	40,  // 84: triage.v1.Queue.GetTopicStats:input_type -> triage.v1.GetTopicStatsRequest
+	43,  // 85: triage.v1.Queue.ListTopics:input_type -> triage.v1.ListTopicsRequest
+	46,  // 86: triage.v1.Queue.ListItems:input_type -> triage.v1.ListItemsRequest
+	48,  // 87: triage.v1.Queue.GetThroughput:input_type -> triage.v1.GetThroughputRequest
+	55,  // 88: triage.v1.Queue.ListDeadLetters:input_type -> triage.v1.ListDeadLettersRequest
+	57,  // 89: triage.v1.Queue.RedriveDeadLetters:input_type -> triage.v1.RedriveDeadLettersRequest
+	59,  // 90: triage.v1.Queue.DeleteDeadLetters:input_type -> triage.v1.DeleteDeadLettersRequest
+	50,  // 91: triage.v1.Admin.GetShardMap:input_type -> triage.v1.GetShardMapRequest
+	66,  // 92: triage.v1.Admin.Failover:input_type -> triage.v1.FailoverRequest
+	64,  // 93: triage.v1.Admin.GetNamespace:input_type -> triage.v1.GetNamespaceRequest
+	65,  // 94: triage.v1.Admin.PutNamespace:input_type -> triage.v1.PutNamespaceRequest
+	12,  // 95: triage.v1.Admin.AddShard:input_type -> triage.v1.AddShardRequest
+	13,  // 96: triage.v1.Admin.AddNamespaceShard:input_type -> triage.v1.AddNamespaceShardRequest
+	14,  // 97: triage.v1.Admin.SetShardWeight:input_type -> triage.v1.SetShardWeightRequest
+	15,  // 98: triage.v1.Admin.DrainShard:input_type -> triage.v1.DrainShardRequest
+	16,  // 99: triage.v1.Admin.RetireShard:input_type -> triage.v1.RetireShardRequest
+	69,  // 100: triage.v1.Admin.ListFailoverEvents:input_type -> triage.v1.ListFailoverEventsRequest
+	9,   // 101: triage.v1.Admin.ReportDrill:input_type -> triage.v1.ReportDrillRequest
+	10,  // 102: triage.v1.Admin.ListDrills:input_type -> triage.v1.ListDrillsRequest
+	4,   // 103: triage.v1.Admin.PauseTopic:input_type -> triage.v1.PauseTopicRequest
+	5,   // 104: triage.v1.Admin.ResumeTopic:input_type -> triage.v1.ResumeTopicRequest
+	21,  // 105: triage.v1.Queue.Enqueue:output_type -> triage.v1.EnqueueResponse
+	25,  // 106: triage.v1.Queue.Dequeue:output_type -> triage.v1.DequeueResponse
+	29,  // 107: triage.v1.Queue.Ack:output_type -> triage.v1.AckResponse
+	32,  // 108: triage.v1.Queue.Nack:output_type -> triage.v1.NackResponse
+	34,  // 109: triage.v1.Queue.ExtendLease:output_type -> triage.v1.ExtendLeaseResponse
+	35,  // 110: triage.v1.Queue.GetItem:output_type -> triage.v1.Item
+	35,  // 111: triage.v1.Queue.UpdateItem:output_type -> triage.v1.Item
+	39,  // 112: triage.v1.Queue.DeleteItem:output_type -> triage.v1.DeleteItemResponse
+	42,  // 113: triage.v1.Queue.GetTopicStats:output_type -> triage.v1.TopicStats
+	45,  // 114: triage.v1.Queue.ListTopics:output_type -> triage.v1.ListTopicsResponse
+	47,  // 115: triage.v1.Queue.ListItems:output_type -> triage.v1.ListItemsResponse
+	49,  // 116: triage.v1.Queue.GetThroughput:output_type -> triage.v1.Throughput
+	56,  // 117: triage.v1.Queue.ListDeadLetters:output_type -> triage.v1.ListDeadLettersResponse
+	58,  // 118: triage.v1.Queue.RedriveDeadLetters:output_type -> triage.v1.RedriveDeadLettersResponse
+	60,  // 119: triage.v1.Queue.DeleteDeadLetters:output_type -> triage.v1.DeleteDeadLettersResponse
+	53,  // 120: triage.v1.Admin.GetShardMap:output_type -> triage.v1.ShardMap
+	68,  // 121: triage.v1.Admin.Failover:output_type -> triage.v1.FailoverResponse
+	63,  // 122: triage.v1.Admin.GetNamespace:output_type -> triage.v1.Namespace
+	63,  // 123: triage.v1.Admin.PutNamespace:output_type -> triage.v1.Namespace
+	17,  // 124: triage.v1.Admin.AddShard:output_type -> triage.v1.ShardChange
+	17,  // 125: triage.v1.Admin.AddNamespaceShard:output_type -> triage.v1.ShardChange
+	17,  // 126: triage.v1.Admin.SetShardWeight:output_type -> triage.v1.ShardChange
+	17,  // 127: triage.v1.Admin.DrainShard:output_type -> triage.v1.ShardChange
+	17,  // 128: triage.v1.Admin.RetireShard:output_type -> triage.v1.ShardChange
+	70,  // 129: triage.v1.Admin.ListFailoverEvents:output_type -> triage.v1.ListFailoverEventsResponse
+	8,   // 130: triage.v1.Admin.ReportDrill:output_type -> triage.v1.Drill
+	11,  // 131: triage.v1.Admin.ListDrills:output_type -> triage.v1.ListDrillsResponse
+	6,   // 132: triage.v1.Admin.PauseTopic:output_type -> triage.v1.TopicPauseState
+	6,   // 133: triage.v1.Admin.ResumeTopic:output_type -> triage.v1.TopicPauseState
+	105, // [105:134] is the sub-list for method output_type
+	76,  // [76:105] is the sub-list for method input_type
+	76,  // [76:76] is the sub-list for extension type_name
+	76,  // [76:76] is the sub-list for extension extendee
+	0,   // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_triage_v1_triage_proto_init() }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -68,11 +69,11 @@ func TestServeStampsEachRowsOwnValues(t *testing.T) {
 	}
 }
 
-// TestServeBatcherCoalesces: serves that arrive while one is in flight go
+// TestBatcherServeCoalesces: serves that arrive while one is in flight go
 // out in one statement, each caller learns which of its own rows were
 // served, and a copy of a row another caller serves waits for a statement
 // of its own.
-func TestServeBatcherCoalesces(t *testing.T) {
+func TestBatcherServeCoalesces(t *testing.T) {
 	f := newFixture(t)
 	const callers = 8
 	var keys []uint64
@@ -88,7 +89,7 @@ func TestServeBatcherCoalesces(t *testing.T) {
 	tx := f.db.MustBeginTx(f.ctx, nil)
 	defer tx.Rollback()
 	tx.MustExecContext(f.ctx, "UPDATE items SET updated_at = updated_at WHERE id = 1")
-	var b ServeBatcher
+	var b Batcher
 	version := map[uint64]int64{}
 	for _, r := range rows {
 		version[r.ID] = r.UpdatedAt
@@ -138,7 +139,7 @@ func TestServeBatcherCoalesces(t *testing.T) {
 			for _, q := range b.queues {
 				n := 0
 				for _, bt := range q.pending {
-					n += len(bt.v.ds)
+					n += len(bt.v.serve.ds)
 				}
 				return n == deliveries && len(q.pending) == batches
 			}
@@ -172,12 +173,12 @@ func TestServeBatcherCoalesces(t *testing.T) {
 	require.Equal(t, uint64(2000), f.get(2).LeaseToken)
 }
 
-// TestServeBatcherAnswersAfterCtxEnds: a caller whose context ends while
+// TestBatcherServeAnswersAfterCtxEnds: a caller whose context ends while
 // its batch waits still learns what the batch stamped. The rows are its
 // own now, with an attempt counted and their delivery lease hiding them;
 // returning early would leave them hidden for the whole lease with an
 // attempt no consumer saw, and nobody to unserve them.
-func TestServeBatcherAnswersAfterCtxEnds(t *testing.T) {
+func TestBatcherServeAnswersAfterCtxEnds(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(1, 1)
 	rows := f.readHead(ItemReadHeadParams{})
@@ -186,7 +187,7 @@ func TestServeBatcherAnswersAfterCtxEnds(t *testing.T) {
 	defer tx.Rollback()
 	tx.MustExecContext(f.ctx, "UPDATE items SET updated_at = updated_at WHERE id = 1")
 
-	var b ServeBatcher
+	var b Batcher
 	ctx, cancel := context.WithCancel(f.ctx)
 	type answer struct {
 		held map[uint64]bool
@@ -214,4 +215,91 @@ func TestServeBatcherAnswersAfterCtxEnds(t *testing.T) {
 	require.NoError(t, a.err)
 	require.Equal(t, map[uint64]bool{1: true}, a.held, "the stamped row is reported")
 	require.Equal(t, uint64(4242), f.get(1).LeaseToken)
+}
+
+// TestBatcherAcksAndServesShareATransaction: acks and serves that arrive
+// while a transaction is in flight go out in the next one together, and
+// an ack part with a stale ref is taken back to its savepoint and
+// answered the long way without failing the serve or another part
+// beside it.
+func TestBatcherAcksAndServesShareATransaction(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(1, 1, 2, 3, 4, 5, 6)
+	rows := f.readHead(ItemReadHeadParams{})
+	require.Len(t, f.serve(pick(rows, 1, 2, 3)), 3)
+	fresh := pick(f.readHead(ItemReadHeadParams{}), 4, 5)
+	require.Len(t, fresh, 2, "items 4 and 5 are ready")
+
+	tx := f.db.MustBeginTx(f.ctx, nil)
+	defer tx.Rollback()
+	tx.MustExecContext(f.ctx, "UPDATE items SET updated_at = updated_at WHERE id = 1")
+	var b Batcher
+	first := make(chan error, 1)
+	go func() {
+		res, err := b.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, Refs: []LeaseRef{{Key: 1, Token: 1001}}})
+		if err == nil {
+			err = errors.Join(res...)
+		}
+		first <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := f.db.GetContext(f.ctx, &n, "SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
+		return err == nil && n > 0
+	}, 10*time.Second, 200*time.Millisecond, "the first transaction waits for item 1's lock")
+
+	var wg sync.WaitGroup
+	var good, stale []error
+	var goodErr, staleErr, serveErr error
+	var held map[uint64]bool
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		good, goodErr = b.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, DedupWindow: time.Minute, Refs: []LeaseRef{{Key: 2, Token: 1002}}})
+	}()
+	go func() {
+		defer wg.Done()
+		stale, staleErr = b.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, Refs: []LeaseRef{{Key: 3, Token: 7}}})
+	}()
+	go func() {
+		defer wg.Done()
+		held, serveErr = b.Serve(f.ctx, f.db, ItemServeParams{NowUS: f.nowUS, Deliveries: []Delivery{f.delivery(fresh[0]), f.delivery(fresh[1])}})
+	}()
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, q := range b.queues {
+			return len(q.pending) == 1 && q.pending[0].v.refs == 2 && len(q.pending[0].v.serve.ds) == 2
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "the acks and the serve wait in one batch")
+	require.NoError(t, tx.Rollback())
+	wg.Wait()
+	require.NoError(t, <-first)
+	require.NoError(t, goodErr)
+	require.Equal(t, []error{nil}, good)
+	require.NoError(t, staleErr)
+	require.Len(t, stale, 1)
+	require.ErrorIs(t, stale[0], ErrStaleLease)
+	require.NoError(t, serveErr)
+	require.Equal(t, map[uint64]bool{4: true, 5: true}, held)
+	require.Equal(t, int64(2), b.flushes.Load(), "the acks and the serve went out in one transaction")
+	require.Equal(t, []uint64{3, 4, 5, 6}, f.ids("SELECT id FROM items ORDER BY id"), "1 and 2 acked, 3 kept")
+	require.Equal(t, uint64(1003), f.get(3).LeaseToken, "the stale ack changed nothing")
+	require.Equal(t, uint64(1004), f.get(4).LeaseToken)
+	require.Equal(t, int32(1), f.get(5).Attempts)
+	require.Zero(t, f.get(6).Attempts)
+}
+
+// pick returns the rows with the given ids, in that order.
+func pick(rows []Item, ids ...uint64) []Item {
+	var out []Item
+	for _, id := range ids {
+		for _, r := range rows {
+			if r.ID == id {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
 }

@@ -13,10 +13,10 @@ import (
 	peerv1 "github.com/triage-queue/triage/proto/triage/peer/v1"
 )
 
-// TestAckBatcherCoalesces: acks that arrive while a batch is in flight go
+// TestBatcherAckCoalesces: acks that arrive while a batch is in flight go
 // out together in the next transaction, and every caller gets the results
 // of its own refs, stale tokens and unknown items included.
-func TestAckBatcherCoalesces(t *testing.T) {
+func TestBatcherAckCoalesces(t *testing.T) {
 	f := newFixture(t)
 	const callers = 12
 	var keys []uint64
@@ -33,7 +33,7 @@ func TestAckBatcherCoalesces(t *testing.T) {
 	defer tx.Rollback()
 	tx.MustExecContext(f.ctx, "UPDATE items SET updated_at = updated_at WHERE id = 1")
 
-	var b AckBatcher
+	var b Batcher
 	type answer struct {
 		res []error
 		err error
@@ -75,7 +75,7 @@ func TestAckBatcherCoalesces(t *testing.T) {
 		for _, q := range b.queues {
 			n := 0
 			for _, bt := range q.pending {
-				n += len(bt.v.refs)
+				n += bt.v.refs
 			}
 			return n == 2*callers
 		}
@@ -164,7 +164,7 @@ func TestAckDelete(t *testing.T) {
 // The batcher stamps dedup tombstones with its Now (the shard primary's
 // clock in the router), not the local clock: a key stays taken for the
 // window as the shard measures it.
-func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
+func TestBatcherAckTombstoneUsesItsClock(t *testing.T) {
 	f := newFixture(t)
 	b := &peerv1.EnqueueBatch{Namespace: ns, Topic: topic, BatchId: 2, Items: []*peerv1.BufferedItem{{Key: 10, DedupKey: "d10"}}}
 	_, err := f.s.ItemInsertBatch(f.ctx, ItemInsertBatchParams{Batches: []*peerv1.EnqueueBatch{b}, NowUS: f.nowUS})
@@ -174,7 +174,7 @@ func TestAckBatcherTombstoneUsesItsClock(t *testing.T) {
 
 	shardNow := time.Now().Add(time.Hour).Truncate(time.Microsecond)
 	var asked []*sqlx.DB
-	ab := AckBatcher{Now: func(_ context.Context, db *sqlx.DB) time.Time { asked = append(asked, db); return shardNow }}
+	ab := Batcher{Now: func(_ context.Context, db *sqlx.DB) time.Time { asked = append(asked, db); return shardNow }}
 	res, err := ab.Ack(f.ctx, f.db, ItemAckParams{Namespace: ns, DedupWindow: time.Minute, Refs: []LeaseRef{{Key: 10, Token: 1010}},
 		Now: time.Now().Add(-time.Hour)})
 	require.NoError(t, err)
