@@ -142,6 +142,9 @@ type Observer struct {
 	blocked map[string]bool   // by server: last "no replica connected" seen, likewise
 	stored  map[string]Report // by server: the last report put in KV (see storeDue)
 	semi    map[string]semiRead
+	// readable holds each replica server whose status this node's
+	// account has read (see lag).
+	readable map[string]bool
 }
 
 // semiRead is a server's semi-sync state as last read, and when.
@@ -177,6 +180,7 @@ func (o *Observer) init() {
 	o.stored = map[string]Report{}
 	o.blocked = map[string]bool{}
 	o.semi = map[string]semiRead{}
+	o.readable = map[string]bool{}
 }
 
 // Run pings every o.Every until ctx ends.
@@ -455,21 +459,29 @@ func (o *Observer) measureLag(ctx context.Context, shards []shardmap.Shard) {
 }
 
 // lag reads the replication lag of the server at addr; ok is false when
-// this node's account may not read it: the controller's monitor account
-// does, and reports the lag, and a -1 from every other node would read
-// as a stopped replica.
+// this node cannot tell whether its account may read it. The controller's
+// monitor account may, and reports the lag, or -1 when the read fails; a
+// node on the application account is refused (1227) and reports nothing,
+// as its -1 would read as a stopped replica. Until such a node has read a
+// server's status once, a failed read (a timeout, a connection the server
+// refused while starting) says nothing either: reported as -1, it would
+// stay, since every later read is refused and sets nothing.
 func (o *Observer) lag(ctx context.Context, addr string) (lag time.Duration, known, ok bool) {
 	a, err := replication.New(o.monitor(addr), addr, replication.MariaDB)
 	if err != nil {
 		return 0, false, false
 	}
 	st, err := a.Status(ctx)
-	if noPrivilege(err) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case noPrivilege(err):
+		o.readable[addr] = false
 		return 0, false, false
+	case err != nil:
+		return 0, false, o.Monitor != nil || o.readable[addr]
 	}
-	if err != nil {
-		return 0, false, true
-	}
+	o.readable[addr] = true
 	return st.Lag, st.LagKnown, true
 }
 

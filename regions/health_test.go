@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/triage-queue/triage/cmd/triage/natsserver/natstest"
+	"github.com/triage-queue/triage/deploy/mariadb"
 	"github.com/triage-queue/triage/deploy/mariadb/mariadbtest"
 	"github.com/triage-queue/triage/schema/metrics"
 	"github.com/triage-queue/triage/shardmap"
@@ -234,10 +235,7 @@ func (l *lockedBuffer) String() string {
 func TestObserverPingsEachServerOnce(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	srv := mariadbtest.NewServer(t)
-	root, err := sql.Open("mysql", srv.DSN(""))
-	require.NoError(t, err)
-	t.Cleanup(func() { root.Close() })
+	srv, root := serverAndRoot(t)
 	const perServer = 50
 	dead := "127.0.0.1:1" // nothing listens: refused
 	var shards []shardmap.Shard
@@ -311,6 +309,16 @@ func TestObserverPingsEachServerOnce(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond, "every shard of the dead server is down in both regions, refused")
 }
 
+// serverAndRoot starts a mariadbd for the test and opens its root account.
+func serverAndRoot(t *testing.T) (*mariadb.Server, *sql.DB) {
+	t.Helper()
+	srv := mariadbtest.NewServer(t)
+	root, err := sql.Open("mysql", srv.DSN(""))
+	require.NoError(t, err)
+	t.Cleanup(func() { root.Close() })
+	return srv, root
+}
+
 // comCounts reads the server's Com_do and Com_select counters (SHOW
 // STATUS counts as neither).
 func comCounts(t *testing.T, db *sql.DB) map[string]int {
@@ -326,4 +334,69 @@ func comCounts(t *testing.T, db *sql.DB) map[string]int {
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// TestReplicaLagOnlyFromAnAccountThatMayReadIt: a node on an account
+// refused SHOW SLAVE STATUS reports no lag for a replica, also when its
+// reads failed for another reason first (a server that refused
+// connections while starting), since no later read would clear a -1 it
+// set; the monitor account reports such a replica as -1 (unknown).
+func TestReplicaLagOnlyFromAnAccountThatMayReadIt(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv, root := serverAndRoot(t)
+	for _, q := range []string{"CREATE USER app@'%' IDENTIFIED BY 'app'", "GRANT SELECT ON mysql.* TO app@'%'"} {
+		_, err := root.ExecContext(ctx, q)
+		require.NoError(t, err, q)
+	}
+	c, err := mysql.ParseDSN(srv.DSN(""))
+	require.NoError(t, err)
+	dead := "127.0.0.1:1" // nothing listens: refused
+	m, err := shardmap.New(shardmap.Map{Version: 1, Regions: []string{"a"}, Shards: []shardmap.Shard{
+		{ID: 1, HomeRegion: "a", Primary: srv.Addr(), Database: "d1", Replicas: []string{dead}, ReplicaRegions: []string{"a"}},
+		{ID: 2, HomeRegion: "a", Primary: srv.Addr(), Database: "d2", Replicas: []string{srv.Addr()}, ReplicaRegions: []string{"a"}},
+	}})
+	require.NoError(t, err)
+	observe := func(monitor *shardmap.Credentials) map[string]float64 {
+		reg := prometheus.NewRegistry()
+		o := &Observer{Region: "a", Maps: shardmap.NewHolder(m), Dial: func(a string) string { return a },
+			Cred: shardmap.Credentials{User: "app", Password: "app"}, Monitor: monitor, Logger: discard(),
+			Metrics: metrics.New(reg, metrics.Options{})}
+		o.init()
+		t.Cleanup(func() {
+			for _, db := range o.dbs {
+				db.Close()
+			}
+		})
+		// The dead replica first alone, as a starting server is met.
+		dead := *m
+		dead.Shards = dead.Shards[:1]
+		o.measureLag(ctx, dead.Shards)
+		o.measureLag(ctx, m.Shards)
+		fams, err := reg.Gather()
+		require.NoError(t, err)
+		out := map[string]float64{}
+		for _, f := range fams {
+			if f.GetName() != "triage_shard_replication_lag_seconds" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				var shard, replica string
+				for _, l := range s.GetLabel() {
+					switch l.GetName() {
+					case "shard":
+						shard = l.GetValue()
+					case "replica":
+						replica = l.GetValue()
+					}
+				}
+				out[shard+"/"+replica] = s.GetGauge().GetValue()
+			}
+		}
+		return out
+	}
+	require.Empty(t, observe(nil), "the application account reports no replica")
+	require.Equal(t, map[string]float64{"1/" + dead: -1, "2/" + srv.Addr(): -1},
+		observe(&shardmap.Credentials{User: c.User, Password: c.Passwd}),
+		"the monitor account reports the dead replica and the server that replicates nothing as unknown")
 }
