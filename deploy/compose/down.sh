@@ -5,10 +5,11 @@
 # too, so there is nothing to shut down cleanly for, and docker-compose
 # down took over a minute on a loaded 2-core box. Killing every container
 # before removing any keeps Docker from leaving a network endpoint behind
-# (seen once with docker rm -f of them all: "has active endpoints"). It
-# tries every step and exits 1 if anything is left. Then it removes the
-# bed directory (up.sh's TRIAGE_BED_DIR: the API key, NATS passwords and
-# certificates), the one the routers mount, else TRIAGE_BED_DIR or
+# (seen once with docker rm -f of them all: "has active endpoints"); an
+# endpoint Docker keeps anyway is disconnected by force. It tries every
+# step and exits 1 if anything is left. Then it removes the bed directory
+# (up.sh's TRIAGE_BED_DIR: the API key, NATS passwords and certificates),
+# the one the routers mount, else TRIAGE_BED_DIR or
 # deploy/compose/.bed/PROJECT: the files compose.WriteBedDir writes, and
 # the directory if that empties it. `make compose-down` runs it.
 set -uo pipefail
@@ -34,6 +35,12 @@ containers=$(docker ps -aq --filter "$label")
 for n in $(docker network ls -q --filter "$label"); do
   for try in 1 2 3 4 5 6 7 8 9 10; do
     docker network rm "$n" >/dev/null 2>&1 && break
+    # Docker can keep the endpoint of a container it has already removed
+    # ("has active endpoints" with no container left); a forced disconnect
+    # by name drops such a stale endpoint.
+    for e in $(docker network inspect -f '{{range .Containers}}{{.Name}} {{end}}' "$n" 2>/dev/null); do
+      docker network disconnect -f "$n" "$e" >/dev/null 2>&1 || true
+    done
     if [ "$try" = 10 ]; then
       docker network rm "$n" >/dev/null || true
       ok=false
