@@ -3,15 +3,30 @@
 // # Ownership
 //
 // Each shard's ready set has one owner at a time: the dequeuer holding the
-// key "shard.<id>" in the NATS KV bucket triage_owners, refreshed every
-// OwnerTTL/4 and expiring after OwnerTTL when its holder dies. Only the
+// key "shard.<id>" in the NATS KV bucket triage_claims. A claim does not
+// expire; it stands while its holder's session does, the key
+// "session.<dequeuer>" in triage_owners, refreshed every OwnerTTL/4 and
+// expiring after OwnerTTL when its holder dies, after which another
+// dequeuer takes the claim by a compare-and-set on its revision. So a
+// dequeuer writes one key a round however many shards it owns; a session
+// made anew after it expired confirms every claim before serving. Only the
 // owner reads the ready head, so it can read it without row locks and
 // serve with one conditional UPDATE, where SELECT ... FOR UPDATE SKIP
 // LOCKED would lock every row it passes. Correctness never rests on
 // ownership: every serve is a compare-and-set on each row's updated_at
 // (store.ItemServe, see Leases), so two owners overlapping during a
 // takeover cannot deliver one row twice. A dequeuer that cannot refresh
-// its claim for 3/4 of the TTL stops serving the shard.
+// its session for 3/4 of the TTL stops serving its shards.
+//
+// A region's dequeuers split its shards (balance): each holds at most
+// ceil(shards/dequeuers), its rank among the live sessions naming a
+// contiguous block it claims first, so a namespace's consecutive shards
+// mostly share an owner and its dequeues ask one dequeuer. A dequeuer over
+// its quota releases the shards outside its block, the last first; one
+// under it claims what is unowned. A start or a resignation (a session
+// key that appears or is deleted) wakes every dequeuer's claim round, so
+// shards move within a claim retry; a dequeuer that dies leaves its shards
+// to the others once its session expires.
 //
 // A shard is owned in the region of its primary (Shard.PrimaryRegion, the
 // home region until a failover moves it): each read is a round trip to
@@ -28,11 +43,11 @@
 // into a buffer nobody serves. An
 // old owner that does not hand over within handOverGrace (1 s) — cut off
 // from NATS by a partition, so it sees neither the map nor can refresh
-// its claim — has the claim taken over by a compare-and-set, rather than
-// waited out for its TTL; dequeuer IDs start with their region, so a
+// its session — has the claim taken over by a compare-and-set, rather
+// than waited out for its session's TTL; dequeuer IDs start with their region, so a
 // claim of the new primary's own region is never taken. A region
 // with no dequeuer left has its shards adopted by another once their
-// claims expire, and handed back when it returns.
+// holders' sessions expire, and handed back when it returns.
 //
 // # Leases
 //

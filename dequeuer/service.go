@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -51,8 +52,9 @@ type Config struct {
 	Pool *shardmap.Pool
 	NC   *nats.Conn
 	JS   jetstream.JetStream
-	// OwnerTTL is how long a shard ownership outlives its owner. A killed
-	// dequeuer's shards are taken over after at most this long. Default 10s.
+	// OwnerTTL is how long a dequeuer's session outlives its last
+	// refresh (every OwnerTTL/4): a killed dequeuer's shards are taken
+	// over within a claim round of that. Default 10s.
 	OwnerTTL time.Duration
 	// KVReplicas of the ownership bucket. Default 1.
 	KVReplicas int
@@ -133,6 +135,10 @@ type Service struct {
 	wg     sync.WaitGroup
 }
 
+// validID is what a dequeuer ID may be: the end of a NATS subject
+// (peer.DequeueSubject) and of a KV key (peer.SessionKey).
+var validID = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
 // New validates cfg and returns a stopped dequeuer.
 func New(cfg Config) (*Service, error) {
 	if cfg.Region == "" || cfg.Maps == nil || cfg.Pool == nil || cfg.NC == nil || cfg.JS == nil {
@@ -143,6 +149,9 @@ func New(cfg Config) (*Service, error) {
 		cfg.ID = cfg.Region + "-" + nuid.Next()
 	case !strings.HasPrefix(cfg.ID, cfg.Region+"-"):
 		cfg.ID = cfg.Region + "-" + cfg.ID
+	}
+	if !validID.MatchString(cfg.ID) {
+		return nil, fmt.Errorf("dequeuer: ID %q may hold only letters, digits, '_', '.' and '-' (it ends a KV key and a NATS subject)", cfg.ID)
 	}
 	if cfg.OwnerTTL == 0 {
 		cfg.OwnerTTL = DefaultOwnerTTL
@@ -189,15 +198,19 @@ func (s *Service) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	claims, err := OpenClaims(ctx, s.cfg.JS, s.cfg.KVReplicas)
+	if err != nil {
+		return err
+	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.refillMu.Lock()
 	s.bgCtx = ctx
 	s.refillMu.Unlock()
-	s.owner = newOwnership(s, kv)
-	if view, err := WatchOwners(ctx, kv); err == nil {
+	s.owner = newOwnership(s, kv, claims)
+	if view, err := WatchOwners(ctx, kv, claims); err == nil {
 		s.owner.view = view
 	} else {
-		s.log.Warn("not watching the ownership bucket; every claim round asks it for every shard", "err", err)
+		s.log.Warn("not watching the ownership buckets; every claim round asks them for every shard it does not own", "err", err)
 	}
 	s.owner.claim(ctx)
 	// Requests and ItemsReady notices share one channel, read in the order
@@ -331,8 +344,9 @@ func (s *Service) watchDrops(context.Context) {
 
 // claimLoop runs ownership claims every OwnerTTL/4, at once when the
 // shard map changes (a failover moves a shard's primary, and with it the
-// shard's owner), and every claimRetry while a shard this dequeuer wants
-// is still held by the one handing it over.
+// shard's owner) or a dequeuer starts or resigns (the region's shards are
+// balanced again), and every claimRetry while a shard this dequeuer wants
+// is still held by the one handing it over or by a peer over its quota.
 func (s *Service) claimLoop(ctx context.Context) {
 	s.wg.Add(1)
 	go func() {
@@ -341,13 +355,15 @@ func (s *Service) claimLoop(ctx context.Context) {
 		// shard still held elsewhere (pending), which a later round takes.
 		t := time.NewTimer(claimRetry)
 		defer t.Stop()
-		changed := s.mapChanged()
+		changed, joined := s.mapChanged(), s.peersChanged()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			case <-changed:
+			case <-joined:
+				joined = s.peersChanged()
 			}
 			// Taken before the round reads the map, so that a map that
 			// lands while the round runs wakes the next one at once; taken
@@ -373,6 +389,15 @@ func (s *Service) mapChanged() <-chan struct{} {
 		return c.Changed()
 	}
 	return nil
+}
+
+// peersChanged returns a channel closed when a dequeuer starts or
+// resigns (Owners.Joined), or nil (never) without an ownership view.
+func (s *Service) peersChanged() <-chan struct{} {
+	if s.owner.view == nil {
+		return nil
+	}
+	return s.owner.view.Joined()
 }
 
 // claimRetry paces claims of a shard another dequeuer is handing over.

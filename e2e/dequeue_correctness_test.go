@@ -345,7 +345,7 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	owners, err := js.KeyValue(b.ctx(), peer.OwnersBucket)
+	claims, err := js.KeyValue(b.ctx(), peer.ClaimsBucket)
 	require.NoError(t, err)
 	// Whoever claimed both at start, free shard 2 until the other one
 	// takes it: each claim round gives either dequeuer an even chance.
@@ -356,7 +356,7 @@ func TestSurplusOfSeveralOwnersIsHandedBackUncounted(t *testing.T) {
 			return true
 		}
 		if ok1 && ok2 {
-			_ = owners.Delete(b.ctx(), "shard.2")
+			_ = claims.Delete(b.ctx(), peer.OwnerKey(2))
 		}
 		return false
 	}, 30*time.Second, time.Second)

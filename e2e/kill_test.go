@@ -14,14 +14,15 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/triage-queue/triage/cmd/triage/node"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
 // TestKillEnqueuerAndDequeuerLosesNothing runs producers and consumers
 // through a router process while an enqueuer process and the dequeuer
-// process that owns the shards are killed with SIGKILL mid-flight. Every
-// enqueue the router acknowledged must be delivered, and the queue must
-// drain to empty.
+// process that owns shard 1 (the two dequeuers own a shard each) are
+// killed with SIGKILL mid-flight. Every enqueue the router acknowledged
+// must be delivered, and the queue must drain to empty.
 func TestKillEnqueuerAndDequeuerLosesNothing(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2)
@@ -181,11 +182,11 @@ func ownerOf(t *testing.T, natsURL string, shard int) string {
 	defer cancel()
 	var owner string
 	require.Eventually(t, func() bool {
-		kv, err := js.KeyValue(ctx, "triage_owners")
+		kv, err := js.KeyValue(ctx, peer.ClaimsBucket)
 		if err != nil {
 			return false
 		}
-		e, err := kv.Get(ctx, fmt.Sprintf("shard.%d", shard))
+		e, err := kv.Get(ctx, peer.OwnerKey(uint32(shard)))
 		if err != nil {
 			return false
 		}

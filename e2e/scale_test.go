@@ -51,10 +51,10 @@ func TestScale(t *testing.T) {
 	require.Equal(t, 10000, rec.Topics)
 	require.Empty(t, rec.Failed())
 	// Every bound was checked, and the figures are real.
-	require.Len(t, rec.Checks, 4+5, "map change, shard add, takeover, load delivered, and the idle CPU of 5 nodes")
+	require.Len(t, rec.Checks, 5+5, "map change, shard add, takeover, even split, load delivered, and the idle CPU of 5 nodes")
 	require.Len(t, rec.NamespaceChangeMs, 3)
 	require.Positive(t, rec.AddShardMs)
-	require.Positive(t, rec.Takeover.Shards, "the killed dequeuer owned shards")
+	require.Equal(t, 101, rec.Takeover.Shards, "the killed dequeuer owned half of the 201 shards (the spare added), rounded up")
 	require.Positive(t, rec.Load.Enqueued)
 	require.Zero(t, rec.Load.Missing, "every acknowledged enqueue delivered")
 	require.GreaterOrEqual(t, rec.Load.Delivered, rec.Load.Enqueued)

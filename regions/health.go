@@ -92,9 +92,10 @@ func parseHealthKey(key string) (addr, region string, ok bool) {
 	return string(b), region, err == nil
 }
 
-// OpenHealth creates or opens the health bucket.
+// OpenHealth creates or opens the health bucket, in memory: its writes
+// make it again after a restart of NATS lost it (peer.KeepKeyValue).
 func OpenHealth(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := peer.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
+	kv, err := peer.KeepKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket: HealthBucket, TTL: 10 * time.Second, Storage: jetstream.MemoryStorage, Replicas: max(replicas, 1),
 	})
 	if err != nil {

@@ -59,7 +59,7 @@
 // # Dequeue
 //
 // The router forwards a dequeue to the dequeuer that owns the region's
-// shards (the triage_owners KV bucket, seen through OwnerView) by way of
+// shards (the triage_claims KV bucket, seen through OwnerView) by way of
 // the Dequeuers interface: in-process when the owner is the LocalDequeuer,
 // over NATS request/reply otherwise (NATSDequeuers). A peer reply carries
 // its error's kind as a code (peer.ReplyCode), so "not the owner" is told

@@ -35,8 +35,8 @@ import (
 	"github.com/triage-queue/triage/shardmap"
 )
 
-// OwnerView is the router's view of shard ownership (the dequeuer's
-// ownership bucket, peer.OwnersBucket).
+// OwnerView is the router's view of shard ownership (the dequeuers'
+// claims bucket, peer.ClaimsBucket).
 type OwnerView interface {
 	// Owner returns the dequeuer that owns shard.
 	Owner(shard uint32) (string, bool)

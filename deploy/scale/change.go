@@ -41,6 +41,7 @@ func (m *meter) mapChanges(ctx context.Context, rec *Record, opt Options) error 
 		return fmt.Errorf("add shard %d: %w", s.ID, err)
 	}
 	rec.AddShardMs = took
+	m.b.spareAdded = true
 	return nil
 }
 

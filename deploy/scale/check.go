@@ -41,6 +41,7 @@ func check(rec *Record) []Check {
 		bound("namespace change served by every node (ms, slowest trial)", MapChangeLimitMs, slices.Max(rec.NamespaceChangeMs)),
 		bound("shard add served by every node (ms)", MapChangeLimitMs, rec.AddShardMs),
 		bound("dead dequeuer's shards owned again (s)", TakeoverLimitSeconds, rec.Takeover.Seconds),
+		bound("shards the busiest dequeuer owned beyond an even split", 0, float64(rec.Takeover.Excess)),
 		bound("acknowledged load items not delivered within 25 s of its end", 0, float64(rec.Load.Missing)),
 	}
 	if f := rec.Failover; f != nil {

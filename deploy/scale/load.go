@@ -41,7 +41,9 @@ type Load struct {
 	CPU []Usage `json:"cpu"`
 	// Statements is, per primary server, the statements a second it ran
 	// during the load, by kind (MariaDB's Com_ counters: select, insert,
-	// update, delete, commit; questions: all of them).
+	// update, delete, commit; questions: all of them), and what it cost
+	// besides (connections, threads_created, opened_tables,
+	// opened_table_definitions, table_open_cache_misses, a second).
 	Statements []map[string]float64 `json:"statements_per_sec"`
 }
 
@@ -53,7 +55,8 @@ func (b *Bed) statements(ctx context.Context) func() []map[string]float64 {
 		for _, s := range b.servers {
 			counts := map[string]float64{}
 			if db, err := sql.Open("mysql", s.DSN("")); err == nil {
-				rows, err := db.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name = 'Questions' OR Variable_name IN ('Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_commit')")
+				rows, err := db.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name = 'Questions' OR Variable_name IN ('Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_commit', "+
+					"'Connections', 'Threads_created', 'Opened_tables', 'Opened_table_definitions', 'Table_open_cache_misses')")
 				for err == nil && rows.Next() {
 					var name string
 					var v float64
@@ -155,7 +158,7 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 	var cpu func() ([]Usage, error)
 	var stmts func() []map[string]float64
 	var profiled func()
-	for k := 0; time.Since(start) < opt.WarmFor+opt.LoadFor; k++ {
+	for k := 0; ctx.Err() == nil && time.Since(start) < opt.WarmFor+opt.LoadFor; k++ {
 		if d := time.Until(start.Add(time.Duration(k) * every)); d > 0 {
 			time.Sleep(d)
 		}
@@ -175,12 +178,20 @@ func (m *meter) load(ctx context.Context, rec *Record, opt Options) error {
 		})
 	}
 	producers.Wait()
+	if ctx.Err() != nil { // interrupted: nothing to record
+		stopConsumers()
+		consumers.Wait()
+		if profiled != nil {
+			profiled()
+		}
+		return ctx.Err()
+	}
 	defer profiled()
 	rec.Load.Seconds = round1(time.Since(measured).Seconds())
 	usage, _ := cpu()
 	statements := stmts()
 	deadline := time.Now().Add(drainWithin)
-	for s.missing() > 0 && time.Now().Before(deadline) {
+	for s.missing() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	stopConsumers()

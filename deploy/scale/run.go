@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triage-queue/triage/dequeuer"
+	"github.com/triage-queue/triage/proto/triage/peer"
 	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 	"github.com/triage-queue/triage/shardmap"
 )
@@ -77,6 +78,9 @@ type Takeover struct {
 	Killed  string  `json:"killed"`
 	Shards  int     `json:"shards"`
 	Seconds float64 `json:"seconds"`
+	// Excess is how many shards the busiest dequeuer owned beyond an even
+	// split before the kill.
+	Excess int `json:"excess"`
 }
 
 // Check is one bound of issue 40 and the figure it was checked against.
@@ -184,11 +188,15 @@ func (b *Bed) measure(ctx context.Context, rec *Record, opt Options) (*meter, er
 	if m.kv, err = js.KeyValue(ctx, shardmap.Bucket); err != nil {
 		return m, err
 	}
-	okv, err := js.KeyValue(ctx, "triage_owners")
+	okv, err := js.KeyValue(ctx, peer.OwnersBucket)
 	if err != nil {
 		return m, err
 	}
-	if m.owners, err = dequeuer.WatchOwners(ctx, okv); err != nil {
+	ckv, err := js.KeyValue(ctx, peer.ClaimsBucket)
+	if err != nil {
+		return m, err
+	}
+	if m.owners, err = dequeuer.WatchOwners(ctx, okv, ckv); err != nil {
 		return m, err
 	}
 	if m.conn, err = grpc.NewClient(b.Nodes[0].GRPC, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
@@ -227,20 +235,51 @@ func (m *meter) ownedBy() map[string]int {
 	return by
 }
 
+// excess is how many shards the busiest dequeuer owns beyond its quota,
+// ceil(shards/dequeuers) (see dequeuer's balance).
+func (m *meter) excess(by map[string]int) int {
+	k := 0
+	for _, n := range m.b.Nodes {
+		if n.DequeuerID != "" {
+			k++
+		}
+	}
+	if k == 0 {
+		return 0
+	}
+	quota := (len(m.b.mapShards()) + k - 1) / k
+	most := 0
+	for id, c := range by {
+		if id != "" {
+			most = max(most, c)
+		}
+	}
+	return max(0, most-quota)
+}
+
+// mapShards are the IDs of the map's shards: 1 to Config.Shards, and the
+// spare once added.
 func (b *Bed) mapShards() []uint32 {
 	ids := make([]uint32, b.cfg.Shards)
 	for i := range ids {
 		ids[i] = uint32(i + 1)
 	}
+	if b.spareAdded {
+		ids = append(ids, b.Spare.ID)
+	}
 	return ids
 }
 
-// waitOwned waits until the dequeuers own every shard, then lets the bed
-// settle.
+// waitOwned waits until the dequeuers own every shard and have split them
+// evenly (none over its quota, see Record.Takeover.Excess), then lets the
+// bed settle. A split still uneven after 2 minutes is left to the check.
 func (m *meter) waitOwned(ctx context.Context, _ *Record, _ Options) error {
 	deadline := time.Now().Add(2 * time.Minute)
-	for m.ownedBy()[""] > 0 {
+	for by := m.ownedBy(); by[""] > 0 || m.excess(by) > 0; by = m.ownedBy() {
 		if time.Now().After(deadline) {
+			if by[""] == 0 {
+				break
+			}
 			return fmt.Errorf("%d of %d shards have no owner after 2 minutes", m.ownedBy()[""], m.b.cfg.Shards)
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
@@ -452,6 +491,7 @@ func (m *meter) takeover(ctx context.Context, rec *Record, _ Options) error {
 		return fmt.Errorf("no dequeuer owns a shard: %v", by)
 	}
 	rec.Takeover.Killed, rec.Takeover.Shards = victim.Name, by[victim.DequeuerID]
+	rec.Takeover.Excess = m.excess(by)
 	start := time.Now()
 	victim.Kill()
 	deadline := start.Add(time.Minute)

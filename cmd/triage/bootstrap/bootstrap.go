@@ -327,6 +327,9 @@ func (c *Config) createBuckets(ctx context.Context, js jetstream.JetStream) erro
 	if _, err := dequeuer.OpenOwners(ctx, js, time.Duration(c.OwnerTTL), c.KVReplicas); err != nil {
 		return err
 	}
+	if _, err := dequeuer.OpenClaims(ctx, js, c.KVReplicas); err != nil {
+		return err
+	}
 	if _, err := routing.OpenDrills(ctx, js, c.KVReplicas); err != nil {
 		return err
 	}

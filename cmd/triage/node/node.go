@@ -337,7 +337,8 @@ type Node struct {
 	router *routing.Router
 	claim  *routing.NodeClaim
 	kv     jetstream.KeyValue
-	owners jetstream.KeyValue
+	owners jetstream.KeyValue // presence and dequeuer sessions
+	claims jetstream.KeyValue // shard claims
 	maps   *shardmap.Holder
 	grpc   *grpc.Server
 	http   *http.Server
@@ -548,6 +549,9 @@ func (n *Node) startRoles(ctx, runCtx context.Context, js jetstream.JetStream) e
 	if n.owners, err = dequeuer.OpenOwners(ctx, js, time.Duration(cfg.OwnerTTL), cfg.KVReplicas); err != nil {
 		return err
 	}
+	if n.claims, err = dequeuer.OpenClaims(ctx, js, cfg.KVReplicas); err != nil {
+		return err
+	}
 	if slices.Contains(cfg.Roles, RoleEnqueuer) {
 		n.enq, err = enqueuer.New(enqueuer.Config{Region: cfg.Region, Maps: n.maps, Pool: n.pool, NC: n.nc, JS: js,
 			Stream: enqueuer.StreamConfig{Replicas: cfg.StreamReplicas}, Presence: n.owners, PlaceLeaders: cfg.StreamReplicas > 1,
@@ -628,7 +632,7 @@ func (n *Node) migrate(ctx context.Context, m *shardmap.Map) error {
 }
 
 func (n *Node) startRouter(ctx, runCtx context.Context, js jetstream.JetStream, maps *shardmap.Holder) error {
-	owners, err := dequeuer.WatchOwners(runCtx, n.owners)
+	owners, err := dequeuer.WatchOwners(runCtx, n.owners, n.claims)
 	if err != nil {
 		return err
 	}

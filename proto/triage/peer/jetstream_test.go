@@ -56,3 +56,39 @@ func TestEnsureUpdatesOnlyWhatDiffers(t *testing.T) {
 	require.Equal(t, before+1, settled())
 	require.EqualValues(t, 10, s.CachedInfo().Config.MaxMsgs)
 }
+
+// TestKeptBucketIsMadeAgain: a write through KeepKeyValue's handle to a
+// bucket whose stream is gone (a memory bucket after a NATS restart) makes
+// the bucket again and lands; a plain handle's write fails.
+func TestKeptBucketIsMadeAgain(t *testing.T) {
+	t.Parallel()
+	_, js := natstest.JetStream(t)
+	ctx := t.Context()
+	cfg := jetstream.KeyValueConfig{Bucket: "kept_test", TTL: time.Minute, Storage: jetstream.MemoryStorage}
+	kept, err := peer.KeepKeyValue(ctx, js, cfg)
+	require.NoError(t, err)
+	plain, err := js.KeyValue(ctx, cfg.Bucket)
+	require.NoError(t, err)
+	for name, write := range map[string]func() error{
+		"put":    func() error { _, err := kept.Put(ctx, "k", []byte("v")); return err },
+		"create": func() error { _, err := kept.Create(ctx, "c", []byte("v")); return err },
+		"update": func() error { _, err := kept.Update(ctx, "k", []byte("v2"), 1); return err },
+		"delete": func() error { return kept.Delete(ctx, "k") },
+	} {
+		require.NoError(t, js.DeleteKeyValue(ctx, cfg.Bucket))
+		_, err := plain.Put(ctx, "p", []byte("v"))
+		require.True(t, peer.BucketGone(err), "a plain write to the lost bucket: %v", err)
+		time.Sleep(time.Second) // remake is paced at one a second
+		err = write()
+		if name == "update" {
+			// The bucket made again holds no key k at revision 1: the
+			// compare-and-set reached it and failed as it should.
+			require.ErrorIs(t, err, jetstream.ErrKeyExists, name)
+		} else {
+			require.NoError(t, err, name)
+		}
+		st, err := kept.Status(ctx)
+		require.NoError(t, err)
+		require.Equal(t, cfg.TTL, st.TTL(), "made again with its settings")
+	}
+}

@@ -52,16 +52,22 @@ func DequeueSubject(id string) string { return "triage.dq." + id }
 // UnbufferSubject is where dequeuer id takes Unbuffer requests.
 func UnbufferSubject(id string) string { return "triage.dqu." + id }
 
-// OwnersBucket is the NATS KV bucket of shard ownership: key OwnerKey,
-// value the owning dequeuer's ID. The bucket's TTL expires the key of an
-// owner that stopped refreshing it.
+// OwnersBucket is the NATS KV bucket of dequeuer sessions (SessionKey)
+// and the roles' presence (PresenceKey). Its TTL expires the key of a
+// process that stopped refreshing it.
 const OwnersBucket = "triage_owners"
 
-// OwnerKey is shard's key in OwnersBucket.
+// ClaimsBucket is the NATS KV bucket of shard ownership: key OwnerKey,
+// value the owning dequeuer's ID. Its keys do not expire: a claim stands
+// while its holder's session (SessionKey in OwnersBucket) does, so a
+// dequeuer refreshes one key however many shards it owns.
+const ClaimsBucket = "triage_claims"
+
+// OwnerKey is shard's key in ClaimsBucket.
 func OwnerKey(shard uint32) string { return fmt.Sprintf("shard.%d", shard) }
 
-// OwnerShard reads the shard of an OwnersBucket key; ok is false for keys
-// of other kinds (PresenceKey).
+// OwnerShard reads the shard of a ClaimsBucket key; ok is false for keys
+// of other kinds.
 func OwnerShard(key string) (shard uint32, ok bool) {
 	rest, found := strings.CutPrefix(key, "shard.")
 	if !found {
@@ -70,6 +76,14 @@ func OwnerShard(key string) (shard uint32, ok bool) {
 	id, err := strconv.ParseUint(rest, 10, 32)
 	return uint32(id), err == nil
 }
+
+// SessionKey is dequeuer id's session in OwnersBucket, refreshed while it
+// lives; its claims in ClaimsBucket stand as long as it does.
+func SessionKey(id string) string { return "session." + id }
+
+// SessionID reads the dequeuer of an OwnersBucket session key; ok is
+// false for keys of other kinds (PresenceKey).
+func SessionID(key string) (id string, ok bool) { return strings.CutPrefix(key, "session.") }
 
 // PresenceKey is where role's processes of region announce themselves in
 // OwnersBucket (its TTL expires the key when they are all gone): adopters
