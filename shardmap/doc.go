@@ -105,7 +105,11 @@
 //     a second (doubling to 8 s while watches keep missing it), or whose
 //     committed probes do not come back within MaxStaleness/2, is
 //     restarted: after a partition, a watch's consumer may sit on the
-//     cut-off server, and its creation may wait on one;
+//     cut-off server, and its creation may wait on one. Such a restart
+//     resumes after the last message the slow watch delivered, since a
+//     fresh watch delivers every namespace's value again (seconds under
+//     load at 10,000 namespaces, unconfirmed all along); a resumed watch
+//     that is slow too gives way to a fresh one;
 //   - the primary is not at a later failover epoch than the map. The
 //     controller stores the epoch in the shard's shard_meta table
 //     (StoreEpoch, migration 0006) on the promoted primary before it
