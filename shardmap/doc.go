@@ -109,7 +109,7 @@
 //     resumes after the last message the slow watch delivered, since a
 //     fresh watch delivers every namespace's value again (seconds under
 //     load at 10,000 namespaces, unconfirmed all along); a resumed watch
-//     that is slow too gives way to a fresh one;
+//     through which no probe comes back gives way to a fresh one;
 //   - the primary is not at a later failover epoch than the map. The
 //     controller stores the epoch in the shard's shard_meta table
 //     (StoreEpoch, migration 0006) on the promoted primary before it

@@ -45,9 +45,10 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jets
 // before delivered: a fresh watch delivers every namespace's value again,
 // 4.7 MB at 10,000 namespaces, which under load takes seconds, long
 // enough for the probes to look stuck again, and each restart left the
-// process unconfirmed, refusing writes, for as long. A resumed watch that
-// is slow again, or any other restart, starts fresh: a bucket made again
-// numbers its messages from 1, and a resumed watch would skip them.
+// process unconfirmed, refusing writes, for as long. A resumed watch
+// whose probes do not come back, or any other restart, starts fresh: a
+// bucket made again numbers its messages from 1, and a resumed watch
+// would skip them (see watchPos.restart).
 func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h *Holder, logger *slog.Logger) {
 	p := &prober{h: h, log: logger, id: nuid.Next(), sent: map[string]time.Time{}, acked: map[string]time.Time{},
 		reset: make(chan struct{}, 1)}
@@ -68,12 +69,12 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		if errors.Is(err, errWatchSlow) {
 			logger.Warn("restarting the shard map watch: it did not start", "within", liveWithin, "resuming", pos.after > 0)
 			liveWithin = min(2*liveWithin, maxWatchLiveWithin)
-			pos.restart(true)
+			pos.restart(watchNotLive)
 			continue
 		}
 		if err != nil {
 			logger.Warn("shard map watch failed; serving last good map", "err", err)
-			pos.restart(false)
+			pos.restart(watchEnded)
 			schema.Sleep(ctx, time.Second)
 			continue
 		}
@@ -82,9 +83,9 @@ func Watch(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, h
 		case <-p.reset:
 		default:
 		}
-		var slow bool
-		liveWithin, slow = p.follow(ctx, kv, w, logger, liveWithin, &pos)
-		pos.restart(slow)
+		var why watchEnd
+		liveWithin, why = p.follow(ctx, kv, w, logger, liveWithin, &pos)
+		pos.restart(why)
 		// Stopped in the background: nats.go stops a watch by deleting its
 		// consumer, a JetStream API request that waits out the client's
 		// timeout (5 s) when the consumer's server is cut off or dead, which
@@ -112,11 +113,23 @@ type watchPos struct {
 	seen map[string]stored
 }
 
-// restart sets where the next watch starts: after the last message
-// delivered when the watch ended slow and was not itself a resumed one
-// that ended slow; from scratch otherwise.
-func (p *watchPos) restart(slow bool) {
-	if slow && !p.resumed && p.last > 0 {
+// watchEnd is why follow returned.
+type watchEnd int
+
+const (
+	watchEnded   watchEnd = iota // ctx ended, the watch ended or failed
+	watchNotLive                 // it did not start or go live in time
+	watchStuck                   // committed probes did not come back
+)
+
+// restart sets where the next watch starts after one that ended for
+// why: after the last message delivered when it was slow, else from
+// scratch. A resumed watch that went live but through which no probe of
+// this process came back starts from scratch too: it may be reading a
+// bucket made again past its end.
+func (p *watchPos) restart(why watchEnd) {
+	resume := p.last > 0 && (why == watchNotLive || why == watchStuck && !p.resumed)
+	if resume {
 		p.after, p.resumed = p.last+1, true
 		return
 	}
@@ -127,7 +140,7 @@ func (p *watchPos) restart(slow bool) {
 // follow offers h what the watch w delivers, and hands the probes' tokens
 // on, until ctx ends, the watch ends, or it must be restarted: its
 // initial values did not all come within liveWithin, or committed probes
-// did not come back through it (slow is true for these two). It returns
+// did not come back through it; why says which. It returns
 // the next liveWithin: doubled after a watch that never went live (up to
 // maxWatchLiveWithin), reset once one did. pos records what the watch
 // delivered, for a resumed watch to go on from.
@@ -136,7 +149,7 @@ func (p *watchPos) restart(slow bool) {
 // them (decode), so a change costs a process the values it changed.
 // A head that cannot be built restarts the watch: going on would skip
 // that map, and the next head may not come for a long time.
-func (p *prober) follow(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, logger *slog.Logger, liveWithin time.Duration, pos *watchPos) (time.Duration, bool) {
+func (p *prober) follow(ctx context.Context, kv jetstream.KeyValue, w jetstream.KeyWatcher, logger *slog.Logger, liveWithin time.Duration, pos *watchPos) (time.Duration, watchEnd) {
 	// live turns true at the end of the initial values: from then on
 	// the watch delivers every message on its keys in stream order.
 	live := false
@@ -154,21 +167,21 @@ func (p *prober) follow(ctx context.Context, kv jetstream.KeyValue, w jetstream.
 		var e jetstream.KeyValueEntry
 		select {
 		case <-ctx.Done():
-			return liveWithin, false
+			return liveWithin, watchEnded
 		case <-notLive.C:
 			if !live {
 				logger.Warn("restarting the shard map watch: it delivered no initial values", "within", liveWithin, "resumed", pos.resumed)
-				return min(2*liveWithin, maxWatchLiveWithin), true
+				return min(2*liveWithin, maxWatchLiveWithin), watchNotLive
 			}
 		case <-p.reset:
 			// The watch's consumer may sit on a server that went away;
 			// the client notices only after missed heartbeats (seconds,
 			// during which this process would stay unconfirmed).
 			logger.Warn("restarting the shard map watch: committed probes did not come back through it", "resumed", pos.resumed)
-			return liveWithin, true
+			return liveWithin, watchStuck
 		case got, ok := <-w.Updates():
 			if !ok {
-				return liveWithin, false
+				return liveWithin, watchEnded
 			}
 			e = got
 		}
@@ -197,7 +210,7 @@ func (p *prober) follow(ctx context.Context, kv jetstream.KeyValue, w jetstream.
 			clear(seen)
 			if err != nil {
 				logger.Error("restarting the shard map watch: cannot build the stored map", "revision", e.Revision(), "err", err)
-				return liveWithin, false
+				return liveWithin, watchEnded
 			}
 			if m != nil && p.h.Offer(m) {
 				logger.Info("shard map updated", "version", m.Version)

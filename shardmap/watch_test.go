@@ -139,20 +139,24 @@ func watchConfirms(t *testing.T, wrap func(jetstream.KeyValue) jetstream.KeyValu
 type probeLosingWatches struct {
 	jetstream.KeyValue
 	lossy   int32
+	hang    int32 // the watch of this number delivers nothing (hungWatcher)
 	watches atomic.Int32
 	mu      sync.Mutex
 	initial []int // per watch, entries delivered before the live marker
 }
 
 func (k *probeLosingWatches) WatchFiltered(ctx context.Context, keys []string, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	w, err := k.KeyValue.WatchFiltered(ctx, keys, opts...)
-	if err != nil {
-		return nil, err
-	}
 	n := k.watches.Add(1)
 	k.mu.Lock()
 	k.initial = append(k.initial, 0)
 	k.mu.Unlock()
+	if n == k.hang {
+		return hungWatcher{}, nil
+	}
+	w, err := k.KeyValue.WatchFiltered(ctx, keys, opts...)
+	if err != nil {
+		return nil, err
+	}
 	out := make(chan jetstream.KeyValueEntry)
 	go func() {
 		defer close(out)
@@ -196,11 +200,13 @@ func (w relayWatcher) Updates() <-chan jetstream.KeyValueEntry { return w.out }
 // delivered, rather than delivering every namespace's value again (4.7 MB
 // at 10,000 namespaces: under load the fresh watch was slow again, and
 // each restart left the process unconfirmed and refusing writes for
-// seconds). A resumed watch that is slow too gives way to a fresh one,
-// and either way the maps published meanwhile all arrive.
+// seconds). A resumed watch that does not go live is resumed again; one
+// that goes live but loses the probes too gives way to a fresh one. Either
+// way the maps published meanwhile all arrive.
 func TestSlowWatchResumesWhereItStopped(t *testing.T) {
-	for _, lossy := range []int32{1, 2} {
-		t.Run(fmt.Sprintf("lossy=%d", lossy), func(t *testing.T) {
+	for _, c := range []struct{ lossy, hang int32 }{{1, 0}, {2, 0}, {1, 2}} {
+		lossy := c.lossy
+		t.Run(fmt.Sprintf("lossy=%d,hang=%d", c.lossy, c.hang), func(t *testing.T) {
 			ctx := t.Context()
 			_, js := natstest.JetStream(t)
 			bucket, err := OpenBucket(ctx, js, 1)
@@ -214,7 +220,7 @@ func TestSlowWatchResumesWhereItStopped(t *testing.T) {
 			}
 			m, err = Bootstrap(ctx, bucket, m)
 			require.NoError(t, err)
-			kv := &probeLosingWatches{KeyValue: bucket, lossy: lossy}
+			kv := &probeLosingWatches{KeyValue: bucket, lossy: lossy, hang: c.hang}
 			h := NewHolder(m)
 			wctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
@@ -227,7 +233,7 @@ func TestSlowWatchResumesWhereItStopped(t *testing.T) {
 			next, err := m.WithNamespace(Namespace{Name: "ns007", MaxPayloadBytes: 4096})
 			require.NoError(t, err)
 			require.NoError(t, Publish(ctx, bucket, m, next))
-			require.Eventually(t, func() bool { return kv.watches.Load() > lossy }, 20*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return kv.watches.Load() > max(lossy, c.hang) }, 20*time.Second, 10*time.Millisecond)
 			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 			defer ccancel()
 			require.NoError(t, h.WaitConfirmed(cctx))
@@ -245,8 +251,11 @@ func TestSlowWatchResumesWhereItStopped(t *testing.T) {
 			counts := kv.initialCounts()
 			require.GreaterOrEqual(t, counts[0], namespaces, "the first watch delivers every namespace")
 			require.Less(t, counts[1], namespaces/4, "the second resumes after the first: %v", counts)
-			if lossy == 2 {
-				require.GreaterOrEqual(t, counts[2], namespaces, "a resumed watch that was slow too gives way to a fresh one: %v", counts)
+			switch {
+			case lossy == 2:
+				require.GreaterOrEqual(t, counts[2], namespaces, "a resumed watch that lost the probes too gives way to a fresh one: %v", counts)
+			case c.hang == 2:
+				require.Less(t, counts[2], namespaces/4, "a resumed watch that did not go live is resumed again: %v", counts)
 			}
 		})
 	}
