@@ -1,10 +1,13 @@
 package scale
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -89,12 +92,27 @@ func (m *meter) failover(ctx context.Context, rec *Record, opt Options) error {
 	if err != nil {
 		return err
 	}
+	m.keepReport(rep)
 	f := summarize(s.Primary, w.shards, moves, fb.killedAt())
 	f.Acknowledged, f.Lost, f.NacksUndone, f.AcksUndone = rep.Acknowledged, rep.Lost, rep.NacksUndone, rep.ResurrectedAfterAck
 	f.Early, f.EnqueueRTOMs, f.DequeueRTOMs = rep.EarlyDeliveries, rep.EnqueueRTOMS, rep.DequeueRTOMS
 	f.Violations, f.OldPrimary = rep.Violations, rep.OldPrimary
 	rec.Failover = f
 	return m.settled(ctx, f)
+}
+
+// keepReport writes the drill's report beside the nodes' logs, as text
+// (drill.txt: recovery per router, the failover's steps) and as JSON
+// (drill.json): the record keeps only its totals.
+func (m *meter) keepReport(rep *drill.Report) {
+	var txt bytes.Buffer
+	rep.Print(&txt)
+	if err := os.WriteFile(filepath.Join(m.b.cfg.Dir, "drill.txt"), txt.Bytes(), 0o644); err != nil {
+		m.b.progress("  drill report not kept: %v", err)
+	}
+	if b, err := json.MarshalIndent(rep, "", "  "); err == nil {
+		_ = os.WriteFile(filepath.Join(m.b.cfg.Dir, "drill.json"), b, 0o644)
+	}
 }
 
 // settled records, into f, what shard 1's new primary and its other
