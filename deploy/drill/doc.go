@@ -66,7 +66,9 @@
 //
 // RTO is measured per router from the fault to the answer of the first
 // successful call sent after it that touched a faulted shard (see
-// Report.DequeueRTOMS); the headline figure is the slowest surviving
+// Report.DequeueRTOMS). A primary-kill or mariadb-pause faults every
+// shard whose primary is on the server, as the items spread over all the
+// region's shards; the headline figure is the slowest surviving
 // router. "The fault" is the moment it took effect, as the bed recorded
 // it, never later (the compose bed: when it asked docker to kill, or the
 // disconnect's event; docker's own record of a kill comes up to 1.8 s

@@ -21,8 +21,10 @@ type Report struct {
 	// Routers are the regions whose routers the workload used; every one
 	// had producers and consumers.
 	Routers []string `json:"routers"`
-	// Shards are the faulted shards: the killed primary's for
-	// primary-kill, every shard homed in the region otherwise.
+	// Shards are the faulted shards: those whose primary the fault kills
+	// or pauses for primary-kill and mariadb-pause (the named shard and
+	// those sharing its server), every shard homed in the region
+	// otherwise.
 	Shards []uint32 `json:"shards"`
 	// FaultAt is when the fault took effect (Injection.At, or when the
 	// bed's Inject returned), HealedAt when it was healed. Every figure in
@@ -615,7 +617,7 @@ func (r *Report) Print(w io.Writer) {
 	row := func(k string, v any) { fmt.Fprintf(tw, "  %s\t%v\n", k, v) }
 	fmt.Fprintf(tw, "drill %s: %s\n", r.Scenario, r.Fault)
 	row("routers with clients", strings.Join(r.Routers, ", "))
-	row("faulted shards", fmt.Sprint(r.Shards))
+	row("faulted shards", shortList(r.Shards))
 	row("fault injected in", fmtMS(r.InjectMS))
 	r.printRecovery(row)
 	r.printChecks(row)
@@ -761,4 +763,12 @@ func fmtCounts(m map[string]int) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
+}
+
+// shortList prints ids, the first ten and a count when there are more.
+func shortList(ids []uint32) string {
+	if len(ids) <= 10 {
+		return fmt.Sprint(ids)
+	}
+	return fmt.Sprintf("%v ... (%d)", ids[:10], len(ids))
 }

@@ -41,7 +41,7 @@ type Failover struct {
 	// From the drill's report (drill.Report): the acknowledged enqueues,
 	// those never delivered (Lost), nacks and acks undone, early
 	// deliveries, and the slowest router's RTO of enqueues and dequeues
-	// on shard 1 (-1: never served again).
+	// on the killed server's shards (-1: never served again).
 	Acknowledged int   `json:"acknowledged"`
 	Lost         int   `json:"lost"`
 	NacksUndone  int   `json:"nacks_undone"`
