@@ -557,18 +557,30 @@ func watchFailover(ctx context.Context, admin triagev1.AdminClient, before map[u
 				published[s.Id] = now
 				moved = append(moved, s)
 			}
-			if at, ok := faultAt(); ok && len(moved) > 0 {
-				// A server's shards move together: one line for the group.
-				s, which := moved[0], fmt.Sprintf("shard %d", moved[0].Id)
-				if len(moved) > 1 {
-					which = fmt.Sprintf("%d shards (%d of %d)", len(moved), len(published), len(shards))
-				}
-				fmt.Fprintf(progress, "%s: new primary %s (%s, epoch %d) published %s after the fault\n",
-					which, s.Primary, s.PrimaryRegion, s.Epoch, now.Sub(at).Round(time.Millisecond))
+			// faultAt waits until the fault is known: asked only once a
+			// shard moved, so the polls go on while the bed injects.
+			if len(moved) > 0 {
+				printMoved(progress, moved, len(published), len(shards), now, faultAt)
 			}
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}
+}
+
+// printMoved writes one line for the shards published together (a
+// server's shards move as a group): their new primary and when, after
+// the fault.
+func printMoved(progress io.Writer, moved []*triagev1.Shard, published, faulted int, now time.Time, faultAt func() (time.Time, bool)) {
+	at, ok := faultAt()
+	if !ok {
+		return
+	}
+	s, which := moved[0], fmt.Sprintf("shard %d", moved[0].Id)
+	if len(moved) > 1 {
+		which = fmt.Sprintf("%d shards (%d of %d)", len(moved), published, faulted)
+	}
+	fmt.Fprintf(progress, "%s: new primary %s (%s, epoch %d) published %s after the fault\n",
+		which, s.Primary, s.PrimaryRegion, s.Epoch, now.Sub(at).Round(time.Millisecond))
 }
 
 // confine creates (or keeps) the workload's namespace ns with shards only

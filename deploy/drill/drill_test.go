@@ -1,13 +1,19 @@
 package drill
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	triagev1 "github.com/triage-queue/triage/proto/triage/v1"
 )
 
 // fakeBed is a Bed that injects nothing and records what it was asked.
@@ -77,4 +83,43 @@ func TestFaultedShardsShareTheServer(t *testing.T) {
 	require.Equal(t, []uint32{1, 3, 5}, keys(faulted("primary-kill", 3, home, primaries)))
 	require.Equal(t, []uint32{2}, keys(faulted("mariadb-pause", 2, home, primaries)))
 	require.Equal(t, home, keys(faulted("partition", 1, home, primaries)), "a region's fault reaches every home shard")
+}
+
+// movingMapAdmin answers GetShardMap with shard 1 on primary "old:1"
+// for its first call and on "new:1" after.
+type movingMapAdmin struct {
+	triagev1.AdminClient
+	calls atomic.Int32
+}
+
+func (a *movingMapAdmin) GetShardMap(context.Context, *triagev1.GetShardMapRequest, ...grpc.CallOption) (*triagev1.ShardMap, error) {
+	primary := "old:1"
+	if a.calls.Add(1) > 1 {
+		primary = "new:1"
+	}
+	return &triagev1.ShardMap{Shards: []*triagev1.Shard{{Id: 1, Primary: primary}}}, nil
+}
+
+// TestFailoverWatchPollsWhileTheBedInjects: a publication seen while the
+// bed is still injecting (the compose bed's docker CLI takes seconds) is
+// timed when seen, not once the fault is known: the watch asks for the
+// fault's time only to print a move.
+func TestFailoverWatchPollsWhileTheBedInjects(t *testing.T) {
+	t.Parallel()
+	known := make(chan struct{})
+	faultAt := time.Now()
+	wait := func() (time.Time, bool) { <-known; return faultAt, true }
+	published := map[uint32]time.Time{}
+	done := make(chan struct{})
+	var out bytes.Buffer
+	go func() {
+		defer close(done)
+		watchFailover(t.Context(), &movingMapAdmin{}, map[uint32]string{1: "old:1"}, map[uint32]bool{1: true}, published, wait, &out)
+	}()
+	time.Sleep(time.Second) // the bed still injecting
+	knownAt := time.Now()
+	close(known)
+	<-done
+	require.True(t, published[1].Before(knownAt), "published at %v, the fault known at %v", published[1], knownAt)
+	require.Contains(t, out.String(), "shard 1: new primary new:1")
 }
