@@ -107,9 +107,20 @@ func TestWatchRestartsAWatchThatDoesNotStart(t *testing.T) {
 }
 
 // watchConfirms runs Watch on a bootstrapped bucket as wrap wraps it, and
-// requires the holder to be confirmed within watchLiveWithin + 5 s. Watch
-// has ended when the test's cleanups are done.
+// requires the holder to be confirmed within watchLiveWithin + 5 s.
 func watchConfirms(t *testing.T, wrap func(jetstream.KeyValue) jetstream.KeyValue, msg string) {
+	t.Helper()
+	_, _, h := watching(t, 0, wrap)
+	cctx, ccancel := context.WithTimeout(t.Context(), watchLiveWithin+5*time.Second)
+	defer ccancel()
+	require.NoError(t, h.WaitConfirmed(cctx), msg)
+}
+
+// watching bootstraps a bucket with twoShards and namespaces more
+// namespaces (ns000, ns001, ...) and runs Watch on it, as wrap wraps it,
+// into a holder of the bootstrapped map; it returns the bucket, that map
+// and the holder. Watch has ended when the test's cleanups are done.
+func watching(t *testing.T, namespaces int, wrap func(jetstream.KeyValue) jetstream.KeyValue) (jetstream.KeyValue, *Map, *Holder) {
 	t.Helper()
 	ctx := t.Context()
 	_, js := natstest.JetStream(t)
@@ -117,7 +128,11 @@ func watchConfirms(t *testing.T, wrap func(jetstream.KeyValue) jetstream.KeyValu
 	require.NoError(t, err)
 	m, err := Parse([]byte(twoShards))
 	require.NoError(t, err)
-	_, err = Bootstrap(ctx, bucket, m)
+	for i := range namespaces {
+		m, err = m.WithNamespace(Namespace{Name: fmt.Sprintf("ns%03d", i)})
+		require.NoError(t, err)
+	}
+	m, err = Bootstrap(ctx, bucket, m)
 	require.NoError(t, err)
 	h := NewHolder(m)
 	wctx, cancel := context.WithCancel(context.Background())
@@ -127,9 +142,7 @@ func watchConfirms(t *testing.T, wrap func(jetstream.KeyValue) jetstream.KeyValu
 		defer close(done)
 		Watch(wctx, js, wrap(bucket), h, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
-	cctx, ccancel := context.WithTimeout(ctx, watchLiveWithin+5*time.Second)
-	defer ccancel()
-	require.NoError(t, h.WaitConfirmed(cctx), msg)
+	return bucket, m, h
 }
 
 // probeLosingWatches is a bucket whose first lossy watches lose every
@@ -208,27 +221,9 @@ func TestSlowWatchResumesWhereItStopped(t *testing.T) {
 		lossy := c.lossy
 		t.Run(fmt.Sprintf("lossy=%d,hang=%d", c.lossy, c.hang), func(t *testing.T) {
 			ctx := t.Context()
-			_, js := natstest.JetStream(t)
-			bucket, err := OpenBucket(ctx, js, 1)
-			require.NoError(t, err)
-			m, err := Parse([]byte(twoShards))
-			require.NoError(t, err)
 			const namespaces = 200
-			for i := range namespaces {
-				m, err = m.WithNamespace(Namespace{Name: fmt.Sprintf("ns%03d", i)})
-				require.NoError(t, err)
-			}
-			m, err = Bootstrap(ctx, bucket, m)
-			require.NoError(t, err)
-			kv := &probeLosingWatches{KeyValue: bucket, lossy: lossy, hang: c.hang}
-			h := NewHolder(m)
-			wctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			t.Cleanup(func() { cancel(); <-done })
-			go func() {
-				defer close(done)
-				Watch(wctx, js, kv, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
-			}()
+			kv := &probeLosingWatches{lossy: lossy, hang: c.hang}
+			bucket, m, h := watching(t, namespaces, func(b jetstream.KeyValue) jetstream.KeyValue { kv.KeyValue = b; return kv })
 			// A change while the lossy watches run, one after.
 			next, err := m.WithNamespace(Namespace{Name: "ns007", MaxPayloadBytes: 4096})
 			require.NoError(t, err)

@@ -21,7 +21,11 @@
 // The SQL is in named constants next to the method that runs it, one
 // place per statement; statements whose size depends on a batch are built
 // from fixed text by one function each (stmt, caseByID, schema.Keys, and
-// schema.KeyValues where each row gets values of its own: the serve).
+// schema.KeyValues where each row gets values of its own: the serve). An
+// enqueue's rows are the one place values go into the text as literals
+// (sqlValues: numbers, and hex strings no byte can break out of), since
+// the driver's interpolation and MariaDB's unescaping of its strings cost
+// more than the rows themselves (literal.go).
 //
 // # Rows
 //

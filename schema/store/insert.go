@@ -22,8 +22,9 @@ const (
 	// maxRowsPerInsert keeps one INSERT well under MySQL's 65,535
 	// placeholders and its packet limit.
 	maxRowsPerInsert = 1000
-	// maxBytesPerInsert caps the payload bytes of one INSERT (the bed sets
-	// max_allowed_packet to 64 MiB).
+	// maxBytesPerInsert caps the bytes one INSERT's values take on the
+	// wire (sqlValues.size), half MariaDB's default max_allowed_packet;
+	// a row larger than that goes alone.
 	maxBytesPerInsert = 8 << 20
 	// maxStoredError bounds the error text kept in an outcome or a dead
 	// letter's last_error.
@@ -33,15 +34,14 @@ const (
 const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
 	expires_at, dedup_key, payload, metadata, updated_at, traceparent, attempts) VALUES `
 
-// insertItemsRow is one row of insertItemsPrefix's VALUES (itemArgs).
-const insertItemsRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?,0),"
+// (insertItemsPrefix's VALUES are literals: sqlValues.item.)
 
 // "id = id" makes a duplicate a no-op that still reports 0 rows affected,
 // where INSERT IGNORE would also swallow real errors as warnings.
 const insertItemsSuffix = ` ON DUPLICATE KEY UPDATE id = id`
 
 // batchRecordPrefix records applied batches, with their content hash and
-// outcome: the INSERT's VALUES follow, one (?,?,?,?) per batch.
+// outcome: the INSERT's VALUES follow, one sqlValues.batchRecord per batch.
 const batchRecordPrefix = "INSERT INTO enqueue_batches (batch_id, applied_at, content_hash, outcome) VALUES "
 
 // batchAppliedSQL reads the records of batches already applied.
@@ -88,13 +88,12 @@ type ItemInsertBatchParams struct {
 	Traceparents []string
 }
 
-// traceparent is the traceparent column of batch i's items: NULL
-// without one.
-func (p ItemInsertBatchParams) traceparent(i int) any {
-	if i < len(p.Traceparents) && p.Traceparents[i] != "" {
+// traceparent is the traceparent of batch i's items, "" without one.
+func (p ItemInsertBatchParams) traceparent(i int) string {
+	if i < len(p.Traceparents) {
 		return p.Traceparents[i]
 	}
-	return nil
+	return ""
 }
 
 // retryWindow is f's answer for namespace, 0 when f is nil.
@@ -226,32 +225,37 @@ type rowInserter struct {
 	nowUS   int64
 	refused map[uint64]bool
 
-	args    []any
+	values  sqlValues
 	pending []*peerv1.BufferedItem
 	batch   *peerv1.EnqueueBatch
 	out     *peerv1.EnqueueCommitted
-	rows    int
-	size    int
 }
 
-func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem, traceparent any) error {
-	w.args = itemArgs(w.args, b, it, w.nowUS, traceparent)
+func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem, traceparent string) error {
+	if w.values.size()+itemWire(b, it) > maxBytesPerInsert {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	if w.values.rows == 0 {
+		w.values.begin(insertItemsPrefix)
+	}
+	w.values.item(b, it, w.nowUS, traceparent)
 	w.pending = append(w.pending, it)
 	w.batch, w.out = b, out
-	w.rows++
-	w.size += len(it.Payload) + len(it.Metadata)
-	if w.isolate || w.rows == maxRowsPerInsert || w.size >= maxBytesPerInsert {
+	if w.isolate || w.values.rows == maxRowsPerInsert || w.values.size() >= maxBytesPerInsert {
 		return w.flush()
 	}
 	return nil
 }
 
 func (w *rowInserter) flush() error {
-	if w.rows == 0 {
+	if w.values.rows == 0 {
 		return nil
 	}
-	q := insertItemsPrefix + strings.TrimSuffix(strings.Repeat(insertItemsRow, w.rows), ",") + insertItemsSuffix
-	_, err := w.tx.ExecContext(w.ctx, q, w.args...)
+	w.values.raw(insertItemsSuffix)
+	// A copy: the buffer is written again for the next statement.
+	_, err := w.tx.ExecContext(w.ctx, string(w.values.text), w.values.args...)
 	if err != nil && w.isolate && IsPermanent(err) {
 		// One row (isolate flushes every row): the statement alone was
 		// rolled back; the transaction goes on.
@@ -267,7 +271,8 @@ func (w *rowInserter) flush() error {
 	if err != nil {
 		return fmt.Errorf("insert items: %w", err)
 	}
-	w.args, w.pending, w.rows, w.size = w.args[:0], w.pending[:0], 0, 0
+	w.values.reset()
+	w.pending = w.pending[:0]
 	return nil
 }
 
@@ -275,8 +280,8 @@ func (w *rowInserter) flush() error {
 // hash and, when they had duplicates or an error, their outcome, so a
 // redelivery answers the same.
 func recordBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBatch, hashes [][]byte, fresh []int, out []*peerv1.EnqueueCommitted, nowUS int64) error {
-	q := batchRecordPrefix + strings.TrimSuffix(strings.Repeat("(?,?,?,?),", len(fresh)), ",")
-	bargs := make([]any, 0, 4*len(fresh))
+	var values sqlValues
+	values.begin(batchRecordPrefix)
 	for _, i := range fresh {
 		var outcome []byte
 		if out[i].Error != "" || hasDuplicates(out[i]) {
@@ -286,9 +291,9 @@ func recordBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueBa
 				return err
 			}
 		}
-		bargs = append(bargs, batches[i].BatchId, nowUS, hashes[i], outcome)
+		values.batchRecord(batches[i].BatchId, nowUS, hashes[i], outcome)
 	}
-	if _, err := tx.ExecContext(ctx, q, bargs...); err != nil {
+	if _, err := tx.ExecContext(ctx, values.String(), values.args...); err != nil {
 		return fmt.Errorf("record batches: %w", err)
 	}
 	return nil
@@ -334,19 +339,6 @@ func appliedBatches(ctx context.Context, tx *sqlx.Tx, batches []*peerv1.EnqueueB
 		applied[r.ID] = r
 	}
 	return applied, nil
-}
-
-// itemArgs appends the values of one row of insertItemsPrefix's VALUES:
-// it of batch b, stored at nowUS (its version), with the batch's
-// traceparent (nil: NULL).
-func itemArgs(args []any, b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64, traceparent any) []any {
-	var expires any
-	if it.ExpiresAtUs != 0 {
-		expires = it.ExpiresAtUs
-	}
-	dedup, payload, meta := columns(it)
-	return append(args, it.Key, b.Namespace, b.Topic, it.Priority, it.DeliverAfterUs, b.EnqueuedAtUs,
-		it.LeaseMs, expires, dedup, payload, meta, nowUS, traceparent)
 }
 
 // columns returns a buffered item's dedup key, payload and metadata as
