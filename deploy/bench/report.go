@@ -118,9 +118,10 @@ func compareSteady(s, river *Scenario) {
 	}
 }
 
-// applyTargets records the targets of issue 11 ("keep up in steady
-// state") and whether the run met them, each with the figure it was judged
-// on. A target whose scenarios did not run (--only, a failure) is left out.
+// applyTargets records the targets (issue 11's "keep up in steady state",
+// issue 39's beside River) and whether the run met them, each with the
+// figure it was judged on. A target whose scenarios did not run (--only,
+// a failure) is left out. Call it after applyRatios and applyRiverRatios.
 func applyTargets(ss []Scenario) {
 	ok := func(name string) *Scenario {
 		s := find(ss, name)
@@ -169,7 +170,11 @@ func applyTargets(ss []Scenario) {
 		atLeast(s, ">= 2x naive-enqueue", s.RatioVsNaive, 2)
 	}
 	if s := ok(EnqueueBatch100); s != nil {
-		atLeast(s, ">= 0.60x ceiling-insert", s.RatioVsCeiling, 0.60)
+		atLeast(s, ">= 0.65x ceiling-insert", s.RatioVsCeiling, 0.65)
+		atLeast(s, ">= 1x river-insert-many", s.RatioVsRiver, 1)
+	}
+	if s, river := ok(Steady), ok(RiverSteady); s != nil && river != nil {
+		riverTargets(s, river)
 	}
 	if s := ok(Enqueue3Region); s != nil {
 		if rtt := s.Metrics["wan_rtt_ms"]; rtt > 0 {
@@ -181,6 +186,38 @@ func applyTargets(ss []Scenario) {
 					Measured: fmt.Sprintf("%.2f round trips (%.2f ms, round trip %.0f ms)", c.p50/rtt, c.p50, rtt), Met: c.p50 > 0 && c.p50 <= 3*rtt})
 			}
 		}
+	}
+}
+
+// riverTargets records triage-steady's targets beside river-steady: at
+// River's own rate (the fewest producers both ran: River keeps up there)
+// an end-to-end p99 no longer than River's, and, delivered while keeping
+// up, at least twice the most River worked in any trial.
+func riverTargets(s, river *Scenario) {
+	low := 0
+	for k := range s.Metrics {
+		var n int
+		if _, err := fmt.Sscanf(k, "vs_river_p%d_e2e_p99", &n); err == nil && (low == 0 || n < low) {
+			low = n
+		}
+	}
+	if low > 0 {
+		pre := fmt.Sprintf("p%d_", low)
+		v := s.Metrics["vs_river_"+pre+"e2e_p99"]
+		s.Targets = append(s.Targets, Target{Goal: fmt.Sprintf("end-to-end p99 <= river-steady's (%d producers)", low),
+			Measured: fmt.Sprintf("%.2fx (%.1f against %.1f ms)", v, s.Metrics[pre+"e2e_p99_ms"], river.Metrics[pre+"e2e_p99_ms"]),
+			Met:      v > 0 && v <= 1})
+	}
+	most := 0.0
+	for k, v := range river.Metrics {
+		if strings.HasSuffix(k, "_worked_per_sec") && strings.HasPrefix(k, "p") {
+			most = max(most, v)
+		}
+	}
+	if d := s.Metrics["sustained_delivered_per_sec"]; most > 0 {
+		v := d / most
+		s.Targets = append(s.Targets, Target{Goal: ">= 2x river-steady's worked rate, delivered while keeping up",
+			Measured: fmt.Sprintf("%.2fx (%s/s against %s/s)", v, human(d), human(most)), Met: v >= 2})
 	}
 }
 
@@ -239,7 +276,7 @@ func printTable(out io.Writer, rep *Report) {
 	}
 	tw.Flush()
 
-	fmt.Fprintln(out, "\nTargets (issue 11):")
+	fmt.Fprintln(out, "\nTargets:")
 	any := false
 	for _, s := range rep.Scenarios {
 		for _, t := range s.Targets {
