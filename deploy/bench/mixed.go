@@ -160,6 +160,10 @@ type mixedRun struct {
 	consumers        []*sampler
 	deliveries       [][]delivery
 	longPolls, polls atomic.Int64
+	// trails follows each item from its intended send to the Dequeue
+	// answer that delivered it (trail.go): its router leg includes the
+	// wait for a free sender.
+	trails *trails
 }
 
 // planMixed plans a run offering half the sustainable rate.
@@ -177,7 +181,7 @@ func (r *runner) planMixed(sustainable float64, basis string) (*mixedRun, error)
 	}
 	return &mixedRun{r: r, n: n, rate: rate, sustainable: sustainable, basis: basis, interval: float64(time.Second) / rate, total: total,
 		prios: prios, ackAt: make([]int64, n), seen: make([]atomic.Bool, n),
-		consumers: make([]*sampler, r.p.mixedConsumers), deliveries: make([][]delivery, r.p.mixedConsumers)}, nil
+		consumers: make([]*sampler, r.p.mixedConsumers), deliveries: make([][]delivery, r.p.mixedConsumers), trails: newTrails()}, nil
 }
 
 // intended is item i's intended send time, since start.
@@ -251,6 +255,7 @@ func (m *mixedRun) record(c int, items []*triagev1.LeasedItem, t0, t1 time.Time)
 		}
 		m.deliveries[c] = append(m.deliveries[c], delivery{seq: seq, prio: it.Priority,
 			sent: t0.Sub(m.start).Nanoseconds(), recv: t1.Sub(m.start).Nanoseconds()})
+		m.trails.deliver(it, m.start.Add(time.Duration(m.intended(seq))), t1)
 		if !m.seen[seq].Swap(true) {
 			m.unique.Add(1)
 		}
@@ -315,9 +320,16 @@ func (m *mixedRun) send(ctx context.Context, client triagev1.QueueClient, i int)
 	binary.BigEndian.PutUint64(payload, uint64(i))
 	binary.BigEndian.PutUint64(payload[8:], uint64(m.intended(i)))
 	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
-	_, err := client.Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: mixedTopic,
+	resp, err := client.Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: mixedTopic,
 		Items: []*triagev1.NewItem{{Payload: payload, Priority: m.prios[i]}}, Durability: triagev1.Durability_COMMITTED})
 	cancel()
+	if err == nil {
+		ids := make([]string, len(resp.Results))
+		for j, r := range resp.Results {
+			ids[j] = r.Id
+		}
+		m.trails.answer(ids, time.Now())
+	}
 	if err != nil {
 		m.ackAt[i] = -1
 		m.enqErrs.Add(1)
@@ -382,19 +394,25 @@ func (m *mixedRun) report() (Scenario, error) {
 			m.enqErrs.Load(), m.firstEnqErr.Load(), cs.errNote())
 	}
 	deqP99, enqP99 := cs.pct("dequeue", 99), percentile(enq, 99)
+	metrics := map[string]float64{
+		"e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
+		"offered_items_per_sec": m.rate, "sustainable_items_per_sec": m.sustainable, "enqueue_p50_ms": percentile(enq, 50), "enqueue_p99_ms": enqP99, "enqueue_p999_ms": percentile(enq, 99.9),
+		"dequeue_p50_ms": cs.pct("dequeue", 50), "dequeue_p99_ms": deqP99, "dequeue_p999_ms": cs.pct("dequeue", 99.9),
+		"dequeue_with_items_p99_ms": cs.pct("dequeue_items", 99),
+		"ack_p99_ms":                cs.pct("ack", 99), "priority_inversions": float64(res.inv.count), "deliveries": float64(len(res.first)),
+		"undelivered": float64(max(res.undelivered, 0)), "enqueue_errors": float64(m.enqErrs.Load()),
+	}
+	notes := m.notes(res)
+	if b, ok := m.trails.breakdown(m.window()); ok {
+		b.metrics(metrics, "")
+		notes += "; " + b.note() + " (router includes the wait for a free sender)"
+	}
 	return Scenario{
 		ItemsPerSec: float64(res.inWindow) / m.r.p.mixedMeasure.Seconds(),
 		P50MS:       percentile(e2e, 50), P99MS: percentile(e2e, 99), P999MS: percentile(e2e, 99.9),
 		Latency: "end to end: intended send time to the Dequeue answer that delivered the item",
-		Notes:   m.notes(res),
-		Metrics: map[string]float64{
-			"e2e_p50_ms": percentile(e2e, 50), "e2e_p99_ms": percentile(e2e, 99),
-			"offered_items_per_sec": m.rate, "sustainable_items_per_sec": m.sustainable, "enqueue_p50_ms": percentile(enq, 50), "enqueue_p99_ms": enqP99, "enqueue_p999_ms": percentile(enq, 99.9),
-			"dequeue_p50_ms": cs.pct("dequeue", 50), "dequeue_p99_ms": deqP99, "dequeue_p999_ms": cs.pct("dequeue", 99.9),
-			"dequeue_with_items_p99_ms": cs.pct("dequeue_items", 99),
-			"ack_p99_ms":                cs.pct("ack", 99), "priority_inversions": float64(res.inv.count), "deliveries": float64(len(res.first)),
-			"undelivered": float64(max(res.undelivered, 0)), "enqueue_errors": float64(m.enqErrs.Load()),
-		},
+		Notes:   notes,
+		Metrics: metrics,
 	}, nil
 }
 

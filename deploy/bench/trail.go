@@ -13,8 +13,9 @@ import (
 // an item's serve time is its lease expiry less this.
 const steadyLease = 30 * time.Second
 
-// trails follows triage-steady's items from their send to the Dequeue
-// answer that delivered them, to say where a slow item waited. Every
+// trails follows triage-steady's and triage-mixed's items from their send
+// to the Dequeue answer that delivered them, to say where a slow item
+// waited. Every
 // stamp is taken on this box: the send and the answers here, enqueued_at
 // by the router, the serve by the dequeuer on its estimate of the shard
 // primary's clock (a local server, so the estimate is within a fraction
