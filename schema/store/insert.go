@@ -31,10 +31,10 @@ const (
 	maxStoredError = 4 << 10
 )
 
+// insertItemsPrefix heads an insert of items; its rows follow as literals
+// (sqlValues.item).
 const insertItemsPrefix = `INSERT INTO items (id, namespace, topic, priority, deliver_after, enqueued_at, lease_ms,
 	expires_at, dedup_key, payload, metadata, updated_at, traceparent, attempts) VALUES `
-
-// (insertItemsPrefix's VALUES are literals: sqlValues.item.)
 
 // "id = id" makes a duplicate a no-op that still reports 0 rows affected,
 // where INSERT IGNORE would also swallow real errors as warnings.

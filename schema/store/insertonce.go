@@ -43,7 +43,7 @@ const maxBytesAtOnce = 4 << 20
 // open on the connection: onConn rolls it back.
 func insertAtOnce(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams, hashes [][]byte) (out []*peerv1.EnqueueCommitted, ok bool, err error) {
 	batches, nowUS := p.Batches, p.NowUS
-	rows, size := 0, 0
+	rows, size, wire := 0, 0, 0
 	for _, b := range batches {
 		for _, it := range b.Items {
 			if it.DedupKey != "" {
@@ -51,6 +51,7 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams, has
 			}
 			rows++
 			size += len(it.Payload) + len(it.Metadata)
+			wire += itemWire(b, it)
 		}
 	}
 	if rows == 0 || rows > maxRowsPerInsert || size > maxBytesAtOnce {
@@ -58,7 +59,7 @@ func insertAtOnce(ctx context.Context, db *sqlx.DB, p ItemInsertBatchParams, has
 	}
 	// One buffer for the whole query, sized for it once: growing it by
 	// doubling was most of the enqueuer's copying.
-	q := sqlValues{text: make([]byte, 0, 256+len(batches)*(len(batchRecordPrefix)+96)+rows*(len(insertItemsPrefix)/4+256)+2*size)}
+	q := sqlValues{text: make([]byte, 0, len(batchRecordPrefix)+len(insertItemsPrefix)+128+len(batches)*batchRecordWire+wire)}
 	q.raw("START TRANSACTION;")
 	q.begin(batchRecordPrefix)
 	for i, b := range batches {

@@ -161,6 +161,10 @@ func (v *sqlValues) batchRecord(id uint64, nowUS int64, hash, outcome []byte) {
 	v.end()
 }
 
+// batchRecordWire bounds the bytes sqlValues.batchRecord adds without an
+// outcome: two numbers and a SHA-256 in hex.
+const batchRecordWire = 2*20 + 2*32 + 16
+
 // itemWire bounds the bytes sqlValues.item adds for it.
 func itemWire(b *peerv1.EnqueueBatch, it *peerv1.BufferedItem) int {
 	return 2*(len(b.Namespace)+len(b.Topic)+len(it.DedupKey)+len(it.Payload)+len(it.Metadata)) + 512
