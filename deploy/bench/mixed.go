@@ -323,20 +323,17 @@ func (m *mixedRun) send(ctx context.Context, client triagev1.QueueClient, i int)
 	resp, err := client.Enqueue(cctx, &triagev1.EnqueueRequest{Namespace: namespace, Topic: mixedTopic,
 		Items: []*triagev1.NewItem{{Payload: payload, Priority: m.prios[i]}}, Durability: triagev1.Durability_COMMITTED})
 	cancel()
-	if err == nil {
-		ids := make([]string, len(resp.Results))
-		for j, r := range resp.Results {
-			ids[j] = r.Id
-		}
-		m.trails.answer(ids, time.Now())
-	}
 	if err != nil {
 		m.ackAt[i] = -1
 		m.enqErrs.Add(1)
 		m.firstEnqErr.CompareAndSwap(nil, err)
 		return
 	}
-	m.ackAt[i] = max(time.Since(m.start).Nanoseconds(), 1)
+	now := time.Now()
+	m.ackAt[i] = max(now.Sub(m.start).Nanoseconds(), 1)
+	for _, r := range resp.Results {
+		m.trails.answer([]string{r.Id}, now)
+	}
 }
 
 // mixedResult is what a mixed run measured, over its window.

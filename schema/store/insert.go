@@ -232,6 +232,8 @@ type rowInserter struct {
 }
 
 func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, it *peerv1.BufferedItem, traceparent string) error {
+	// A row that would take the statement past maxBytesPerInsert starts
+	// the next one.
 	if w.values.size()+itemWire(b, it) > maxBytesPerInsert {
 		if err := w.flush(); err != nil {
 			return err
@@ -243,7 +245,7 @@ func (w *rowInserter) add(b *peerv1.EnqueueBatch, out *peerv1.EnqueueCommitted, 
 	w.values.item(b, it, w.nowUS, traceparent)
 	w.pending = append(w.pending, it)
 	w.batch, w.out = b, out
-	if w.isolate || w.values.rows == maxRowsPerInsert || w.values.size() >= maxBytesPerInsert {
+	if w.isolate || w.values.rows == maxRowsPerInsert {
 		return w.flush()
 	}
 	return nil

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"encoding/hex"
 	"strconv"
 	"unsafe"
 
@@ -27,13 +26,15 @@ const maxHexLiteral = 16 << 10
 
 // sqlValues is a statement being built around the VALUES lists of
 // multi-row INSERTs: its text, the arguments of the placeholders in it,
-// the rows of the list being written, and a bound on the bytes the
+// the rows of the list being written and the values of the row being
+// written (cols, for the commas), and a bound on the bytes the
 // placeholders' values send (wire), to keep a statement under the packet
 // limit.
 type sqlValues struct {
 	text []byte
 	args []any
 	rows int
+	cols int
 	wire int
 }
 
@@ -54,51 +55,96 @@ func (v *sqlValues) reset() {
 	v.text, v.args, v.rows, v.wire = v.text[:0], v.args[:0], 0, 0
 }
 
-// row starts a row: "(" after a "," when it is not the first.
+// size is a bound on the bytes the statement's values take on the wire.
+func (v *sqlValues) size() int { return len(v.text) + v.wire }
+
+// row starts a row, after a "," when it is not the list's first; end
+// closes it.
 func (v *sqlValues) row() {
 	if v.rows > 0 {
 		v.text = append(v.text, ',')
 	}
 	v.text = append(v.text, '(')
 	v.rows++
+	v.cols = 0
 }
 
 func (v *sqlValues) end() { v.text = append(v.text, ')') }
 
-func (v *sqlValues) sep() { v.text = append(v.text, ',') }
+// next starts a value of the row, after a "," when it is not the first.
+func (v *sqlValues) next() {
+	if v.cols > 0 {
+		v.text = append(v.text, ',')
+	}
+	v.cols++
+}
 
-func (v *sqlValues) int(n int64)   { v.text = strconv.AppendInt(v.text, n, 10) }
-func (v *sqlValues) uint(n uint64) { v.text = strconv.AppendUint(v.text, n, 10) }
-func (v *sqlValues) null()         { v.text = append(v.text, "NULL"...) }
+func (v *sqlValues) int(n int64) {
+	v.next()
+	v.text = strconv.AppendInt(v.text, n, 10)
+}
 
-// bytes writes b as X'…', or as a placeholder when it is longer than
-// maxHexLiteral; nil is an empty string, not NULL.
-func (v *sqlValues) bytes(b []byte) {
-	if len(b) > maxHexLiteral {
-		v.text = append(v.text, '?')
-		v.args = append(v.args, b)
-		v.wire += 2 * len(b) // escaped, at most
+func (v *sqlValues) uint(n uint64) {
+	v.next()
+	v.text = strconv.AppendUint(v.text, n, 10)
+}
+
+func (v *sqlValues) null() {
+	v.next()
+	v.text = append(v.text, "NULL"...)
+}
+
+// intOrNull writes n, or NULL for 0.
+func (v *sqlValues) intOrNull(n int64) {
+	if n == 0 {
+		v.null()
 		return
 	}
-	v.text = append(v.text, "X'"...)
-	v.text = hex.AppendEncode(v.text, b)
-	v.text = append(v.text, '\'')
+	v.int(n)
 }
+
+// bytes writes b as X'…'; nil is an empty string, not NULL.
+func (v *sqlValues) bytes(b []byte) { hexValue(v, b) }
 
 // str writes s as bytes does (names, keys and trace contexts: their
 // columns are binary or ASCII, so MariaDB stores the bytes as given).
-func (v *sqlValues) str(s string) {
+func (v *sqlValues) str(s string) { hexValue(v, s) }
+
+// bytesOrNull and strOrNull write NULL for an empty value.
+func (v *sqlValues) bytesOrNull(b []byte) {
+	if len(b) == 0 {
+		v.null()
+		return
+	}
+	v.bytes(b)
+}
+
+func (v *sqlValues) strOrNull(s string) {
+	if s == "" {
+		v.null()
+		return
+	}
+	v.str(s)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// hexValue writes s as X'…', or as a placeholder when it is longer than
+// maxHexLiteral.
+func hexValue[T string | []byte](v *sqlValues, s T) {
+	v.next()
 	if len(s) > maxHexLiteral {
-		v.bytes([]byte(s))
+		v.text = append(v.text, '?')
+		v.args = append(v.args, []byte(s))
+		v.wire += 2 * len(s) // escaped, at most
 		return
 	}
 	v.text = append(v.text, "X'"...)
-	v.text = hex.AppendEncode(v.text, []byte(s))
+	for i := 0; i < len(s); i++ {
+		v.text = append(v.text, hexDigits[s[i]>>4], hexDigits[s[i]&0x0f])
+	}
 	v.text = append(v.text, '\'')
 }
-
-// size is a bound on the bytes the statement's values take on the wire.
-func (v *sqlValues) size() int { return len(v.text) + v.wire }
 
 // item appends one row of insertItemsPrefix's VALUES: (id, namespace,
 // topic, priority, deliver_after, enqueued_at, lease_ms, expires_at,
@@ -107,39 +153,19 @@ func (v *sqlValues) size() int { return len(v.text) + v.wire }
 func (v *sqlValues) item(b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS int64, traceparent string) {
 	v.row()
 	v.uint(it.Key)
-	v.sep()
 	v.str(b.Namespace)
-	v.sep()
 	v.str(b.Topic)
-	v.sep()
 	v.int(int64(it.Priority))
-	v.sep()
 	v.int(it.DeliverAfterUs)
-	v.sep()
 	v.int(b.EnqueuedAtUs)
-	v.sep()
 	v.uint(uint64(it.LeaseMs))
-	v.sep()
-	if it.ExpiresAtUs != 0 {
-		v.int(it.ExpiresAtUs)
-	} else {
-		v.null()
-	}
-	v.sep()
+	v.intOrNull(it.ExpiresAtUs)
 	v.strOrNull(it.DedupKey)
-	v.sep()
 	v.bytes(it.Payload)
-	v.sep()
-	if len(it.Metadata) > 0 {
-		v.bytes(it.Metadata)
-	} else {
-		v.null()
-	}
-	v.sep()
+	v.bytesOrNull(it.Metadata)
 	v.int(nowUS)
-	v.sep()
 	v.strOrNull(traceparent)
-	v.text = append(v.text, ",0"...)
+	v.int(0) // attempts
 	v.end()
 }
 
@@ -148,16 +174,9 @@ func (v *sqlValues) item(b *peerv1.EnqueueBatch, it *peerv1.BufferedItem, nowUS 
 func (v *sqlValues) batchRecord(id uint64, nowUS int64, hash, outcome []byte) {
 	v.row()
 	v.uint(id)
-	v.sep()
 	v.int(nowUS)
-	v.sep()
 	v.bytes(hash)
-	v.sep()
-	if outcome != nil {
-		v.bytes(outcome)
-	} else {
-		v.null()
-	}
+	v.bytesOrNull(outcome)
 	v.end()
 }
 
@@ -168,12 +187,4 @@ const batchRecordWire = 2*20 + 2*32 + 16
 // itemWire bounds the bytes sqlValues.item adds for it.
 func itemWire(b *peerv1.EnqueueBatch, it *peerv1.BufferedItem) int {
 	return 2*(len(b.Namespace)+len(b.Topic)+len(it.DedupKey)+len(it.Payload)+len(it.Metadata)) + 512
-}
-
-func (v *sqlValues) strOrNull(s string) {
-	if s == "" {
-		v.null()
-		return
-	}
-	v.str(s)
 }
